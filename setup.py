@@ -1,0 +1,26 @@
+"""Packaging for sparkdl_avg."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sparkdl_avg",
+    version="0.1.0",
+    description="Train Keras models on Apache Spark by synchronous parameter averaging",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["sparkdl_avg", "sparkdl_avg.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "pyspark>=4.0,<5",
+        "tensorflow>=2.16",
+        "keras>=3.0",
+        "numpy>=1.24",
+        "pyarrow>=14",
+        # pyspark 4.x warns that pandas >= 3 is not fully supported.
+        "pandas>=2.0,<3",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "scikit-learn>=1.3"],
+        "examples": ["scikit-learn>=1.3"],
+    },
+)

@@ -1,0 +1,17 @@
+"""sparkdl_avg: train Keras models on Apache Spark by synchronous parameter averaging.
+
+The public entry point is :class:`ParameterAveragingTrainer`; see README.md.
+"""
+
+from .config import TrainerConfig
+from .errors import ConfigurationError, DataError, WorkerError
+from .trainer import ParameterAveragingTrainer
+
+__all__ = [
+    "ParameterAveragingTrainer",
+    "TrainerConfig",
+    "ConfigurationError",
+    "DataError",
+    "WorkerError",
+]
+__version__ = "0.1.0"

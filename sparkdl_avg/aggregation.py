@@ -1,0 +1,77 @@
+"""Partial results of a round and their example-weighted sums.
+
+Each worker returns a :class:`PartialResult` whose arrays are already
+multiplied by its number of examples; ``treeAggregate`` merges partials with
+:func:`merge`; the driver divides by the total examples with
+:meth:`PartialResult.average`. Sums are kept in float64 so that averaging adds
+no rounding beyond the final cast to each variable's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+
+@dataclass
+class PartialResult:
+    """Example-weighted sums over one or more workers of a round.
+
+    Attributes:
+        examples: Examples trained on (the weight of each worker).
+        weight_sums: ``Σ n_i · w_i`` per model weight (float64).
+        optimizer_sums: ``Σ n_i · s_i`` per optimizer variable, or ``None``
+            when optimizer state is not averaged.
+        metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged
+            metric (``loss`` and the compiled metrics).
+        workers: One timing record per worker (see ``worker.train_round``).
+    """
+
+    examples: int
+    weight_sums: Optional[List[np.ndarray]] = None
+    optimizer_sums: Optional[List[np.ndarray]] = None
+    metric_sums: Dict[str, float] = field(default_factory=dict)
+    workers: List[dict] = field(default_factory=list)
+
+    def average(self, arrays: List[np.ndarray], like: List[np.ndarray]) -> List[np.ndarray]:
+        """Divides sums by :attr:`examples`, cast to the dtypes of ``like``."""
+        return [(s / self.examples).astype(ref.dtype, copy=False) for s, ref in zip(arrays, like)]
+
+    def metric_means(self) -> Dict[str, float]:
+        """Example-weighted mean of each logged metric."""
+        return {k: v / self.examples for k, v in self.metric_sums.items()}
+
+
+def _add(a: Optional[List[np.ndarray]], b: Optional[List[np.ndarray]]) -> Optional[List[np.ndarray]]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    for x, y in zip(a, b):
+        x += y  # in place: partials are owned by the aggregation
+    return a
+
+
+def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[PartialResult]:
+    """Combines two partial results (``treeAggregate``'s seqOp and combOp)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    metric_sums = dict(a.metric_sums)
+    for k, v in b.metric_sums.items():
+        metric_sums[k] = metric_sums.get(k, 0.0) + v
+    return PartialResult(
+        examples=a.examples + b.examples,
+        weight_sums=_add(a.weight_sums, b.weight_sums),
+        optimizer_sums=_add(a.optimizer_sums, b.optimizer_sums),
+        metric_sums=metric_sums,
+        workers=a.workers + b.workers,
+    )
+
+
+def weighted(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
+    """``n · a`` for each array, in float64 (a worker's contribution to a sum)."""
+    return [np.asarray(a, dtype=np.float64) * n for a in arrays]

@@ -1,0 +1,128 @@
+"""The single place where trainer options and the model are validated.
+
+``TrainerConfig`` holds the constructor options of
+:class:`~sparkdl_avg.ParameterAveragingTrainer`; the Spark ML layer builds the
+same object, so every entry point gets the same checks, all of which run on
+the driver before any Spark job starts.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .errors import ConfigurationError
+
+OPTIMIZER_STATE_POLICIES = ("average", "reset")
+
+
+def _check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        none = " or None" if allow_none else ""
+        raise ConfigurationError(
+            f"The '{name}' parameter must be an int in the range [{low}, inf){none}. "
+            f"Got {value!r} instead."
+        )
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Validated options of a parameter-averaging run.
+
+    Args:
+        num_workers: Replicas trained in parallel per round (one Spark task
+            each). ``None`` means Spark's ``defaultParallelism``, resolved by the
+            trainer when it first needs the SparkContext.
+        batch_size: Examples per minibatch, per worker. Default 32.
+        averaging_frequency: Minibatches each worker trains between two
+            averagings (DL4J's ``averagingFrequency``; "k"). Default 8.
+        aggregation_depth: Depth of Spark's ``treeAggregate`` that sums the
+            replicas' results. Default 2.
+        optimizer_state: ``"average"`` averages every optimizer variable across
+            replicas each round (DL4J's ``saveUpdater``); ``"reset"`` starts
+            each round from the optimizer's initial state.
+        update_rule: How the averaged weights become the next global weights.
+            Only ``None`` (plain averaging) is available in this version.
+        seed: Makes the data order repeatable. ``None`` draws one at random.
+        staging_dir: Directory (local path or ``pyarrow.fs`` URI) where the
+            data is written once per fit, pre-converted to Arrow. ``None``
+            means a fresh directory under the system temp dir. On a
+            multi-host cluster it must be a filesystem every executor reads
+            (HDFS, S3, NFS).
+    """
+
+    num_workers: Optional[int] = None
+    batch_size: int = 32
+    averaging_frequency: int = 8
+    aggregation_depth: int = 2
+    optimizer_state: str = "average"
+    update_rule: Any = None
+    seed: Optional[int] = None
+    staging_dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check_int("num_workers", self.num_workers, 1, allow_none=True)
+        _check_int("batch_size", self.batch_size, 1)
+        _check_int("averaging_frequency", self.averaging_frequency, 1)
+        _check_int("aggregation_depth", self.aggregation_depth, 1)
+        _check_int("seed", self.seed, 0, allow_none=True)
+        if self.optimizer_state not in OPTIMIZER_STATE_POLICIES:
+            raise ConfigurationError(
+                f"The 'optimizer_state' parameter must be one of "
+                f"{', '.join(repr(p) for p in OPTIMIZER_STATE_POLICIES)}. "
+                f"Got {self.optimizer_state!r} instead."
+            )
+        if self.update_rule is not None:
+            raise ConfigurationError(
+                "The 'update_rule' parameter must be None (plain averaging) in this "
+                f"version. Got {self.update_rule!r} instead."
+            )
+        if self.staging_dir is not None and (
+            not isinstance(self.staging_dir, str) or not self.staging_dir
+        ):
+            raise ConfigurationError(
+                "The 'staging_dir' parameter must be a non-empty str (a local path or "
+                f"a pyarrow.fs URI) or None. Got {self.staging_dir!r} instead."
+            )
+
+
+def validate_model(model: Any) -> None:
+    """Checks that ``model`` is a compiled, built Keras model with one input and output.
+
+    Raises:
+        ConfigurationError: naming ``model`` and what was received.
+    """
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise ConfigurationError(
+            f"Expected 'model' to be a compiled keras.Model. Received: model={model!r} "
+            f"of type {type(model).__name__}."
+        )
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ConfigurationError(
+            "Expected 'model' to be compiled. Received: an uncompiled model "
+            f"{model.name!r}; call model.compile(optimizer=..., loss=...) first."
+        )
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs:
+        raise ConfigurationError(
+            f"Expected 'model' to be built with a known input shape. Received: model "
+            f"{model.name!r} has no inputs; start it with keras.Input(shape=...)."
+        )
+    if len(inputs) != 1 or len(model.outputs) != 1:
+        raise ConfigurationError(
+            "Expected 'model' to have exactly one input and one output. Received: "
+            f"{len(inputs)} inputs and {len(model.outputs)} outputs."
+        )
+    if any(d is None for d in inputs[0].shape[1:]):
+        raise ConfigurationError(
+            "Expected 'model' to have a fully defined input shape (besides the batch "
+            f"dimension). Received: input shape {tuple(inputs[0].shape)}."
+        )

@@ -1,0 +1,108 @@
+"""A compiled Keras model described for executors, and its state as numpy arrays.
+
+``ModelSpec`` carries the model as the bytes of a ``.keras`` archive
+(architecture, compile configuration and initial weights; loaded with Keras'
+safe mode, no pickle) and a fingerprint of its architecture and compile
+settings, under which executors cache the replica they build from it.
+
+The state helpers (:func:`get_state`, :func:`set_state`) move weights and
+optimizer variables between a model and lists of numpy arrays; the driver and
+executors both use them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What an executor needs to build a replica of the user's model.
+
+    Attributes:
+        keras_bytes: The model saved as a ``.keras`` archive.
+        fingerprint: Hash of the architecture, compile config and Keras version.
+        optimizer_shapes: Shapes of the optimizer's variables, in order, to
+            check that a replica's optimizer matches the driver's.
+    """
+
+    keras_bytes: bytes
+    fingerprint: str
+    optimizer_shapes: Tuple[Tuple[int, ...], ...]
+
+    @classmethod
+    def from_model(cls, model) -> "ModelSpec":
+        """Describes a compiled model, building its optimizer's variables if needed."""
+        import keras
+
+        ensure_optimizer_built(model)
+        with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
+            path = os.path.join(tmp, "model.keras")
+            model.save(path)
+            with open(path, "rb") as f:
+                data = f.read()
+        try:
+            description = json.dumps(
+                [model.get_config(), model.get_compile_config(), keras.__version__],
+                sort_keys=True,
+                default=str,
+            ).encode()
+        except NotImplementedError:
+            # Subclassed models without get_config(): fall back to the archive.
+            description = data
+        return cls(
+            keras_bytes=data,
+            fingerprint=hashlib.sha256(description).hexdigest(),
+            optimizer_shapes=tuple(tuple(v.shape) for v in model.optimizer.variables),
+        )
+
+    def build(self):
+        """Loads the compiled model from the archive (Keras safe mode)."""
+        import keras
+
+        with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
+            path = os.path.join(tmp, "model.keras")
+            with open(path, "wb") as f:
+                f.write(self.keras_bytes)
+            model = keras.saving.load_model(path, compile=True, safe_mode=True)
+        ensure_optimizer_built(model)
+        shapes = tuple(tuple(v.shape) for v in model.optimizer.variables)
+        if shapes != self.optimizer_shapes:
+            raise RuntimeError(
+                "The replica's optimizer variables do not match the driver's: expected "
+                f"shapes {self.optimizer_shapes}, built {shapes}."
+            )
+        return model
+
+
+def ensure_optimizer_built(model) -> None:
+    """Creates the optimizer's variables (slots, iteration counter) if not yet done."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+def iterations_index(model) -> int:
+    """Position of the optimizer's iteration counter in ``optimizer.variables``."""
+    for i, v in enumerate(model.optimizer.variables):
+        if v is model.optimizer.iterations:
+            return i
+    raise RuntimeError("The optimizer has no iteration counter among its variables.")
+
+
+def get_state(model) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Returns ``(weights, optimizer_variables)`` of ``model`` as numpy arrays."""
+    return model.get_weights(), [np.asarray(v.numpy()) for v in model.optimizer.variables]
+
+
+def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.ndarray]) -> None:
+    """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``."""
+    model.set_weights(weights)
+    for var, value in zip(model.optimizer.variables, optimizer_variables):
+        var.assign(value)

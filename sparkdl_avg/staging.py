@@ -1,0 +1,288 @@
+"""The staged-data format: examples written once per fit as Arrow IPC files.
+
+Each file holds one record batch with two ``FixedSizeList`` columns, ``x``
+(the flattened features) and ``y`` (the flattened label). Files are read by
+memory-mapping them, so a round's task touches only the pages of the examples
+it trains on. Files on a remote ``pyarrow.fs`` filesystem (HDFS, S3, ...) are
+copied once per Python worker into a local cache directory, then mapped.
+
+This module runs on executors and on the driver; it holds no driver state.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from .errors import DATA_ERROR_MARKER
+
+_FILE_CACHE_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One staged file: its URI (or local path) and number of examples."""
+
+    uri: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class StagedDataset:
+    """A dataset written to the staging directory, described for executors.
+
+    Attributes:
+        files: The staged files, in data order.
+        x_shape: Shape of one example's features (the model's input shape).
+        y_shape: Shape of one example's label; ``()`` for a scalar label.
+        x_dtype: numpy dtype name of the features (the model input's dtype).
+        y_dtype: numpy dtype name of the labels.
+    """
+
+    files: Tuple[StagedFile, ...]
+    x_shape: Tuple[int, ...]
+    y_shape: Tuple[int, ...]
+    x_dtype: str
+    y_dtype: str
+
+    @property
+    def num_examples(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    def offsets(self) -> np.ndarray:
+        """Index of each file's first example, plus the total at the end."""
+        return np.concatenate([[0], np.cumsum([f.rows for f in self.files])]).astype(np.int64)
+
+
+def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
+    """Returns the ``pyarrow.fs`` filesystem and path for a local path or URI."""
+    if "://" in uri:
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.LocalFileSystem(), os.path.abspath(uri)
+
+
+def join(base: str, name: str) -> str:
+    """Joins a directory URI or path with a file name."""
+    return base.rstrip("/") + "/" + name
+
+
+def data_error(message: str) -> ValueError:
+    """An executor-side data error the driver re-raises as ``DataError``."""
+    return ValueError(DATA_ERROR_MARKER + message)
+
+
+def write_examples(uri: str, x: np.ndarray, y: np.ndarray) -> None:
+    """Writes ``x`` (n, ...) and ``y`` (n, ...) as one staged file, atomically.
+
+    The file is written under a temporary name and renamed, so a retried
+    task never leaves a half-written file behind.
+    """
+    n = len(x)
+    x_flat = np.ascontiguousarray(x).reshape(n, -1)
+    y_flat = np.ascontiguousarray(y).reshape(n, -1)
+    batch = pa.record_batch(
+        [
+            pa.FixedSizeListArray.from_arrays(pa.array(x_flat.reshape(-1)), x_flat.shape[1]),
+            pa.FixedSizeListArray.from_arrays(pa.array(y_flat.reshape(-1)), y_flat.shape[1]),
+        ],
+        names=["x", "y"],
+    )
+    fs, path = resolve(uri)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    fs.create_dir(os.path.dirname(path), recursive=True)
+    with fs.open_output_stream(tmp) as sink:
+        with pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+    fs.move(tmp, path)
+
+
+class _FileCache:
+    """Memory-mapped staged files of this Python worker, least recently used out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arrays: "OrderedDict[str, Tuple[np.ndarray, np.ndarray]]" = OrderedDict()
+        self._local_dir = None
+
+    def _local_path(self, uri: str) -> str:
+        fs, path = resolve(uri)
+        if isinstance(fs, pafs.LocalFileSystem):
+            return path
+        if self._local_dir is None:
+            self._local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-cache-")
+        local = os.path.join(self._local_dir, uuid.uuid5(uuid.NAMESPACE_URL, uri).hex + ".arrow")
+        if not os.path.exists(local):
+            tmp = local + ".part"
+            with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+            os.replace(tmp, local)
+        return local
+
+    def get(self, uri: str, x_shape: Sequence[int], y_shape: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            if uri in self._arrays:
+                self._arrays.move_to_end(uri)
+                return self._arrays[uri]
+        source = pa.memory_map(self._local_path(uri), "r")
+        batch = pa.ipc.open_file(source).get_batch(0)
+        n = batch.num_rows
+        # Zero-copy views of the mapped file: reading them pages in only the
+        # rows that are indexed.
+        x = batch.column("x").values.to_numpy(zero_copy_only=True).reshape((n, *x_shape))
+        y = batch.column("y").values.to_numpy(zero_copy_only=True).reshape((n, *y_shape))
+        with self._lock:
+            self._arrays[uri] = (x, y)
+            while len(self._arrays) > _FILE_CACHE_LIMIT:
+                self._arrays.popitem(last=False)
+        return x, y
+
+    def clear(self) -> None:
+        with self._lock:
+            self._arrays.clear()
+
+
+_FILES = _FileCache()
+
+
+def read_examples(dataset: StagedDataset, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Gathers the examples at ``indices`` (global example indices), in that order.
+
+    Returns:
+        ``(x, y)`` numpy arrays of shapes ``(len(indices), *x_shape)`` and
+        ``(len(indices), *y_shape)``, copied out of the mapped files.
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    offsets = dataset.offsets()
+    which = np.searchsorted(offsets, indices, side="right") - 1
+    x = np.empty((len(indices), *dataset.x_shape), dtype=dataset.x_dtype)
+    y = np.empty((len(indices), *dataset.y_shape), dtype=dataset.y_dtype)
+    for f in np.unique(which):
+        rows = which == f
+        fx, fy = _FILES.get(dataset.files[f].uri, dataset.x_shape, dataset.y_shape)
+        local = indices[rows] - offsets[f]
+        x[rows] = fx[local]
+        y[rows] = fy[local]
+    return x, y
+
+
+def remove_tree(uri: str) -> None:
+    """Deletes a staging directory and everything in it; missing is fine."""
+    fs, path = resolve(uri)
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
+def _list_values(column: pa.Array, name: str, width: int, dtype: str) -> np.ndarray:
+    """Flattens an Arrow list column whose rows must all hold ``width`` values."""
+    if column.null_count:
+        raise data_error(f"Column '{name}' contains null rows; expected {width} values per row.")
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(lengths != width)
+    if bad.size:
+        raise data_error(
+            f"Column '{name}' has a row of {int(lengths[bad[0]])} values; expected "
+            f"{width} values per row (the model's input or label size)."
+        )
+    values = column.flatten()
+    if values.null_count:
+        raise data_error(f"Column '{name}' contains null values inside its arrays.")
+    return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(column), width)
+
+
+def export_arrow_batches(
+    batches: Iterator[pa.RecordBatch],
+    *,
+    directory: str,
+    features_col: str,
+    label_col: str,
+    x_width: int,
+    x_dtype: str,
+    y_dtype: str,
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body that stages one DataFrame partition as one file.
+
+    The DataFrame has the features as ``array<float|double>`` and the label as
+    a number or an array. Yields one row ``(uri, rows, label_width)``; empty
+    partitions write no file and yield ``rows = 0``.
+    """
+    from pyspark import TaskContext
+
+    xs, ys, label_width = [], [], -1
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        xs.append(_list_values(batch.column(features_col), features_col, x_width, x_dtype))
+        label = batch.column(label_col)
+        if pa.types.is_list(label.type) or pa.types.is_large_list(label.type):
+            width = int(pc.list_value_length(label).to_numpy(zero_copy_only=False)[0])
+            ys.append(_list_values(label, label_col, width, y_dtype))
+        else:
+            if label.null_count:
+                raise data_error(f"Column '{label_col}' contains null labels.")
+            width = 0
+            ys.append(label.to_numpy(zero_copy_only=False).astype(y_dtype, copy=False))
+        if label_width not in (-1, width):
+            raise data_error(f"Column '{label_col}' has arrays of different lengths.")
+        label_width = width
+    rows = sum(len(x) for x in xs)
+    uri = ""
+    if rows:
+        uri = join(directory, f"part-{TaskContext.get().partitionId():05d}.arrow")
+        write_examples(uri, np.concatenate(xs), np.concatenate(ys))
+    yield pa.record_batch(
+        [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_width], pa.int32())],
+        names=["uri", "rows", "label_width"],
+    )
+
+
+def export_pairs(
+    index: int,
+    pairs: Iterable,
+    *,
+    directory: str,
+    x_width: int,
+    x_dtype: str,
+    y_dtype: str,
+) -> Iterator[Tuple[str, int, Tuple[int, ...]]]:
+    """``mapPartitionsWithIndex`` body that stages an RDD partition of ``(x, y)`` pairs.
+
+    Yields one ``(uri, rows, label_shape)``; empty partitions yield ``("", 0, ())``.
+    """
+    xs, ys = [], []
+    for i, pair in enumerate(pairs):
+        try:
+            x, y = pair
+        except (TypeError, ValueError):
+            raise data_error(
+                f"RDD elements must be (x, y) pairs; element {i} of partition {index} is "
+                f"{type(pair).__name__}."
+            ) from None
+        x = np.asarray(x, dtype=x_dtype).reshape(-1)
+        if x.size != x_width:
+            raise data_error(
+                f"RDD element {i} of partition {index} has features of {x.size} values; "
+                f"expected {x_width} (the model's input size)."
+            )
+        xs.append(x)
+        ys.append(np.asarray(y, dtype=y_dtype))
+    if not xs:
+        yield "", 0, ()
+        return
+    if len({y.shape for y in ys}) != 1:
+        raise data_error(f"RDD partition {index} has labels of different shapes.")
+    uri = join(directory, f"part-{index:05d}.arrow")
+    write_examples(uri, np.stack(xs), np.stack(ys))
+    yield uri, len(xs), ys[0].shape

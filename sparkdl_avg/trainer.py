@@ -1,0 +1,399 @@
+"""The driver side of synchronous parameter averaging: ``ParameterAveragingTrainer``.
+
+A round broadcasts the model's weights and optimizer variables, runs one
+Spark job in which each of ``num_workers`` tasks trains its replica on its
+next ``averaging_frequency`` minibatches, ``treeAggregate``s the
+example-weighted sums and sets their average on the driver's model. The code
+executors run lives in :mod:`sparkdl_avg.worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import tempfile
+import time
+import weakref
+from functools import partial
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import data as data_mod
+from .aggregation import PartialResult, merge
+from .config import TrainerConfig, validate_model
+from .errors import ConfigurationError, DataError, WorkerError
+from .modelspec import ModelSpec, get_state, iterations_index, set_state
+from .plan import round_lengths
+from .staging import StagedDataset, join, remove_tree
+from .stats import TrainingStats
+from .worker import EvalTask, RoundTask, run_eval_partition, run_round_partition
+
+logger = logging.getLogger("sparkdl_avg")
+
+
+def _check_fit_args(epochs: Any, verbose: Any) -> int:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigurationError(
+            f"The 'epochs' parameter must be an int in the range [1, inf). Got {epochs!r} instead."
+        )
+    if verbose == "auto":
+        return 1 if sys.stdout.isatty() else 2
+    if verbose not in (0, 1, 2):
+        raise ConfigurationError(
+            f"The 'verbose' parameter must be 'auto', 0, 1 or 2. Got {verbose!r} instead."
+        )
+    return verbose
+
+
+class ParameterAveragingTrainer:
+    """Trains a compiled Keras model on Spark by synchronous parameter averaging.
+
+    Args:
+        model: A compiled ``keras.Model`` with one input and one output and a
+            known input shape. It is trained in place: after ``fit`` it holds
+            the averaged weights (also available as ``trainer.model``).
+        num_workers: Replicas trained in parallel per round, one Spark task
+            each. Default ``None``: Spark's ``defaultParallelism``.
+        batch_size: Examples per minibatch, per worker. Default 32.
+        averaging_frequency: Minibatches each worker trains between two
+            averagings. Default 8.
+        aggregation_depth: ``treeAggregate`` depth. Default 2.
+        optimizer_state: ``"average"`` (default) averages every optimizer
+            variable (Adam moments, momentum) like DL4J's ``saveUpdater``;
+            ``"reset"`` starts every round from the optimizer's initial state.
+            Either way the optimizer's iteration counter follows the global
+            step (minibatches per worker so far), so learning-rate schedules
+            see the same step as in single-machine training.
+        update_rule: ``None``: plain averaging.
+        seed: Seed of the data order; ``None`` draws one.
+        staging_dir: Where the data is staged once per fit (a local path or a
+            ``pyarrow.fs`` URI every executor can read). Default: the system
+            temp dir. The trainer writes into a new subdirectory and deletes
+            it on :meth:`close` or when the trainer is garbage-collected.
+
+    Raises:
+        ConfigurationError: a parameter or the model is invalid.
+    """
+
+    def __init__(
+        self,
+        model,
+        num_workers: Optional[int] = None,
+        batch_size: int = 32,
+        averaging_frequency: int = 8,
+        aggregation_depth: int = 2,
+        optimizer_state: str = "average",
+        update_rule: Any = None,
+        seed: Optional[int] = None,
+        staging_dir: Optional[str] = None,
+    ) -> None:
+        self.config = TrainerConfig(
+            num_workers=num_workers,
+            batch_size=batch_size,
+            averaging_frequency=averaging_frequency,
+            aggregation_depth=aggregation_depth,
+            optimizer_state=optimizer_state,
+            update_rule=update_rule,
+            seed=seed,
+            staging_dir=staging_dir,
+        )
+        validate_model(model)
+        self.model = model
+        self.stats = TrainingStats()
+        self._seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
+        base = staging_dir or tempfile.gettempdir()
+        self._staging_root = join(base, f"sparkdl_avg-{time.strftime('%Y%m%d-%H%M%S')}-{id(self):x}")
+        self._staged: Dict[tuple, tuple] = {}
+        self._finalizer = weakref.finalize(self, remove_tree, self._staging_root)
+
+    # ------------------------------------------------------------------ data
+
+    @property
+    def _input_shape(self):
+        return tuple(int(d) for d in self.model.inputs[0].shape[1:])
+
+    @property
+    def _input_dtype(self) -> str:
+        dtype = str(self.model.inputs[0].dtype)
+        return dtype if dtype in ("float32", "float64") else "float32"
+
+    def _stage(self, data, features_col: str, label_col: str, what: str) -> StagedDataset:
+        key = data_mod.data_key(data, features_col, label_col)
+        if key is not None and key in self._staged:
+            return self._staged[key][1]
+        staged = data_mod.stage(
+            data,
+            root=self._staging_root,
+            x_shape=self._input_shape,
+            x_dtype=self._input_dtype,
+            features_col=features_col,
+            label_col=label_col,
+            what=what,
+        )
+        if key is not None:
+            self._staged[key] = (data, staged)  # holding `data` keeps its id() unique
+        return staged
+
+    def close(self) -> None:
+        """Deletes the staged data. The trainer can still be used; data is staged again."""
+        self._staged.clear()
+        remove_tree(self._staging_root)
+
+    def __enter__(self) -> "ParameterAveragingTrainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(
+        self,
+        data,
+        epochs: int = 1,
+        features_col: str = "features",
+        label_col: str = "label",
+        validation_data=None,
+        callbacks=None,
+        verbose="auto",
+        shuffle: bool = True,
+    ):
+        """Trains the model by parameter averaging for ``epochs`` passes over ``data``.
+
+        Args:
+            data: Spark DataFrame, RDD of ``(x, y)`` pairs, or ``(x, y)`` numpy
+                arrays. Staged once and reused when the same data is fitted again.
+            epochs: Passes over the data. Default 1.
+            features_col: DataFrame column with the features, ``array<float>``,
+                ``array<double>`` or a ``pyspark.ml`` Vector, reshaped to the
+                model's input shape. Default ``"features"``.
+            label_col: DataFrame column with the label (number or array).
+                Default ``"label"``.
+            validation_data: Same kinds as ``data`` (same columns), evaluated
+                on the cluster at the end of each epoch; adds ``val_*`` logs.
+            callbacks: Keras callbacks, run on the driver with the averaged
+                model. Batch-level hooks are called once per round.
+            verbose: ``"auto"`` (1 on a terminal, else 2), 0 (silent), 1
+                (progress bar per epoch, one step per round) or 2 (one line per
+                epoch), as in ``keras.Model.fit``.
+            shuffle: Visit the examples in a new seeded order every epoch.
+                ``False`` keeps the data's order (partitions in order).
+
+        Returns:
+            A ``keras.callbacks.History``: ``history.history["loss"]`` has one
+            value per epoch, the example-weighted mean over all workers'
+            minibatches, and likewise every compiled metric.
+
+        Raises:
+            ConfigurationError, DataError: before any training round runs.
+            WorkerError: a round's Spark job failed.
+        """
+        import keras
+
+        verbose = _check_fit_args(epochs, verbose)
+        cfg = self.config
+        sc = data_mod.spark_context_for(data)
+        num_workers = cfg.num_workers or sc.defaultParallelism
+        train = self._stage(data, features_col, label_col, "training")
+        val = (
+            self._stage(validation_data, features_col, label_col, "validation")
+            if validation_data is not None
+            else None
+        )
+        lengths = round_lengths(train.num_examples, num_workers, cfg.batch_size, cfg.averaging_frequency)
+        if not lengths:
+            raise DataError(
+                f"The training data has {train.num_examples} examples; one round needs at "
+                f"least num_workers * batch_size = {num_workers} * {cfg.batch_size} = "
+                f"{num_workers * cfg.batch_size}. Lower 'num_workers' or 'batch_size'."
+            )
+        spec = ModelSpec.from_model(self.model)
+        spec_bc = sc.broadcast(spec)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            model=self.model,
+            verbose=verbose,
+            epochs=epochs,
+            steps=len(lengths),
+        )
+        self.model.stop_training = False
+        try:
+            callback_list.on_train_begin()
+            logs: Dict[str, float] = {}
+            for epoch in range(epochs):
+                callback_list.on_epoch_begin(epoch)
+                epoch_result: Optional[PartialResult] = None
+                steps_before = 0
+                for rnd, steps in enumerate(lengths):
+                    callback_list.on_train_batch_begin(rnd)
+                    task = RoundTask(
+                        spec=spec_bc,
+                        fingerprint=spec.fingerprint,
+                        state=None,
+                        dataset=train,
+                        epoch=epoch,
+                        round=rnd,
+                        steps_before=steps_before,
+                        steps=steps,
+                        num_workers=num_workers,
+                        batch_size=cfg.batch_size,
+                        seed=self._seed,
+                        shuffle=shuffle,
+                        average_optimizer=cfg.optimizer_state == "average",
+                    )
+                    result = self._run_round(sc, task, len(lengths), epochs)
+                    steps_before += steps
+                    epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
+                    logs = epoch_result.metric_means()
+                    callback_list.on_train_batch_end(rnd, logs)
+                    if self.model.stop_training:
+                        break
+                if val is not None:
+                    val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
+                    logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
+                callback_list.on_epoch_end(epoch, logs)
+                if self.model.stop_training:
+                    break
+            callback_list.on_train_end(logs)
+        finally:
+            spec_bc.unpersist()
+        return self.model.history
+
+    def _run_round(self, sc, task: RoundTask, rounds_per_epoch: int, epochs: int) -> PartialResult:
+        """Runs one broadcast → train → treeAggregate → average round; records its stats."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        weights, opt_vars = get_state(self.model)
+        state_bc = sc.broadcast((weights, opt_vars))
+        t1 = time.perf_counter()
+        task = _replace_state(task, state_bc)
+        sc.setJobDescription(
+            f"sparkdl_avg fit: epoch {task.epoch + 1}/{epochs}, round {task.round + 1}/{rounds_per_epoch}"
+        )
+        try:
+            result = data_mod.run_spark_job(
+                lambda: sc.parallelize(range(task.num_workers), task.num_workers)
+                .mapPartitions(partial(run_round_partition, task))
+                .treeAggregate(None, merge, merge, cfg.aggregation_depth)
+            )
+        except DataError:
+            raise
+        except Exception as exc:
+            raise WorkerError(
+                f"Round {task.round} of epoch {task.epoch} failed on the cluster: "
+                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
+            ) from exc
+        finally:
+            sc.setJobDescription(None)
+        t2 = time.perf_counter()
+        new_weights = result.average(result.weight_sums, weights)
+        new_opt = result.average(result.optimizer_sums, opt_vars) if task.average_optimizer else list(opt_vars)
+        it = iterations_index(self.model)
+        new_opt[it] = np.asarray(int(opt_vars[it]) + task.steps, dtype=opt_vars[it].dtype)
+        set_state(self.model, new_weights, new_opt)
+        state_bc.unpersist()
+        t3 = time.perf_counter()
+        self._record(task, result, t0, t1, t2, t3)
+        return result
+
+    def _record(self, task: RoundTask, result: PartialResult, t0, t1, t2, t3) -> None:
+        workers = sorted(result.workers, key=lambda w: w["worker"])
+        compute = [w["compute_s"] for w in workers]
+        busy = [w["setup_s"] + w["load_s"] + w["compute_s"] for w in workers]
+        wall = time.perf_counter() - t0
+        means = result.metric_means()
+        self.stats.add(
+            {
+                "epoch": task.epoch,
+                "round": task.round,
+                "averaging_frequency": task.steps,
+                "num_workers": task.num_workers,
+                "examples": result.examples,
+                "wall_s": wall,
+                "broadcast_s": t1 - t0,
+                "job_s": t2 - t1,
+                "update_s": t3 - t2,
+                "other_s": wall - (t3 - t0),
+                "compute_max_s": max(compute),
+                "compute_min_s": min(compute),
+                "compute_mean_s": sum(compute) / len(compute),
+                "load_max_s": max(w["load_s"] for w in workers),
+                "setup_max_s": max(w["setup_s"] for w in workers),
+                "overhead_s": wall - max(busy),
+                "examples_per_s": result.examples / wall if wall > 0 else 0.0,
+                "loss": means.get("loss"),
+                "replicas_built": sum(1 for w in workers if w["replica_built"]),
+                "workers": workers,
+            }
+        )
+
+    # ------------------------------------------------------------- evaluate
+
+    def _evaluate_staged(self, sc, staged: StagedDataset, spec_bc, fingerprint, parts, batch_size) -> Dict[str, float]:
+        state_bc = sc.broadcast(get_state(self.model))
+        task = EvalTask(spec_bc, fingerprint, state_bc, staged, parts, batch_size)
+        sc.setJobDescription("sparkdl_avg evaluate")
+        try:
+            result = data_mod.run_spark_job(
+                lambda: sc.parallelize(range(parts), parts)
+                .mapPartitions(partial(run_eval_partition, task))
+                .treeAggregate(None, merge, merge, self.config.aggregation_depth)
+            )
+        finally:
+            sc.setJobDescription(None)
+            state_bc.unpersist()
+        return result.metric_means()
+
+    def evaluate(
+        self,
+        data,
+        features_col: str = "features",
+        label_col: str = "label",
+        batch_size: Optional[int] = None,
+        return_dict: bool = False,
+    ):
+        """Computes the compiled loss and metrics on the cluster.
+
+        Each of ``num_workers`` tasks evaluates a contiguous part of the staged
+        data; results are example-weighted, so mean-type metrics (loss,
+        accuracy, MAE, ...) equal ``model.evaluate`` on the same data.
+
+        Args:
+            data: Same kinds as in :meth:`fit`.
+            features_col: DataFrame features column. Default ``"features"``.
+            label_col: DataFrame label column. Default ``"label"``.
+            batch_size: Examples per evaluation minibatch. Default: the
+                trainer's ``batch_size``.
+            return_dict: Return ``{name: value}`` instead of a list.
+
+        Returns:
+            Like ``keras.Model.evaluate``: the loss alone when the model has no
+            metrics, else ``[loss, metric, ...]`` (or a dict).
+        """
+        if batch_size is not None:
+            TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
+        sc = data_mod.spark_context_for(data)
+        staged = self._stage(data, features_col, label_col, "evaluation")
+        parts = self.config.num_workers or sc.defaultParallelism
+        spec = ModelSpec.from_model(self.model)
+        spec_bc = sc.broadcast(spec)
+        try:
+            logs = self._evaluate_staged(
+                sc, staged, spec_bc, spec.fingerprint, parts, batch_size or self.config.batch_size
+            )
+        finally:
+            spec_bc.unpersist()
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+
+def _replace_state(task: RoundTask, state_bc) -> RoundTask:
+    from dataclasses import replace
+
+    return replace(task, state=state_bc)

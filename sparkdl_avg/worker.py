@@ -1,0 +1,242 @@
+"""Executor-side code: train or evaluate a cached replica on staged examples.
+
+Nothing here touches driver state. A task receives a small picklable
+description (:class:`RoundTask` or :class:`EvalTask`) holding broadcast
+handles, and returns a :class:`~sparkdl_avg.aggregation.PartialResult`. Every
+function also runs in-process with plain values in place of broadcasts, which
+is how the unit tests call it.
+
+The compiled replica is built once per Python worker process and kept in the
+module-level ``_REPLICAS`` cache, keyed by the model's fingerprint, so later
+rounds and later fits of the same model only assign weights. The Spark entry
+points (:func:`run_round_partition`, :func:`run_eval_partition`) consume
+their whole input iterator, which PySpark requires to reuse the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, Optional
+
+import numpy as np
+
+from .aggregation import PartialResult, weighted
+from .modelspec import ModelSpec, get_state, iterations_index, set_state
+from .plan import EpochOrder, split_evenly, worker_positions
+from .staging import StagedDataset, read_examples
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_REPLICAS: Dict[str, Any] = {}
+_LOCK = threading.Lock()
+_THREADS_CONFIGURED = False
+BUILD_COUNT = 0  # replicas this process has built; reported with each result
+
+
+def _value(handle):
+    """The value behind a Spark broadcast, or the value itself in-process."""
+    from pyspark.broadcast import Broadcast
+
+    return handle.value if isinstance(handle, Broadcast) else handle
+
+
+def configure_threads() -> None:
+    """Sizes TensorFlow's thread pools to the task's CPUs (``spark.task.cpus``).
+
+    Must run before TensorFlow starts its runtime; afterwards TensorFlow
+    refuses and the pools keep their size, which is harmless.
+    """
+    global _THREADS_CONFIGURED
+    if _THREADS_CONFIGURED:
+        return
+    _THREADS_CONFIGURED = True
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return
+    import tensorflow as tf
+
+    cpus = max(1, int(ctx.cpus()))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(cpus)
+        tf.config.threading.set_inter_op_parallelism_threads(cpus)
+    except RuntimeError:
+        pass
+
+
+def get_replica(spec_handle, fingerprint: str):
+    """Returns ``(model, built_now)``, building and caching the replica on first use."""
+    global BUILD_COUNT
+    with _LOCK:
+        model = _REPLICAS.get(fingerprint)
+        if model is not None:
+            return model, False
+        configure_threads()
+        spec: ModelSpec = _value(spec_handle)
+        model = spec.build()
+        _REPLICAS[fingerprint] = model
+        BUILD_COUNT += 1
+        return model, True
+
+
+@dataclass(frozen=True)
+class RoundTask:
+    """What every worker of one round needs (pickled into the round's closure).
+
+    Attributes:
+        spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
+        fingerprint: ``spec.fingerprint``, to find a cached replica without
+            reading the broadcast.
+        state: Broadcast of ``(weights, optimizer_variables)`` to start from.
+        dataset: The staged training data.
+        epoch: 0-based epoch index.
+        round: 0-based round index within the epoch.
+        steps_before: Minibatches per worker in this epoch's earlier rounds.
+        steps: Minibatches each worker trains this round (``k``).
+        num_workers: Workers in the round (``N``).
+        batch_size: Examples per minibatch (``B``).
+        seed: The run's seed (data order).
+        shuffle: Whether the epoch visits examples in shuffled order.
+        average_optimizer: Whether to return the optimizer variables for averaging.
+    """
+
+    spec: Any
+    fingerprint: str
+    state: Any
+    dataset: StagedDataset
+    epoch: int
+    round: int
+    steps_before: int
+    steps: int
+    num_workers: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    average_optimizer: bool
+
+
+def _worker_record(worker: int, **fields) -> dict:
+    return {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(), **fields}
+
+
+def train_round(task: RoundTask, worker: int) -> PartialResult:
+    """Trains the replica of ``worker`` for ``task.steps`` minibatches.
+
+    Returns:
+        The worker's example-weighted weights, optimizer variables (when
+        averaged) and per-minibatch metric sums, with a timing record.
+    """
+    start = time.time()
+    model, built = get_replica(task.spec, task.fingerprint)
+    weights, opt_vars = _value(task.state)
+    set_state(model, weights, opt_vars)
+    ready = time.time()
+
+    order = EpochOrder(task.dataset.num_examples, task.seed, task.epoch, task.shuffle)
+    positions = worker_positions(
+        task.steps_before, task.steps, worker, task.num_workers, task.batch_size
+    )
+    x, y = read_examples(task.dataset, order.indices(positions.start, positions.stop))
+    loaded = time.time()
+
+    sums: Dict[str, float] = {}
+    b = task.batch_size
+    for step in range(task.steps):
+        logs = model.train_on_batch(x[step * b : (step + 1) * b], y[step * b : (step + 1) * b], return_dict=True)
+        for name, value in logs.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * b
+    computed = time.time()
+
+    n = len(x)
+    new_weights, new_opt = get_state(model)
+    result = PartialResult(
+        examples=n,
+        weight_sums=weighted(new_weights, n),
+        optimizer_sums=weighted(new_opt, n) if task.average_optimizer else None,
+        metric_sums=sums,
+        workers=[
+            _worker_record(
+                worker,
+                examples=n,
+                start=start,
+                end=time.time(),
+                setup_s=ready - start,
+                load_s=loaded - ready,
+                compute_s=computed - loaded,
+                replica_built=built,
+                replicas_built_by_process=BUILD_COUNT,
+            )
+        ],
+    )
+    return result
+
+
+def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[PartialResult]:
+    """``mapPartitions`` body of a training round: one partition per worker id."""
+    ids = list(workers)  # consume the whole input so PySpark reuses this worker
+    for worker in ids:
+        yield train_round(task, worker)
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """What every part of a distributed evaluation needs.
+
+    Attributes:
+        spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
+        fingerprint: ``spec.fingerprint``.
+        state: Broadcast of ``(weights, optimizer_variables)`` to evaluate.
+        dataset: The staged evaluation data.
+        num_parts: Parts the data is split into (one task each).
+        batch_size: Examples per evaluation minibatch.
+    """
+
+    spec: Any
+    fingerprint: str
+    state: Any
+    dataset: StagedDataset
+    num_parts: int
+    batch_size: int
+
+
+def evaluate_part(task: EvalTask, part: int) -> PartialResult:
+    """Evaluates the compiled loss and metrics on one contiguous part of the data."""
+    start = time.time()
+    model, built = get_replica(task.spec, task.fingerprint)
+    weights, opt_vars = _value(task.state)
+    set_state(model, weights, opt_vars)
+    rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
+    x, y = read_examples(task.dataset, np.arange(rows.start, rows.stop))
+    loaded = time.time()
+    sums: Dict[str, float] = {}
+    for lo in range(0, len(x), task.batch_size):
+        xb, yb = x[lo : lo + task.batch_size], y[lo : lo + task.batch_size]
+        logs = model.test_on_batch(xb, yb, return_dict=True)
+        for name, value in logs.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * len(xb)
+    return PartialResult(
+        examples=len(x),
+        metric_sums=sums,
+        workers=[
+            _worker_record(
+                part,
+                examples=len(x),
+                start=start,
+                end=time.time(),
+                load_s=loaded - start,
+                replica_built=built,
+            )
+        ],
+    )
+
+
+def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[PartialResult]:
+    """``mapPartitions`` body of a distributed evaluation."""
+    ids = list(parts)
+    for part in ids:
+        yield evaluate_part(task, part)
