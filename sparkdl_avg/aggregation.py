@@ -50,7 +50,7 @@ def _add(a: Optional[List[np.ndarray]], b: Optional[List[np.ndarray]]) -> Option
     if b is None:
         return a
     for x, y in zip(a, b):
-        x += y  # in place: partials are owned by the aggregation
+        np.add(x, y, out=x)  # in place: partials are owned by the aggregation
     return a
 
 
@@ -74,4 +74,11 @@ def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[Pa
 
 def weighted(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
     """``n · a`` for each array, in float64 (a worker's contribution to a sum)."""
-    return [np.asarray(a, dtype=np.float64) * n for a in arrays]
+    out = []
+    for a in arrays:
+        # np.array(...) then *= keeps 0-d arrays as arrays; `a * n` would give
+        # numpy scalars, which the in-place sums of `merge` cannot update.
+        w = np.array(a, dtype=np.float64)
+        w *= n
+        out.append(w)
+    return out
