@@ -1,0 +1,51 @@
+# The two commands a newcomer needs: `make train` and `make test`.
+# Both create the virtual environment (.venv) on first use.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(abspath $(VENV))/bin/python
+STAMP  := $(VENV)/.installed
+MASTER ?= local[2]
+# Executors and the driver must run the venv's Python (it has TensorFlow).
+SPARK_ENV := PYSPARK_PYTHON=$(PY) PYSPARK_DRIVER_PYTHON=$(PY)
+
+.PHONY: env check-java train test test-fast bench clean
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "ERROR: pyspark 4 needs Java 17 or newer, and 'java' is not on PATH."; \
+	  echo "Install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless;"; \
+	  echo "macOS: brew install openjdk@17) or set JAVA_HOME and PATH."; exit 1; }
+	@major=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$major" ] || [ "$$major" -lt 17 ]; then \
+	  echo "ERROR: pyspark 4 needs Java 17 or newer; found: $$(java -version 2>&1 | head -1)."; \
+	  echo "Install openjdk-17 and point JAVA_HOME at it."; exit 1; fi
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+env: check-java $(STAMP)
+
+## Train a small CNN on scikit-learn's bundled digits with spark-submit on local[2].
+train: env
+	$(SPARK_ENV) $(VENV)/bin/spark-submit --master "$(MASTER)" \
+	  --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
+	  jobs/train_digits.py --output-dir output/digits --overwrite
+
+## The whole test suite (slow cluster tests included), as CI runs it.
+test: env
+	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests
+
+## The suite without the slow cluster tests.
+test-fast: env
+	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests -m "not slow"
+
+## Benchmark of docs/benchmarks.md (minutes).
+bench: env
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/bench_cnn.py
+
+clean:
+	rm -rf output build dist *.egg-info .pytest_cache

@@ -1,0 +1,194 @@
+"""Shared fixtures and helpers of the sparkdl_avg test suite.
+
+The environment variables are set at import, before any SparkContext starts,
+so that executors' Python workers (forked from the driver's environment) use
+this interpreter and TensorFlow stays quiet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: starts a local-cluster Spark (separate executor JVMs); deselect with -m 'not slow'"
+    )
+
+
+# --------------------------------------------------------------------- Spark
+
+
+def make_session(master: str, app_name: str, local_dir: str, **conf):
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.local.dir", local_dir)
+        .config("spark.driver.memory", "1g")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def stop_active_session() -> None:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """A ``local[2]`` SparkSession for one test module, stopped at its end."""
+    stop_active_session()
+    local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
+    session = make_session("local[2]", "sparkdl_avg-tests", local_dir)
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+        shutil.rmtree(local_dir, ignore_errors=True)
+
+
+class JobRecorder:
+    """Runs code in a fresh Spark job group and reports the jobs it started."""
+
+    def __init__(self, sc, group: str) -> None:
+        self.sc = sc
+        self.group = group
+        self.job_ids = None
+
+
+@contextlib.contextmanager
+def record_jobs(spark):
+    """Counts the Spark jobs started inside the ``with`` block.
+
+    The block runs in a unique job group. Afterwards a marker job is run in
+    the same group and the status tracker is polled until it shows the marker
+    (listener events arrive in order, so every earlier job is then visible
+    too); ``recorder.job_ids`` holds the other jobs of the group.
+    """
+    sc = spark.sparkContext
+    group = f"test-{uuid.uuid4().hex}"
+    recorder = JobRecorder(sc, group)
+    sc.setJobGroup(group, "sparkdl_avg test: jobs of one call")
+    try:
+        yield recorder
+    finally:
+        try:
+            before_marker = set(sc.statusTracker().getJobIdsForGroup(group))
+            sc.parallelize([0], 1).count()  # the marker job
+            deadline = time.time() + 30
+            while True:
+                ids = set(sc.statusTracker().getJobIdsForGroup(group))
+                if len(ids - before_marker) >= 1 or time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            marker = max(ids - before_marker) if ids - before_marker else None
+            recorder.job_ids = sorted(i for i in ids if i != marker)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setLocalProperty("spark.job.description", None)
+
+
+# --------------------------------------------------------------------- Keras
+
+
+def f32_exact(a) -> np.ndarray:
+    """``a`` as float64 values that float32 represents exactly.
+
+    ``keras.Model.fit`` casts float arrays to ``floatx`` (float32) before the
+    model's float64 input layer casts them back; with such values that round
+    trip is lossless, so ``fit`` and the trainer see the same numbers.
+    """
+    return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+
+def regression_data(n: int, d: int = 4, seed: int = 0, out: int | None = None):
+    """``(x, y)`` of a smooth nonlinear regression, float32-exact float64 values.
+
+    ``y`` has shape ``(n,)`` when ``out`` is None, else ``(n, out)``.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    w = rng.normal(size=(d, out or 1))
+    y = np.tanh(x @ w) + 0.1 * rng.normal(size=(n, out or 1))
+    if out is None:
+        y = y[:, 0]
+    return f32_exact(x), f32_exact(y)
+
+
+def make_model(
+    input_dim: int = 4,
+    hidden: int = 8,
+    outputs: int = 1,
+    optimizer=None,
+    loss: str = "mse",
+    metrics=("mae",),
+    seed: int = 0,
+    activation: str = "tanh",
+    output_activation=None,
+    compile: bool = True,
+):
+    """A small float64 MLP, compiled unless ``compile=False``."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((input_dim,), dtype="float64")
+    h = keras.layers.Dense(hidden, activation=activation, dtype="float64")(inputs)
+    out = keras.layers.Dense(outputs, activation=output_activation, dtype="float64")(h)
+    model = keras.Model(inputs, out)
+    if compile:
+        model.compile(
+            optimizer=optimizer if optimizer is not None else keras.optimizers.SGD(0.1),
+            loss=loss,
+            metrics=list(metrics) if metrics else None,
+        )
+    return model
+
+
+def clone_compiled(model, optimizer, loss="mse", metrics=("mae",)):
+    """A clone of ``model`` with the same weights, compiled with ``optimizer``."""
+    import keras
+
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    clone.compile(optimizer=optimizer, loss=loss, metrics=list(metrics) if metrics else None)
+    return clone
+
+
+def assert_weights_close(actual, expected, atol=1e-10, rtol=0.0):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape
+        np.testing.assert_allclose(a, e, atol=atol, rtol=rtol)
+
+
+def max_weight_change(before, after) -> float:
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(before, after))
