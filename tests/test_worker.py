@@ -1,0 +1,202 @@
+"""The executor-side round and evaluation functions, called in-process (no Spark).
+
+``worker.train_round`` gets plain values where the trainer passes broadcasts:
+``spec`` is a ``ModelSpec``, ``state`` the ``(weights, optimizer_variables)``
+tuple, and the data is staged from numpy arrays into a temp directory.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import clone_compiled, make_model, regression_data
+from sparkdl_avg import data, worker
+from sparkdl_avg.aggregation import merge
+from sparkdl_avg.modelspec import ModelSpec, get_state, iterations_index, set_state
+from sparkdl_avg.plan import EpochOrder, worker_positions
+
+import keras
+
+TOL = dict(rtol=0.0, atol=1e-12)
+
+
+def make_task(model, staged, **fields):
+    spec = ModelSpec.from_model(model)
+    defaults = dict(
+        spec=spec,
+        fingerprint=spec.fingerprint,
+        state=get_state(model),
+        dataset=staged,
+        epoch=0,
+        round=0,
+        steps_before=0,
+        steps=3,
+        num_workers=2,
+        batch_size=8,
+        seed=11,
+        shuffle=False,
+        average_optimizer=True,
+    )
+    defaults.update(fields)
+    return worker.RoundTask(**defaults)
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return regression_data(100, d=4, seed=3)
+
+
+@pytest.fixture
+def staged(arrays, tmp_path):
+    return data.stage(arrays, root=str(tmp_path), x_shape=(4,), x_dtype="float64")
+
+
+def keras_reference(model, x, y, indices, steps, batch, optimizer):
+    """Plain Keras: train a clone on the minibatches at ``indices``, in order."""
+    ref = clone_compiled(model, optimizer)
+    ref.optimizer.build(ref.trainable_variables)
+    set_state(ref, *get_state(model))  # same starting optimizer state as the task
+    losses = []
+    for s in range(steps):
+        idx = indices[s * batch : (s + 1) * batch]
+        losses.append(ref.train_on_batch(x[idx], y[idx], return_dict=True))
+    return ref, losses
+
+
+def test_stage_arrays_round_trip(arrays, staged):
+    from sparkdl_avg.staging import read_examples
+
+    x, y = arrays
+    assert staged.num_examples == 100
+    assert staged.x_shape == (4,) and staged.y_shape == ()
+    assert staged.x_dtype == "float64" and staged.y_dtype == "float64"
+    idx = np.array([99, 0, 57, 3, 3])
+    rx, ry = read_examples(staged, idx)
+    np.testing.assert_array_equal(rx, x[idx])
+    np.testing.assert_array_equal(ry, y[idx])
+
+
+@pytest.mark.parametrize("worker_id", [0, 1])
+@pytest.mark.parametrize(
+    "optimizer_factory",
+    [lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.Adam(0.01)],
+    ids=["sgd", "adam"],
+)
+def test_train_round_equals_keras_train_on_batch(arrays, staged, worker_id, optimizer_factory):
+    x, y = arrays
+    model = make_model(optimizer=optimizer_factory(), seed=1)
+    task = make_task(model, staged, steps_before=2, steps=3, num_workers=2, batch_size=8)
+
+    result = worker.train_round(task, worker_id)
+
+    positions = worker_positions(2, 3, worker_id, 2, 8)
+    assert positions.start == (2 * 2 + worker_id * 3) * 8
+    ref, losses = keras_reference(model, x, y, np.arange(positions.start, positions.stop), 3, 8, optimizer_factory())
+    n = 3 * 8
+    assert result.examples == n
+    ref_weights, ref_opt = get_state(ref)
+    for s, r in zip(result.weight_sums, ref_weights):
+        assert s.dtype == np.float64
+        np.testing.assert_allclose(s / n, r, **TOL)
+    assert len(result.optimizer_sums) == len(ref_opt)
+    for s, r in zip(result.optimizer_sums, ref_opt):
+        np.testing.assert_allclose(s / n, r, **TOL)
+    # the optimizer counted 3 steps from the task's starting point
+    it = iterations_index(model)
+    assert result.optimizer_sums[it] / n == pytest.approx(3)
+    expected_metrics = {k: sum(l[k] for l in losses) / 3 for k in losses[0]}
+    assert set(result.metric_means()) == {"loss", "mae"}
+    assert result.metric_means() == pytest.approx(expected_metrics, rel=1e-12)
+    # and training did move the weights
+    assert max(float(np.max(np.abs(s / n - w))) for s, w in zip(result.weight_sums, model.get_weights())) > 1e-4
+    (record,) = result.workers
+    assert record["worker"] == worker_id and record["examples"] == n
+    assert record["compute_s"] >= 0 and record["load_s"] >= 0
+
+
+def test_train_round_shuffled_reads_the_epoch_order(arrays, staged):
+    x, y = arrays
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=2)
+    task = make_task(model, staged, shuffle=True, seed=5, epoch=3, num_workers=1, steps_before=1, steps=4, batch_size=8)
+    result = worker.train_round(task, 0)
+    order = EpochOrder(100, 5, 3).indices(8, 8 + 32)
+    assert not np.array_equal(order, np.arange(8, 40))
+    ref, _ = keras_reference(model, x, y, order, 4, 8, keras.optimizers.SGD(0.1))
+    for s, r in zip(result.weight_sums, ref.get_weights()):
+        np.testing.assert_allclose(s / 32, r, **TOL)
+
+
+def test_train_round_starts_from_the_task_state_each_time(staged):
+    """The cached replica is reused, but never carries state between rounds."""
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=3)
+    task = make_task(model, staged, average_optimizer=True)
+    first = worker.train_round(task, 0)
+    second = worker.train_round(task, 0)
+    assert second.workers[0]["replica_built"] is False
+    for a, b in zip(first.weight_sums, second.weight_sums):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(first.optimizer_sums, second.optimizer_sums):
+        np.testing.assert_array_equal(a, b)
+    assert first.metric_sums == second.metric_sums
+
+
+def test_train_round_without_optimizer_averaging_returns_no_optimizer_sums(staged):
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=4)
+    result = worker.train_round(make_task(model, staged, average_optimizer=False), 1)
+    assert result.optimizer_sums is None
+    assert result.weight_sums is not None and result.examples == 24
+
+
+def test_two_workers_with_k1_average_to_one_big_sgd_step(arrays, staged):
+    """Averaging two workers' single SGD steps equals one step on both minibatches."""
+    x, y = arrays
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=5)
+    task = make_task(model, staged, steps=1, num_workers=2, batch_size=8, steps_before=3)
+    total = merge(worker.train_round(task, 0), worker.train_round(task, 1))
+    avg = total.average(total.weight_sums, model.get_weights())
+    ref = clone_compiled(model, keras.optimizers.SGD(0.1))
+    ref.train_on_batch(x[48:64], y[48:64])
+    for a, r in zip(avg, ref.get_weights()):
+        np.testing.assert_allclose(a, r, **TOL)
+
+
+def test_model_spec_round_trip_and_fingerprint():
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=6)
+    spec = ModelSpec.from_model(model)
+    replica = spec.build()
+    assert replica.optimizer.__class__ is model.optimizer.__class__
+    for a, b in zip(replica.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert tuple(tuple(v.shape) for v in replica.optimizer.variables) == spec.optimizer_shapes
+    # same architecture and compile settings -> same fingerprint; another optimizer -> another
+    assert ModelSpec.from_model(model).fingerprint == spec.fingerprint
+    other = clone_compiled(model, keras.optimizers.SGD(0.1))
+    assert ModelSpec.from_model(other).fingerprint != spec.fingerprint
+
+
+def test_evaluate_parts_add_up_to_keras_evaluate(arrays, staged):
+    x, y = arrays
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
+    spec = ModelSpec.from_model(model)
+    parts = 3
+    task = worker.EvalTask(spec, spec.fingerprint, get_state(model), staged, parts, 16)
+    total = None
+    for part in range(parts):
+        total = merge(total, worker.evaluate_part(task, part))
+    assert total.examples == 100
+    expected = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    assert total.metric_means() == pytest.approx(expected, rel=1e-6)
+
+
+def test_run_round_partition_consumes_its_input_and_yields_one_result_per_worker(staged):
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=8)
+    task = make_task(model, staged, steps=1)
+    consumed = []
+
+    def ids():
+        for i in (0, 1):
+            consumed.append(i)
+            yield i
+
+    results = list(worker.run_round_partition(task, ids()))
+    assert consumed == [0, 1]
+    assert [r.workers[0]["worker"] for r in results] == [0, 1]
