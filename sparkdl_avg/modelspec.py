@@ -31,11 +31,14 @@ class ModelSpec:
         fingerprint: Hash of the architecture, compile config and Keras version.
         optimizer_shapes: Shapes of the optimizer's variables, in order, to
             check that a replica's optimizer matches the driver's.
+        floatx: The driver's ``keras.config.floatx()``; losses and metrics
+            compute in it, so replicas use the same.
     """
 
     keras_bytes: bytes
     fingerprint: str
     optimizer_shapes: Tuple[Tuple[int, ...], ...]
+    floatx: str = "float32"
 
     @classmethod
     def from_model(cls, model) -> "ModelSpec":
@@ -50,7 +53,7 @@ class ModelSpec:
                 data = f.read()
         try:
             description = json.dumps(
-                [model.get_config(), model.get_compile_config(), keras.__version__],
+                [model.get_config(), model.get_compile_config(), keras.__version__, keras.config.floatx()],
                 sort_keys=True,
                 default=str,
             ).encode()
@@ -61,12 +64,14 @@ class ModelSpec:
             keras_bytes=data,
             fingerprint=hashlib.sha256(description).hexdigest(),
             optimizer_shapes=tuple(tuple(v.shape) for v in model.optimizer.variables),
+            floatx=keras.config.floatx(),
         )
 
     def build(self):
         """Loads the compiled model from the archive (Keras safe mode)."""
         import keras
 
+        keras.config.set_floatx(self.floatx)
         with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
             path = os.path.join(tmp, "model.keras")
             with open(path, "wb") as f:

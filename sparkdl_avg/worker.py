@@ -33,6 +33,7 @@ from .staging import StagedDataset, read_examples
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _REPLICAS: Dict[str, Any] = {}
+_STEP_FUNCTIONS: Dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 _THREADS_CONFIGURED = False
 BUILD_COUNT = 0  # replicas this process has built; reported with each result
@@ -88,6 +89,41 @@ def get_replica(spec_handle, fingerprint: str):
         # the replica) keeps those collections cheap.
         gc.freeze()
         return model, True
+
+
+def _steps_function(model, fingerprint: str, dataset: StagedDataset):
+    """A compiled function that trains ``steps`` minibatches in one call.
+
+    It runs the model's own ``train_step`` (what ``model.fit`` runs, custom
+    overrides included) in a graph loop, which saves the per-minibatch Python
+    dispatch of ``train_on_batch`` (about 40% of a small CNN's step time).
+    Cached per replica and data shape; the signature leaves the number of
+    examples open, so shorter rounds do not retrace.
+    """
+    import tensorflow as tf
+
+    key = (fingerprint, dataset.x_shape, dataset.y_shape, dataset.x_dtype, dataset.y_dtype)
+    fn = _STEP_FUNCTIONS.get(key)
+    if fn is not None:
+        return fn
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, *dataset.x_shape), dataset.x_dtype),
+            tf.TensorSpec((None, *dataset.y_shape), dataset.y_dtype),
+            tf.TensorSpec((), tf.int32),
+            tf.TensorSpec((), tf.int32),
+        ]
+    )
+    def train_steps(x, y, steps, batch):
+        logs = model.train_step((x[:batch], y[:batch]))
+        for i in tf.range(1, steps):
+            lo = i * batch
+            logs = model.train_step((x[lo : lo + batch], y[lo : lo + batch]))
+        return logs
+
+    _STEP_FUNCTIONS[key] = train_steps
+    return train_steps
 
 
 @dataclass(frozen=True)
@@ -150,15 +186,15 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     x, y = read_examples(task.dataset, order.indices(positions.start, positions.stop))
     loaded = time.time()
 
-    sums: Dict[str, float] = {}
-    b = task.batch_size
-    for step in range(task.steps):
-        logs = model.train_on_batch(x[step * b : (step + 1) * b], y[step * b : (step + 1) * b], return_dict=True)
-        for name, value in logs.items():
-            sums[name] = sums.get(name, 0.0) + float(value) * b
+    steps_fn = _steps_function(model, task.fingerprint, task.dataset)
+    model.reset_metrics()
+    logs = steps_fn(x, y, np.int32(task.steps), np.int32(task.batch_size))
+    n = len(x)
+    # After reset_metrics() the logs are running means over the round's
+    # minibatches (example-weighted), so n · mean is the round's sum.
+    sums = {name: float(value) * n for name, value in logs.items()}
     computed = time.time()
 
-    n = len(x)
     new_weights, new_opt = get_state(model)
     result = PartialResult(
         examples=n,

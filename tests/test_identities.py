@@ -1,0 +1,431 @@
+"""Parameter averaging on local[2] equals known single-machine Keras training.
+
+DESIGN.md §5: with plain SGD, ``averaging_frequency=1`` and equal minibatches,
+averaging N workers is synchronous SGD with batch ``N·B``; with ``N=1`` and
+the optimizer state carried between rounds it is sequential Keras training.
+All models are float64 and the data float32-exact (see ``conftest.f32_exact``)
+so the identities hold to ~1e-10.
+
+Loss values are compared to Keras' ``History`` with ``rtol=1e-6``, not
+tighter: Keras computes each minibatch's loss in float32 (the loss object's
+dtype is ``floatx``) and ``fit`` averages them in a float32 ``Mean`` metric,
+so its history carries ~1e-7 relative rounding whatever the trainer does.
+Where an exact reference exists (``N=1``: the same float32 minibatch losses,
+averaged in float64) the comparison is tight.
+"""
+
+import numpy as np
+import pytest
+
+import keras
+
+from conftest import (
+    assert_weights_close,
+    clone_compiled,
+    make_model,
+    max_weight_change,
+    regression_data,
+)
+from sparkdl_avg import ParameterAveragingTrainer, plan
+from sparkdl_avg.modelspec import get_state, iterations_index, set_state
+
+ATOL = 1e-10
+LOSS_RTOL = 1e-6
+
+
+def optimizer_vars(model):
+    return {v.path.split("/", 1)[1]: np.asarray(v.numpy()) for v in model.optimizer.variables}
+
+
+def assert_optimizer_state_close(actual_model, expected_model, atol=ATOL):
+    actual, expected = optimizer_vars(actual_model), optimizer_vars(expected_model)
+    # Keras names slots after the variables, whose auto-generated names differ
+    # between a model and its clone; compare in order instead.
+    assert len(actual) == len(expected)
+    for (ka, a), (ke, e) in zip(actual.items(), expected.items()):
+        np.testing.assert_allclose(a, e, atol=atol, rtol=0, err_msg=f"{ka} vs {ke}")
+
+
+def sequential_reference(model, optimizer, batches_per_epoch, epochs, loss="mse", metrics=("mae",)):
+    """Keras ``train_on_batch`` over ``batches_per_epoch(epoch)``; mean loss per epoch in float64."""
+    ref = clone_compiled(model, optimizer, loss=loss, metrics=metrics)
+    history = {}
+    for epoch in range(epochs):
+        logs = [ref.train_on_batch(xb, yb, return_dict=True) for xb, yb in batches_per_epoch(epoch)]
+        for k in logs[0]:
+            history.setdefault(k, []).append(sum(l[k] for l in logs) / len(logs))
+    return ref, history
+
+
+# ------------------------------------------------------------------ identities
+
+
+def test_sgd_k1_two_workers_equals_keras_fit_with_double_batch(spark):
+    B, N, E = 8, 2, 2
+    x, y = regression_data(6 * N * B, seed=1)  # 96 examples, no remainder
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=1)
+    ref = clone_compiled(model, keras.optimizers.SGD(0.1))
+    initial = model.get_weights()
+
+    trainer = ParameterAveragingTrainer(model, num_workers=N, batch_size=B, averaging_frequency=1, seed=0)
+    history = trainer.fit((x, y), epochs=E, shuffle=False, verbose=0)
+    ref_history = ref.fit(x, y, batch_size=N * B, shuffle=False, epochs=E, verbose=0)
+
+    assert trainer.model is model
+    assert max_weight_change(initial, model.get_weights()) > 1e-3  # it did train
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=ATOL)
+    assert int(model.optimizer.iterations.numpy()) == int(ref.optimizer.iterations.numpy()) == 6 * E
+    assert len(history.history["loss"]) == E
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=LOSS_RTOL)
+    np.testing.assert_allclose(history.history["mae"], ref_history.history["mae"], rtol=LOSS_RTOL)
+    # one record per round, each with both workers' examples
+    assert len(trainer.stats.records) == 6 * E
+    assert all(r["examples"] == N * B and r["num_workers"] == N for r in trainer.stats.records)
+
+
+def test_momentum_sgd_k1_two_workers_with_averaged_state_equals_keras_fit(spark):
+    B, N, E = 8, 2, 2
+    x, y = regression_data(5 * N * B, seed=2)
+    opt = lambda: keras.optimizers.SGD(0.05, momentum=0.9)  # noqa: E731
+    model = make_model(optimizer=opt(), seed=2)
+    ref = clone_compiled(model, opt())
+
+    trainer = ParameterAveragingTrainer(
+        model, num_workers=N, batch_size=B, averaging_frequency=1, optimizer_state="average", seed=0
+    )
+    history = trainer.fit((x, y), epochs=E, shuffle=False, verbose=0)
+    ref_history = ref.fit(x, y, batch_size=N * B, shuffle=False, epochs=E, verbose=0)
+
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=ATOL)
+    # the momentum buffers are averaged too, so they match Keras' as well
+    assert_optimizer_state_close(model, ref)
+    assert max(np.abs(v).max() for k, v in optimizer_vars(model).items() if "momentum" in k) > 1e-4
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=LOSS_RTOL)
+
+
+def test_one_worker_adam_k5_equals_sequential_keras_fit(spark):
+    B, E, k = 8, 2, 5
+    x, y = regression_data(13 * B, seed=3)  # 13 minibatches: rounds of 5, 5, 3
+    assert plan.round_lengths(len(x), 1, B, k) == [5, 5, 3]
+    opt = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    model = make_model(optimizer=opt(), seed=3)
+    ref = clone_compiled(model, opt())
+    exact_ref, exact_history = sequential_reference(
+        model, opt(), lambda e: [(x[i : i + B], y[i : i + B]) for i in range(0, len(x), B)], E
+    )
+
+    trainer = ParameterAveragingTrainer(model, num_workers=1, batch_size=B, averaging_frequency=k, seed=0)
+    history = trainer.fit((x, y), epochs=E, shuffle=False, verbose=0)
+    ref_history = ref.fit(x, y, batch_size=B, shuffle=False, epochs=E, verbose=0)
+
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=ATOL)
+    assert_weights_close(model.get_weights(), exact_ref.get_weights(), atol=ATOL)
+    assert_optimizer_state_close(model, ref)
+    assert int(model.optimizer.iterations.numpy()) == 13 * E
+    assert [r["averaging_frequency"] for r in trainer.stats.records] == [5, 5, 3] * E
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=LOSS_RTOL)
+    np.testing.assert_allclose(history.history["loss"], exact_history["loss"], rtol=1e-12)
+    np.testing.assert_allclose(history.history["mae"], exact_history["mae"], rtol=1e-12)
+
+
+def test_shuffled_one_worker_equals_keras_on_the_epoch_order(spark):
+    B, E, k, seed = 8, 3, 3, 1234
+    M = 8 * B
+    x, y = regression_data(M, seed=4)
+    opt = lambda: keras.optimizers.SGD(0.05, momentum=0.5)  # noqa: E731
+    model = make_model(optimizer=opt(), seed=4)
+    ref = clone_compiled(model, opt())
+
+    trainer = ParameterAveragingTrainer(model, num_workers=1, batch_size=B, averaging_frequency=k, seed=seed)
+    history = trainer.fit((x, y), epochs=E, shuffle=True, verbose=0)
+
+    ref_losses = []
+    orders = []
+    for epoch in range(E):
+        idx = plan.EpochOrder(M, seed, epoch).indices(0, M)
+        orders.append(idx)
+        h = ref.fit(x[idx], y[idx], batch_size=B, shuffle=False, epochs=1, verbose=0)
+        ref_losses.append(h.history["loss"][0])
+    assert not np.array_equal(orders[0], np.arange(M)) and not np.array_equal(orders[0], orders[1])
+
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=ATOL)
+    np.testing.assert_allclose(history.history["loss"], ref_losses, rtol=LOSS_RTOL)
+
+    # the unshuffled order trains to a different model: the check above can fail
+    other = clone_compiled(make_model(optimizer=opt(), seed=4), opt())
+    other.fit(x, y, batch_size=B, shuffle=False, epochs=E, verbose=0)
+    assert max_weight_change(other.get_weights(), model.get_weights()) > 1e-6
+
+
+def test_same_seed_repeats_a_shuffled_fit_exactly(spark):
+    x, y = regression_data(64, seed=5)
+    results = []
+    for _ in range(2):
+        model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=5)
+        trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=99)
+        trainer.fit((x, y), epochs=2, verbose=0)
+        results.append(model.get_weights())
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_two_workers_adam_k3_equals_a_simulated_local_sgd(spark):
+    """N=2, k=3: each worker takes k Adam steps from the averaged state, then all is averaged."""
+    B, N, k, E = 8, 2, 3, 2
+    M = N * B * 5 + 5  # 5 minibatches per worker (rounds of 3 and 2), 5 examples left over
+    x, y = regression_data(M, seed=6)
+    opt = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    model = make_model(optimizer=opt(), seed=6)
+
+    sim = clone_compiled(model, opt())
+    sim.optimizer.build(sim.trainable_variables)
+    weights, opt_vars = get_state(sim)
+    it = iterations_index(sim)
+    sim_losses = []
+    for epoch in range(E):
+        before, loss_sum, loss_n = 0, 0.0, 0
+        for steps in plan.round_lengths(M, N, B, k):
+            new_w, new_o = [], []
+            for worker in range(N):
+                set_state(sim, weights, opt_vars)
+                pos = plan.worker_positions(before, steps, worker, N, B)
+                for s in range(steps):
+                    sl = slice(pos.start + s * B, pos.start + (s + 1) * B)
+                    loss_sum += sim.train_on_batch(x[sl], y[sl], return_dict=True)["loss"]
+                    loss_n += 1
+                w, o = get_state(sim)
+                new_w.append(w)
+                new_o.append(o)
+            weights = [(a + b) / 2 for a, b in zip(*new_w)]
+            opt_vars = [((a.astype(np.float64) + b) / 2).astype(a.dtype) for a, b in zip(*new_o)]
+            opt_vars[it] = np.asarray(new_o[0][it])  # both workers counted the same steps
+            before += steps
+        sim_losses.append(loss_sum / loss_n)
+
+    trainer = ParameterAveragingTrainer(model, num_workers=N, batch_size=B, averaging_frequency=k, seed=0)
+    history = trainer.fit((x, y), epochs=E, shuffle=False, verbose=0)
+
+    assert_weights_close(model.get_weights(), weights, atol=ATOL)
+    for a, e in zip(get_state(model)[1], opt_vars):
+        np.testing.assert_allclose(a, e, atol=ATOL, rtol=0)
+    assert int(model.optimizer.iterations.numpy()) == 5 * E
+    np.testing.assert_allclose(history.history["loss"], sim_losses, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ evaluate
+
+
+def test_evaluate_equals_keras_evaluate(spark):
+    x, y = regression_data(101, seed=7)
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    trainer.fit((x, y), epochs=1, verbose=0)
+
+    expected = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    got = trainer.evaluate((x, y), batch_size=16, return_dict=True)
+    assert set(got) == {"loss", "mae"}
+    assert got == pytest.approx(expected, rel=1e-6)
+    as_list = trainer.evaluate((x, y))
+    assert as_list == pytest.approx([expected["loss"], expected["mae"]], rel=1e-6)
+
+
+def test_evaluate_classification_accuracy(spark):
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(90, 4))
+    labels = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
+    model = make_model(
+        outputs=3,
+        output_activation="softmax",
+        loss="sparse_categorical_crossentropy",
+        metrics=("accuracy",),
+        optimizer=keras.optimizers.Adam(0.05),
+        seed=8,
+    )
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=4, seed=0)
+    trainer.fit((x, labels), epochs=3, verbose=0)
+    expected = model.evaluate(x, labels, batch_size=32, verbose=0, return_dict=True)
+    got = trainer.evaluate((x, labels), batch_size=32, return_dict=True)
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert got["accuracy"] > 0.6
+
+
+def test_validation_data_adds_val_logs_equal_to_evaluate(spark):
+    x, y = regression_data(64, seed=9)
+    xv, yv = regression_data(30, seed=10)
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=9)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    history = trainer.fit((x, y), epochs=2, validation_data=(xv, yv), verbose=0)
+    assert set(history.history) == {"loss", "mae", "val_loss", "val_mae"}
+    assert len(history.history["val_loss"]) == 2
+    expected = model.evaluate(xv, yv, batch_size=8, verbose=0, return_dict=True)
+    assert history.history["val_loss"][-1] == pytest.approx(expected["loss"], rel=1e-6)
+    assert history.history["val_mae"][-1] == pytest.approx(expected["mae"], rel=1e-6)
+
+
+def test_callbacks_see_epochs_and_rounds(spark):
+    x, y = regression_data(64, seed=11)
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=11)
+
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.events.append(("batch", batch))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.events.append(("epoch", epoch, round(logs["loss"], 12)))
+
+    rec = Recorder()
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    history = trainer.fit((x, y), epochs=2, callbacks=[rec], verbose=0)
+    # 64 / (2 * 8) = 4 minibatches per worker -> rounds of 2 and 2
+    loss = [round(v, 12) for v in history.history["loss"]]
+    assert rec.events == [("batch", 0), ("batch", 1), ("epoch", 0, loss[0]), ("batch", 0), ("batch", 1), ("epoch", 1, loss[1])]
+
+
+# ------------------------------------------------------------------ input kinds
+
+
+def fit_numpy_reference(model, x, y, **fit_kwargs):
+    clone = clone_compiled(model, keras.optimizers.Adam(0.01))
+    trainer = ParameterAveragingTrainer(clone, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    history = trainer.fit((x, y), shuffle=False, verbose=0, **fit_kwargs)
+    return clone, history
+
+
+@pytest.fixture(scope="module")
+def frame_data():
+    return regression_data(72, seed=12)  # 72 = 4 * 16 + 8: a remainder is skipped
+
+
+def test_dataframe_array_column_equals_numpy(spark, frame_data):
+    x, y = frame_data
+    df = spark.createDataFrame(
+        [(row.tolist(), float(label)) for row, label in zip(x, y)], "features array<double>, label double"
+    )
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=12)
+    ref, ref_history = fit_numpy_reference(model, x, y, epochs=2)
+
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    history = trainer.fit(df, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-12)
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-12)
+    assert trainer.evaluate(df, return_dict=True) == pytest.approx(trainer.evaluate((x, y), return_dict=True), rel=1e-12)
+
+
+def test_dataframe_float_array_and_custom_columns(spark, frame_data):
+    x, y = frame_data
+    df = spark.createDataFrame(
+        [(row.astype(np.float32).tolist(), float(label), "extra") for row, label in zip(x, y)],
+        "inputs array<float>, target double, other string",
+    )
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=13)
+    ref, _ = fit_numpy_reference(model, x, y, epochs=1)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    trainer.fit(df, epochs=1, features_col="inputs", label_col="target", shuffle=False, verbose=0)
+    # x is float32-exact, so array<float> loses nothing
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-12)
+
+
+def test_dataframe_dense_vectors_equal_numpy(spark, frame_data):
+    from pyspark.ml.linalg import Vectors
+
+    x, y = frame_data
+    df = spark.createDataFrame([(Vectors.dense(row), float(label)) for row, label in zip(x, y)], ["features", "label"])
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=14)
+    ref, _ = fit_numpy_reference(model, x, y, epochs=1)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    trainer.fit(df, epochs=1, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-12)
+
+
+def test_dataframe_vector_assembler_equals_numpy(spark, frame_data):
+    from pyspark.ml.feature import VectorAssembler
+
+    x, y = frame_data
+    cols = [f"c{i}" for i in range(x.shape[1])]
+    raw = spark.createDataFrame([tuple(map(float, row)) + (float(label),) for row, label in zip(x, y)], cols + ["label"])
+    df = VectorAssembler(inputCols=cols, outputCol="features").transform(raw)
+    assert df.schema["features"].metadata["ml_attr"]["num_attrs"] == x.shape[1]
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=15)
+    ref, _ = fit_numpy_reference(model, x, y, epochs=1)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    trainer.fit(df, epochs=1, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-12)
+
+
+def test_dataframe_integer_labels_for_classification(spark):
+    rng = np.random.default_rng(16)
+    x = np.asarray(rng.normal(size=(64, 4)), np.float32).astype(np.float64)
+    labels = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+    df = spark.createDataFrame([(row.tolist(), int(l)) for row, l in zip(x, labels)], "features array<double>, label int")
+    kwargs = dict(outputs=3, output_activation="softmax", loss="sparse_categorical_crossentropy", metrics=("accuracy",), seed=16)
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), **kwargs)
+    ref = clone_compiled(model, keras.optimizers.Adam(0.01), loss=kwargs["loss"], metrics=kwargs["metrics"])
+    ParameterAveragingTrainer(ref, num_workers=2, batch_size=8, averaging_frequency=2, seed=0).fit(
+        (x, labels), epochs=1, shuffle=False, verbose=0
+    )
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    history = trainer.fit(df, epochs=1, shuffle=False, verbose=0)
+    assert "accuracy" in history.history
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-12)
+
+
+def test_rdd_of_pairs_equals_numpy(spark, frame_data):
+    x, y = frame_data
+    rdd = spark.sparkContext.parallelize(list(zip(x, y)), 3)
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=17)
+    ref, ref_history = fit_numpy_reference(model, x, y, epochs=2)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    history = trainer.fit(rdd, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-12)
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-12)
+
+
+# ------------------------------------------------------------------ replicas, optimizer state
+
+
+def test_replicas_are_reused_across_rounds_and_fits(spark):
+    x, y = regression_data(64, seed=18)
+    model = make_model(hidden=7, optimizer=keras.optimizers.Adam(0.01), seed=18)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=1, seed=0)
+    trainer.fit((x, y), epochs=1, verbose=0)
+    trainer.fit((x, y), epochs=1, verbose=0)
+    records = trainer.stats.records
+    assert len(records) == 8  # 4 rounds per fit, 2 workers each
+    built = sum(r["replicas_built"] for r in records)
+    assert 1 <= built <= 2, [r["replicas_built"] for r in records]
+    pids = {w["pid"] for r in records for w in r["workers"]}
+    assert 1 <= len(pids) <= 2
+    summary = trainer.stats.summary()
+    assert summary["rounds"] == 8 and summary["examples"] == 8 * 16
+    assert summary["replicas_built"] == built
+
+
+def test_optimizer_state_reset_keeps_the_moments_but_counts_the_steps(spark):
+    B, N, k, E = 8, 2, 2, 2
+    x, y = regression_data(N * B * 3, seed=19)  # 3 minibatches per worker: rounds of 2, 1
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=19)
+    initial = model.get_weights()
+    trainer = ParameterAveragingTrainer(
+        model, num_workers=N, batch_size=B, averaging_frequency=k, optimizer_state="reset", seed=0
+    )
+    trainer.fit((x, y), epochs=E, verbose=0)
+    assert max_weight_change(initial, model.get_weights()) > 1e-3
+    assert int(model.optimizer.iterations.numpy()) == 3 * E
+    moments = {k: v for k, v in optimizer_vars(model).items() if "momentum" in k or "velocity" in k}
+    assert len(moments) == 2 * len(model.trainable_variables)
+    for name, value in moments.items():
+        np.testing.assert_array_equal(value, np.zeros_like(value), err_msg=name)
+
+
+def test_optimizer_state_average_carries_the_moments(spark):
+    x, y = regression_data(48, seed=20)
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=20)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    trainer.fit((x, y), epochs=1, verbose=0)
+    moments = [v for k, v in optimizer_vars(model).items() if "momentum" in k or "velocity" in k]
+    assert all(np.abs(v).max() > 0 for v in moments)
+    assert int(model.optimizer.iterations.numpy()) == 3

@@ -1,0 +1,328 @@
+"""Invalid arguments and data raise typed errors that name what was wrong.
+
+``ConfigurationError`` and ``DataError`` subclass ``ValueError``. Errors that
+can be found on the driver must be raised before any Spark job starts; the
+``record_jobs`` helper runs the call in its own job group and returns the
+jobs it started.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+import keras
+
+from conftest import make_model, record_jobs, regression_data
+from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer, TrainerConfig, WorkerError
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(optimizer=keras.optimizers.SGD(0.1), seed=0)
+
+
+@pytest.fixture(scope="module")
+def xy():
+    return regression_data(64, seed=0)
+
+
+def test_error_types_subclass_standard_exceptions():
+    assert issubclass(ConfigurationError, ValueError)
+    assert issubclass(DataError, ValueError)
+    assert issubclass(WorkerError, RuntimeError)
+
+
+# ------------------------------------------------------------------ constructor
+
+
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(batch_size=0), r"'batch_size'.*\[1, inf\).*Got 0 instead"),
+        (dict(batch_size=-3), r"'batch_size'.*Got -3 instead"),
+        (dict(batch_size=2.5), r"'batch_size'.*Got 2\.5 instead"),
+        (dict(batch_size=True), r"'batch_size'.*Got True instead"),
+        (dict(batch_size="32"), r"'batch_size'.*Got '32' instead"),
+        (dict(averaging_frequency=0), r"'averaging_frequency'.*Got 0 instead"),
+        (dict(aggregation_depth=0), r"'aggregation_depth'.*Got 0 instead"),
+        (dict(num_workers=0), r"'num_workers'.*or None.*Got 0 instead"),
+        (dict(num_workers=1.0), r"'num_workers'.*Got 1\.0 instead"),
+        (dict(seed=-1), r"'seed'.*Got -1 instead"),
+        (dict(optimizer_state="bogus"), r"'optimizer_state'.*'average', 'reset'.*Got 'bogus' instead"),
+        (dict(update_rule="x"), r"'update_rule'.*Got 'x' instead"),
+        (dict(staging_dir=""), r"'staging_dir'.*Got '' instead"),
+        (dict(staging_dir=3), r"'staging_dir'.*Got 3 instead"),
+    ],
+)
+def test_invalid_constructor_arguments(spark, model, kwargs, pattern):
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match=pattern):
+            ParameterAveragingTrainer(model, **kwargs)
+    assert jobs.job_ids == []
+
+
+@pytest.mark.parametrize("kwargs", [dict(batch_size=0), dict(optimizer_state="bogus"), dict(averaging_frequency=-1)])
+def test_trainer_config_is_the_single_validator(kwargs):
+    with pytest.raises(ConfigurationError) as trainer_error:
+        ParameterAveragingTrainer(make_model(seed=1), **kwargs)
+    with pytest.raises(ConfigurationError) as config_error:
+        TrainerConfig(**kwargs)
+    assert str(trainer_error.value) == str(config_error.value)
+
+
+def test_valid_arguments_are_stored_unchanged(model):
+    trainer = ParameterAveragingTrainer(
+        model, num_workers=3, batch_size=4, averaging_frequency=2, aggregation_depth=3, optimizer_state="reset", seed=5
+    )
+    assert trainer.config == TrainerConfig(
+        num_workers=3, batch_size=4, averaging_frequency=2, aggregation_depth=3, optimizer_state="reset", seed=5
+    )
+
+
+def test_uncompiled_model(spark):
+    uncompiled = make_model(compile=False, seed=2)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match=r"compiled.*uncompiled model") as err:
+            ParameterAveragingTrainer(uncompiled)
+    assert uncompiled.name in str(err.value)
+    assert jobs.job_ids == []
+
+
+@pytest.mark.parametrize("not_a_model", ["model.keras", None, 42, object()])
+def test_not_a_model(spark, not_a_model):
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match="keras.Model") as err:
+            ParameterAveragingTrainer(not_a_model)
+    assert f"model={not_a_model!r}" in str(err.value)
+    assert type(not_a_model).__name__ in str(err.value)
+    assert jobs.job_ids == []
+
+
+def test_model_with_two_inputs():
+    a, b = keras.Input((2,), dtype="float64"), keras.Input((3,), dtype="float64")
+    out = keras.layers.Dense(1, dtype="float64")(keras.layers.Concatenate(dtype="float64")([a, b]))
+    two = keras.Model([a, b], out)
+    two.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ConfigurationError, match=r"exactly one input.*2 inputs"):
+        ParameterAveragingTrainer(two)
+
+
+def test_model_with_undefined_input_shape():
+    inp = keras.Input((None, 3), dtype="float64")
+    out = keras.layers.Dense(1, dtype="float64")(keras.layers.GlobalAveragePooling1D(dtype="float64")(inp))
+    m = keras.Model(inp, out)
+    m.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ConfigurationError, match=r"fully defined input shape.*None, None, 3"):
+        ParameterAveragingTrainer(m)
+
+
+# ------------------------------------------------------------------ fit / evaluate arguments
+
+
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(epochs=0), r"'epochs'.*Got 0 instead"),
+        (dict(epochs=-2), r"'epochs'.*Got -2 instead"),
+        (dict(epochs=1.5), r"'epochs'.*Got 1\.5 instead"),
+        (dict(epochs=True), r"'epochs'.*Got True instead"),
+        (dict(verbose=5), r"'verbose'.*Got 5 instead"),
+        (dict(verbose="loud"), r"'verbose'.*Got 'loud' instead"),
+    ],
+)
+def test_invalid_fit_arguments(spark, model, xy, kwargs, pattern):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    before = model.get_weights()
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match=pattern):
+            trainer.fit(xy, **kwargs)
+    assert jobs.job_ids == []
+    assert len(trainer.stats) == 0
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_invalid_evaluate_batch_size(spark, model, xy):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match=r"'batch_size'.*Got 0 instead"):
+            trainer.evaluate(xy, batch_size=0)
+    assert jobs.job_ids == []
+
+
+# ------------------------------------------------------------------ numpy data
+
+
+def fit_error(spark, model, data, expected=DataError, **trainer_kwargs):
+    trainer = ParameterAveragingTrainer(model, **{"num_workers": 2, "batch_size": 8, **trainer_kwargs})
+    with record_jobs(spark) as jobs:
+        with pytest.raises(expected) as err:
+            trainer.fit(data, epochs=1, verbose=0)
+    assert len(trainer.stats) == 0  # no round ran
+    return str(err.value), jobs.job_ids
+
+
+def test_numpy_length_mismatch(spark, model, xy):
+    x, y = xy
+    message, jobs = fit_error(spark, model, (x, y[:-3]))
+    assert "same number of examples" in message
+    assert "x with 64" in message and "y with 61" in message
+    assert jobs == []
+
+
+@pytest.mark.parametrize("x", [np.zeros((0, 4)), np.zeros((0,)), np.float64(3.0)], ids=["0x4", "0", "scalar"])
+def test_numpy_empty_arrays(spark, model, x):
+    message, jobs = fit_error(spark, model, (x, np.zeros((0,))))
+    assert "empty" in message and f"shape {x.shape}" in message
+    assert jobs == []
+
+
+def test_numpy_wrong_feature_width(spark, model):
+    message, jobs = fit_error(spark, model, (np.zeros((64, 5)), np.zeros(64)))
+    assert "input shape (4,)" in message and "(64, 5)" in message
+    assert jobs == []
+
+
+def test_numpy_non_numeric_labels(spark, model):
+    message, jobs = fit_error(spark, model, (np.zeros((64, 4)), np.array(["a"] * 64)))
+    assert "array y must be numeric" in message and "<U1" in message
+    assert jobs == []
+
+
+def test_fewer_examples_than_one_round_needs(spark, model, xy):
+    x, y = xy
+    message, jobs = fit_error(spark, model, (x[:15], y[:15]), num_workers=2, batch_size=8)
+    assert "15 examples" in message
+    assert "num_workers * batch_size = 2 * 8 = 16" in message
+    assert jobs == []
+
+
+@pytest.mark.parametrize("data", [{"x": 1}, (np.zeros((4, 4)),), "data.csv", [np.zeros((4, 4))] * 3])
+def test_unsupported_data_kind(spark, model, data):
+    message, jobs = fit_error(spark, model, data)
+    assert "Spark DataFrame" in message and f"Received: {type(data).__name__}" in message
+    assert jobs == []
+
+
+# ------------------------------------------------------------------ DataFrames
+
+
+@pytest.fixture(scope="module")
+def frames(spark, xy):
+    x, y = xy
+    rows = [(row.tolist(), float(label), "s") for row, label in zip(x, y)]
+    good = spark.createDataFrame(rows, "features array<double>, label double, text string")
+    return {"good": good}
+
+
+def test_dataframe_missing_features_column(spark, model, frames):
+    df = frames["good"].withColumnRenamed("features", "inputs")
+    message, jobs = fit_error(spark, model, df)
+    assert "Column 'features' ('features_col') is not in the training DataFrame" in message
+    assert "'inputs'" in message and "'label'" in message
+    assert jobs == []
+
+
+def test_dataframe_missing_label_column(spark, model, frames):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(DataError, match=r"Column 'y' \('label_col'\) is not in the training DataFrame"):
+            trainer.fit(frames["good"], label_col="y", verbose=0)
+    assert jobs.job_ids == []
+
+
+def test_dataframe_string_features_column(spark, model, frames):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(DataError, match=r"Column 'text' must be array<float>, array<double> or a pyspark.ml Vector. Received: string"):
+            trainer.fit(frames["good"], features_col="text", verbose=0)
+    assert jobs.job_ids == []
+
+
+def test_dataframe_string_label_column(spark, model, frames):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(DataError, match=r"Column 'text' must be numeric.*Received: string"):
+            trainer.fit(frames["good"], label_col="text", verbose=0)
+    assert jobs.job_ids == []
+
+
+def test_dataframe_array_width_mismatch_is_found_by_the_staging_job(spark, model, frames):
+    df = frames["good"].selectExpr("slice(features, 1, 3) AS features", "label")
+    message, jobs = fit_error(spark, model, df)
+    assert "Column 'features'" in message
+    assert "row of 3 values" in message and "expected 4 values per row" in message
+    # the check ran on the executors (and the job recorder does see jobs)
+    assert len(jobs) >= 1
+
+
+def test_dataframe_array_with_null_row(spark, model, xy):
+    x, y = xy
+    rows = [(row.tolist(), float(label)) for row, label in zip(x, y)]
+    rows[5] = (None, rows[5][1])
+    df = spark.createDataFrame(rows, "features array<double>, label double")
+    message, _ = fit_error(spark, model, df)
+    assert "Column 'features' contains null rows" in message
+
+
+def test_dataframe_vector_width_mismatch_from_assembler_metadata(spark, model, xy):
+    from pyspark.ml.feature import VectorAssembler
+
+    x, y = xy
+    raw = spark.createDataFrame([(float(a), float(b), float(c), float(l)) for (a, b, c, _), l in zip(x, y)], ["a", "b", "c", "label"])
+    df = VectorAssembler(inputCols=["a", "b", "c"], outputCol="features").transform(raw)
+    message, jobs = fit_error(spark, model, df)
+    assert "Column 'features' holds vectors of size 3; expected 4" in message
+    assert jobs == []
+
+
+def test_dataframe_fewer_examples_than_one_round_needs(spark, model, frames):
+    message, _ = fit_error(spark, model, frames["good"].limit(10), num_workers=2, batch_size=8)
+    assert "10 examples" in message and "= 16" in message
+
+
+def test_dataframe_empty(spark, model, frames):
+    message, _ = fit_error(spark, model, frames["good"].limit(0))
+    assert "The training data is empty (0 rows)" in message
+
+
+def test_validation_data_errors_name_the_validation_data(spark, model, xy, frames):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    x, y = xy
+    with pytest.raises(DataError, match=r"not in the validation DataFrame"):
+        trainer.fit((x, y), validation_data=frames["good"].drop("label"), verbose=0)
+    assert len(trainer.stats) == 0
+
+
+# ------------------------------------------------------------------ RDDs
+
+
+def test_rdd_element_width_mismatch(spark, model):
+    rdd = spark.sparkContext.parallelize([(np.zeros(3), 0.0)] * 32, 2)
+    message, jobs = fit_error(spark, model, rdd)
+    assert re.search(r"RDD element 0 of partition \d has features of 3 values; expected 4", message)
+    assert len(jobs) >= 1
+
+
+def test_rdd_elements_not_pairs(spark, model):
+    rdd = spark.sparkContext.parallelize([np.zeros(4)] * 32, 2)
+    message, _ = fit_error(spark, model, rdd)
+    assert "RDD elements must be (x, y) pairs" in message and "ndarray" in message
+
+
+# ------------------------------------------------------------------ executor failures
+
+
+def test_failure_on_the_executors_is_a_worker_error(spark):
+    """Labels out of the softmax's range fail inside Keras on the executors."""
+    m = make_model(outputs=3, output_activation="softmax", loss="sparse_categorical_crossentropy", metrics=(), seed=3)
+    x = regression_data(32, seed=3)[0]
+    labels = np.full(32, 7, dtype=np.int64)
+    trainer = ParameterAveragingTrainer(m, num_workers=2, batch_size=8, averaging_frequency=1)
+    before = m.get_weights()
+    with pytest.raises(WorkerError, match=r"Round 0 of epoch 0 failed on the cluster"):
+        trainer.fit((x, labels), verbose=0)
+    assert len(trainer.stats) == 0
+    for a, b in zip(before, m.get_weights()):
+        np.testing.assert_array_equal(a, b)
