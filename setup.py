@@ -18,6 +18,8 @@ setup(
         "pyarrow>=14",
         # pyspark 4.x warns that pandas >= 3 is not fully supported.
         "pandas>=2.0,<3",
+        "tqdm>=4.60",  # progress bar on the driver
+        "plotly>=5.0",  # the self-contained HTML training report
     ],
     extras_require={
         "dev": ["pytest>=7", "scikit-learn>=1.3"],

@@ -7,8 +7,8 @@ Run with spark-submit (``make train`` does)::
 Loads the 1,797 8×8 digit images that ship with scikit-learn (no download),
 holds out 20% for testing, trains with :class:`ParameterAveragingTrainer` on
 a Spark DataFrame, prints per-epoch progress and the held-out accuracy, and
-writes ``model.keras``, ``stats.json`` and ``metrics.json`` to the output
-directory.
+writes ``model.keras``, ``stats.json``, ``metrics.json`` and the training
+report ``report.html`` to the output directory.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -62,7 +61,7 @@ def build_model(seed: int):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     log = logging.getLogger("train_digits")
 
@@ -77,6 +76,7 @@ def main(argv=None) -> int:
     from sklearn.model_selection import train_test_split
 
     from sparkdl_avg import ParameterAveragingTrainer
+    from sparkdl_avg.files import replace_atomically
 
     spark = SparkSession.builder.appName("sparkdl_avg train_digits").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -104,6 +104,8 @@ def main(argv=None) -> int:
         history = trainer.fit(train_df, epochs=args.epochs, validation_data=test_df, verbose=2)
         test = trainer.evaluate(test_df, return_dict=True)
         summary = trainer.stats.summary()
+        os.makedirs(args.output_dir, exist_ok=True)
+        trainer.write_report(os.path.join(args.output_dir, "report.html"))
 
     print(f"Held-out test accuracy: {test['accuracy']:.4f} (loss {test['loss']:.4f})")
     print(
@@ -112,13 +114,9 @@ def main(argv=None) -> int:
         f"replicas built: {summary['replicas_built']}"
     )
 
-    os.makedirs(args.output_dir, exist_ok=True)
-    # Save under a temporary name and rename, so an existing model is only
-    # replaced by a complete one.
-    with tempfile.NamedTemporaryFile(dir=args.output_dir, suffix=".keras", delete=False) as tmp:
-        tmp_path = tmp.name
-    model.save(tmp_path)
-    os.replace(tmp_path, model_path)
+    # An existing model is only ever replaced by a complete one.
+    with replace_atomically(model_path, suffix=".keras") as tmp_path:
+        model.save(tmp_path)
     trainer.stats.to_json(os.path.join(args.output_dir, "stats.json"))
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
         json.dump({"test": test, "history": history.history, "summary": summary}, f, indent=1)

@@ -9,6 +9,7 @@ executors run lives in :mod:`sparkdl_avg.worker`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import sys
@@ -26,6 +27,7 @@ from .config import TrainerConfig, validate_model
 from .errors import ConfigurationError, DataError, WorkerError
 from .modelspec import ModelSpec, get_state, iterations_index, set_state
 from .plan import round_lengths
+from .progress import Progress
 from .staging import StagedDataset, join, remove_tree
 from .stats import TrainingStats
 from .worker import EvalTask, RoundTask, run_eval_partition, run_round_partition
@@ -106,6 +108,9 @@ class ParameterAveragingTrainer:
         base = staging_dir or tempfile.gettempdir()
         self._staging_root = join(base, f"sparkdl_avg-{time.strftime('%Y%m%d-%H%M%S')}-{id(self):x}")
         self._staged: Dict[tuple, tuple] = {}
+        self._fits = 0
+        self.history = None  # the History of the latest fit
+        self._last_fit_first_record: Optional[int] = None
         self._finalizer = weakref.finalize(self, remove_tree, self._staging_root)
 
     # ------------------------------------------------------------------ data
@@ -196,6 +201,14 @@ class ParameterAveragingTrainer:
         cfg = self.config
         sc = data_mod.spark_context_for(data)
         num_workers = cfg.num_workers or sc.defaultParallelism
+        if "://" not in self._staging_root and not sc.master.startswith(("local", "local-cluster")):
+            logger.warning(
+                "Staging data under the local path %s while the master is %s: every executor "
+                "must be able to read it. On a multi-host cluster pass staging_dir= a shared "
+                "filesystem URI (hdfs://..., s3://...).",
+                self._staging_root,
+                sc.master,
+            )
         train = self._stage(data, features_col, label_col, "training")
         val = (
             self._stage(validation_data, features_col, label_col, "validation")
@@ -214,20 +227,26 @@ class ParameterAveragingTrainer:
         callback_list = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
-            add_progbar=verbose != 0,
+            add_progbar=False,
             model=self.model,
             verbose=verbose,
             epochs=epochs,
             steps=len(lengths),
         )
+        progress = Progress(verbose, epochs, len(lengths))
+        first_record = len(self.stats)
+        self._fits += 1
+        sc.setJobGroup(f"sparkdl_avg-fit-{id(self):x}-{self._fits}", f"sparkdl_avg fit {self._fits} of model {self.model.name!r}")
         self.model.stop_training = False
         try:
             callback_list.on_train_begin()
             logs: Dict[str, float] = {}
             for epoch in range(epochs):
                 callback_list.on_epoch_begin(epoch)
+                progress.epoch_begin(epoch)
                 epoch_result: Optional[PartialResult] = None
                 steps_before = 0
+                rounds_done = 0
                 for rnd, steps in enumerate(lengths):
                     callback_list.on_train_batch_begin(rnd)
                     task = RoundTask(
@@ -247,30 +266,39 @@ class ParameterAveragingTrainer:
                     )
                     result = self._run_round(sc, task, len(lengths), epochs)
                     steps_before += steps
+                    rounds_done += 1
                     epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
                     logs = epoch_result.metric_means()
+                    progress.round_end(self.stats.records[-1], logs)
                     callback_list.on_train_batch_end(rnd, logs)
                     if self.model.stop_training:
                         break
                 if val is not None:
                     val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
                     logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
+                progress.epoch_end(epoch, rounds_done, logs)
                 callback_list.on_epoch_end(epoch, logs)
                 if self.model.stop_training:
                     break
             callback_list.on_train_end(logs)
+            progress.train_end(self.stats.summary(first_record))
         finally:
             spec_bc.unpersist()
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setLocalProperty("spark.job.description", None)
+        self.history = self.model.history
+        self._last_fit_first_record = first_record
         return self.model.history
 
     def _run_round(self, sc, task: RoundTask, rounds_per_epoch: int, epochs: int) -> PartialResult:
         """Runs one broadcast → train → treeAggregate → average round; records its stats."""
         cfg = self.config
-        t0 = time.perf_counter()
+        # Wall-clock times (time.time) so they compare with the workers' own.
+        t0 = time.time()
         weights, opt_vars = get_state(self.model)
         state_bc = sc.broadcast((weights, opt_vars))
-        t1 = time.perf_counter()
-        task = _replace_state(task, state_bc)
+        t1 = time.time()
+        task = dataclasses.replace(task, state=state_bc)
         sc.setJobDescription(
             f"sparkdl_avg fit: epoch {task.epoch + 1}/{epochs}, round {task.round + 1}/{rounds_per_epoch}"
         )
@@ -289,47 +317,16 @@ class ParameterAveragingTrainer:
             ) from exc
         finally:
             sc.setJobDescription(None)
-        t2 = time.perf_counter()
+        t2 = time.time()
         new_weights = result.average(result.weight_sums, weights)
         new_opt = result.average(result.optimizer_sums, opt_vars) if task.average_optimizer else list(opt_vars)
         it = iterations_index(self.model)
         new_opt[it] = np.asarray(int(opt_vars[it]) + task.steps, dtype=opt_vars[it].dtype)
         set_state(self.model, new_weights, new_opt)
         state_bc.unpersist()
-        t3 = time.perf_counter()
-        self._record(task, result, t0, t1, t2, t3)
+        t3 = time.time()
+        self.stats.add(round_record(task, result, t0, t1, t2, t3))
         return result
-
-    def _record(self, task: RoundTask, result: PartialResult, t0, t1, t2, t3) -> None:
-        workers = sorted(result.workers, key=lambda w: w["worker"])
-        compute = [w["compute_s"] for w in workers]
-        busy = [w["setup_s"] + w["load_s"] + w["compute_s"] for w in workers]
-        wall = time.perf_counter() - t0
-        means = result.metric_means()
-        self.stats.add(
-            {
-                "epoch": task.epoch,
-                "round": task.round,
-                "averaging_frequency": task.steps,
-                "num_workers": task.num_workers,
-                "examples": result.examples,
-                "wall_s": wall,
-                "broadcast_s": t1 - t0,
-                "job_s": t2 - t1,
-                "update_s": t3 - t2,
-                "other_s": wall - (t3 - t0),
-                "compute_max_s": max(compute),
-                "compute_min_s": min(compute),
-                "compute_mean_s": sum(compute) / len(compute),
-                "load_max_s": max(w["load_s"] for w in workers),
-                "setup_max_s": max(w["setup_s"] for w in workers),
-                "overhead_s": wall - max(busy),
-                "examples_per_s": result.examples / wall if wall > 0 else 0.0,
-                "loss": means.get("loss"),
-                "replicas_built": sum(1 for w in workers if w["replica_built"]),
-                "workers": workers,
-            }
-        )
 
     # ------------------------------------------------------------- evaluate
 
@@ -392,8 +389,70 @@ class ParameterAveragingTrainer:
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
+    def write_report(self, path: str, title: Optional[str] = None) -> str:
+        """Writes the HTML training report of the latest fit (see :mod:`sparkdl_avg.report`).
 
-def _replace_state(task: RoundTask, state_bc) -> RoundTask:
-    from dataclasses import replace
+        Args:
+            path: Output ``.html`` file (replaced atomically).
+            title: Page title. Default: names the model.
 
-    return replace(task, state=state_bc)
+        Returns:
+            ``path``.
+        """
+        from .report import write_report
+
+        if self._last_fit_first_record is None:
+            raise RuntimeError("write_report() needs a completed fit(); call fit() first.")
+        return write_report(
+            path,
+            self.stats.records[self._last_fit_first_record :],
+            self.history.history if self.history is not None else None,
+            title=title or f"sparkdl_avg training report: {self.model.name}",
+        )
+
+
+def round_record(task: RoundTask, result: PartialResult, t0: float, t1: float, t2: float, t3: float) -> dict:
+    """The stats record of one round (see :mod:`sparkdl_avg.stats` for the fields).
+
+    ``t0``..``t3`` are driver wall-clock times: round start, broadcast done,
+    aggregated result received, driver update done. The job's time splits
+    into scheduling (until the first worker starts), the workers' span (first
+    start to last end, by the workers' clocks) and aggregation (the rest:
+    serialising results, the tree aggregation and the transfer to the
+    driver). On a multi-host cluster clock skew blurs that split a little.
+    """
+    workers = sorted(result.workers, key=lambda w: w["worker"])
+    compute = [w["compute_s"] for w in workers]
+    busy = [w["setup_s"] + w["load_s"] + w["compute_s"] for w in workers]
+    first_start = min(w["start"] for w in workers)
+    last_end = max(w["end"] for w in workers)
+    schedule = min(max(0.0, first_start - t1), t2 - t1)
+    span = min(max(0.0, last_end - max(first_start, t1)), t2 - t1 - schedule)
+    wall = time.time() - t0
+    return {
+        "epoch": task.epoch,
+        "round": task.round,
+        "averaging_frequency": task.steps,
+        "num_workers": task.num_workers,
+        "examples": result.examples,
+        "t_start": t0,
+        "wall_s": wall,
+        "broadcast_s": t1 - t0,
+        "job_s": t2 - t1,
+        "schedule_s": schedule,
+        "workers_s": span,
+        "aggregate_s": t2 - t1 - schedule - span,
+        "update_s": t3 - t2,
+        "other_s": wall - (t3 - t0),
+        "compute_max_s": max(compute),
+        "compute_min_s": min(compute),
+        "compute_mean_s": sum(compute) / len(compute),
+        "load_max_s": max(w["load_s"] for w in workers),
+        "load_mean_s": sum(w["load_s"] for w in workers) / len(workers),
+        "setup_max_s": max(w["setup_s"] for w in workers),
+        "overhead_s": wall - max(busy),
+        "examples_per_s": result.examples / wall if wall > 0 else 0.0,
+        "loss": result.metric_means().get("loss"),
+        "replicas_built": sum(1 for w in workers if w["replica_built"]),
+        "workers": workers,
+    }

@@ -120,6 +120,24 @@ def record_jobs(spark):
 # --------------------------------------------------------------------- Keras
 
 
+@pytest.fixture
+def floatx64():
+    """Runs a test with ``keras.config.floatx() == "float64"``, restoring it after.
+
+    Keras computes losses and metrics (and ``fit`` casts float inputs) in
+    floatx; the trainer ships the driver's floatx to the replicas. With
+    float64 the logged losses carry no float32 rounding.
+    """
+    import keras
+
+    previous = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(previous)
+
+
 def f32_exact(a) -> np.ndarray:
     """``a`` as float64 values that float32 represents exactly.
 

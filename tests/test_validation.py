@@ -326,3 +326,51 @@ def test_failure_on_the_executors_is_a_worker_error(spark):
     assert len(trainer.stats) == 0
     for a, b in zip(before, m.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------ known library bugs
+
+
+def test_numpy_integers_are_accepted_by_the_constructor(model):
+    trainer = ParameterAveragingTrainer(model, num_workers=np.int64(2), batch_size=np.int32(8), averaging_frequency=np.int64(3))
+    assert trainer.config.batch_size == 8
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ConfigurationError,
+    reason="sparkdl_avg/trainer.py _check_fit_args: isinstance(epochs, int) rejects numpy integers, "
+    "although TrainerConfig (numbers.Integral) and keras.Model.fit accept them",
+)
+def test_fit_accepts_numpy_integer_epochs(spark, model, xy):
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    history = trainer.fit(xy, epochs=np.int64(2), verbose=0)
+    assert len(history.history["loss"]) == 2
+
+
+def _worker_error_message(spark):
+    m = make_model(outputs=3, output_activation="softmax", loss="sparse_categorical_crossentropy", metrics=(), seed=4)
+    x = regression_data(32, seed=4)[0]
+    trainer = ParameterAveragingTrainer(m, num_workers=2, batch_size=8, averaging_frequency=1)
+    with pytest.raises(WorkerError) as err:
+        trainer.fit((x, np.full(32, 7, dtype=np.int64)), verbose=0)
+    return str(err.value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="errors.py says a WorkerError message names the epoch, round and worker; "
+    "trainer._run_round names only the round and epoch",
+)
+def test_worker_error_names_the_worker(spark):
+    assert re.search(r"[Ww]orker \d", _worker_error_message(spark))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="trainer._run_round keeps only the last line of the Py4J/PythonException text, which for "
+    "TensorFlow errors is a graph-node trace, so the cause ('label value of 7 ... outside the valid "
+    "range') is lost from the WorkerError message",
+)
+def test_worker_error_keeps_the_cause(spark):
+    assert "label value of 7" in _worker_error_message(spark)

@@ -3,6 +3,11 @@
 ``worker.train_round`` gets plain values where the trainer passes broadcasts:
 ``spec`` is a ``ModelSpec``, ``state`` the ``(weights, optimizer_variables)``
 tuple, and the data is staged from numpy arrays into a temp directory.
+
+Weights and optimizer variables are float64 and must match plain Keras to
+1e-12. Logged losses and metrics are computed by Keras in ``floatx``: with the
+default float32 they carry float32 rounding (compared with ``rel=1e-6``);
+``test_metrics_are_exact_with_float64_floatx`` checks them tightly.
 """
 
 import numpy as np
@@ -17,6 +22,9 @@ from sparkdl_avg.plan import EpochOrder, worker_positions
 import keras
 
 TOL = dict(rtol=0.0, atol=1e-12)
+METRIC_REL = 1e-6  # float32 losses/metrics (floatx), see the module docstring
+
+
 
 
 def make_task(model, staged, **fields):
@@ -105,7 +113,7 @@ def test_train_round_equals_keras_train_on_batch(arrays, staged, worker_id, opti
     assert result.optimizer_sums[it] / n == pytest.approx(3)
     expected_metrics = {k: sum(l[k] for l in losses) / 3 for k in losses[0]}
     assert set(result.metric_means()) == {"loss", "mae"}
-    assert result.metric_means() == pytest.approx(expected_metrics, rel=1e-12)
+    assert result.metric_means() == pytest.approx(expected_metrics, rel=METRIC_REL)
     # and training did move the weights
     assert max(float(np.max(np.abs(s / n - w))) for s, w in zip(result.weight_sums, model.get_weights())) > 1e-4
     (record,) = result.workers
@@ -200,3 +208,46 @@ def test_run_round_partition_consumes_its_input_and_yields_one_result_per_worker
     results = list(worker.run_round_partition(task, ids()))
     assert consumed == [0, 1]
     assert [r.workers[0]["worker"] for r in results] == [0, 1]
+
+
+def test_metrics_are_exact_with_float64_floatx(arrays, staged, floatx64):
+    x, y = arrays
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=9)
+    spec = ModelSpec.from_model(model)
+    assert spec.floatx == "float64"
+    task = make_task(model, staged, steps_before=1, steps=4, num_workers=2, batch_size=8)
+    result = worker.train_round(task, 1)
+    positions = worker_positions(1, 4, 1, 2, 8)
+    ref, logs = keras_reference(model, x, y, np.arange(positions.start, positions.stop), 4, 8, keras.optimizers.Adam(0.01))
+    expected = {k: sum(l[k] for l in logs) / 4 for k in logs[0]}
+    assert result.metric_means() == pytest.approx(expected, rel=1e-12)
+    for s, r in zip(result.weight_sums, ref.get_weights()):
+        np.testing.assert_allclose(s / 32, r, **TOL)
+
+
+def test_replica_computes_losses_in_the_drivers_floatx(arrays, floatx64):
+    """A float64 driver's spec builds replicas whose loss is float64, whatever the worker's floatx."""
+    x, y = arrays
+    model = make_model(seed=10, metrics=())
+    spec = ModelSpec.from_model(model)
+    keras.config.set_floatx("float32")  # a fresh executor process
+    replica = spec.build()
+    loss = replica.test_on_batch(x, y)
+    pred = model.predict(x, verbose=0)[:, 0]
+    expected = float(np.mean((pred - y) ** 2))
+    assert float(np.float32(expected)) != expected  # float32 rounding would show
+    assert loss == pytest.approx(expected, rel=1e-12)
+    # the floatx is part of the fingerprint: a float32 driver must not reuse this replica
+    keras.config.set_floatx("float32")
+    assert ModelSpec.from_model(model).fingerprint != spec.fingerprint
+
+
+def test_no_active_spark_context_for_numpy_is_a_data_error(arrays, monkeypatch):
+    from pyspark import SparkContext
+
+    from sparkdl_avg import DataError, ParameterAveragingTrainer
+
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    trainer = ParameterAveragingTrainer(make_model(seed=11), num_workers=1, batch_size=8)
+    with pytest.raises(DataError, match="needs an active SparkSession"):
+        trainer.fit(arrays, verbose=0)

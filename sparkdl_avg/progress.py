@@ -1,0 +1,105 @@
+"""Progress of a fit on the driver: a tqdm bar per epoch and log lines.
+
+``verbose=1`` on a terminal shows a bar per epoch (rounds done, examples/s,
+current loss); any ``verbose > 0`` logs one line per epoch and a time summary
+at the end through the ``sparkdl_avg`` logger. When the application has not
+configured logging at all, that logger gets a handler printing bare messages
+to stderr, so progress is visible by default, as with ``keras.Model.fit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Dict, Optional
+
+logger = logging.getLogger("sparkdl_avg")
+
+
+def ensure_visible_logging() -> None:
+    """Adds a plain stderr handler if neither our logger nor the root has one."""
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+
+
+def format_logs(logs: Dict[str, float]) -> str:
+    return " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
+
+
+class Progress:
+    """Reports a fit's progress; every method is a no-op when ``verbose == 0``.
+
+    Args:
+        verbose: 0 silent, 1 bar on a terminal plus epoch lines, 2 epoch lines.
+        epochs: Epochs of the fit.
+        rounds_per_epoch: Rounds in a full epoch.
+    """
+
+    def __init__(self, verbose: int, epochs: int, rounds_per_epoch: int) -> None:
+        self.verbose = verbose
+        self.epochs = epochs
+        self.rounds = rounds_per_epoch
+        self._bar = None
+        self._t_epoch = 0.0
+        self._examples = 0
+        if verbose:
+            ensure_visible_logging()
+
+    def epoch_begin(self, epoch: int) -> None:
+        if not self.verbose:
+            return
+        self._t_epoch = time.perf_counter()
+        self._examples = 0
+        if self.verbose == 1 and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.rounds, desc=f"Epoch {epoch + 1}/{self.epochs}", unit="round", leave=False)
+
+    def round_end(self, record: dict, logs: Dict[str, float]) -> None:
+        if not self.verbose:
+            return
+        self._examples += record["examples"]
+        if self._bar is not None:
+            elapsed = time.perf_counter() - self._t_epoch
+            self._bar.set_postfix(
+                loss=f"{logs.get('loss', float('nan')):.4f}",
+                ex_s=f"{self._examples / elapsed:.0f}" if elapsed > 0 else "-",
+            )
+            self._bar.update(1)
+
+    def epoch_end(self, epoch: int, rounds_done: int, logs: Dict[str, float]) -> None:
+        if not self.verbose:
+            return
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        elapsed = time.perf_counter() - self._t_epoch
+        logger.info(
+            "Epoch %d/%d - %d rounds - %.1fs - %.0f examples/s - %s",
+            epoch + 1,
+            self.epochs,
+            rounds_done,
+            elapsed,
+            self._examples / elapsed if elapsed > 0 else 0.0,
+            format_logs(logs),
+        )
+
+    def train_end(self, summary: Optional[dict]) -> None:
+        if not self.verbose or not summary:
+            return
+        logger.info(
+            "Time in rounds: %.1fs over %d rounds; compute %.0f%% (slowest worker), overhead "
+            "%.0f ms per round (median), straggler ratio %.2f (median), replicas built %d",
+            summary["wall_s"],
+            summary["rounds"],
+            100 * summary["compute_share"],
+            1000 * summary["overhead_s_median"],
+            summary["straggler_ratio_median"],
+            summary["replicas_built"],
+        )
