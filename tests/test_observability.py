@@ -1,0 +1,136 @@
+"""Callbacks on the driver, validation, timing stats and the HTML report."""
+
+import csv
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import make_model, regression_data
+from sparkdl_avg import ParameterAveragingTrainer
+
+
+class WeightsPerEpoch(keras.callbacks.Callback):
+    """Keeps a copy of the model's weights at every epoch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append([w.copy() for w in self.model.get_weights()])
+
+
+def test_early_stopping_stops_and_restores_best_weights(spark):
+    x, y = regression_data(256, seed=1)
+    # Validation targets of the opposite sign: the better the model fits the
+    # training data, the worse val_loss gets, so the best epoch is the first.
+    model = make_model(optimizer=keras.optimizers.SGD(0.2))
+    keeper = WeightsPerEpoch()
+    stopper = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, restore_best_weights=True)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    history = trainer.fit((x, y), epochs=20, validation_data=(x, -y), callbacks=[keeper, stopper], verbose=0)
+    val = history.history["val_loss"]
+    assert len(val) < 20, "EarlyStopping did not stop the fit"
+    best = int(np.argmin(val))
+    assert best < len(val) - 1
+    for got, want in zip(model.get_weights(), keeper.weights[best]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_model_checkpoint_writes_a_loadable_model_and_csv_logger_a_row_per_epoch(spark, tmp_path):
+    x, y = regression_data(128, seed=2)
+    model = make_model()
+    ckpt = tmp_path / "best.keras"
+    log = tmp_path / "log.csv"
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    trainer.fit(
+        (x, y),
+        epochs=3,
+        validation_data=(x, y),
+        callbacks=[keras.callbacks.ModelCheckpoint(str(ckpt)), keras.callbacks.CSVLogger(str(log))],
+        verbose=0,
+    )
+    loaded = keras.saving.load_model(str(ckpt))
+    np.testing.assert_allclose(loaded.predict(x[:8], verbose=0), model.predict(x[:8], verbose=0), atol=1e-12)
+    rows = list(csv.DictReader(log.open()))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2]
+    assert {"loss", "mae", "val_loss", "val_mae"} <= set(rows[0])
+
+
+def test_learning_rate_scheduler_reaches_the_replicas(spark):
+    x, y = regression_data(128, seed=3)
+    model = make_model()
+    before = [w.copy() for w in model.get_weights()]
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    trainer.fit((x, y), epochs=2, callbacks=[keras.callbacks.LearningRateScheduler(lambda e, lr: 0.0)], verbose=0)
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+    assert float(model.optimizer.learning_rate) == 0.0
+
+
+def test_terminate_on_nan_stops_after_the_round(spark):
+    x, y = regression_data(256, seed=4)
+    model = make_model(optimizer=keras.optimizers.SGD(1e6))  # diverges at once
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=1, seed=0)
+    history = trainer.fit((x, y), epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0)
+    assert len(history.history["loss"]) == 1
+    assert len(trainer.stats) < 256 // 32  # stopped before the epoch's last round
+
+
+def test_stats_phases_add_up_and_json_has_one_record_per_round(spark, tmp_path):
+    x, y = regression_data(300, seed=5)
+    model = make_model()
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=3, seed=0)
+    trainer.fit((x, y), epochs=2, verbose=0)
+    # 300 // 32 = 9 minibatches per worker per epoch: rounds of 3, 3, 3.
+    path = tmp_path / "stats.json"
+    records = json.loads(trainer.stats.to_json(str(path)))
+    assert json.loads(path.read_text()) == records
+    assert len(records) == 6
+    assert [(r["epoch"], r["round"]) for r in records] == [(e, r) for e in range(2) for r in range(3)]
+    for r in records:
+        phases = r["broadcast_s"] + r["schedule_s"] + r["workers_s"] + r["aggregate_s"] + r["update_s"]
+        assert phases == pytest.approx(r["wall_s"], rel=0.05)
+        assert r["compute_min_s"] <= r["compute_mean_s"] <= r["compute_max_s"]
+        assert r["averaging_frequency"] == 3 and r["examples"] == 2 * 3 * 16
+        assert {w["worker"] for w in r["workers"]} == {0, 1}
+        assert all(w["host"] and w["pid"] > 0 for w in r["workers"])
+        assert math.isfinite(r["loss"])
+    summary = trainer.stats.summary()
+    assert summary["rounds"] == 6 and 0 < summary["compute_share"] < 1
+
+
+def test_report_is_self_contained_with_timeline_and_curves(spark, tmp_path):
+    x, y = regression_data(200, seed=6)
+    model = make_model()
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    with pytest.raises(RuntimeError, match="needs a completed fit"):
+        trainer.write_report(str(tmp_path / "early.html"))
+    trainer.fit((x, y), epochs=2, validation_data=(x, y), verbose=0)
+    path = trainer.write_report(str(tmp_path / "report.html"))
+    html = open(path, encoding="utf-8").read()
+    assert "Timeline" in html and "worker 1" in html and "driver" in html
+    for trace in ('"name":"compute"', '"name":"data loading"', '"name":"val_loss"', '"name":"loss"'):
+        assert trace in html, trace
+    assert "<script src=" not in html  # plotly.js is embedded: opens offline
+    assert len(html) > 1_000_000
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
+
+
+def test_verbose_logs_one_line_per_epoch_and_a_summary(spark, caplog):
+    x, y = regression_data(128, seed=7)
+    model = make_model()
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    with caplog.at_level("INFO", logger="sparkdl_avg"):
+        trainer.fit((x, y), epochs=2, verbose=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "sparkdl_avg"]
+    assert [l.split(" - ")[0] for l in lines if l.startswith("Epoch")] == ["Epoch 1/2", "Epoch 2/2"]
+    assert any(l.startswith("Time in rounds:") and "overhead" in l for l in lines)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sparkdl_avg"):
+        trainer.fit((x, y), epochs=1, verbose=0)
+    assert not [r for r in caplog.records if r.name == "sparkdl_avg"]
