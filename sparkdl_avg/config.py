@@ -17,7 +17,8 @@ from .errors import ConfigurationError
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
 
 
-def _check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
+def check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
+    """Raises ``ConfigurationError`` unless ``value`` is an integer ≥ ``low`` (numpy ints too)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
@@ -64,11 +65,11 @@ class TrainerConfig:
     staging_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check_int("num_workers", self.num_workers, 1, allow_none=True)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("averaging_frequency", self.averaging_frequency, 1)
-        _check_int("aggregation_depth", self.aggregation_depth, 1)
-        _check_int("seed", self.seed, 0, allow_none=True)
+        check_int("num_workers", self.num_workers, 1, allow_none=True)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("averaging_frequency", self.averaging_frequency, 1)
+        check_int("aggregation_depth", self.aggregation_depth, 1)
+        check_int("seed", self.seed, 0, allow_none=True)
         if self.optimizer_state not in OPTIMIZER_STATE_POLICIES:
             raise ConfigurationError(
                 f"The 'optimizer_state' parameter must be one of "

@@ -25,3 +25,9 @@ class WorkerError(RuntimeError):
 # Py4J/PythonException text), so executor-side data errors carry this marker
 # and the driver turns them back into ``DataError`` with the same message.
 DATA_ERROR_MARKER = "sparkdl_avg.DataError: "
+
+# Likewise, a failure while training a replica is re-raised on the executor
+# with this marker, the worker's index, epoch and round, and the original
+# error's type and full message on one line, so the driver's WorkerError can
+# name the worker and keep the cause.
+WORKER_ERROR_MARKER = "sparkdl_avg.WorkerFailure: "

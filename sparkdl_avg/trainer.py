@@ -9,6 +9,7 @@ executors run lives in :mod:`sparkdl_avg.worker`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -17,14 +18,14 @@ import tempfile
 import time
 import weakref
 from functools import partial
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import data as data_mod
 from .aggregation import PartialResult, merge
-from .config import TrainerConfig, validate_model
-from .errors import ConfigurationError, DataError, WorkerError
+from .config import TrainerConfig, check_int, validate_model
+from .errors import WORKER_ERROR_MARKER, ConfigurationError, DataError, WorkerError
 from .modelspec import ModelSpec, get_state, iterations_index, set_state
 from .plan import round_lengths
 from .progress import Progress
@@ -36,10 +37,7 @@ logger = logging.getLogger("sparkdl_avg")
 
 
 def _check_fit_args(epochs: Any, verbose: Any) -> int:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ConfigurationError(
-            f"The 'epochs' parameter must be an int in the range [1, inf). Got {epochs!r} instead."
-        )
+    check_int("epochs", epochs, 1)
     if verbose == "auto":
         return 1 if sys.stdout.isatty() else 2
     if verbose not in (0, 1, 2):
@@ -47,6 +45,21 @@ def _check_fit_args(epochs: Any, verbose: Any) -> int:
             f"The 'verbose' parameter must be 'auto', 0, 1 or 2. Got {verbose!r} instead."
         )
     return verbose
+
+
+@contextlib.contextmanager
+def spark_job_labels(sc, description: str, group: Optional[str] = None):
+    """Labels the Spark jobs started inside the block (Spark UI), restoring the caller's labels."""
+    keys = ("spark.job.description", "spark.jobGroup.id")
+    saved = [sc.getLocalProperty(k) for k in keys]
+    sc.setLocalProperty("spark.job.description", description)
+    if group is not None:
+        sc.setLocalProperty("spark.jobGroup.id", group)
+    try:
+        yield
+    finally:
+        for key, value in zip(keys, saved):
+            sc.setLocalProperty(key, value)
 
 
 class ParameterAveragingTrainer:
@@ -236,59 +249,70 @@ class ParameterAveragingTrainer:
         progress = Progress(verbose, epochs, len(lengths))
         first_record = len(self.stats)
         self._fits += 1
-        sc.setJobGroup(f"sparkdl_avg-fit-{id(self):x}-{self._fits}", f"sparkdl_avg fit {self._fits} of model {self.model.name!r}")
+        labels = spark_job_labels(
+            sc, f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
+        )
+        # Everything a round's task needs but the epoch, round and state.
+        run = RoundTask(
+            spec=spec_bc,
+            fingerprint=spec.fingerprint,
+            state=None,
+            dataset=train,
+            epoch=0,
+            round=0,
+            steps_before=0,
+            steps=0,
+            num_workers=num_workers,
+            batch_size=cfg.batch_size,
+            seed=self._seed,
+            shuffle=shuffle,
+            average_optimizer=cfg.optimizer_state == "average",
+        )
         self.model.stop_training = False
-        try:
-            callback_list.on_train_begin()
-            logs: Dict[str, float] = {}
-            for epoch in range(epochs):
-                callback_list.on_epoch_begin(epoch)
-                progress.epoch_begin(epoch)
-                epoch_result: Optional[PartialResult] = None
-                steps_before = 0
-                rounds_done = 0
-                for rnd, steps in enumerate(lengths):
-                    callback_list.on_train_batch_begin(rnd)
-                    task = RoundTask(
-                        spec=spec_bc,
-                        fingerprint=spec.fingerprint,
-                        state=None,
-                        dataset=train,
-                        epoch=epoch,
-                        round=rnd,
-                        steps_before=steps_before,
-                        steps=steps,
-                        num_workers=num_workers,
-                        batch_size=cfg.batch_size,
-                        seed=self._seed,
-                        shuffle=shuffle,
-                        average_optimizer=cfg.optimizer_state == "average",
-                    )
-                    result = self._run_round(sc, task, len(lengths), epochs)
-                    steps_before += steps
-                    rounds_done += 1
-                    epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
-                    logs = epoch_result.metric_means()
-                    progress.round_end(self.stats.records[-1], logs)
-                    callback_list.on_train_batch_end(rnd, logs)
+        with labels:
+            try:
+                callback_list.on_train_begin()
+                logs: Dict[str, float] = {}
+                for epoch in range(epochs):
+                    callback_list.on_epoch_begin(epoch)
+                    progress.epoch_begin(epoch)
+                    logs, rounds_done = self._train_epoch(sc, run, epoch, epochs, lengths, callback_list, progress)
+                    if val is not None:
+                        val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
+                        logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
+                    progress.epoch_end(epoch, rounds_done, logs)
+                    callback_list.on_epoch_end(epoch, logs)
                     if self.model.stop_training:
                         break
-                if val is not None:
-                    val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
-                    logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
-                progress.epoch_end(epoch, rounds_done, logs)
-                callback_list.on_epoch_end(epoch, logs)
-                if self.model.stop_training:
-                    break
-            callback_list.on_train_end(logs)
-            progress.train_end(self.stats.summary(first_record))
-        finally:
-            spec_bc.unpersist()
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setLocalProperty("spark.job.description", None)
+                callback_list.on_train_end(logs)
+                progress.train_end(self.stats.summary(first_record))
+            finally:
+                spec_bc.unpersist()
         self.history = self.model.history
         self._last_fit_first_record = first_record
         return self.model.history
+
+    def _train_epoch(
+        self, sc, run: RoundTask, epoch: int, epochs: int, lengths: List[int], callback_list, progress
+    ) -> Tuple[Dict[str, float], int]:
+        """Runs the rounds of one epoch; returns the epoch's logs and the rounds run."""
+        epoch_result: Optional[PartialResult] = None
+        logs: Dict[str, float] = {}
+        steps_before = 0
+        rounds_done = 0
+        for rnd, steps in enumerate(lengths):
+            callback_list.on_train_batch_begin(rnd)
+            task = dataclasses.replace(run, epoch=epoch, round=rnd, steps_before=steps_before, steps=steps)
+            result = self._run_round(sc, task, len(lengths), epochs)
+            steps_before += steps
+            rounds_done += 1
+            epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
+            logs = epoch_result.metric_means()
+            progress.round_end(self.stats.records[-1], logs)
+            callback_list.on_train_batch_end(rnd, logs)
+            if self.model.stop_training:
+                break
+        return logs, rounds_done
 
     def _run_round(self, sc, task: RoundTask, rounds_per_epoch: int, epochs: int) -> PartialResult:
         """Runs one broadcast → train → treeAggregate → average round; records its stats."""
@@ -299,24 +323,29 @@ class ParameterAveragingTrainer:
         state_bc = sc.broadcast((weights, opt_vars))
         t1 = time.time()
         task = dataclasses.replace(task, state=state_bc)
-        sc.setJobDescription(
-            f"sparkdl_avg fit: epoch {task.epoch + 1}/{epochs}, round {task.round + 1}/{rounds_per_epoch}"
-        )
         try:
-            result = data_mod.run_spark_job(
-                lambda: sc.parallelize(range(task.num_workers), task.num_workers)
-                .mapPartitions(partial(run_round_partition, task))
-                .treeAggregate(None, merge, merge, cfg.aggregation_depth)
-            )
+            with spark_job_labels(
+                sc, f"sparkdl_avg fit: epoch {task.epoch + 1}/{epochs}, round {task.round + 1}/{rounds_per_epoch}"
+            ):
+                result = data_mod.run_spark_job(
+                    lambda: sc.parallelize(range(task.num_workers), task.num_workers)
+                    .mapPartitions(partial(run_round_partition, task))
+                    .treeAggregate(None, merge, merge, cfg.aggregation_depth)
+                )
         except DataError:
             raise
         except Exception as exc:
-            raise WorkerError(
-                f"Round {task.round} of epoch {task.epoch} failed on the cluster: "
-                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
-            ) from exc
-        finally:
-            sc.setJobDescription(None)
+            text = str(exc)
+            at = text.find(WORKER_ERROR_MARKER)
+            if at >= 0:
+                message = text[at + len(WORKER_ERROR_MARKER) :].splitlines()[0]
+            else:  # the task died outside train_round (lost executor, Python worker crash)
+                lines = [line for line in text.strip().splitlines() if line.strip()]
+                message = (
+                    f"Round {task.round} of epoch {task.epoch} failed on the cluster: "
+                    f"{lines[-1] if lines else type(exc).__name__}"
+                )
+            raise WorkerError(message) from exc
         t2 = time.time()
         new_weights = result.average(result.weight_sums, weights)
         new_opt = result.average(result.optimizer_sums, opt_vars) if task.average_optimizer else list(opt_vars)
@@ -333,15 +362,14 @@ class ParameterAveragingTrainer:
     def _evaluate_staged(self, sc, staged: StagedDataset, spec_bc, fingerprint, parts, batch_size) -> Dict[str, float]:
         state_bc = sc.broadcast(get_state(self.model))
         task = EvalTask(spec_bc, fingerprint, state_bc, staged, parts, batch_size)
-        sc.setJobDescription("sparkdl_avg evaluate")
         try:
-            result = data_mod.run_spark_job(
-                lambda: sc.parallelize(range(parts), parts)
-                .mapPartitions(partial(run_eval_partition, task))
-                .treeAggregate(None, merge, merge, self.config.aggregation_depth)
-            )
+            with spark_job_labels(sc, "sparkdl_avg evaluate"):
+                result = data_mod.run_spark_job(
+                    lambda: sc.parallelize(range(parts), parts)
+                    .mapPartitions(partial(run_eval_partition, task))
+                    .treeAggregate(None, merge, merge, self.config.aggregation_depth)
+                )
         finally:
-            sc.setJobDescription(None)
             state_bc.unpersist()
         return result.metric_means()
 

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional
 import numpy as np
 
 from .aggregation import PartialResult, weighted
+from .errors import WORKER_ERROR_MARKER
 from .modelspec import ModelSpec, get_state, iterations_index, set_state
 from .plan import EpochOrder, split_evenly, worker_positions
 from .staging import StagedDataset, read_examples
@@ -218,11 +219,29 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     return result
 
 
+def _one_line(message: str) -> str:
+    """An error message on one line, without TensorFlow's graph-construction traceback."""
+    kept = []
+    for line in message.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("File \"", "[[{{node")) or "defined at (most recent call last)" in line:
+            continue
+        kept.append(line)
+    return " ".join(kept)
+
+
 def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[PartialResult]:
     """``mapPartitions`` body of a training round: one partition per worker id."""
     ids = list(workers)  # consume the whole input so PySpark reuses this worker
     for worker in ids:
-        yield train_round(task, worker)
+        try:
+            result = train_round(task, worker)
+        except Exception as exc:
+            raise RuntimeError(
+                f"{WORKER_ERROR_MARKER}Worker {worker} failed in epoch {task.epoch}, round "
+                f"{task.round}: {type(exc).__name__}: {_one_line(str(exc))}"
+            ) from exc
+        yield result
 
 
 @dataclass(frozen=True)

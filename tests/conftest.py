@@ -77,44 +77,52 @@ def spark():
 
 
 class JobRecorder:
-    """Runs code in a fresh Spark job group and reports the jobs it started."""
+    """The Spark jobs started inside a ``record_jobs`` block (``job_ids``)."""
 
-    def __init__(self, sc, group: str) -> None:
-        self.sc = sc
-        self.group = group
+    def __init__(self) -> None:
         self.job_ids = None
+
+
+def _marker_job_id(sc) -> int:
+    """Runs a tiny job in a fresh job group and returns its id, once the status tracker shows it.
+
+    Job ids are assigned in submission order, and listener events are
+    processed in order, so every job submitted before the marker is known by
+    then. The caller's job group is restored afterwards.
+    """
+    previous = (sc.getLocalProperty("spark.jobGroup.id"), sc.getLocalProperty("spark.job.description"))
+    group = f"sparkdl_avg-test-marker-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "sparkdl_avg test: marker")
+    try:
+        sc.parallelize([0], 1).count()
+        deadline = time.time() + 30
+        while True:
+            ids = sc.statusTracker().getJobIdsForGroup(group)
+            if ids:
+                return max(ids)
+            if time.time() > deadline:
+                raise AssertionError("the marker job never showed up in the status tracker")
+            time.sleep(0.05)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", previous[0])
+        sc.setLocalProperty("spark.job.description", previous[1])
 
 
 @contextlib.contextmanager
 def record_jobs(spark):
-    """Counts the Spark jobs started inside the ``with`` block.
+    """Records the ids of the Spark jobs submitted inside the ``with`` block.
 
-    The block runs in a unique job group. Afterwards a marker job is run in
-    the same group and the status tracker is polled until it shows the marker
-    (listener events arrive in order, so every earlier job is then visible
-    too); ``recorder.job_ids`` holds the other jobs of the group.
+    A marker job runs before and after the block; the jobs in between are the
+    block's. This does not depend on job groups, which the trainer sets itself.
     """
     sc = spark.sparkContext
-    group = f"test-{uuid.uuid4().hex}"
-    recorder = JobRecorder(sc, group)
-    sc.setJobGroup(group, "sparkdl_avg test: jobs of one call")
+    recorder = JobRecorder()
+    before = _marker_job_id(sc)
     try:
         yield recorder
     finally:
-        try:
-            before_marker = set(sc.statusTracker().getJobIdsForGroup(group))
-            sc.parallelize([0], 1).count()  # the marker job
-            deadline = time.time() + 30
-            while True:
-                ids = set(sc.statusTracker().getJobIdsForGroup(group))
-                if len(ids - before_marker) >= 1 or time.time() > deadline:
-                    break
-                time.sleep(0.05)
-            marker = max(ids - before_marker) if ids - before_marker else None
-            recorder.job_ids = sorted(i for i in ids if i != marker)
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setLocalProperty("spark.job.description", None)
+        after = _marker_job_id(sc)
+        recorder.job_ids = list(range(before + 1, after))
 
 
 # --------------------------------------------------------------------- Keras

@@ -3,15 +3,15 @@
 This catches pickling and import mistakes that ``local[*]`` hides (there the
 executors share the driver's JVM). The module starts and stops its own
 session and does not use the shared ``spark`` fixture. The executors import
-``sparkdl_avg`` from the virtualenv, where it is installed in editable mode.
+``sparkdl_avg`` from the virtualenv, where it is installed in editable mode
+(PYSPARK_PYTHON is the venv's interpreter; no PYTHONPATH is passed on, so a
+closure that drags in a test module would fail here).
 """
 
 import os
 import shutil
-import sys
 import tempfile
 
-import numpy as np
 import pytest
 
 from conftest import make_session, stop_active_session
@@ -29,7 +29,6 @@ def cluster():
         local_dir,
         **{
             "spark.executor.memory": "1g",
-            "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             "spark.python.worker.reuse": "true",
         },
     )

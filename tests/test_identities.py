@@ -590,14 +590,54 @@ def test_callback_changing_the_learning_rate_reaches_the_workers(spark):
     assert len(trainer.stats.records) == 3 * 2
 
 
-def test_verbose_2_prints_one_line_per_epoch(spark, capsys):
+def test_verbose_logs_one_line_per_epoch(spark, caplog):
+    import logging
+
     x, y = regression_data(32, seed=30)
     model = make_model(seed=30)
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=1)
-    capsys.readouterr()
-    trainer.fit((x, y), epochs=2, verbose=2)
-    out = capsys.readouterr().out
-    assert "Epoch 1/2" in out and "Epoch 2/2" in out
-    assert "loss:" in out
+    with caplog.at_level(logging.INFO, logger="sparkdl_avg"):
+        trainer.fit((x, y), epochs=2, verbose=2)
+    messages = [r.getMessage() for r in caplog.records if r.name == "sparkdl_avg"]
+    epoch_lines = [m for m in messages if m.startswith("Epoch ")]
+    assert [m.split(" - ")[0] for m in epoch_lines] == ["Epoch 1/2", "Epoch 2/2"]
+    assert all("loss: " in m for m in epoch_lines)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sparkdl_avg"):
+        trainer.fit((x, y), epochs=1, verbose=0)
+    assert [r for r in caplog.records if r.name == "sparkdl_avg"] == []
+
+
+def test_fit_restores_the_callers_job_group(spark):
+    sc = spark.sparkContext
+    x, y = regression_data(32, seed=31)
+    trainer = ParameterAveragingTrainer(make_model(seed=31), num_workers=2, batch_size=8)
+    sc.setJobGroup("callers-group", "the caller's jobs")
+    try:
+        trainer.fit((x, y), epochs=1, verbose=0)
+        assert sc.getLocalProperty("spark.jobGroup.id") == "callers-group"
+        assert sc.getLocalProperty("spark.job.description") == "the caller's jobs"
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+
+
+def test_stats_records_phases_add_up_and_serialise(spark, tmp_path):
+    import json
+
+    x, y = regression_data(48, seed=32)
+    trainer = ParameterAveragingTrainer(make_model(seed=32), num_workers=2, batch_size=8, averaging_frequency=1)
     trainer.fit((x, y), epochs=1, verbose=0)
-    assert capsys.readouterr().out == ""
+    records = trainer.stats.records
+    assert len(records) == 3
+    for r in records:
+        phases = [r[k] for k in ("broadcast_s", "schedule_s", "workers_s", "aggregate_s", "update_s", "other_s")]
+        assert all(p >= 0 for p in phases), r
+        assert sum(phases) == pytest.approx(r["wall_s"], abs=1e-6)
+        assert r["job_s"] == pytest.approx(r["schedule_s"] + r["workers_s"] + r["aggregate_s"], abs=1e-6)
+        assert [w["worker"] for w in r["workers"]] == [0, 1]
+        assert r["examples"] == 16 and r["loss"] > 0
+    path = tmp_path / "stats.json"
+    text = trainer.stats.to_json(str(path))
+    assert json.loads(path.read_text()) == json.loads(text)
+    assert [r["round"] for r in json.loads(text)] == [0, 1, 2]

@@ -321,14 +321,14 @@ def test_failure_on_the_executors_is_a_worker_error(spark):
     labels = np.full(32, 7, dtype=np.int64)
     trainer = ParameterAveragingTrainer(m, num_workers=2, batch_size=8, averaging_frequency=1)
     before = m.get_weights()
-    with pytest.raises(WorkerError, match=r"Round 0 of epoch 0 failed on the cluster"):
+    with pytest.raises(WorkerError, match=r"Worker [01] failed in epoch 0, round 0: InvalidArgumentError: .*label value of 7"):
         trainer.fit((x, labels), verbose=0)
     assert len(trainer.stats) == 0
     for a, b in zip(before, m.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
-# ------------------------------------------------------------------ known library bugs
+# ------------------------------------------------------------------ former library bugs (fixed)
 
 
 def test_numpy_integers_are_accepted_by_the_constructor(model):
@@ -336,12 +336,6 @@ def test_numpy_integers_are_accepted_by_the_constructor(model):
     assert trainer.config.batch_size == 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ConfigurationError,
-    reason="sparkdl_avg/trainer.py _check_fit_args: isinstance(epochs, int) rejects numpy integers, "
-    "although TrainerConfig (numbers.Integral) and keras.Model.fit accept them",
-)
 def test_fit_accepts_numpy_integer_epochs(spark, model, xy):
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
     history = trainer.fit(xy, epochs=np.int64(2), verbose=0)
@@ -357,20 +351,9 @@ def _worker_error_message(spark):
     return str(err.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="errors.py says a WorkerError message names the epoch, round and worker; "
-    "trainer._run_round names only the round and epoch",
-)
 def test_worker_error_names_the_worker(spark):
     assert re.search(r"[Ww]orker \d", _worker_error_message(spark))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trainer._run_round keeps only the last line of the Py4J/PythonException text, which for "
-    "TensorFlow errors is a graph-node trace, so the cause ('label value of 7 ... outside the valid "
-    "range') is lost from the WorkerError message",
-)
 def test_worker_error_keeps_the_cause(spark):
     assert "label value of 7" in _worker_error_message(spark)
