@@ -82,6 +82,51 @@ def _stage_arrays(data, directory: str, x_shape, x_dtype: str, what: str) -> Sta
     return StagedDataset((StagedFile(uri, len(x)),), tuple(x_shape), tuple(y.shape[1:]), x_dtype, y_dtype)
 
 
+def _check_columns(df, what: str, **columns: str) -> dict:
+    """Checks that each named column exists; returns the DataFrame's fields by name."""
+    fields = {f.name: f for f in df.schema.fields}
+    for param, name in columns.items():
+        if not isinstance(name, str) or name not in fields:
+            raise DataError(
+                f"Column {name!r} ('{param}') is not in the {what} DataFrame. "
+                f"Available columns: {sorted(fields)}."
+            )
+    return fields
+
+
+def feature_column(df, features_col: str, x_shape, x_dtype: str, what: str = "training"):
+    """The features of ``df`` as an ``array<float|double>`` column expression.
+
+    Accepts numeric arrays and ``pyspark.ml`` Vectors; a Vector size known
+    from the schema's ML metadata (``VectorAssembler`` writes it) is checked
+    against the model's input size here, on the driver.
+
+    Raises:
+        DataError: the column is missing, of another type, or of the wrong size.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    width = math.prod(x_shape)
+    field = _check_columns(df, what, features_col=features_col)[features_col]
+    if isinstance(field.dataType, VectorUDT):
+        size = field.metadata.get("ml_attr", {}).get("num_attrs")
+        if size is not None and size != width:
+            raise DataError(
+                f"Column '{features_col}' holds vectors of size {size}; expected {width} "
+                f"values per row (the model's input shape {tuple(x_shape)})."
+            )
+        return vector_to_array(F.col(features_col), "float32" if x_dtype == "float32" else "float64")
+    if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.NumericType):
+        return F.col(features_col).cast(f"array<{'float' if x_dtype == 'float32' else 'double'}>")
+    raise DataError(
+        f"Column '{features_col}' must be array<float>, array<double> or a "
+        f"pyspark.ml Vector. Received: {field.dataType.simpleString()}."
+    )
+
+
 def _stage_dataframe(df, features_col, label_col, directory, x_shape, x_dtype, what) -> StagedDataset:
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
@@ -89,30 +134,9 @@ def _stage_dataframe(df, features_col, label_col, directory, x_shape, x_dtype, w
     from pyspark.sql import types as T
 
     width = math.prod(x_shape)
-    fields = {f.name: f for f in df.schema.fields}
-    for param, name in (("features_col", features_col), ("label_col", label_col)):
-        if not isinstance(name, str) or name not in fields:
-            raise DataError(
-                f"Column {name!r} ('{param}') is not in the {what} DataFrame. "
-                f"Available columns: {sorted(fields)}."
-            )
-    feature_type = fields[features_col].dataType
+    fields = _check_columns(df, what, features_col=features_col, label_col=label_col)
+    features = feature_column(df, features_col, x_shape, x_dtype, what)
     float_name = "float" if x_dtype == "float32" else "double"
-    if isinstance(feature_type, VectorUDT):
-        size = fields[features_col].metadata.get("ml_attr", {}).get("num_attrs")
-        if size is not None and size != width:
-            raise DataError(
-                f"Column '{features_col}' holds vectors of size {size}; expected {width} "
-                f"values per row (the model's input shape {tuple(x_shape)})."
-            )
-        features = vector_to_array(F.col(features_col), "float32" if x_dtype == "float32" else "float64")
-    elif isinstance(feature_type, T.ArrayType) and isinstance(feature_type.elementType, T.NumericType):
-        features = F.col(features_col).cast(f"array<{float_name}>")
-    else:
-        raise DataError(
-            f"Column '{features_col}' must be array<float>, array<double> or a "
-            f"pyspark.ml Vector. Received: {feature_type.simpleString()}."
-        )
     label_type = fields[label_col].dataType
     if isinstance(label_type, T.NumericType):
         is_int = isinstance(label_type, T.IntegralType)

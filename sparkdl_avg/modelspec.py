@@ -45,12 +45,7 @@ class ModelSpec:
         """Describes a compiled model, building its optimizer's variables if needed."""
         import keras
 
-        ensure_optimizer_built(model)
-        with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
-            path = os.path.join(tmp, "model.keras")
-            model.save(path)
-            with open(path, "rb") as f:
-                data = f.read()
+        data = keras_to_bytes(model)
         try:
             description = json.dumps(
                 [model.get_config(), model.get_compile_config(), keras.__version__, keras.config.floatx()],
@@ -72,11 +67,7 @@ class ModelSpec:
         import keras
 
         keras.config.set_floatx(self.floatx)
-        with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
-            path = os.path.join(tmp, "model.keras")
-            with open(path, "wb") as f:
-                f.write(self.keras_bytes)
-            model = keras.saving.load_model(path, compile=True, safe_mode=True)
+        model = keras_from_bytes(self.keras_bytes)
         ensure_optimizer_built(model)
         shapes = tuple(tuple(v.shape) for v in model.optimizer.variables)
         if shapes != self.optimizer_shapes:
@@ -85,6 +76,32 @@ class ModelSpec:
                 f"shapes {self.optimizer_shapes}, built {shapes}."
             )
         return model
+
+
+def keras_to_bytes(model) -> bytes:
+    """The model as the bytes of a ``.keras`` archive (architecture, compile config, weights).
+
+    The optimizer's variables are built first, so the archive loads without
+    Keras' warning about a saved optimizer with fewer variables.
+    """
+    if getattr(model, "optimizer", None) is not None:
+        ensure_optimizer_built(model)
+    with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def keras_from_bytes(data: bytes):
+    """Loads a compiled model from ``.keras`` archive bytes, in Keras' safe mode (no pickle)."""
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        with open(path, "wb") as f:
+            f.write(data)
+        return keras.saving.load_model(path, compile=True, safe_mode=True)
 
 
 def ensure_optimizer_built(model) -> None:

@@ -417,6 +417,35 @@ class ParameterAveragingTrainer:
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
+    def predict(
+        self,
+        data,
+        features_col: str = "features",
+        prediction_col: str = "prediction",
+        probability_col: Optional[str] = "probability",
+        batch_size: int = 1024,
+    ):
+        """Adds the model's predictions to a DataFrame, computed on the executors.
+
+        DataFrame in, DataFrame out (lazily, like any transformation): every
+        input column is kept and ``prediction_col`` (the class index as a
+        double for a model compiled with a cross-entropy loss, else the
+        output value(s)) and, for classifiers, ``probability_col`` (a
+        ``DenseVector`` of class probabilities) are added. See
+        :func:`sparkdl_avg.inference.add_predictions`.
+
+        Args:
+            data: Spark DataFrame with the features column.
+            features_col: Features column, as in :meth:`fit`. Default ``"features"``.
+            prediction_col: Output column. Default ``"prediction"``.
+            probability_col: Output column for classifiers; ``None`` omits it.
+            batch_size: Examples per ``predict_on_batch`` call. Default 1024.
+        """
+        from .inference import add_predictions
+
+        check_int("batch_size", batch_size, 1)
+        return add_predictions(data, self.model, features_col, prediction_col, probability_col, batch_size)
+
     def write_report(self, path: str, title: Optional[str] = None) -> str:
         """Writes the HTML training report of the latest fit (see :mod:`sparkdl_avg.report`).
 

@@ -301,3 +301,71 @@ def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[Partial
     ids = list(parts)
     for part in ids:
         yield evaluate_part(task, part)
+
+
+@dataclass(frozen=True)
+class PredictTask:
+    """What every task of a distributed prediction needs.
+
+    Attributes:
+        spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
+        fingerprint: ``spec.fingerprint``.
+        weights: Broadcast of the model's weights (list of arrays).
+        x_shape: The model's input shape without the batch dimension.
+        x_dtype: The model input's dtype.
+        batch_size: Examples per ``predict_on_batch`` call.
+        kind: ``"multiclass"``, ``"binary"`` or ``"regression"`` (see
+            :func:`sparkdl_avg.inference.output_kind`).
+        features_col: Name of the features column, for error messages.
+    """
+
+    spec: Any
+    fingerprint: str
+    weights: Any
+    x_shape: tuple
+    x_dtype: str
+    batch_size: int
+    kind: str
+    features_col: str
+
+
+def predict_batches(task: PredictTask, batches: Iterable) -> Iterator:
+    """Body of the iterator pandas UDF: one ``pandas.DataFrame`` of outputs per input batch.
+
+    Each input is a ``pandas.Series`` of feature arrays. Outputs have the
+    column ``prediction`` (class index as a double for classifiers, the value
+    or values for regression) and, for classifiers, ``probability``.
+    """
+    import pandas as pd
+
+    from .staging import data_error
+
+    model, _ = get_replica(task.spec, task.fingerprint)
+    model.set_weights(_value(task.weights))
+    width = int(np.prod(task.x_shape))
+    for series in batches:
+        rows = series.to_numpy()
+        lengths = np.fromiter((len(r) if r is not None else -1 for r in rows), dtype=np.int64, count=len(rows))
+        bad = np.flatnonzero(lengths != width)
+        if bad.size:
+            raise data_error(
+                f"Column '{task.features_col}' has a row of {int(lengths[bad[0]])} values; expected "
+                f"{width} values per row (the model's input shape {tuple(task.x_shape)})."
+            )
+        x = (np.stack(rows) if len(rows) else np.empty((0, width))).astype(task.x_dtype, copy=False)
+        x = x.reshape((len(rows), *task.x_shape))
+        outputs = [
+            np.asarray(model.predict_on_batch(x[lo : lo + task.batch_size]))
+            for lo in range(0, len(x), task.batch_size)
+        ]
+        out = np.concatenate(outputs) if outputs else np.empty((0, *model.output_shape[1:]))
+        out = out.reshape(len(x), -1).astype(np.float64)
+        if task.kind == "multiclass":
+            yield pd.DataFrame({"prediction": out.argmax(axis=1).astype(np.float64), "probability": list(out)})
+        elif task.kind == "binary":
+            p = out[:, 0]
+            yield pd.DataFrame({"prediction": (p > 0.5).astype(np.float64), "probability": list(np.stack([1 - p, p], axis=1))})
+        elif out.shape[1] == 1:
+            yield pd.DataFrame({"prediction": out[:, 0]})
+        else:
+            yield pd.DataFrame({"prediction": list(out)})

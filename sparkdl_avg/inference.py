@@ -1,0 +1,114 @@
+"""Driver side of distributed inference: add a model's outputs to a DataFrame.
+
+The features go through an iterator pandas UDF (Arrow-batched) whose body,
+:func:`sparkdl_avg.worker.predict_batches`, runs on executors with the
+replica cached per Python worker. Every other column of the DataFrame passes
+through untouched (Vectors included).
+"""
+
+from typing import Iterator, Optional
+
+import pandas as pd
+
+from .data import feature_column
+from .errors import DataError
+from .modelspec import ModelSpec
+from .worker import PredictTask, predict_batches
+
+CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
+BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")
+
+
+def output_kind(model) -> str:
+    """``"multiclass"``, ``"binary"`` or ``"regression"``, from the compiled loss.
+
+    Categorical cross-entropies (sparse or not) make a multi-class classifier,
+    binary cross-entropies with one output a binary classifier, anything else
+    a regressor.
+    """
+    loss = model.loss
+    if isinstance(loss, (list, tuple, dict)):
+        return "regression"
+    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or type(loss).__name__
+    name = name.lower().replace("_", "")
+    if any(k in name for k in BINARY_LOSSES) and model.outputs[0].shape[-1] == 1:
+        return "binary"
+    if any(k in name for k in CLASSIFIER_LOSSES):
+        return "multiclass"
+    return "regression"
+
+
+def add_predictions(
+    df,
+    model,
+    features_col: str = "features",
+    prediction_col: str = "prediction",
+    probability_col: Optional[str] = "probability",
+    batch_size: int = 1024,
+    spec: Optional[ModelSpec] = None,
+):
+    """Returns ``df`` with the model's outputs added (lazily, like any transformation).
+
+    Args:
+        df: Spark DataFrame with a features column.
+        model: A compiled (or loaded) ``keras.Model``; its current weights are used.
+        features_col: Column of ``array<float|double>`` or ``pyspark.ml`` Vectors.
+        prediction_col: Output column: the class index (double) for
+            classifiers; the value (double) or values (``array<double>``) for
+            regression.
+        probability_col: Output column of class probabilities (a
+            ``pyspark.ml`` ``DenseVector``) for classifiers; ``None`` or ``""``
+            leaves it out. Ignored for regression.
+        batch_size: Examples per ``predict_on_batch`` call on the executors.
+        spec: The model's :class:`ModelSpec` if already made.
+
+    Raises:
+        DataError: a missing or mistyped features column, or an output column
+            that already exists.
+    """
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import pandas_udf
+
+    from pyspark.sql import DataFrame
+
+    if not isinstance(df, DataFrame):
+        raise DataError(f"Expected a Spark DataFrame to predict on. Received: {type(df).__name__}.")
+    kind = output_kind(model)
+    x_shape = tuple(int(d) for d in model.inputs[0].shape[1:])
+    dtype = str(model.inputs[0].dtype)
+    x_dtype = dtype if dtype in ("float32", "float64") else "float32"
+    features = feature_column(df, features_col, x_shape, x_dtype, what="input")
+    outputs = [prediction_col] + ([probability_col] if probability_col and kind != "regression" else [])
+    for name in outputs:
+        if name in df.columns:
+            raise DataError(f"Output column {name!r} is already in the DataFrame; choose another name.")
+
+    sc = df.sparkSession.sparkContext
+    spec = spec or ModelSpec.from_model(model)
+    task = PredictTask(
+        spec=sc.broadcast(spec),
+        fingerprint=spec.fingerprint,
+        weights=sc.broadcast(model.get_weights()),
+        x_shape=x_shape,
+        x_dtype=x_dtype,
+        batch_size=batch_size,
+        kind=kind,
+        features_col=features_col,
+    )
+    if kind == "regression":
+        width = model.outputs[0].shape[-1]
+        return_type = "prediction double" if width == 1 else "prediction array<double>"
+    else:
+        return_type = "prediction double, probability array<double>"
+
+    @pandas_udf(return_type)
+    def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        return predict_batches(task, batches)
+
+    tmp = "__sparkdl_avg_outputs"
+    out = df.withColumn(tmp, predict(features))
+    columns = [F.col(f"`{c}`") for c in df.columns] + [F.col(f"{tmp}.prediction").alias(prediction_col)]
+    if len(outputs) > 1:
+        columns.append(array_to_vector(F.col(f"{tmp}.probability")).alias(probability_col))
+    return out.select(*columns)
