@@ -22,7 +22,8 @@ setup(
         "plotly>=5.0",  # the self-contained HTML training report
     ],
     extras_require={
-        "dev": ["pytest>=7", "scikit-learn>=1.3"],
+        # tensorboard: the Keras TensorBoard callback needs it (tested).
+        "dev": ["pytest>=7", "scikit-learn>=1.3", "tensorboard>=2.16"],
         "examples": ["scikit-learn>=1.3"],
     },
 )

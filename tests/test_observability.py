@@ -134,3 +134,24 @@ def test_verbose_logs_one_line_per_epoch_and_a_summary(spark, caplog):
     with caplog.at_level("INFO", logger="sparkdl_avg"):
         trainer.fit((x, y), epochs=1, verbose=0)
     assert not [r for r in caplog.records if r.name == "sparkdl_avg"]
+
+
+def test_tensorboard_callback_writes_epoch_and_round_scalars(spark, tmp_path):
+    import glob
+
+    import tensorflow as tf
+
+    x, y = regression_data(128, seed=8)
+    model = make_model()
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    board = keras.callbacks.TensorBoard(str(tmp_path), update_freq="batch")
+    trainer.fit((x, y), epochs=2, validation_data=(x, y), callbacks=[board], verbose=0)
+    tags = {}
+    for kind in ("train", "validation"):
+        for path in glob.glob(str(tmp_path / kind / "events.out.tfevents.*")):
+            for event in tf.compat.v1.train.summary_iterator(path):
+                for value in event.summary.value:
+                    tags.setdefault(kind, set()).add(value.tag)
+    assert {"epoch_loss", "epoch_mae"} <= tags["train"]
+    assert "batch_loss" in tags["train"]  # written once per round
+    assert "epoch_loss" in tags["validation"]
