@@ -32,7 +32,7 @@ from pyspark.ml.param.shared import (
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from . import hadoopfs
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DataError
 from .modelspec import keras_from_bytes, keras_to_bytes
 
 KERAS_FILE = "model.keras"
@@ -47,6 +47,8 @@ _SNAKE_TO_PARAM = {
     "epochs": "epochs",
     "verbose": "verbose",
     "seed": "seed",
+    "features_col": "featuresCol",
+    "label_col": "labelCol",
 }
 
 
@@ -283,8 +285,8 @@ class KerasAveragingEstimator(
                     verbose=self.getOrDefault(self.verbose),
                     shuffle=self.getOrDefault(self.shuffle),
                 )
-        except ConfigurationError as exc:
-            raise ConfigurationError(_camel_case_message(str(exc))) from None
+        except (ConfigurationError, DataError) as exc:
+            raise type(exc)(_camel_case_message(str(exc))) from None
         fitted = KerasAveragingModel(kerasModel=model)
         fitted.history = history.history
         fitted.stats = trainer.stats
@@ -295,8 +297,8 @@ class KerasAveragingEstimator(
 def _camel_case_message(message: str) -> str:
     """Names the Spark param (``'batchSize'``) where the trainer's message names its option."""
     return re.sub(
-        r"'([a-z_]+)' parameter",
-        lambda m: f"'{_SNAKE_TO_PARAM.get(m.group(1), m.group(1))}' parameter",
+        r"'([a-z]+(?:_[a-z]+)+)'",
+        lambda m: f"'{_SNAKE_TO_PARAM.get(m.group(1), m.group(1))}'",
         message,
     )
 

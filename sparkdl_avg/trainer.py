@@ -414,7 +414,7 @@ class ParameterAveragingTrainer:
             spec_bc.unpersist()
         if return_dict:
             return logs
-        values = list(logs.values())
+        values = [logs[name] for name in _keras_log_order(self.model, logs)]
         return values[0] if len(values) == 1 else values
 
     def predict(
@@ -513,3 +513,21 @@ def round_record(task: RoundTask, result: PartialResult, t0: float, t1: float, t
         "replicas_built": sum(1 for w in workers if w["replica_built"]),
         "workers": workers,
     }
+
+
+def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:
+    """The names in ``logs`` in ``keras.Model.evaluate``'s list order.
+
+    The loss first, then the compiled metrics in the order given to
+    ``compile``, then anything else alphabetically (Keras' own rule).
+    """
+    import keras
+
+    declared = []
+    for metric in keras.tree.flatten(model.get_compile_config().get("metrics") or []):
+        if isinstance(metric, str):
+            declared.append(metric)
+        elif isinstance(metric, dict):
+            declared.append(metric.get("config", {}).get("name"))
+    order = [n for n in ["loss", *declared] if n in logs]
+    return order + sorted(k for k in logs if k not in order)

@@ -186,7 +186,6 @@ def test_pipeline_fit_transform_accuracy_and_persistence(wine_pipeline, tmp_path
         labelCol="label", predictionCol="prediction", metricName="accuracy"
     ).evaluate(out)
     assert accuracy >= 0.85, accuracy
-    print('\nMARGIN wine acc', accuracy)
 
     path = str(tmp_path / "wine_pipeline")
     fitted.save(path)
@@ -285,7 +284,6 @@ def test_trainer_predict_binary(binary_fit, features_col):
     # The trained model separates the classes (both predicted, mostly right).
     assert set(prediction.tolist()) == {0.0, 1.0}
     assert np.mean(prediction == as_vector(rows, "label")) > 0.85
-    print('\nMARGIN binary acc', np.mean(prediction == as_vector(rows, 'label')))
 
 
 @pytest.mark.parametrize("features_col", ["features", "vec"])
@@ -344,14 +342,6 @@ def test_trainer_evaluate_list_regression_order(regression_fit):
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug: ParameterAveragingTrainer.evaluate(return_dict=False) lists the values in the "
-        "order of the logs dict that test_on_batch returns (alphabetical: ['accuracy', 'loss']), "
-        "not [loss, *metrics] as keras.Model.evaluate does"
-    ),
-)
 def test_trainer_evaluate_list_is_loss_first(binary_fit):
     trainer, df, x, y = binary_fit
     got = trainer.evaluate(df)
@@ -411,6 +401,11 @@ def test_estimator_save_load_and_fit(spark, tmp_path):
     assert fitted.getInferenceBatchSize() == 7
     assert len(fitted.history["loss"]) == 2
     assert not weights_equal(fitted.kerasModel.get_weights(), model.get_weights())
+    # inferenceBatchSize=7 splits each Arrow batch into several predict_on_batch calls.
+    rows = collect_sorted(fitted.transform(df), "pred")
+    np.testing.assert_allclose(
+        as_vector(rows, "pred"), fitted.kerasModel.predict(x, verbose=0)[:, 0], atol=1e-5
+    )
     # The loaded estimator trains like the original one (same params, same seed).
     original = est.fit(df)
     for a, b in zip(fitted.kerasModel.get_weights(), original.kerasModel.get_weights()):
@@ -441,6 +436,11 @@ def test_model_save_load_on_its_own(wine_pipeline, spark, tmp_path):
     np.testing.assert_array_equal(as_vector(b, "cls"), as_vector(a, "cls"))
     with pytest.raises(Exception, match=r"(?i)already exists"):
         stage.save(path)
+    # overwrite() replaces the stage, Keras file included.
+    other = stage.copy().setPredictionCol("cls2")
+    other.write().overwrite().save(path)
+    assert KerasAveragingModel.load(path).getPredictionCol() == "cls2"
+    assert os.path.isfile(os.path.join(path, KERAS_FILE))
 
 
 # --------------------------------------------------------------------- 5. refitting
@@ -501,7 +501,6 @@ def test_train_validation_split_over_averaging_frequency(spark):
     assert len(rows) == 160
     rmse = RegressionEvaluator(metricName="rmse").evaluate(best.transform(df))
     assert rmse < float(np.std(y))  # better than predicting the mean
-    print('\nMARGIN tvs', metrics, rmse, np.std(y))
 
 
 # --------------------------------------------------------------------- 7. errors
@@ -519,8 +518,8 @@ def test_missing_features_column(spark):
         with pytest.raises(DataError, match=r"'nope'") as info:
             est.fit(df)
     _assert_no_jobs(jobs)
-    print('\nMSG', info.value)
-    assert "featuresCol" in str(info.value) or "features_col" in str(info.value)
+    assert "Available columns: ['features', 'id', 'label']" in str(info.value)
+    assert "('featuresCol')" in str(info.value)  # the Spark param's name, not the trainer option's
 
 
 def test_wrong_vector_width_from_assembler_metadata(spark):
