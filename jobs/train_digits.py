@@ -70,7 +70,6 @@ def main(argv=None) -> int:
         print(f"error: {model_path} already exists; pass --overwrite to replace it.", file=sys.stderr)
         return 2
 
-    import numpy as np
     from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split

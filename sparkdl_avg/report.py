@@ -153,7 +153,6 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
     Returns:
         ``path``.
     """
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     if not records:

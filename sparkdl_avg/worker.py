@@ -21,13 +21,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator
 
 import numpy as np
 
 from .aggregation import PartialResult, weighted
 from .errors import WORKER_ERROR_MARKER
-from .modelspec import ModelSpec, get_state, iterations_index, set_state
+from .modelspec import ModelSpec, get_state, set_state
 from .plan import EpochOrder, split_evenly, worker_positions
 from .staging import StagedDataset, read_examples
 
