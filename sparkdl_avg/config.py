@@ -91,7 +91,7 @@ class TrainerConfig:
 
 
 def validate_model(model: Any) -> None:
-    """Checks that ``model`` is a compiled, built Keras model with one input and output.
+    """Checks that ``model`` is a compiled Keras model with fully known input shapes.
 
     Raises:
         ConfigurationError: naming ``model`` and what was received.
@@ -117,13 +117,9 @@ def validate_model(model: Any) -> None:
             f"Expected 'model' to be built with a known input shape. Received: model "
             f"{model.name!r} has no inputs; start it with keras.Input(shape=...)."
         )
-    if len(inputs) != 1 or len(model.outputs) != 1:
-        raise ConfigurationError(
-            "Expected 'model' to have exactly one input and one output. Received: "
-            f"{len(inputs)} inputs and {len(model.outputs)} outputs."
-        )
-    if any(d is None for d in inputs[0].shape[1:]):
-        raise ConfigurationError(
-            "Expected 'model' to have a fully defined input shape (besides the batch "
-            f"dimension). Received: input shape {tuple(inputs[0].shape)}."
-        )
+    for tensor in inputs:
+        if any(d is None for d in tensor.shape[1:]):
+            raise ConfigurationError(
+                "Expected 'model' to have fully defined input shapes (besides the batch "
+                f"dimension). Received: input shape {tuple(tensor.shape)}."
+            )

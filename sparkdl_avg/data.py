@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import uuid
 from functools import partial
-from typing import Any, Callable, Optional, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -41,8 +41,14 @@ def spark_context_for(data: Any):
     return sc
 
 
-def run_spark_job(job: Callable[[], T]) -> T:
-    """Runs a Spark action, turning executor-side data errors into ``DataError``."""
+def run_spark_job(job: Callable[[], T], columns: Optional[dict] = None) -> T:
+    """Runs a Spark action, turning executor-side data errors into ``DataError``.
+
+    Args:
+        job: The action.
+        columns: Internal column aliases mapped to the user's column names,
+            restored in error messages.
+    """
     try:
         return job()
     except Exception as exc:  # Py4JJavaError / PythonException carry the text
@@ -51,6 +57,8 @@ def run_spark_job(job: Callable[[], T]) -> T:
         if at < 0:
             raise
         message = text[at + len(DATA_ERROR_MARKER) :].splitlines()[0]
+        for alias, name in (columns or {}).items():
+            message = message.replace(f"'{alias}'", repr(name))
         raise DataError(message) from None
 
 
@@ -58,40 +66,76 @@ def _label_dtype(is_integer: bool, x_dtype: str) -> str:
     return "int32" if is_integer else x_dtype
 
 
-def _stage_arrays(data, directory: str, x_shape, x_dtype: str, what: str) -> StagedDataset:
-    x, y = (np.asarray(a) for a in data)
-    width = math.prod(x_shape)
-    if x.ndim < 1 or len(x) == 0:
-        raise DataError(f"The {what} arrays are empty. Received: x with shape {x.shape}.")
-    if len(x) != len(y):
+def _as_list(value, count: int) -> list:
+    """``value`` as a list of ``count`` parts: a list/tuple as is, anything else alone."""
+    return list(value) if count > 1 and isinstance(value, (list, tuple)) else [value]
+
+
+def _stage_arrays(data, directory: str, x_shapes, num_outputs: int, x_dtype: str, what: str) -> StagedDataset:
+    xs = [np.asarray(a) for a in _as_list(data[0], len(x_shapes))]
+    ys = [np.asarray(a) for a in _as_list(data[1], num_outputs)]
+    if len(xs) != len(x_shapes) or len(ys) != num_outputs:
         raise DataError(
-            f"The {what} arrays must have the same number of examples. Received: "
-            f"x with {len(x)} and y with {len(y)}."
+            f"The model has {len(x_shapes)} input(s) and {num_outputs} output(s); the {what} data "
+            f"gives {len(xs)} feature array(s) and {len(ys)} label array(s). Pass lists in the "
+            "order of model.inputs and model.outputs."
         )
-    if tuple(x.shape[1:]) != tuple(x_shape) and math.prod(x.shape[1:]) != width:
-        raise DataError(
-            f"The {what} features do not fit the model's input shape {tuple(x_shape)}. "
-            f"Received: x with shape {x.shape}."
-        )
-    for name, a in (("x", x), ("y", y)):
+    n = len(xs[0]) if xs[0].ndim else 0
+    if n == 0:
+        raise DataError(f"The {what} arrays are empty. Received: x with shape {xs[0].shape}.")
+    for name, a in [*(("x", x) for x in xs), *(("y", y) for y in ys)]:
+        if a.ndim == 0 or len(a) != n:
+            raise DataError(
+                f"The {what} arrays must have the same number of examples. Received: "
+                f"x with {n} and {name} with {len(a) if a.ndim else 0}."
+            )
         if not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
             raise DataError(f"The {what} array {name} must be numeric. Received: dtype {a.dtype}.")
-    y_dtype = _label_dtype(np.issubdtype(y.dtype, np.integer) or y.dtype == bool, x_dtype)
-    uri = join(directory, "part-00000.arrow")
-    write_examples(uri, x.astype(x_dtype, copy=False), y.astype(y_dtype, copy=False))
-    return StagedDataset((StagedFile(uri, len(x)),), tuple(x_shape), tuple(y.shape[1:]), x_dtype, y_dtype)
-
-
-def _check_columns(df, what: str, **columns: str) -> dict:
-    """Checks that each named column exists; returns the DataFrame's fields by name."""
-    fields = {f.name: f for f in df.schema.fields}
-    for param, name in columns.items():
-        if not isinstance(name, str) or name not in fields:
+    for x, shape in zip(xs, x_shapes):
+        if tuple(x.shape[1:]) != tuple(shape) and math.prod(x.shape[1:]) != math.prod(shape):
             raise DataError(
-                f"Column {name!r} ('{param}') is not in the {what} DataFrame. "
-                f"Available columns: {sorted(fields)}."
+                f"The {what} features do not fit the model's input shape {tuple(shape)}. "
+                f"Received: x with shape {x.shape}."
             )
+    all_int = all(np.issubdtype(y.dtype, np.integer) or y.dtype == bool for y in ys)
+    y_dtype = _label_dtype(all_int, x_dtype)
+    uri = join(directory, "part-00000.arrow")
+    write_examples(
+        uri,
+        np.concatenate([x.reshape(n, -1).astype(x_dtype, copy=False) for x in xs], axis=1),
+        np.concatenate([y.reshape(n, -1).astype(y_dtype, copy=False) for y in ys], axis=1),
+    )
+    return StagedDataset(
+        (StagedFile(uri, n),), tuple(map(tuple, x_shapes)), tuple(tuple(y.shape[1:]) for y in ys), x_dtype, y_dtype
+    )
+
+
+def _check_columns(df, what: str, **columns) -> dict:
+    """Checks that each named column (or list of columns) exists; returns the fields by name."""
+    fields = {f.name: f for f in df.schema.fields}
+    for param, names in columns.items():
+        for name in names if isinstance(names, (list, tuple)) else [names]:
+            if not isinstance(name, str) or name not in fields:
+                raise DataError(
+                    f"Column {name!r} ('{param}') is not in the {what} DataFrame. "
+                    f"Available columns: {sorted(fields)}."
+                )
     return fields
+
+
+def column_list(value, count: int, param: str, kind: str) -> List[str]:
+    """``features_col``/``label_col`` as a list of one column per model input/output.
+
+    Raises:
+        DataError: the number of columns differs from the model's inputs/outputs.
+    """
+    names = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(names) != count:
+        raise DataError(
+            f"The model has {count} {kind}(s); '{param}' must name one column per {kind}, in "
+            f"the order of model.{kind}s. Received: {param}={value!r}."
+        )
+    return names
 
 
 def feature_column(df, features_col: str, x_shape, x_dtype: str, what: str = "training"):
@@ -127,82 +171,104 @@ def feature_column(df, features_col: str, x_shape, x_dtype: str, what: str = "tr
     )
 
 
-def _stage_dataframe(df, features_col, label_col, directory, x_shape, x_dtype, what) -> StagedDataset:
+def _label_column(df, name: str, fields: dict, float_name: str, x_dtype: str):
+    """``(expression, is_integer)`` of one label column (number, array or Vector)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    width = math.prod(x_shape)
-    fields = _check_columns(df, what, features_col=features_col, label_col=label_col)
-    features = feature_column(df, features_col, x_shape, x_dtype, what)
-    float_name = "float" if x_dtype == "float32" else "double"
-    label_type = fields[label_col].dataType
+    label_type = fields[name].dataType
     if isinstance(label_type, T.NumericType):
         is_int = isinstance(label_type, T.IntegralType)
-        label = F.col(label_col).cast("int" if is_int else float_name)
-    elif isinstance(label_type, T.ArrayType) and isinstance(label_type.elementType, T.NumericType):
-        is_int = False
-        label = F.col(label_col).cast(f"array<{float_name}>")
-    elif isinstance(label_type, VectorUDT):
-        is_int = False
-        label = vector_to_array(F.col(label_col), "float32" if x_dtype == "float32" else "float64")
-    else:
-        raise DataError(
-            f"Column '{label_col}' must be numeric, an array of numbers or a pyspark.ml "
-            f"Vector. Received: {label_type.simpleString()}."
-        )
-    y_dtype = _label_dtype(is_int, x_dtype)
-    selected = df.select(features.alias(features_col), label.alias(label_col))
+        return F.col(name).cast("int" if is_int else float_name), is_int
+    if isinstance(label_type, T.ArrayType) and isinstance(label_type.elementType, T.NumericType):
+        return F.col(name).cast(f"array<{float_name}>"), False
+    if isinstance(label_type, VectorUDT):
+        return vector_to_array(F.col(name), "float32" if x_dtype == "float32" else "float64"), False
+    raise DataError(
+        f"Column '{name}' must be numeric, an array of numbers or a pyspark.ml "
+        f"Vector. Received: {label_type.simpleString()}."
+    )
+
+
+def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what) -> StagedDataset:
+    feature_names = column_list(features_col, len(x_shapes), "features_col", "input")
+    label_names = column_list(label_col, num_outputs, "label_col", "output")
+    fields = _check_columns(df, what, features_col=feature_names, label_col=label_names)
+    float_name = "float" if x_dtype == "float32" else "double"
+    features = [feature_column(df, c, shape, x_dtype, what) for c, shape in zip(feature_names, x_shapes)]
+    labels = [_label_column(df, c, fields, float_name, x_dtype) for c in label_names]
+    all_int = all(is_int for _, is_int in labels)
+    y_dtype = _label_dtype(all_int, x_dtype)
+    if not all_int:  # one label dtype for all outputs
+        labels = [(expr.cast(float_name) if is_int else expr, False) for expr, is_int in labels]
+    # Positional aliases: the user's column names may repeat or need quoting.
+    selected = df.select(
+        *[f.alias(f"x{k}") for k, f in enumerate(features)], *[l.alias(f"y{k}") for k, (l, _) in enumerate(labels)]
+    )
+    renamed = {f"x{k}": c for k, c in enumerate(feature_names)} | {f"y{k}": c for k, c in enumerate(label_names)}
     body = partial(
         export_arrow_batches,
         directory=directory,
-        features_col=features_col,
-        label_col=label_col,
-        x_width=width,
+        features=[(f"x{k}", math.prod(shape)) for k, shape in enumerate(x_shapes)],
+        labels=[f"y{k}" for k in range(num_outputs)],
         x_dtype=x_dtype,
         y_dtype=y_dtype,
     )
     rows = run_spark_job(
-        lambda: selected.mapInArrow(body, "uri string, rows long, label_width int").collect()
+        lambda: selected.mapInArrow(body, "uri string, rows long, label_widths array<int>").collect(),
+        renamed,
     )
-    widths = {r.label_width for r in rows if r.rows}
+    widths = {tuple(r.label_widths) for r in rows if r.rows}
     if len(widths) > 1:
-        raise DataError(f"Column '{label_col}' has arrays of different lengths: {sorted(widths)}.")
-    y_shape = () if not widths or widths == {0} else (widths.pop(),)
+        raise DataError(f"Label column(s) {label_names} hold arrays of different lengths: {sorted(widths)}.")
+    y_shapes = tuple(() if w == 0 else (w,) for w in (widths.pop() if widths else [0] * num_outputs))
     files = tuple(StagedFile(r.uri, r.rows) for r in rows if r.rows)
-    return StagedDataset(files, tuple(x_shape), y_shape, x_dtype, y_dtype)
+    return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, y_dtype)
 
 
-def _stage_rdd(rdd, directory, x_shape, x_dtype, what) -> StagedDataset:
-    body = partial(export_pairs, directory=directory, x_width=math.prod(x_shape), x_dtype=x_dtype, y_dtype=x_dtype)
+def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what) -> StagedDataset:
+    body = partial(
+        export_pairs,
+        directory=directory,
+        x_widths=[math.prod(s) for s in x_shapes],
+        num_outputs=num_outputs,
+        x_dtype=x_dtype,
+        y_dtype=x_dtype,
+    )
     rows = run_spark_job(lambda: rdd.mapPartitionsWithIndex(body).collect())
     shapes = {shape for _, n, shape in rows if n}
     if len(shapes) > 1:
         raise DataError(f"The {what} RDD has labels of different shapes: {sorted(shapes)}.")
     files = tuple(StagedFile(uri, n) for uri, n, _ in rows if n)
-    return StagedDataset(files, tuple(x_shape), shapes.pop() if shapes else (), x_dtype, x_dtype)
+    y_shapes = shapes.pop() if shapes else ((),) * num_outputs
+    return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, x_dtype)
 
 
 def stage(
     data: Any,
     *,
     root: str,
-    x_shape: Tuple[int, ...],
+    x_shapes: Sequence[Tuple[int, ...]],
     x_dtype: str,
-    features_col: str = "features",
-    label_col: str = "label",
+    num_outputs: int = 1,
+    features_col="features",
+    label_col="label",
     what: str = "training",
 ) -> StagedDataset:
     """Writes ``data`` to a new directory under ``root`` and describes it.
 
     Args:
-        data: Spark DataFrame, RDD of ``(x, y)`` pairs, or ``(x, y)`` arrays.
+        data: Spark DataFrame, RDD of ``(x, y)`` pairs, or ``(x, y)`` arrays;
+            for a model with several inputs (outputs) ``x`` (``y``) is a list
+            of arrays in the order of ``model.inputs`` (``model.outputs``).
         root: Staging root (local path or ``pyarrow.fs`` URI).
-        x_shape: The model's input shape without the batch dimension.
-        x_dtype: The model input's dtype (``float32`` or ``float64``).
-        features_col: DataFrame column of the features.
-        label_col: DataFrame column of the label.
+        x_shapes: The model's input shapes without the batch dimension.
+        x_dtype: The model inputs' dtype (``float32`` or ``float64``).
+        num_outputs: The model's number of outputs.
+        features_col: DataFrame column(s) of the features, one per input.
+        label_col: DataFrame column(s) of the labels, one per output.
         what: Name of the data in error messages ("training", "validation").
 
     Raises:
@@ -213,11 +279,11 @@ def stage(
 
     directory = join(root, f"{what}-{uuid.uuid4().hex[:12]}")
     if isinstance(data, DataFrame):
-        staged = _stage_dataframe(data, features_col, label_col, directory, x_shape, x_dtype, what)
+        staged = _stage_dataframe(data, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what)
     elif isinstance(data, RDD):
-        staged = _stage_rdd(data, directory, x_shape, x_dtype, what)
+        staged = _stage_rdd(data, directory, x_shapes, num_outputs, x_dtype, what)
     elif isinstance(data, (tuple, list)) and len(data) == 2:
-        staged = _stage_arrays(data, directory, x_shape, x_dtype, what)
+        staged = _stage_arrays(data, directory, x_shapes, num_outputs, x_dtype, what)
     else:
         raise DataError(
             f"Expected the {what} data to be a Spark DataFrame, an RDD of (x, y) pairs or "
@@ -239,11 +305,14 @@ def data_key(data: Any, features_col: str, label_col: str) -> Optional[tuple]:
     from pyspark import RDD
     from pyspark.sql import DataFrame
 
+    def hashable(col):
+        return tuple(col) if isinstance(col, list) else col
+
     if isinstance(data, (DataFrame, RDD)):
-        return (id(data), features_col, label_col)
+        return (id(data), hashable(features_col), hashable(label_col))
     if isinstance(data, (tuple, list)) and len(data) == 2:
         digest = hashlib.sha1()
-        for a in data:
+        for a in [*_as_list(data[0], 2), *_as_list(data[1], 2)]:
             a = np.ascontiguousarray(a)
             digest.update(str((a.shape, a.dtype.str)).encode())
             digest.update(a.data)

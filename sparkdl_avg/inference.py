@@ -6,13 +6,14 @@ replica cached per Python worker. Every other column of the DataFrame passes
 through untouched (Vectors included).
 """
 
+import math
 from typing import Iterator, Optional
 
 import pandas as pd
 
-from .data import feature_column
+from .data import column_list, feature_column
 from .errors import DataError
-from .modelspec import ModelSpec
+from .modelspec import ModelSpec, input_shapes, inputs_dtype
 from .worker import PredictTask, predict_batches
 
 CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
@@ -24,10 +25,10 @@ def output_kind(model) -> str:
 
     Categorical cross-entropies (sparse or not) make a multi-class classifier,
     binary cross-entropies with one output a binary classifier, anything else
-    a regressor.
+    a regressor; so does a model with several outputs.
     """
     loss = model.loss
-    if isinstance(loss, (list, tuple, dict)):
+    if isinstance(loss, (list, tuple, dict)) or len(model.outputs) > 1:
         return "regression"
     name = loss if isinstance(loss, str) else getattr(loss, "name", None) or type(loss).__name__
     name = name.lower().replace("_", "")
@@ -52,10 +53,13 @@ def add_predictions(
     Args:
         df: Spark DataFrame with a features column.
         model: A compiled (or loaded) ``keras.Model``; its current weights are used.
-        features_col: Column of ``array<float|double>`` or ``pyspark.ml`` Vectors.
+        features_col: Column of ``array<float|double>`` or ``pyspark.ml``
+            Vectors; a list of columns, one per input, for a model with
+            several inputs.
         prediction_col: Output column: the class index (double) for
             classifiers; the value (double) or values (``array<double>``) for
-            regression.
+            regression. A model with several outputs counts as regression;
+            its outputs are flattened and concatenated in output order.
         probability_col: Output column of class probabilities (a
             ``pyspark.ml`` ``DenseVector``) for classifiers; ``None`` or ``""``
             leaves it out. Ignored for regression.
@@ -75,10 +79,11 @@ def add_predictions(
     if not isinstance(df, DataFrame):
         raise DataError(f"Expected a Spark DataFrame to predict on. Received: {type(df).__name__}.")
     kind = output_kind(model)
-    x_shape = tuple(int(d) for d in model.inputs[0].shape[1:])
-    dtype = str(model.inputs[0].dtype)
-    x_dtype = dtype if dtype in ("float32", "float64") else "float32"
-    features = feature_column(df, features_col, x_shape, x_dtype, what="input")
+    x_shapes = input_shapes(model)
+    x_dtype = inputs_dtype(model)
+    names = column_list(features_col, len(x_shapes), "features_col", "input")
+    parts = [feature_column(df, c, shape, x_dtype, what="input") for c, shape in zip(names, x_shapes)]
+    features = parts[0] if len(parts) == 1 else F.concat(*parts)
     outputs = [prediction_col] + ([probability_col] if probability_col and kind != "regression" else [])
     for name in outputs:
         if name in df.columns:
@@ -90,14 +95,14 @@ def add_predictions(
         spec=sc.broadcast(spec),
         fingerprint=spec.fingerprint,
         weights=sc.broadcast(model.get_weights()),
-        x_shape=x_shape,
+        x_shapes=x_shapes,
         x_dtype=x_dtype,
         batch_size=batch_size,
         kind=kind,
-        features_col=features_col,
+        features_col=", ".join(names),
     )
     if kind == "regression":
-        width = model.outputs[0].shape[-1]
+        width = sum(math.prod(o.shape[1:]) for o in model.outputs)
         return_type = "prediction double" if width == 1 else "prediction array<double>"
     else:
         return_type = "prediction double, probability array<double>"

@@ -47,8 +47,8 @@ _SNAKE_TO_PARAM = {
     "epochs": "epochs",
     "verbose": "verbose",
     "seed": "seed",
-    "features_col": "featuresCol",
-    "label_col": "labelCol",
+    "features_col": "featuresCol(s)",
+    "label_col": "labelCol(s)",
 }
 
 
@@ -61,6 +61,12 @@ class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
         "examples per predict_on_batch call on the executors (>= 1)",
         typeConverter=TypeConverters.toInt,
     )
+    featuresCols = Param(
+        Params._dummy(),
+        "featuresCols",
+        "features columns, one per model input (models with several inputs); overrides featuresCol",
+        typeConverter=TypeConverters.toListString,
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,6 +74,13 @@ class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
 
     def getInferenceBatchSize(self) -> int:
         return self.getOrDefault(self.inferenceBatchSize)
+
+    def getFeaturesCols(self):
+        return self.getOrDefault(self.featuresCols)
+
+    def _features(self):
+        """``featuresCols`` when set, else ``featuresCol``."""
+        return self.getFeaturesCols() if self.isSet(self.featuresCols) else self.getFeaturesCol()
 
 
 class _KerasStage:
@@ -151,6 +164,10 @@ class KerasAveragingEstimator(
             copy of it, so the estimator can be fitted again or tuned.
         featuresCol: Features column (numeric array or Vector). Default "features".
         labelCol: Label column (number, array or Vector). Default "label".
+        featuresCols: One features column per model input, for models with
+            several inputs (overrides featuresCol).
+        labelCols: One label column per model output, for models with
+            several outputs (overrides labelCol).
         predictionCol: Output column of the fitted model. Default "prediction".
         probabilityCol: Output column of class probabilities. Default "probability".
         numWorkers: Replicas per round; unset = Spark's defaultParallelism.
@@ -174,6 +191,12 @@ class KerasAveragingEstimator(
     stagingDir = Param(Params._dummy(), "stagingDir", "staging directory (path or pyarrow.fs URI)", typeConverter=TypeConverters.toString)
     shuffle = Param(Params._dummy(), "shuffle", "shuffle the examples every epoch", typeConverter=TypeConverters.toBoolean)
     verbose = Param(Params._dummy(), "verbose", "0 silent, 1 progress bar, 2 one line per epoch", typeConverter=TypeConverters.toInt)
+    labelCols = Param(
+        Params._dummy(),
+        "labelCols",
+        "label columns, one per model output (models with several outputs); overrides labelCol",
+        typeConverter=TypeConverters.toListString,
+    )
 
     @keyword_only
     def __init__(
@@ -182,6 +205,8 @@ class KerasAveragingEstimator(
         kerasModel: Any = None,
         featuresCol: str = "features",
         labelCol: str = "label",
+        featuresCols: Optional[list] = None,
+        labelCols: Optional[list] = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         numWorkers: Optional[int] = None,
@@ -214,6 +239,15 @@ class KerasAveragingEstimator(
 
     def setLabelCol(self, value: str) -> "KerasAveragingEstimator":
         return self._set(labelCol=value)
+
+    def setFeaturesCols(self, value: list) -> "KerasAveragingEstimator":
+        return self._set(featuresCols=value)
+
+    def setLabelCols(self, value: list) -> "KerasAveragingEstimator":
+        return self._set(labelCols=value)
+
+    def getLabelCols(self):
+        return self.getOrDefault(self.labelCols)
 
     def setPredictionCol(self, value: str) -> "KerasAveragingEstimator":
         return self._set(predictionCol=value)
@@ -280,8 +314,8 @@ class KerasAveragingEstimator(
                 history = trainer.fit(
                     dataset,
                     epochs=self.getOrDefault(self.epochs),
-                    features_col=self.getFeaturesCol(),
-                    label_col=self.getLabelCol(),
+                    features_col=self._features(),
+                    label_col=self.getLabelCols() if self.isSet(self.labelCols) else self.getLabelCol(),
                     verbose=self.getOrDefault(self.verbose),
                     shuffle=self.getOrDefault(self.shuffle),
                 )
@@ -322,12 +356,13 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         *,
         kerasModel: Any = None,
         featuresCol: str = "features",
+        featuresCols: Optional[list] = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         inferenceBatchSize: int = 1024,
     ) -> None:
         super().__init__()
-        kwargs = dict(self._input_kwargs)
+        kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
         self._set_keras(kwargs.pop("kerasModel", None))
         self._set(**kwargs)
         self.history = None
@@ -336,6 +371,9 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
 
     def setFeaturesCol(self, value: str) -> "KerasAveragingModel":
         return self._set(featuresCol=value)
+
+    def setFeaturesCols(self, value: list) -> "KerasAveragingModel":
+        return self._set(featuresCols=value)
 
     def setPredictionCol(self, value: str) -> "KerasAveragingModel":
         return self._set(predictionCol=value)
@@ -367,7 +405,7 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         return add_predictions(
             dataset,
             self.kerasModel,
-            features_col=self.getFeaturesCol(),
+            features_col=self._features(),
             prediction_col=self.getPredictionCol(),
             probability_col=self.getProbabilityCol(),
             batch_size=batch,

@@ -78,6 +78,17 @@ class ModelSpec:
         return model
 
 
+def input_shapes(model) -> Tuple[Tuple[int, ...], ...]:
+    """The shape of one example of each model input, in the order of ``model.inputs``."""
+    return tuple(tuple(int(d) for d in t.shape[1:]) for t in model.inputs)
+
+
+def inputs_dtype(model) -> str:
+    """The dtype features are staged in: ``float64`` if every input is float64, else ``float32``."""
+    dtypes = {str(t.dtype) for t in model.inputs}
+    return "float64" if dtypes == {"float64"} else "float32"
+
+
 def keras_to_bytes(model) -> bytes:
     """The model as the bytes of a ``.keras`` archive (architecture, compile config, weights).
 

@@ -11,6 +11,7 @@ This module runs on executors and on the driver; it holds no driver state.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -42,17 +43,22 @@ class StagedFile:
 class StagedDataset:
     """A dataset written to the staging directory, described for executors.
 
+    A file row holds one example's features of all model inputs flattened
+    and concatenated (``x``), and likewise its labels of all outputs (``y``);
+    :func:`unflatten` splits them back.
+
     Attributes:
         files: The staged files, in data order.
-        x_shape: Shape of one example's features (the model's input shape).
-        y_shape: Shape of one example's label; ``()`` for a scalar label.
-        x_dtype: numpy dtype name of the features (the model input's dtype).
+        x_shapes: Shape of one example's features, per model input.
+        y_shapes: Shape of one example's label, per model output; ``()`` for
+            a scalar label.
+        x_dtype: numpy dtype name of the features (the model inputs' dtype).
         y_dtype: numpy dtype name of the labels.
     """
 
     files: Tuple[StagedFile, ...]
-    x_shape: Tuple[int, ...]
-    y_shape: Tuple[int, ...]
+    x_shapes: Tuple[Tuple[int, ...], ...]
+    y_shapes: Tuple[Tuple[int, ...], ...]
     x_dtype: str
     y_dtype: str
 
@@ -60,9 +66,32 @@ class StagedDataset:
     def num_examples(self) -> int:
         return sum(f.rows for f in self.files)
 
+    @property
+    def x_width(self) -> int:
+        return sum(math.prod(s) for s in self.x_shapes)
+
+    @property
+    def y_width(self) -> int:
+        return sum(math.prod(s) for s in self.y_shapes)
+
     def offsets(self) -> np.ndarray:
         """Index of each file's first example, plus the total at the end."""
         return np.concatenate([[0], np.cumsum([f.rows for f in self.files])]).astype(np.int64)
+
+
+def unflatten(flat: np.ndarray, shapes: Sequence[Tuple[int, ...]]) -> List[np.ndarray]:
+    """Splits ``(n, Σ widths)`` rows into one ``(n, *shape)`` array per shape (views)."""
+    parts, at = [], 0
+    for shape in shapes:
+        width = math.prod(shape)
+        parts.append(flat[:, at : at + width].reshape((len(flat), *shape)))
+        at += width
+    return parts
+
+
+def structure(parts: List):
+    """What Keras expects for one or several inputs (or outputs): the array, or a tuple."""
+    return parts[0] if len(parts) == 1 else tuple(parts)
 
 
 def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
@@ -129,7 +158,7 @@ class _FileCache:
             os.replace(tmp, local)
         return local
 
-    def get(self, uri: str, x_shape: Sequence[int], y_shape: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+    def get(self, uri: str, x_width: int, y_width: int) -> Tuple[np.ndarray, np.ndarray]:
         with self._lock:
             if uri in self._arrays:
                 self._arrays.move_to_end(uri)
@@ -139,8 +168,8 @@ class _FileCache:
         n = batch.num_rows
         # Zero-copy views of the mapped file: reading them pages in only the
         # rows that are indexed.
-        x = batch.column("x").values.to_numpy(zero_copy_only=True).reshape((n, *x_shape))
-        y = batch.column("y").values.to_numpy(zero_copy_only=True).reshape((n, *y_shape))
+        x = batch.column("x").values.to_numpy(zero_copy_only=True).reshape((n, x_width))
+        y = batch.column("y").values.to_numpy(zero_copy_only=True).reshape((n, y_width))
         with self._lock:
             self._arrays[uri] = (x, y)
             while len(self._arrays) > _FILE_CACHE_LIMIT:
@@ -159,17 +188,18 @@ def read_examples(dataset: StagedDataset, indices: np.ndarray) -> Tuple[np.ndarr
     """Gathers the examples at ``indices`` (global example indices), in that order.
 
     Returns:
-        ``(x, y)`` numpy arrays of shapes ``(len(indices), *x_shape)`` and
-        ``(len(indices), *y_shape)``, copied out of the mapped files.
+        ``(x, y)`` flat numpy arrays of shapes ``(len(indices), x_width)`` and
+        ``(len(indices), y_width)``, copied out of the mapped files; split
+        them per input/output with :func:`unflatten`.
     """
     indices = np.asarray(indices, dtype=np.int64)
     offsets = dataset.offsets()
     which = np.searchsorted(offsets, indices, side="right") - 1
-    x = np.empty((len(indices), *dataset.x_shape), dtype=dataset.x_dtype)
-    y = np.empty((len(indices), *dataset.y_shape), dtype=dataset.y_dtype)
+    x = np.empty((len(indices), dataset.x_width), dtype=dataset.x_dtype)
+    y = np.empty((len(indices), dataset.y_width), dtype=dataset.y_dtype)
     for f in np.unique(which):
         rows = which == f
-        fx, fy = _FILES.get(dataset.files[f].uri, dataset.x_shape, dataset.y_shape)
+        fx, fy = _FILES.get(dataset.files[f].uri, dataset.x_width, dataset.y_width)
         local = indices[rows] - offsets[f]
         x[rows] = fx[local]
         y[rows] = fy[local]
@@ -206,46 +236,63 @@ def export_arrow_batches(
     batches: Iterator[pa.RecordBatch],
     *,
     directory: str,
-    features_col: str,
-    label_col: str,
-    x_width: int,
+    features: Sequence[Tuple[str, int]],
+    labels: Sequence[str],
     x_dtype: str,
     y_dtype: str,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body that stages one DataFrame partition as one file.
 
-    The DataFrame has the features as ``array<float|double>`` and the label as
-    a number or an array. Yields one row ``(uri, rows, label_width)``; empty
-    partitions write no file and yield ``rows = 0``.
+    Args:
+        features: ``(column, width)`` per model input; the columns are
+            ``array<float|double>`` and every row must hold ``width`` values.
+        labels: Label column per model output, each a number or an array.
+
+    Yields one row ``(uri, rows, label_widths)`` where a label width is 0 for
+    a scalar label; empty partitions write no file and yield ``rows = 0``.
     """
     from pyspark import TaskContext
 
-    xs, ys, label_width = [], [], -1
+    xs, ys, label_widths = [], [], None
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        xs.append(_list_values(batch.column(features_col), features_col, x_width, x_dtype))
-        label = batch.column(label_col)
-        if pa.types.is_list(label.type) or pa.types.is_large_list(label.type):
-            width = int(pc.list_value_length(label).to_numpy(zero_copy_only=False)[0])
-            ys.append(_list_values(label, label_col, width, y_dtype))
-        else:
-            if label.null_count:
-                raise data_error(f"Column '{label_col}' contains null labels.")
-            width = 0
-            ys.append(label.to_numpy(zero_copy_only=False).astype(y_dtype, copy=False))
-        if label_width not in (-1, width):
-            raise data_error(f"Column '{label_col}' has arrays of different lengths.")
-        label_width = width
+        xs.append(
+            np.concatenate([_list_values(batch.column(name), name, width, x_dtype) for name, width in features], axis=1)
+        )
+        parts, widths = [], []
+        for name in labels:
+            label = batch.column(name)
+            if pa.types.is_list(label.type) or pa.types.is_large_list(label.type):
+                width = int(pc.list_value_length(label).to_numpy(zero_copy_only=False)[0])
+                parts.append(_list_values(label, name, width, y_dtype))
+            else:
+                if label.null_count:
+                    raise data_error(f"Column '{name}' contains null labels.")
+                width = 0
+                parts.append(label.to_numpy(zero_copy_only=False).astype(y_dtype, copy=False).reshape(-1, 1))
+            widths.append(width)
+        if label_widths not in (None, widths):
+            raise data_error(f"Label column(s) {list(labels)} hold arrays of different lengths.")
+        label_widths = widths
+        ys.append(np.concatenate(parts, axis=1))
     rows = sum(len(x) for x in xs)
     uri = ""
     if rows:
         uri = join(directory, f"part-{TaskContext.get().partitionId():05d}.arrow")
         write_examples(uri, np.concatenate(xs), np.concatenate(ys))
     yield pa.record_batch(
-        [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_width], pa.int32())],
-        names=["uri", "rows", "label_width"],
+        [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_widths or []], pa.list_(pa.int32()))],
+        names=["uri", "rows", "label_widths"],
     )
+
+
+def _flat_parts(value, count: int, what: str, where: str) -> List[np.ndarray]:
+    """One flat array per input/output from an RDD element's ``x`` or ``y``."""
+    parts = list(value) if count > 1 and isinstance(value, (tuple, list)) else [value]
+    if len(parts) != count:
+        raise data_error(f"{where} has {len(parts)} {what} arrays; the model has {count}.")
+    return parts
 
 
 def export_pairs(
@@ -253,36 +300,44 @@ def export_pairs(
     pairs: Iterable,
     *,
     directory: str,
-    x_width: int,
+    x_widths: Sequence[int],
+    num_outputs: int,
     x_dtype: str,
     y_dtype: str,
-) -> Iterator[Tuple[str, int, Tuple[int, ...]]]:
+) -> Iterator[Tuple[str, int, Tuple[Tuple[int, ...], ...]]]:
     """``mapPartitionsWithIndex`` body that stages an RDD partition of ``(x, y)`` pairs.
 
-    Yields one ``(uri, rows, label_shape)``; empty partitions yield ``("", 0, ())``.
+    ``x`` is an array (a tuple of arrays for a model with several inputs) and
+    ``y`` a number or array (a tuple for several outputs). Yields one
+    ``(uri, rows, label_shapes)``; empty partitions yield ``("", 0, ())``.
     """
-    xs, ys = [], []
+    xs, ys, shapes = [], [], None
     for i, pair in enumerate(pairs):
+        where = f"RDD element {i} of partition {index}"
         try:
             x, y = pair
         except (TypeError, ValueError):
-            raise data_error(
-                f"RDD elements must be (x, y) pairs; element {i} of partition {index} is "
-                f"{type(pair).__name__}."
-            ) from None
-        x = np.asarray(x, dtype=x_dtype).reshape(-1)
-        if x.size != x_width:
-            raise data_error(
-                f"RDD element {i} of partition {index} has features of {x.size} values; "
-                f"expected {x_width} (the model's input size)."
-            )
-        xs.append(x)
-        ys.append(np.asarray(y, dtype=y_dtype))
+            raise data_error(f"RDD elements must be (x, y) pairs; {where} is {type(pair).__name__}.") from None
+        flat = []
+        for k, (part, width) in enumerate(zip(_flat_parts(x, len(x_widths), "feature", where), x_widths)):
+            part = np.asarray(part, dtype=x_dtype).reshape(-1)
+            if part.size != width:
+                which = f" for input {k}" if len(x_widths) > 1 else ""
+                raise data_error(
+                    f"{where} has features of {part.size} values{which}; expected {width} "
+                    f"(the model's input size)."
+                )
+            flat.append(part)
+        labels = [np.asarray(p, dtype=y_dtype) for p in _flat_parts(y, num_outputs, "label", where)]
+        label_shapes = tuple(p.shape for p in labels)
+        if shapes not in (None, label_shapes):
+            raise data_error(f"RDD partition {index} has labels of different shapes.")
+        shapes = label_shapes
+        xs.append(np.concatenate(flat))
+        ys.append(np.concatenate([p.reshape(-1) for p in labels]))
     if not xs:
         yield "", 0, ()
         return
-    if len({y.shape for y in ys}) != 1:
-        raise data_error(f"RDD partition {index} has labels of different shapes.")
     uri = join(directory, f"part-{index:05d}.arrow")
     write_examples(uri, np.stack(xs), np.stack(ys))
-    yield uri, len(xs), ys[0].shape
+    yield uri, len(xs), shapes

@@ -26,7 +26,7 @@ from . import data as data_mod
 from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_int, validate_model
 from .errors import WORKER_ERROR_MARKER, ConfigurationError, DataError, WorkerError
-from .modelspec import ModelSpec, get_state, iterations_index, set_state
+from .modelspec import ModelSpec, get_state, input_shapes, inputs_dtype, iterations_index, set_state
 from .plan import round_lengths
 from .progress import Progress
 from .staging import StagedDataset, join, remove_tree
@@ -128,15 +128,6 @@ class ParameterAveragingTrainer:
 
     # ------------------------------------------------------------------ data
 
-    @property
-    def _input_shape(self):
-        return tuple(int(d) for d in self.model.inputs[0].shape[1:])
-
-    @property
-    def _input_dtype(self) -> str:
-        dtype = str(self.model.inputs[0].dtype)
-        return dtype if dtype in ("float32", "float64") else "float32"
-
     def _stage(self, data, features_col: str, label_col: str, what: str) -> StagedDataset:
         key = data_mod.data_key(data, features_col, label_col)
         if key is not None and key in self._staged:
@@ -144,8 +135,9 @@ class ParameterAveragingTrainer:
         staged = data_mod.stage(
             data,
             root=self._staging_root,
-            x_shape=self._input_shape,
-            x_dtype=self._input_dtype,
+            x_shapes=input_shapes(self.model),
+            x_dtype=inputs_dtype(self.model),
+            num_outputs=len(self.model.outputs),
             features_col=features_col,
             label_col=label_col,
             what=what,
@@ -182,13 +174,18 @@ class ParameterAveragingTrainer:
 
         Args:
             data: Spark DataFrame, RDD of ``(x, y)`` pairs, or ``(x, y)`` numpy
-                arrays. Staged once and reused when the same data is fitted again.
+                arrays. Staged once and reused when the same data is fitted
+                again. For a model with several inputs (outputs), ``x``
+                (``y``) is a list/tuple of arrays in the order of
+                ``model.inputs`` (``model.outputs``).
             epochs: Passes over the data. Default 1.
             features_col: DataFrame column with the features, ``array<float>``,
                 ``array<double>`` or a ``pyspark.ml`` Vector, reshaped to the
-                model's input shape. Default ``"features"``.
-            label_col: DataFrame column with the label (number or array).
-                Default ``"label"``.
+                model's input shape; a list of columns, one per model input,
+                for a model with several inputs. Default ``"features"``.
+            label_col: DataFrame column with the label (number, array or
+                Vector); a list of columns, one per model output, for a
+                model with several outputs. Default ``"label"``.
             validation_data: Same kinds as ``data`` (same columns), evaluated
                 on the cluster at the end of each epoch; adds ``val_*`` logs.
             callbacks: Keras callbacks, run on the driver with the averaged

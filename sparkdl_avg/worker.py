@@ -29,7 +29,7 @@ from .aggregation import PartialResult, weighted
 from .errors import WORKER_ERROR_MARKER
 from .modelspec import ModelSpec, get_state, set_state
 from .plan import EpochOrder, split_evenly, worker_positions
-from .staging import StagedDataset, read_examples
+from .staging import StagedDataset, read_examples, structure, unflatten
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -98,29 +98,35 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     It runs the model's own ``train_step`` (what ``model.fit`` runs, custom
     overrides included) in a graph loop, which saves the per-minibatch Python
     dispatch of ``train_on_batch`` (about 40% of a small CNN's step time).
-    Cached per replica and data shape; the signature leaves the number of
-    examples open, so shorter rounds do not retrace.
+    It takes one tensor per model input and per output; cached per replica
+    and data shapes, with the number of examples left open, so shorter
+    rounds do not retrace.
     """
     import tensorflow as tf
 
-    key = (fingerprint, dataset.x_shape, dataset.y_shape, dataset.x_dtype, dataset.y_dtype)
+    key = (fingerprint, dataset.x_shapes, dataset.y_shapes, dataset.x_dtype, dataset.y_dtype)
     fn = _STEP_FUNCTIONS.get(key)
     if fn is not None:
         return fn
 
     @tf.function(
         input_signature=[
-            tf.TensorSpec((None, *dataset.x_shape), dataset.x_dtype),
-            tf.TensorSpec((None, *dataset.y_shape), dataset.y_dtype),
+            [tf.TensorSpec((None, *shape), dataset.x_dtype) for shape in dataset.x_shapes],
+            [tf.TensorSpec((None, *shape), dataset.y_dtype) for shape in dataset.y_shapes],
             tf.TensorSpec((), tf.int32),
             tf.TensorSpec((), tf.int32),
         ]
     )
-    def train_steps(x, y, steps, batch):
-        logs = model.train_step((x[:batch], y[:batch]))
+    def train_steps(xs, ys, steps, batch):
+        def minibatch(lo):
+            return (
+                structure([x[lo : lo + batch] for x in xs]),
+                structure([y[lo : lo + batch] for y in ys]),
+            )
+
+        logs = model.train_step(minibatch(0))
         for i in tf.range(1, steps):
-            lo = i * batch
-            logs = model.train_step((x[lo : lo + batch], y[lo : lo + batch]))
+            logs = model.train_step(minibatch(i * batch))
         return logs
 
     _STEP_FUNCTIONS[key] = train_steps
@@ -189,7 +195,12 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
 
     steps_fn = _steps_function(model, task.fingerprint, task.dataset)
     model.reset_metrics()
-    logs = steps_fn(x, y, np.int32(task.steps), np.int32(task.batch_size))
+    logs = steps_fn(
+        unflatten(x, task.dataset.x_shapes),
+        unflatten(y, task.dataset.y_shapes),
+        np.int32(task.steps),
+        np.int32(task.batch_size),
+    )
     n = len(x)
     # After reset_metrics() the logs are running means over the round's
     # minibatches (example-weighted), so n · mean is the round's sum.
@@ -273,13 +284,14 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
     set_state(model, weights, opt_vars)
     rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
     x, y = read_examples(task.dataset, np.arange(rows.start, rows.stop))
+    xs, ys = unflatten(x, task.dataset.x_shapes), unflatten(y, task.dataset.y_shapes)
     loaded = time.time()
     sums: Dict[str, float] = {}
     for lo in range(0, len(x), task.batch_size):
-        xb, yb = x[lo : lo + task.batch_size], y[lo : lo + task.batch_size]
-        logs = model.test_on_batch(xb, yb, return_dict=True)
+        hi = lo + task.batch_size
+        logs = model.test_on_batch(structure([a[lo:hi] for a in xs]), structure([a[lo:hi] for a in ys]), return_dict=True)
         for name, value in logs.items():
-            sums[name] = sums.get(name, 0.0) + float(value) * len(xb)
+            sums[name] = sums.get(name, 0.0) + float(value) * len(x[lo:hi])
     return PartialResult(
         examples=len(x),
         metric_sums=sums,
@@ -311,18 +323,19 @@ class PredictTask:
         spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
         fingerprint: ``spec.fingerprint``.
         weights: Broadcast of the model's weights (list of arrays).
-        x_shape: The model's input shape without the batch dimension.
-        x_dtype: The model input's dtype.
+        x_shapes: The model's input shapes without the batch dimension; the
+            features column holds them flattened and concatenated.
+        x_dtype: The model inputs' dtype.
         batch_size: Examples per ``predict_on_batch`` call.
         kind: ``"multiclass"``, ``"binary"`` or ``"regression"`` (see
             :func:`sparkdl_avg.inference.output_kind`).
-        features_col: Name of the features column, for error messages.
+        features_col: Name of the features column(s), for error messages.
     """
 
     spec: Any
     fingerprint: str
     weights: Any
-    x_shape: tuple
+    x_shapes: tuple
     x_dtype: str
     batch_size: int
     kind: str
@@ -342,7 +355,7 @@ def predict_batches(task: PredictTask, batches: Iterable) -> Iterator:
 
     model, _ = get_replica(task.spec, task.fingerprint)
     model.set_weights(_value(task.weights))
-    width = int(np.prod(task.x_shape))
+    width = sum(int(np.prod(shape)) for shape in task.x_shapes)
     for series in batches:
         rows = series.to_numpy()
         lengths = np.fromiter((len(r) if r is not None else -1 for r in rows), dtype=np.int64, count=len(rows))
@@ -350,16 +363,19 @@ def predict_batches(task: PredictTask, batches: Iterable) -> Iterator:
         if bad.size:
             raise data_error(
                 f"Column '{task.features_col}' has a row of {int(lengths[bad[0]])} values; expected "
-                f"{width} values per row (the model's input shape {tuple(task.x_shape)})."
+                f"{width} values per row (the model's input shapes {list(task.x_shapes)})."
             )
         x = (np.stack(rows) if len(rows) else np.empty((0, width))).astype(task.x_dtype, copy=False)
-        x = x.reshape((len(rows), *task.x_shape))
-        outputs = [
-            np.asarray(model.predict_on_batch(x[lo : lo + task.batch_size]))
-            for lo in range(0, len(x), task.batch_size)
-        ]
-        out = np.concatenate(outputs) if outputs else np.empty((0, *model.output_shape[1:]))
-        out = out.reshape(len(x), -1).astype(np.float64)
+        xs = unflatten(x.reshape(len(rows), width), task.x_shapes)
+        out = np.empty((0, sum(int(np.prod(o.shape[1:])) for o in model.outputs)))
+        chunks = []
+        for lo in range(0, len(x), task.batch_size):
+            pred = model.predict_on_batch(structure([a[lo : lo + task.batch_size] for a in xs]))
+            parts = pred if isinstance(pred, (list, tuple)) else [pred]
+            chunks.append(np.concatenate([np.asarray(p).reshape(len(p), -1) for p in parts], axis=1))
+        if chunks:
+            out = np.concatenate(chunks)
+        out = out.astype(np.float64)
         if task.kind == "multiclass":
             yield pd.DataFrame({"prediction": out.argmax(axis=1).astype(np.float64), "probability": list(out)})
         elif task.kind == "binary":

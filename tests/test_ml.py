@@ -519,7 +519,7 @@ def test_missing_features_column(spark):
             est.fit(df)
     _assert_no_jobs(jobs)
     assert "Available columns: ['features', 'id', 'label']" in str(info.value)
-    assert "('featuresCol')" in str(info.value)  # the Spark param's name, not the trainer option's
+    assert "('featuresCol(s)')" in str(info.value)  # the Spark params' names, not the trainer option's
 
 
 def test_wrong_vector_width_from_assembler_metadata(spark):

@@ -99,13 +99,19 @@ def test_not_a_model(spark, not_a_model):
     assert jobs.job_ids == []
 
 
-def test_model_with_two_inputs():
-    a, b = keras.Input((2,), dtype="float64"), keras.Input((3,), dtype="float64")
-    out = keras.layers.Dense(1, dtype="float64")(keras.layers.Concatenate(dtype="float64")([a, b]))
+def test_model_with_two_inputs_is_accepted():
+    # Several inputs are supported (tests/test_multi_io.py); the check is per input.
+    a, b = keras.Input((2,), dtype="float64"), keras.Input((None, 3), dtype="float64")
+    pooled = keras.layers.GlobalAveragePooling1D(dtype="float64")(b)
+    out = keras.layers.Dense(1, dtype="float64")(keras.layers.Concatenate(dtype="float64")([a, pooled]))
     two = keras.Model([a, b], out)
     two.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ConfigurationError, match=r"exactly one input.*2 inputs"):
+    with pytest.raises(ConfigurationError, match=r"fully defined input shapes.*None, None, 3"):
         ParameterAveragingTrainer(two)
+    c = keras.Input((3,), dtype="float64")
+    fine = keras.Model([a, c], keras.layers.Dense(1, dtype="float64")(keras.layers.Concatenate(dtype="float64")([a, c])))
+    fine.compile(optimizer="sgd", loss="mse")
+    assert ParameterAveragingTrainer(fine).model is fine
 
 
 def test_model_with_undefined_input_shape():

@@ -55,7 +55,7 @@ def arrays():
 
 @pytest.fixture
 def staged(arrays, tmp_path):
-    return data.stage(arrays, root=str(tmp_path), x_shape=(4,), x_dtype="float64")
+    return data.stage(arrays, root=str(tmp_path), x_shapes=((4,),), x_dtype="float64")
 
 
 def keras_reference(model, x, y, indices, steps, batch, optimizer):
@@ -75,12 +75,12 @@ def test_stage_arrays_round_trip(arrays, staged):
 
     x, y = arrays
     assert staged.num_examples == 100
-    assert staged.x_shape == (4,) and staged.y_shape == ()
+    assert staged.x_shapes == ((4,),) and staged.y_shapes == ((),)
     assert staged.x_dtype == "float64" and staged.y_dtype == "float64"
     idx = np.array([99, 0, 57, 3, 3])
-    rx, ry = read_examples(staged, idx)
+    rx, ry = read_examples(staged, idx)  # flat rows: (n, Σ input sizes), (n, Σ label sizes)
     np.testing.assert_array_equal(rx, x[idx])
-    np.testing.assert_array_equal(ry, y[idx])
+    np.testing.assert_array_equal(ry, y[idx][:, None])
 
 
 @pytest.mark.parametrize("worker_id", [0, 1])
