@@ -5,11 +5,20 @@ The public entry point is :class:`ParameterAveragingTrainer`; see README.md.
 
 from .config import TrainerConfig
 from .errors import ConfigurationError, DataError, WorkerError
+from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule
+from .schedules import AdaComm, AveragingSchedule, PostLocalSGD
 from .trainer import ParameterAveragingTrainer
 
 __all__ = [
     "ParameterAveragingTrainer",
     "TrainerConfig",
+    "UpdateRule",
+    "PlainAveraging",
+    "BlockMomentum",
+    "SlowMo",
+    "AveragingSchedule",
+    "PostLocalSGD",
+    "AdaComm",
     "ConfigurationError",
     "DataError",
     "WorkerError",

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import ConfigurationError
+from .rules import UpdateRule, as_update_rule
+from .schedules import AveragingSchedule, as_schedule
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
 
@@ -39,14 +41,18 @@ class TrainerConfig:
             trainer when it first needs the SparkContext.
         batch_size: Examples per minibatch, per worker. Default 32.
         averaging_frequency: Minibatches each worker trains between two
-            averagings (DL4J's ``averagingFrequency``; "k"). Default 8.
+            averagings (DL4J's ``averagingFrequency``; "k"). Default 8. Also
+            a schedule (:mod:`sparkdl_avg.schedules`: ``PostLocalSGD``,
+            ``AdaComm``) or a callable ``(epoch, round, logs) -> k``.
         aggregation_depth: Depth of Spark's ``treeAggregate`` that sums the
             replicas' results. Default 2.
         optimizer_state: ``"average"`` averages every optimizer variable across
             replicas each round (DL4J's ``saveUpdater``); ``"reset"`` starts
             each round from the optimizer's initial state.
-        update_rule: How the averaged weights become the next global weights.
-            Only ``None`` (plain averaging) is available in this version.
+        update_rule: How the averaged weights become the next global weights
+            (:mod:`sparkdl_avg.rules`): ``None`` or ``"average"`` (plain
+            averaging), ``"bmuf"``, ``"bmuf_nesterov"``, ``"slowmo"``, or a
+            ``BlockMomentum(...)``/``SlowMo(...)`` instance.
         seed: Makes the data order repeatable. ``None`` draws one at random.
         staging_dir: Directory (local path or ``pyarrow.fs`` URI) where the
             data is written once per fit, pre-converted to Arrow. ``None``
@@ -57,17 +63,25 @@ class TrainerConfig:
 
     num_workers: Optional[int] = None
     batch_size: int = 32
-    averaging_frequency: int = 8
+    averaging_frequency: Any = 8
     aggregation_depth: int = 2
     optimizer_state: str = "average"
     update_rule: Any = None
     seed: Optional[int] = None
     staging_dir: Optional[str] = None
 
+    def schedule(self) -> AveragingSchedule:
+        """``averaging_frequency`` as a schedule (an int becomes a fixed period)."""
+        return as_schedule(self.averaging_frequency)
+
+    def rule(self, num_workers: int) -> UpdateRule:
+        """``update_rule`` as a rule, with defaults for ``num_workers`` filled in."""
+        return as_update_rule(self.update_rule).resolve(num_workers)
+
     def __post_init__(self) -> None:
         check_int("num_workers", self.num_workers, 1, allow_none=True)
         check_int("batch_size", self.batch_size, 1)
-        check_int("averaging_frequency", self.averaging_frequency, 1)
+        as_schedule(self.averaging_frequency)
         check_int("aggregation_depth", self.aggregation_depth, 1)
         check_int("seed", self.seed, 0, allow_none=True)
         if self.optimizer_state not in OPTIMIZER_STATE_POLICIES:
@@ -76,11 +90,7 @@ class TrainerConfig:
                 f"{', '.join(repr(p) for p in OPTIMIZER_STATE_POLICIES)}. "
                 f"Got {self.optimizer_state!r} instead."
             )
-        if self.update_rule is not None:
-            raise ConfigurationError(
-                "The 'update_rule' parameter must be None (plain averaging) in this "
-                f"version. Got {self.update_rule!r} instead."
-            )
+        as_update_rule(self.update_rule)
         if self.staging_dir is not None and (
             not isinstance(self.staging_dir, str) or not self.staging_dir
         ):

@@ -34,6 +34,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from . import hadoopfs
 from .errors import ConfigurationError, DataError
 from .modelspec import keras_from_bytes, keras_to_bytes
+from .rules import rule_from_name
 
 KERAS_FILE = "model.keras"
 
@@ -43,6 +44,11 @@ _SNAKE_TO_PARAM = {
     "averaging_frequency": "averagingFrequency",
     "aggregation_depth": "aggregationDepth",
     "optimizer_state": "optimizerState",
+    "update_rule": "updateRule",
+    "block_momentum": "blockMomentum",
+    "slow_momentum": "blockMomentum",
+    "block_lr": "blockLearningRate",
+    "slow_lr": "blockLearningRate",
     "staging_dir": "stagingDir",
     "epochs": "epochs",
     "verbose": "verbose",
@@ -175,6 +181,11 @@ class KerasAveragingEstimator(
         averagingFrequency: Minibatches per worker between averagings. Default 8.
         aggregationDepth: treeAggregate depth. Default 2.
         optimizerState: "average" or "reset". Default "average".
+        updateRule: "average" (plain averaging), "bmuf", "bmuf_nesterov" or
+            "slowmo" (see :mod:`sparkdl_avg.rules`). Default "average".
+        blockMomentum: The rule's momentum: BMUF's ``η`` (unset: ``1 −
+            1/numWorkers``) or SlowMo's ``β`` (unset: 0.5).
+        blockLearningRate: BMUF's ``ζ`` or SlowMo's ``α``. Default 1.0.
         epochs: Passes over the data. Default 1.
         seed: Seed of the data order.
         stagingDir: Where data is staged (see the trainer); unset = temp dir.
@@ -187,6 +198,9 @@ class KerasAveragingEstimator(
     batchSize = Param(Params._dummy(), "batchSize", "examples per minibatch per worker (>= 1)", typeConverter=TypeConverters.toInt)
     averagingFrequency = Param(Params._dummy(), "averagingFrequency", "minibatches per worker between averagings (>= 1)", typeConverter=TypeConverters.toInt)
     optimizerState = Param(Params._dummy(), "optimizerState", "'average' or 'reset'", typeConverter=TypeConverters.toString)
+    updateRule = Param(Params._dummy(), "updateRule", "'average', 'bmuf', 'bmuf_nesterov' or 'slowmo'", typeConverter=TypeConverters.toString)
+    blockMomentum = Param(Params._dummy(), "blockMomentum", "block momentum in [0, 1): BMUF's eta (unset: 1 - 1/numWorkers) or SlowMo's beta (unset: 0.5)", typeConverter=TypeConverters.toFloat)
+    blockLearningRate = Param(Params._dummy(), "blockLearningRate", "block learning rate > 0: BMUF's zeta or SlowMo's alpha", typeConverter=TypeConverters.toFloat)
     epochs = Param(Params._dummy(), "epochs", "passes over the data (>= 1)", typeConverter=TypeConverters.toInt)
     stagingDir = Param(Params._dummy(), "stagingDir", "staging directory (path or pyarrow.fs URI)", typeConverter=TypeConverters.toString)
     shuffle = Param(Params._dummy(), "shuffle", "shuffle the examples every epoch", typeConverter=TypeConverters.toBoolean)
@@ -214,6 +228,9 @@ class KerasAveragingEstimator(
         averagingFrequency: int = 8,
         aggregationDepth: int = 2,
         optimizerState: str = "average",
+        updateRule: str = "average",
+        blockMomentum: Optional[float] = None,
+        blockLearningRate: float = 1.0,
         epochs: int = 1,
         seed: Optional[int] = None,
         stagingDir: Optional[str] = None,
@@ -224,7 +241,7 @@ class KerasAveragingEstimator(
         super().__init__()
         self._setDefault(
             batchSize=32, averagingFrequency=8, aggregationDepth=2, optimizerState="average",
-            epochs=1, shuffle=True, verbose=0,
+            updateRule="average", blockLearningRate=1.0, epochs=1, shuffle=True, verbose=0,
         )
         kwargs = dict(self._input_kwargs)
         self._set_keras(kwargs.pop("kerasModel", None))
@@ -270,6 +287,15 @@ class KerasAveragingEstimator(
     def setOptimizerState(self, value: str) -> "KerasAveragingEstimator":
         return self._set(optimizerState=value)
 
+    def setUpdateRule(self, value: str) -> "KerasAveragingEstimator":
+        return self._set(updateRule=value)
+
+    def setBlockMomentum(self, value: float) -> "KerasAveragingEstimator":
+        return self._set(blockMomentum=value)
+
+    def setBlockLearningRate(self, value: float) -> "KerasAveragingEstimator":
+        return self._set(blockLearningRate=value)
+
     def setEpochs(self, value: int) -> "KerasAveragingEstimator":
         return self._set(epochs=value)
 
@@ -295,6 +321,11 @@ class KerasAveragingEstimator(
             "averaging_frequency": self.getOrDefault(self.averagingFrequency),
             "aggregation_depth": self.getOrDefault(self.aggregationDepth),
             "optimizer_state": self.getOrDefault(self.optimizerState),
+            "update_rule": rule_from_name(
+                self.getOrDefault(self.updateRule),
+                self.getOrDefault(self.blockMomentum) if self.isDefined(self.blockMomentum) else None,
+                self.getOrDefault(self.blockLearningRate),
+            ),
             "num_workers": self.getOrDefault(self.numWorkers) if self.isDefined(self.numWorkers) else None,
             "staging_dir": self.getOrDefault(self.stagingDir) if self.isDefined(self.stagingDir) else None,
         }

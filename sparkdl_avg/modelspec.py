@@ -129,6 +129,19 @@ def iterations_index(model) -> int:
     raise RuntimeError("The optimizer has no iteration counter among its variables.")
 
 
+def trainable_mask(model) -> List[bool]:
+    """Per entry of ``model.get_weights()``: whether it is a trainable weight."""
+    trainable = {id(v) for v in model.trainable_weights}
+    return [id(v) in trainable for v in model.weights]
+
+
+def current_learning_rate(model) -> float:
+    """The optimizer's learning rate at its current iteration (schedules evaluated)."""
+    import keras
+
+    return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+
+
 def get_state(model) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """Returns ``(weights, optimizer_variables)`` of ``model`` as numpy arrays."""
     return model.get_weights(), [np.asarray(v.numpy()) for v in model.optimizer.variables]

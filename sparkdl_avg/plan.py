@@ -75,14 +75,19 @@ def permute(positions: np.ndarray, size: int, key: int, rounds: int = 4) -> np.n
     return out.astype(np.int64)
 
 
+def steps_per_epoch(num_examples: int, num_workers: int, batch_size: int) -> int:
+    """Minibatches each worker trains per epoch: ``M // (N·B)`` (0 if fewer than ``N·B`` examples)."""
+    return num_examples // (num_workers * batch_size)
+
+
 def round_lengths(num_examples: int, num_workers: int, batch_size: int, averaging_frequency: int) -> List[int]:
-    """Minibatches per worker of each round of one epoch.
+    """Minibatches per worker of each round of one epoch, for a fixed ``k``.
 
     Returns ``[k, k, ..., r]`` where the last entry is the shorter final round
     (absent when ``k`` divides the epoch's minibatches per worker), or ``[]``
     when there are fewer than ``num_workers * batch_size`` examples.
     """
-    steps = num_examples // (num_workers * batch_size)
+    steps = steps_per_epoch(num_examples, num_workers, batch_size)
     full, rest = divmod(steps, averaging_frequency)
     return [averaging_frequency] * full + ([rest] if rest else [])
 

@@ -1,6 +1,6 @@
 """Progress of a fit on the driver: a tqdm bar per epoch and log lines.
 
-``verbose=1`` on a terminal shows a bar per epoch (rounds done, examples/s,
+``verbose=1`` on a terminal shows a bar per epoch (minibatches done, examples/s,
 current loss); any ``verbose > 0`` logs one line per epoch and a time summary
 at the end through the ``sparkdl_avg`` logger. When the application has not
 configured logging at all, that logger gets a handler printing bare messages
@@ -38,13 +38,14 @@ class Progress:
     Args:
         verbose: 0 silent, 1 bar on a terminal plus epoch lines, 2 epoch lines.
         epochs: Epochs of the fit.
-        rounds_per_epoch: Rounds in a full epoch.
+        steps_per_epoch: Minibatches per worker in an epoch (the bar's total;
+            a round advances it by its ``k``, which a schedule may vary).
     """
 
-    def __init__(self, verbose: int, epochs: int, rounds_per_epoch: int) -> None:
+    def __init__(self, verbose: int, epochs: int, steps_per_epoch: int) -> None:
         self.verbose = verbose
         self.epochs = epochs
-        self.rounds = rounds_per_epoch
+        self.steps = steps_per_epoch
         self._bar = None
         self._t_epoch = 0.0
         self._examples = 0
@@ -59,7 +60,9 @@ class Progress:
         if self.verbose == 1 and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.rounds, desc=f"Epoch {epoch + 1}/{self.epochs}", unit="round", leave=False)
+            self._bar = tqdm(
+                total=self.steps, desc=f"Epoch {epoch + 1}/{self.epochs}", unit="minibatch", leave=False
+            )
 
     def round_end(self, record: dict, logs: Dict[str, float]) -> None:
         if not self.verbose:
@@ -71,7 +74,7 @@ class Progress:
                 loss=f"{logs.get('loss', float('nan')):.4f}",
                 ex_s=f"{self._examples / elapsed:.0f}" if elapsed > 0 else "-",
             )
-            self._bar.update(1)
+            self._bar.update(record["averaging_frequency"])
 
     def epoch_end(self, epoch: int, rounds_done: int, logs: Dict[str, float]) -> None:
         if not self.verbose:

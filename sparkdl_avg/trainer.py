@@ -26,9 +26,20 @@ from . import data as data_mod
 from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_int, validate_model
 from .errors import WORKER_ERROR_MARKER, ConfigurationError, DataError, WorkerError
-from .modelspec import ModelSpec, get_state, input_shapes, inputs_dtype, iterations_index, set_state
-from .plan import round_lengths
+from .modelspec import (
+    ModelSpec,
+    current_learning_rate,
+    get_state,
+    input_shapes,
+    inputs_dtype,
+    iterations_index,
+    set_state,
+    trainable_mask,
+)
+from .plan import steps_per_epoch
 from .progress import Progress
+from .rules import UpdateRule
+from .schedules import AveragingSchedule, FixedPeriod, next_period
 from .staging import StagedDataset, join, remove_tree
 from .stats import TrainingStats
 from .worker import EvalTask, RoundTask, run_eval_partition, run_round_partition
@@ -73,7 +84,9 @@ class ParameterAveragingTrainer:
             each. Default ``None``: Spark's ``defaultParallelism``.
         batch_size: Examples per minibatch, per worker. Default 32.
         averaging_frequency: Minibatches each worker trains between two
-            averagings. Default 8.
+            averagings ("k"). Default 8. Also a schedule from
+            :mod:`sparkdl_avg.schedules` (``PostLocalSGD``, ``AdaComm``) or a
+            callable ``(epoch, round, logs) -> k``, asked before every round.
         aggregation_depth: ``treeAggregate`` depth. Default 2.
         optimizer_state: ``"average"`` (default) averages every optimizer
             variable (Adam moments, momentum) like DL4J's ``saveUpdater``;
@@ -81,7 +94,13 @@ class ParameterAveragingTrainer:
             Either way the optimizer's iteration counter follows the global
             step (minibatches per worker so far), so learning-rate schedules
             see the same step as in single-machine training.
-        update_rule: ``None``: plain averaging.
+        update_rule: How the replicas' average becomes the next global
+            weights (:mod:`sparkdl_avg.rules`). ``None`` or ``"average"``:
+            plain averaging; ``"bmuf"`` / ``"bmuf_nesterov"``: block
+            momentum with ``η = 1 − 1/num_workers``, ``ζ = 1``; ``"slowmo"``:
+            SlowMo with ``β = 0.5``, ``α = 1``; or a ``BlockMomentum(...)`` /
+            ``SlowMo(...)`` with your parameters. The rule's state (block
+            momentum ``Δ``) carries over to the next ``fit`` of this trainer.
         seed: Seed of the data order; ``None`` draws one.
         staging_dir: Where the data is staged once per fit (a local path or a
             ``pyarrow.fs`` URI every executor can read). Default: the system
@@ -97,7 +116,7 @@ class ParameterAveragingTrainer:
         model,
         num_workers: Optional[int] = None,
         batch_size: int = 32,
-        averaging_frequency: int = 8,
+        averaging_frequency: Any = 8,
         aggregation_depth: int = 2,
         optimizer_state: str = "average",
         update_rule: Any = None,
@@ -124,6 +143,9 @@ class ParameterAveragingTrainer:
         self._fits = 0
         self.history = None  # the History of the latest fit
         self._last_fit_first_record: Optional[int] = None
+        # The update rule's state (e.g. BMUF's Δ) and the rule it belongs to.
+        self._rule_state: Optional[dict] = None
+        self._rule_state_of: Optional[dict] = None
         self._finalizer = weakref.finalize(self, remove_tree, self._staging_root)
 
     # ------------------------------------------------------------------ data
@@ -225,13 +247,16 @@ class ParameterAveragingTrainer:
             if validation_data is not None
             else None
         )
-        lengths = round_lengths(train.num_examples, num_workers, cfg.batch_size, cfg.averaging_frequency)
-        if not lengths:
+        epoch_steps = steps_per_epoch(train.num_examples, num_workers, cfg.batch_size)
+        if not epoch_steps:
             raise DataError(
                 f"The training data has {train.num_examples} examples; one round needs at "
                 f"least num_workers * batch_size = {num_workers} * {cfg.batch_size} = "
                 f"{num_workers * cfg.batch_size}. Lower 'num_workers' or 'batch_size'."
             )
+        schedule = cfg.schedule()
+        rule = cfg.rule(num_workers)
+        self._ensure_rule_state(rule)
         spec = ModelSpec.from_model(self.model)
         spec_bc = sc.broadcast(spec)
         callback_list = keras.callbacks.CallbackList(
@@ -241,9 +266,10 @@ class ParameterAveragingTrainer:
             model=self.model,
             verbose=verbose,
             epochs=epochs,
-            steps=len(lengths),
+            # Batch hooks run once per round; rounds per epoch are known for a fixed k only.
+            steps=-(-epoch_steps // schedule.k) if isinstance(schedule, FixedPeriod) else None,
         )
-        progress = Progress(verbose, epochs, len(lengths))
+        progress = Progress(verbose, epochs, epoch_steps)
         first_record = len(self.stats)
         self._fits += 1
         labels = spark_job_labels(
@@ -273,7 +299,9 @@ class ParameterAveragingTrainer:
                 for epoch in range(epochs):
                     callback_list.on_epoch_begin(epoch)
                     progress.epoch_begin(epoch)
-                    logs, rounds_done = self._train_epoch(sc, run, epoch, epochs, lengths, callback_list, progress)
+                    logs, rounds_done = self._train_epoch(
+                        sc, run, epoch, epochs, epoch_steps, schedule, rule, logs, callback_list, progress
+                    )
                     if val is not None:
                         val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
                         logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
@@ -289,18 +317,44 @@ class ParameterAveragingTrainer:
         self._last_fit_first_record = first_record
         return self.model.history
 
+    def _ensure_rule_state(self, rule: UpdateRule) -> None:
+        """Creates the update rule's state unless this trainer already holds the same rule's."""
+        if self._rule_state is None or self._rule_state_of != rule.describe():
+            self._rule_state = rule.init_state(self.model.get_weights(), trainable_mask(self.model))
+            self._rule_state_of = rule.describe()
+
+    @property
+    def update_rule_state(self) -> Dict[str, Any]:
+        """The update rule's description and state (e.g. BMUF's ``Δ``, float64 arrays per trainable weight)."""
+        return {"rule": self._rule_state_of, "state": self._rule_state}
+
     def _train_epoch(
-        self, sc, run: RoundTask, epoch: int, epochs: int, lengths: List[int], callback_list, progress
+        self,
+        sc,
+        run: RoundTask,
+        epoch: int,
+        epochs: int,
+        epoch_steps: int,
+        schedule: AveragingSchedule,
+        rule: UpdateRule,
+        logs: Dict[str, float],
+        callback_list,
+        progress,
     ) -> Tuple[Dict[str, float], int]:
-        """Runs the rounds of one epoch; returns the epoch's logs and the rounds run."""
+        """Runs the rounds of one epoch; returns the epoch's logs and the rounds run.
+
+        ``logs`` (the previous epoch's, ``{}`` at the start of a fit) is what
+        the schedule sees before the epoch's first round.
+        """
         epoch_result: Optional[PartialResult] = None
-        logs: Dict[str, float] = {}
         steps_before = 0
         rounds_done = 0
-        for rnd, steps in enumerate(lengths):
+        while steps_before < epoch_steps:
+            rnd = rounds_done
+            steps = next_period(schedule, epoch, rnd, logs, epoch_steps - steps_before)
             callback_list.on_train_batch_begin(rnd)
             task = dataclasses.replace(run, epoch=epoch, round=rnd, steps_before=steps_before, steps=steps)
-            result = self._run_round(sc, task, len(lengths), epochs)
+            result = self._run_round(sc, task, rule, epoch_steps, epochs)
             steps_before += steps
             rounds_done += 1
             epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
@@ -311,18 +365,23 @@ class ParameterAveragingTrainer:
                 break
         return logs, rounds_done
 
-    def _run_round(self, sc, task: RoundTask, rounds_per_epoch: int, epochs: int) -> PartialResult:
-        """Runs one broadcast → train → treeAggregate → average round; records its stats."""
+    def _run_round(self, sc, task: RoundTask, rule: UpdateRule, epoch_steps: int, epochs: int) -> PartialResult:
+        """Runs one broadcast → train → treeAggregate → update round; records its stats."""
         cfg = self.config
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
         weights, opt_vars = get_state(self.model)
-        state_bc = sc.broadcast((weights, opt_vars))
+        mask = trainable_mask(self.model)
+        learning_rate = current_learning_rate(self.model)
+        sent = rule.to_send(weights, self._rule_state, mask)
+        state_bc = sc.broadcast((sent, opt_vars))
         t1 = time.time()
         task = dataclasses.replace(task, state=state_bc)
         try:
             with spark_job_labels(
-                sc, f"sparkdl_avg fit: epoch {task.epoch + 1}/{epochs}, round {task.round + 1}/{rounds_per_epoch}"
+                sc,
+                f"sparkdl_avg fit: epoch {task.epoch + 1}/{epochs}, round {task.round + 1} "
+                f"(minibatches {task.steps_before + 1}-{task.steps_before + task.steps} of {epoch_steps})",
             ):
                 result = data_mod.run_spark_job(
                     lambda: sc.parallelize(range(task.num_workers), task.num_workers)
@@ -344,14 +403,15 @@ class ParameterAveragingTrainer:
                 )
             raise WorkerError(message) from exc
         t2 = time.time()
-        new_weights = result.average(result.weight_sums, weights)
+        average = [s / result.examples for s in result.weight_sums]  # float64
+        new_weights = rule.apply(weights, sent, average, self._rule_state, mask, learning_rate)
         new_opt = result.average(result.optimizer_sums, opt_vars) if task.average_optimizer else list(opt_vars)
         it = iterations_index(self.model)
         new_opt[it] = np.asarray(int(opt_vars[it]) + task.steps, dtype=opt_vars[it].dtype)
         set_state(self.model, new_weights, new_opt)
         state_bc.unpersist()
         t3 = time.time()
-        self.stats.add(round_record(task, result, t0, t1, t2, t3))
+        self.stats.add({**round_record(task, result, t0, t1, t2, t3), "update_rule": rule.name})
         return result
 
     # ------------------------------------------------------------- evaluate

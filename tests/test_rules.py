@@ -1,0 +1,277 @@
+"""Block-momentum update rules and averaging schedules.
+
+The maths is checked on plain arrays against hand-computed values; the
+trainer's wiring against a sequential Keras reference that applies BMUF by
+hand (one worker: the "average" is that worker's weights); and the identities
+the papers state (BMUF η=0, ζ=1 and SlowMo α=1, β=0 are plain averaging;
+classical BMUF(η, ζ) is SlowMo(β=η, α=ζ) at a constant learning rate)
+through full fits on local[2], in float64.
+"""
+
+import numpy as np
+import pytest
+
+import keras
+
+from conftest import assert_weights_close, clone_compiled, make_model, max_weight_change, regression_data
+from sparkdl_avg import (
+    AdaComm,
+    BlockMomentum,
+    ConfigurationError,
+    ParameterAveragingTrainer,
+    PostLocalSGD,
+    SlowMo,
+    plan,
+)
+from sparkdl_avg.rules import PlainAveraging, as_update_rule, rule_from_name
+from sparkdl_avg.schedules import as_schedule, next_period
+
+# ------------------------------------------------------------- rule maths
+
+
+def _arrays(*values):
+    return [np.array(v, dtype=np.float64) for v in values]
+
+
+def test_bmuf_by_hand_two_rounds():
+    rule = BlockMomentum(block_momentum=0.5, block_lr=2.0)
+    w = _arrays([1.0, 2.0])
+    state = rule.init_state(w, [True])
+    # round 1: G = 1.5 - 1 = 0.5 (and -1); Δ = 2·G; w = w + Δ
+    w1 = rule.apply(w, rule.to_send(w, state, [True]), _arrays([1.5, 1.0]), state, [True], 0.1)
+    np.testing.assert_allclose(w1[0], [2.0, 0.0])
+    np.testing.assert_allclose(state["delta"][0], [1.0, -2.0])
+    # round 2: G = avg - w1 = (0.25, 0.5); Δ = 0.5·(1, -2) + 2·G = (1.0, 0.0)
+    w2 = rule.apply(w1, rule.to_send(w1, state, [True]), _arrays([2.25, 0.5]), state, [True], 0.1)
+    np.testing.assert_allclose(state["delta"][0], [1.0, 0.0])
+    np.testing.assert_allclose(w2[0], [3.0, 0.0])
+
+
+def test_bmuf_nesterov_sends_the_look_ahead_and_steps_from_the_global_weights():
+    rule = BlockMomentum(block_momentum=0.5, nesterov=True)
+    w = _arrays([1.0])
+    state = {"delta": _arrays([0.4])}
+    sent = rule.to_send(w, state, [True])
+    np.testing.assert_allclose(sent[0], [1.2])  # w + η·Δ
+    new = rule.apply(w, sent, _arrays([1.5]), state, [True], 0.1)
+    # G = 1.5 - 1.2 = 0.3; Δ = 0.2 + 0.3 = 0.5; w = 1 + 0.5
+    np.testing.assert_allclose(state["delta"][0], [0.5])
+    np.testing.assert_allclose(new[0], [1.5])
+
+
+def test_non_trainable_weights_are_plainly_averaged_and_dtypes_kept():
+    rule = BlockMomentum(block_momentum=0.9)
+    w = [np.array([1.0], np.float32), np.array([5.0], np.float32)]
+    state = rule.init_state(w, [True, False])
+    assert len(state["delta"]) == 1
+    new = rule.apply(w, w, _arrays([2.0], [7.0]), state, [True, False], 0.1)
+    assert [a.dtype for a in new] == [np.float32, np.float32]
+    np.testing.assert_allclose(new[0], [2.0])
+    np.testing.assert_allclose(new[1], [7.0])
+
+
+def test_default_block_momentum_is_one_minus_one_over_workers():
+    assert BlockMomentum().resolve(8).block_momentum == pytest.approx(0.875)
+    assert BlockMomentum(0.3).resolve(8).block_momentum == 0.3
+    assert as_update_rule("bmuf").resolve(4).describe() == {
+        "name": "bmuf", "block_momentum": 0.75, "block_lr": 1.0, "nesterov": False
+    }
+
+
+def test_slowmo_equals_classical_bmuf_at_a_constant_learning_rate():
+    rng = np.random.default_rng(0)
+    shapes = [(3, 2), (2,)]
+    w_b = [rng.normal(size=s) for s in shapes]
+    w_s = [a.copy() for a in w_b]
+    bmuf, slowmo = BlockMomentum(0.7, 0.8), SlowMo(0.7, 0.8)
+    sb, ss = bmuf.init_state(w_b, [True, True]), slowmo.init_state(w_s, [True, True])
+    for _ in range(5):
+        avg = [a + rng.normal(scale=0.1, size=a.shape) for a in w_b]
+        w_b = bmuf.apply(w_b, w_b, avg, sb, [True, True], 0.05)
+        w_s = slowmo.apply(w_s, w_s, [a.copy() for a in avg], ss, [True, True], 0.05)
+        assert_weights_close(w_s, w_b, atol=1e-12)
+    # with a changing learning rate they differ: SlowMo's buffer is in gradient units
+    avg = [a + 0.1 for a in w_b]
+    w_b = bmuf.apply(w_b, w_b, avg, sb, [True, True], 0.05)
+    w_s = slowmo.apply(w_s, w_s, avg, ss, [True, True], 0.01)
+    assert max_weight_change(w_b, w_s) > 1e-3
+
+
+def test_identity_rules_are_plain_averaging_on_arrays():
+    w = _arrays([1.0, -1.0])
+    avg = _arrays([0.25, 3.0])
+    for rule in (BlockMomentum(0.0, 1.0), SlowMo(0.0, 1.0), PlainAveraging()):
+        state = rule.init_state(w, [True])
+        np.testing.assert_allclose(rule.apply(w, w, avg, state, [True], 0.1)[0], avg[0], rtol=1e-15)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: BlockMomentum(block_momentum=1.0), r"'block_momentum' parameter of BlockMomentum.*\[0.0, 1.0\).*Got 1.0"),
+        (lambda: BlockMomentum(block_lr=0), r"'block_lr' parameter of BlockMomentum must be > 0. Got 0"),
+        (lambda: BlockMomentum(nesterov="yes"), r"'nesterov'.*bool. Got 'yes'"),
+        (lambda: SlowMo(slow_momentum=-0.1), r"'slow_momentum' parameter of SlowMo.*Got -0.1"),
+        (lambda: SlowMo(slow_lr=float("nan")), r"'slow_lr' parameter of SlowMo.*Got nan"),
+        (lambda: as_update_rule("momentum"), r"'update_rule'.*'bmuf'.*Got 'momentum' instead"),
+        (lambda: rule_from_name("average", 0.5), r"apply to the block-momentum rules.*update_rule='average'"),
+        (lambda: rule_from_name("bmuf", 1.5), r"'block_momentum'.*Got 1.5"),
+    ],
+)
+def test_rule_errors(make, message):
+    with pytest.raises(ConfigurationError, match=message):
+        make()
+
+
+def test_trainer_rejects_a_bad_update_rule_before_any_spark_job():
+    with pytest.raises(ConfigurationError, match=r"'update_rule'.*Got 3 instead"):
+        ParameterAveragingTrainer(make_model(), update_rule=3)
+
+
+# -------------------------------------------------------------- schedules
+
+
+def test_post_local_sgd_periods():
+    s = PostLocalSGD(switch_epoch=2, period_after=6)
+    assert [s.period(e, 0, {}) for e in range(4)] == [1, 1, 6, 6]
+
+
+def test_adacomm_shortens_with_the_loss_and_never_lengthens():
+    s = AdaComm(initial_period=16, min_period=2)
+    assert s.period(0, 0, {}) == 16  # no loss yet
+    assert s.period(0, 1, {"loss": 4.0}) == 16  # the first loss seen: L0 = 4
+    assert s.period(0, 2, {"loss": 1.0}) == 16  # adapts at epoch starts only
+    assert s.period(1, 0, {"loss": 1.0}) == 8  # ceil(16 * sqrt(1/4))
+    assert s.period(2, 0, {"loss": 2.0}) == 8  # sqrt(1/2)·16 = 11.3 > 8: keeps 8
+    assert s.period(3, 0, {"loss": 0.01}) == 2  # ceil(0.8) = 1 < min_period
+    with pytest.raises(ConfigurationError, match=r"'min_period' parameter of AdaComm must be <= initial_period \(4\)"):
+        AdaComm(initial_period=4, min_period=5)
+
+
+def test_schedule_errors():
+    with pytest.raises(ConfigurationError, match=r"'averaging_frequency'.*callable.*Got 0 instead"):
+        as_schedule(0)
+    with pytest.raises(ConfigurationError, match=r"'period_after' parameter of PostLocalSGD.*Got 0"):
+        PostLocalSGD(1, 0)
+    bad = as_schedule(lambda epoch, rnd, logs: 2.5)
+    with pytest.raises(ConfigurationError, match=r"must return an int >= 1; for epoch 3, round 1 it returned 2.5"):
+        next_period(bad, 3, 1, {}, 10)
+    assert next_period(as_schedule(8), 0, 0, {}, 3) == 3  # cut to what the epoch has left
+
+
+# ---------------------------------------------------- through the trainer
+
+B = 8
+
+
+def _fit(model, rule, k=3, n=2, epochs=2, data=None, **kw):
+    x, y = data if data is not None else regression_data(10 * n * B, seed=4)
+    trainer = ParameterAveragingTrainer(
+        model, num_workers=n, batch_size=B, averaging_frequency=k, update_rule=rule, seed=0
+    )
+    history = trainer.fit((x, y), epochs=epochs, verbose=0, shuffle=False, **kw)
+    return trainer, history
+
+
+def _model():
+    return make_model(optimizer=keras.optimizers.SGD(0.05), seed=5)
+
+
+@pytest.mark.parametrize("nesterov", [False, True], ids=["classical", "nesterov"])
+def test_bmuf_one_worker_equals_a_hand_applied_reference(spark, nesterov):
+    """N=1: the round's average is the replica itself, so BMUF is checkable with plain Keras."""
+    eta, zeta, k, epochs = 0.6, 0.9, 5, 2
+    x, y = regression_data(13 * B, seed=6)  # rounds of 5, 5, 3 minibatches
+    opt = lambda: keras.optimizers.SGD(0.05, momentum=0.5)  # noqa: E731
+    model = make_model(optimizer=opt(), seed=6)
+    ref = clone_compiled(model, opt())
+    w = ref.get_weights()
+    delta = [np.zeros_like(a) for a in w]
+    for _ in range(epochs):
+        start = 0
+        for steps in plan.round_lengths(len(x), 1, B, k):
+            sent = [a + eta * d for a, d in zip(w, delta)] if nesterov else w
+            ref.set_weights(sent)  # the optimizer's momentum carries over, as averaged state does
+            for b in range(start, start + steps):
+                ref.train_on_batch(x[b * B : (b + 1) * B], y[b * B : (b + 1) * B])
+            start += steps
+            delta = [eta * d + zeta * (a - s) for d, a, s in zip(delta, ref.get_weights(), sent)]
+            w = [a + d for a, d in zip(w, delta)]
+
+    trainer, _ = _fit(model, BlockMomentum(eta, zeta, nesterov=nesterov), k=k, n=1, epochs=epochs, data=(x, y))
+    assert_weights_close(model.get_weights(), w, atol=1e-10)
+    assert trainer.update_rule_state["rule"]["name"] == ("bmuf_nesterov" if nesterov else "bmuf")
+    assert [r["update_rule"] for r in trainer.stats.records] == [trainer.update_rule_state["rule"]["name"]] * 6
+
+
+def test_identity_rules_equal_plain_averaging_through_fit(spark):
+    plain = _model()
+    _fit(plain, None)
+    assert max_weight_change(_model().get_weights(), plain.get_weights()) > 1e-3
+    for rule in (BlockMomentum(0.0, 1.0), SlowMo(0.0, 1.0)):
+        model = _model()
+        _fit(model, rule)
+        assert_weights_close(model.get_weights(), plain.get_weights(), atol=1e-12)
+
+
+def test_classical_bmuf_equals_slowmo_through_fit_and_momentum_matters(spark):
+    bmuf, slowmo, plain = _model(), _model(), _model()
+    _fit(bmuf, BlockMomentum(0.6, 0.8))
+    _fit(slowmo, SlowMo(slow_momentum=0.6, slow_lr=0.8))
+    _fit(plain, None)
+    assert_weights_close(slowmo.get_weights(), bmuf.get_weights(), atol=1e-12)
+    assert max_weight_change(bmuf.get_weights(), plain.get_weights()) > 1e-3
+
+
+def test_block_momentum_state_survives_a_second_fit(spark):
+    once, twice = _model(), _model()
+    _fit(once, "bmuf", epochs=2)
+    trainer, _ = _fit(twice, "bmuf", epochs=1)
+    delta_after_one = [d.copy() for d in trainer.update_rule_state["state"]["delta"]]
+    assert max(np.abs(d).max() for d in delta_after_one) > 0
+    trainer.fit(regression_data(10 * 2 * B, seed=4), epochs=1, verbose=0, shuffle=False)
+    # shuffle=False visits the same order every epoch, so two fits of one epoch are one fit of two
+    assert_weights_close(twice.get_weights(), once.get_weights(), atol=1e-12)
+
+
+def test_post_local_sgd_and_callable_schedules_set_each_rounds_k(spark):
+    trainer, history = _fit(_model(), None, k=PostLocalSGD(switch_epoch=1, period_after=4))
+    ks = [(r["epoch"], r["averaging_frequency"]) for r in trainer.stats.records]
+    assert ks == [(0, 1)] * 10 + [(1, 4), (1, 4), (1, 2)]  # 10 minibatches per worker per epoch
+
+    seen = []
+
+    def schedule(epoch, rnd, logs):
+        seen.append((epoch, rnd, dict(logs)))
+        return 2 + epoch
+
+    trainer, history = _fit(_model(), None, k=schedule)
+    assert [r["averaging_frequency"] for r in trainer.stats.records] == [2] * 5 + [3, 3, 3, 1]
+    assert [(e, r) for e, r, _ in seen] == [(0, r) for r in range(5)] + [(1, r) for r in range(4)]
+    assert seen[0][2] == {}
+    assert set(seen[1][2]) == {"loss", "mae"}  # the running means of the epoch so far
+    # round 0 of epoch 1 sees the previous epoch's logs, as History records them
+    assert seen[5][2]["loss"] == pytest.approx(history.history["loss"][0], rel=1e-12)
+
+
+def test_adacomm_through_fit_records_non_increasing_periods(spark):
+    x, y = regression_data(40 * 2 * B, seed=7)
+    model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
+    trainer, history = _fit(model, None, k=AdaComm(initial_period=16), epochs=4, data=(x, y))
+    periods = [r["averaging_frequency"] for r in trainer.stats.records if r["round"] == 0]
+    assert periods[0] == 16
+    assert periods == sorted(periods, reverse=True)
+    assert periods[-1] < 16  # the loss fell, so the period shortened
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_estimator_update_rule_params_are_validated(spark):
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    df = spark.createDataFrame([([0.0, 1.0, 2.0, 3.0], 1.0)] * 4, "features array<double>, label double")
+    with pytest.raises(ConfigurationError, match=r"'updateRule'.*Got 'nope' instead"):
+        KerasAveragingEstimator(kerasModel=make_model(), updateRule="nope").fit(df)
+    with pytest.raises(ConfigurationError, match=r"'blockMomentum'.*Got 1.0"):
+        KerasAveragingEstimator(kerasModel=make_model(), updateRule="bmuf", blockMomentum=1.0).fit(df)
+    est = KerasAveragingEstimator(kerasModel=make_model(), updateRule="slowmo", blockMomentum=0.7)
+    assert est._trainer_options()["update_rule"] == SlowMo(0.7, 1.0)
