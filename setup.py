@@ -23,7 +23,16 @@ setup(
     ],
     extras_require={
         # tensorboard: the Keras TensorBoard callback needs it (tested).
-        "dev": ["pytest>=7", "scikit-learn>=1.3", "tensorboard>=2.16"],
+        # nbclient, nbformat, ipykernel: tests/test_notebooks.py executes notebooks/.
+        "dev": [
+            "pytest>=7",
+            "scikit-learn>=1.3",
+            "tensorboard>=2.16",
+            "nbclient>=0.7",
+            "nbformat>=5.7",
+            "ipykernel>=6",
+            "matplotlib>=3.7",  # benchmarks/algorithms.py draws docs/algorithms_*.png
+        ],
         "examples": ["scikit-learn>=1.3"],
     },
 )
