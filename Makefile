@@ -9,7 +9,7 @@ MASTER ?= local[2]
 # Executors and the driver must run the venv's Python (it has TensorFlow).
 SPARK_ENV := PYSPARK_PYTHON=$(PY) PYSPARK_DRIVER_PYTHON=$(PY)
 
-.PHONY: env check-java train test test-fast bench clean
+.PHONY: env check-java train test test-fast bench clean dist dist-env cluster-up cluster-down
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -46,6 +46,21 @@ test-fast: env
 ## Benchmark of docs/benchmarks.md (minutes).
 bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/bench_cnn.py
+
+## What executors without sparkdl_avg need: dist/sparkdl_avg-<version>.zip (--py-files) and the wheel.
+dist: env
+	$(PY) scripts/build_dist.py zip wheel
+
+## A venv-pack archive with the wheel and all dependencies (TensorFlow: ~1 GB) for --archives ...#environment.
+dist-env: env
+	$(PY) scripts/build_dist.py env
+
+## A Spark standalone master and two 1-core workers on 127.0.0.1 (logs and pids in output/cluster).
+cluster-up: env
+	PYTHON=$(PY) scripts/cluster.sh up
+
+cluster-down:
+	PYTHON=$(PY) scripts/cluster.sh down
 
 clean:
 	rm -rf output build dist *.egg-info .pytest_cache

@@ -32,6 +32,7 @@ setup(
             "nbformat>=5.7",
             "ipykernel>=6",
             "matplotlib>=3.7",  # benchmarks/algorithms.py draws docs/algorithms_*.png
+            "venv-pack>=0.2",  # make dist-env and tests/test_standalone.py pack environments for --archives
         ],
         "examples": ["scikit-learn>=1.3"],
     },

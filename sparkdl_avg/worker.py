@@ -26,6 +26,8 @@ from typing import Any, Dict, Iterable, Iterator
 import numpy as np
 
 from .aggregation import PartialResult, weighted
+from .custom_objects import import_custom_modules
+from .devices import configure_task_devices
 from .errors import WORKER_ERROR_MARKER
 from .modelspec import ModelSpec, get_state, set_state
 from .plan import EpochOrder, split_evenly, worker_positions
@@ -76,11 +78,14 @@ def get_replica(spec_handle, fingerprint: str):
     """Returns ``(model, built_now)``, building and caching the replica on first use."""
     global BUILD_COUNT
     with _LOCK:
+        # The task's Spark-assigned GPUs, before TensorFlow's GPU runtime starts.
+        configure_task_devices()
         model = _REPLICAS.get(fingerprint)
         if model is not None:
             return model, False
         configure_threads()
         spec: ModelSpec = _value(spec_handle)
+        import_custom_modules(spec.keras_bytes)  # the user's custom layers (shipped with --py-files)
         model = spec.build()
         _REPLICAS[fingerprint] = model
         BUILD_COUNT += 1

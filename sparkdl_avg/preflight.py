@@ -1,0 +1,107 @@
+"""A check, before training, that executors can run the trainer's code.
+
+On a real cluster the executors' Python may lack ``sparkdl_avg`` (not shipped
+with ``--py-files`` / ``--archives``) or TensorFlow; without this check that
+shows up minutes later as a Py4J stack trace from the first round.
+:func:`check_executors` runs one cheap Spark job whose tasks import both and
+describe their Python (interpreter, where ``sparkdl_avg`` was imported from,
+versions, assigned GPUs); it fails with one clear message naming the fix.
+The tasks consume their input, so their Python workers (now with TensorFlow
+imported) are reused by the first round.
+
+:func:`describe_python` runs on executors; :func:`check_executors` on the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Iterable, Iterator, List, Optional
+
+SHIP_HINT = (
+    "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
+    "or an --archives environment that has it installed; see README, 'Running on a cluster'"
+)
+
+
+class ExecutorEnvironmentError(RuntimeError):
+    """The executors' Python cannot run the trainer (a missing package, most often)."""
+
+
+def describe_python() -> dict:
+    """This process' Python as the trainer sees it (runs on an executor)."""
+    import sparkdl_avg
+
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+        "sparkdl_avg_file": os.path.abspath(sparkdl_avg.__file__),
+        "sparkdl_avg_version": getattr(sparkdl_avg, "__version__", None),
+    }
+    try:
+        import keras
+        import tensorflow as tf
+
+        info["tensorflow_version"] = tf.__version__
+        info["keras_version"] = keras.__version__
+    except Exception as exc:  # reported to the driver, which raises
+        info["import_error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            from .devices import assigned_addresses
+
+            info["gpus"] = list(assigned_addresses(ctx.resources()))
+    except Exception:  # pragma: no cover - informative only
+        pass
+    return info
+
+
+def _probe_partition(items: Iterable) -> Iterator[dict]:
+    list(items)  # consume the input so PySpark reuses this worker
+    yield describe_python()
+
+
+def check_executors(sc, num_tasks: Optional[int] = None) -> List[dict]:
+    """Runs :func:`describe_python` in ``num_tasks`` tasks; raises if executors lack a package.
+
+    Args:
+        sc: The SparkContext.
+        num_tasks: Tasks to run; default ``sc.defaultParallelism``.
+
+    Returns:
+        One description per task (see :func:`describe_python`).
+
+    Raises:
+        ExecutorEnvironmentError: an executor cannot import ``sparkdl_avg``
+            or TensorFlow/Keras.
+    """
+    n = max(1, int(num_tasks or sc.defaultParallelism))
+    previous = sc.getLocalProperty("spark.job.description")
+    sc.setLocalProperty("spark.job.description", "sparkdl_avg: check executors' Python")
+    try:
+        infos = sc.parallelize(range(n), n).mapPartitions(_probe_partition).collect()
+    except Exception as exc:
+        text = str(exc)
+        missing = "No module named 'sparkdl_avg'" in text
+        if missing:
+            raise ExecutorEnvironmentError(f"Executors cannot import sparkdl_avg: {SHIP_HINT}.") from None
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        cause = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(exc).__name__)
+        raise ExecutorEnvironmentError(f"Executors failed to start the trainer's code: {cause}") from exc
+    finally:
+        sc.setLocalProperty("spark.job.description", previous)
+    broken = [i for i in infos if "import_error" in i]
+    if broken:
+        info = broken[0]
+        raise ExecutorEnvironmentError(
+            f"The executors' Python ({info['python']} on {info['host']}) cannot import TensorFlow/Keras: "
+            f"{info['import_error']}. Point PYSPARK_PYTHON at a Python that has them, or ship an environment "
+            "with --archives (see README, 'Running on a cluster')."
+        )
+    return infos

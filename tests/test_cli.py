@@ -1,0 +1,135 @@
+"""The jobs' shared plumbing (sparkdl_avg.cli) and their error handling, without Spark."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sparkdl_avg import ConfigurationError, DataError, cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_columns_accept_repeated_flags_and_comma_lists():
+    assert cli.columns(None, "features") == "features"
+    assert cli.columns(["image"], "features") == "image"
+    assert cli.columns(["image", "meta"], "features") == ["image", "meta"]
+    assert cli.columns(["image, meta"], "features") == ["image", "meta"]
+    with pytest.raises(cli.UsageError):
+        cli.columns([" , "], "features")
+
+
+def test_read_options():
+    assert cli.read_options(["header=true", "sep=;"]) == {"header": "true", "sep": ";"}
+    with pytest.raises(cli.UsageError, match="KEY=VALUE"):
+        cli.read_options(["header"])
+
+
+def test_output_dir_appears_whole_and_is_replaced_only_with_overwrite(tmp_path):
+    target = tmp_path / "out"
+    out = cli.OutputDir(str(target))
+    out.check()
+    with open(out.file("a.txt"), "w") as f:
+        f.write("one")
+    out.write_json("m.json", {"x": 1})
+    assert not target.exists()  # nothing until commit
+    out.commit()
+    assert (target / "a.txt").read_text() == "one"
+    assert json.loads((target / "m.json").read_text()) == {"x": 1}
+    assert not os.path.exists(out.local)
+
+    again = cli.OutputDir(str(target))
+    with pytest.raises(cli.UsageError, match="already exists; pass --overwrite"):
+        again.check()
+    again.cleanup()
+
+    replace = cli.OutputDir(str(target), overwrite=True)
+    with open(replace.file("b.txt"), "w") as f:
+        f.write("two")
+    replace.commit()
+    assert sorted(os.listdir(target)) == ["b.txt"]
+    assert [p for p in os.listdir(tmp_path) if p != "out"] == []  # no temporary or old directories left
+
+
+def test_output_dir_accepts_file_uris_and_an_empty_existing_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = cli.OutputDir("file://" + str(tmp_path / "empty"))
+    open(out.file("x"), "w").close()
+    out.commit()
+    assert os.listdir(tmp_path / "empty") == ["x"]
+
+
+def test_write_file_atomically(tmp_path):
+    path = str(tmp_path / "sub" / "m.json")
+    cli.write_file_atomically(path, b"{}")
+    assert open(path).read() == "{}"
+    with pytest.raises(cli.UsageError, match="already exists"):
+        cli.write_file_atomically(path, b"[]")
+    cli.write_file_atomically(path, b"[]", overwrite=True)
+    assert open(path).read() == "[]"
+
+
+def test_run_turns_user_errors_into_one_line_and_exit_2(capsys):
+    def failing(error):
+        def main(argv):
+            raise error
+        return main
+
+    assert cli.run(failing(ConfigurationError("The 'batch_size' parameter must be an int.\nGot 0."))) == 2
+    assert capsys.readouterr().err == "error: The 'batch_size' parameter must be an int. Got 0.\n"
+    assert cli.run(failing(DataError("Column 'x' not found"))) == 2
+    assert cli.run(lambda argv: 0) == 0
+    with pytest.raises(RuntimeError):
+        cli.run(failing(RuntimeError("a bug stays a traceback")))
+
+
+def test_load_model_errors():
+    with pytest.raises(cli.UsageError, match="MODULE:FUNCTION"):
+        cli.load_model(builder="nocolon")
+    with pytest.raises(cli.UsageError, match="Cannot import module 'no_such_module_xyz'"):
+        cli.load_model(builder="no_such_module_xyz:build")
+    with pytest.raises(cli.UsageError, match="has no function 'nope'"):
+        cli.load_model(builder="json:nope")
+    with pytest.raises(cli.UsageError, match="No such file"):
+        cli.load_model(path="/nonexistent/model.keras")
+
+
+def _job(*args):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"))
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _error_line(proc) -> str:
+    """The job's one error line (TensorFlow may log to stderr before it); there must be exactly one."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and proc.stderr.rstrip("\n").endswith(lines[0]), proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_train_job_help_documents_every_trainer_option():
+    proc = _job("jobs/train.py", "--help")
+    assert proc.returncode == 0
+    for flag in ("--data", "--format", "--model", "--model-builder", "--features-col", "--label-col",
+                 "--validation-data", "--epochs", "--num-workers", "--batch-size", "--averaging-frequency",
+                 "--aggregation-depth", "--optimizer-state", "--update-rule", "--seed", "--staging-dir",
+                 "--output-dir", "--overwrite"):
+        assert flag in proc.stdout, flag
+
+
+def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_path):
+    common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "out")]
+    # a trainer option: the trainer's own validator, before any Spark work
+    proc = _job(*common, "--model-builder", "digits_model:build", "--batch-size", "0")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert _error_line(proc).startswith("error: The 'batch_size' parameter must be an int")
+    proc = _job(*common, "--model-builder", "no_such_module_xyz:build")
+    assert proc.returncode == 2 and _error_line(proc).startswith("error: Cannot import module")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.keras").write_text("old")
+    proc = _job(*common, "--model-builder", "digits_model:build")
+    assert proc.returncode == 2 and "already exists; pass --overwrite" in _error_line(proc)
+    assert (tmp_path / "out" / "model.keras").read_text() == "old"
+    # argparse's own errors also exit 2
+    assert _job("jobs/train.py", "--data", "x").returncode == 2
