@@ -17,6 +17,7 @@ from .rules import UpdateRule, as_update_rule
 from .schedules import AveragingSchedule, as_schedule
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
+NONFINITE_POLICIES = ("raise", "skip")
 
 
 def check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
@@ -59,6 +60,15 @@ class TrainerConfig:
             means a fresh directory under the system temp dir. On a
             multi-host cluster it must be a filesystem every executor reads
             (HDFS, S3, NFS).
+        on_nonfinite: What a round does when a replica's loss or weights
+            become NaN/Inf: ``"raise"`` (default) stops ``fit`` with a
+            ``WorkerError`` naming the epoch, round and worker, leaving the
+            last good weights in the model; ``"skip"`` leaves such replicas
+            out of that round's average, with a warning (all of them: raise).
+        check_data: Check, while staging, that features and labels are
+            finite and that labels fit the loss (class indices in
+            ``[0, classes)`` for a sparse categorical cross-entropy, values
+            in ``[0, 1]`` for a binary one). Default True.
     """
 
     num_workers: Optional[int] = None
@@ -69,6 +79,8 @@ class TrainerConfig:
     update_rule: Any = None
     seed: Optional[int] = None
     staging_dir: Optional[str] = None
+    on_nonfinite: str = "raise"
+    check_data: bool = True
 
     def schedule(self) -> AveragingSchedule:
         """``averaging_frequency`` as a schedule (an int becomes a fixed period)."""
@@ -91,6 +103,13 @@ class TrainerConfig:
                 f"Got {self.optimizer_state!r} instead."
             )
         as_update_rule(self.update_rule)
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ConfigurationError(
+                f"The 'on_nonfinite' parameter must be one of "
+                f"{', '.join(repr(p) for p in NONFINITE_POLICIES)}. Got {self.on_nonfinite!r} instead."
+            )
+        if not isinstance(self.check_data, bool):
+            raise ConfigurationError(f"The 'check_data' parameter must be a bool. Got {self.check_data!r} instead.")
         if self.staging_dir is not None and (
             not isinstance(self.staging_dir, str) or not self.staging_dir
         ):
@@ -98,6 +117,29 @@ class TrainerConfig:
                 "The 'staging_dir' parameter must be a non-empty str (a local path or "
                 f"a pyarrow.fs URI) or None. Got {self.staging_dir!r} instead."
             )
+
+
+def check_checkpoint_args(checkpoint_dir: Any, checkpoint_every: Any, resume: Any) -> None:
+    """Validates ``fit``'s checkpoint arguments (see ``ParameterAveragingTrainer.fit``)."""
+    if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str) or not checkpoint_dir):
+        raise ConfigurationError(
+            "The 'checkpoint_dir' parameter must be a non-empty str (a local path or a pyarrow.fs "
+            f"URI) or None. Got {checkpoint_dir!r} instead."
+        )
+    if checkpoint_every != "epoch":
+        if isinstance(checkpoint_every, str) or checkpoint_every is None:
+            raise ConfigurationError(
+                "The 'checkpoint_every' parameter must be 'epoch' or an int in the range [1, inf) "
+                f"(rounds). Got {checkpoint_every!r} instead."
+            )
+        check_int("checkpoint_every", checkpoint_every, 1)
+    if not isinstance(resume, (bool, str)) or resume == "":
+        raise ConfigurationError(
+            "The 'resume' parameter must be a bool or the path of a checkpoint. "
+            f"Got {resume!r} instead."
+        )
+    if resume is True and checkpoint_dir is None:
+        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
 
 
 def validate_model(model: Any) -> None:

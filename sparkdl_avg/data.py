@@ -18,7 +18,16 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 import numpy as np
 
 from .errors import DATA_ERROR_MARKER, DataError
-from .staging import StagedDataset, StagedFile, export_arrow_batches, export_pairs, join, write_examples
+from .staging import (
+    DataChecks,
+    StagedDataset,
+    StagedFile,
+    check_values,
+    export_arrow_batches,
+    export_pairs,
+    join,
+    write_examples,
+)
 
 T = TypeVar("T")
 
@@ -71,7 +80,47 @@ def _as_list(value, count: int) -> list:
     return list(value) if count > 1 and isinstance(value, (list, tuple)) else [value]
 
 
-def _stage_arrays(data, directory: str, x_shapes, num_outputs: int, x_dtype: str, what: str) -> StagedDataset:
+def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
+    """The staging checks for ``model`` (``check_data``): finite values, and label ranges its losses imply.
+
+    Sparse categorical cross-entropy needs class indices ``0 .. classes-1``
+    (``classes``: the output's last dimension); binary cross-entropy labels
+    in ``[0, 1]``. Other losses get no range check.
+    """
+    if not enabled:
+        return None
+    if isinstance(model.loss, dict):
+        return DataChecks(finite=True)
+    losses = model.loss if isinstance(model.loss, (list, tuple)) else [model.loss] * len(model.outputs)
+    ranges = []
+    for loss, output in zip(losses, model.outputs):
+        name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+        name = name.lower().replace("_", "")
+        if name == "sparsecategoricalcrossentropy":
+            classes = int(output.shape[-1])
+            ranges.append(
+                (0, classes - 1, True, f"a class index in 0..{classes - 1} (the model's output has {classes} "
+                 "classes and the loss is a sparse categorical cross-entropy)")
+            )
+        elif name in ("binarycrossentropy", "binaryfocalcrossentropy"):
+            ranges.append((0, 1, False, "a value in [0, 1] (the loss is a binary cross-entropy)"))
+        else:
+            ranges.append(None)
+    return DataChecks(finite=True, label_ranges=tuple(ranges))
+
+
+def _check_arrays(xs, ys, checks: Optional[DataChecks], what: str) -> None:
+    """:func:`check_values` on the driver for numpy data, as ``DataError``."""
+    try:
+        for k, x in enumerate(xs):
+            check_values(np.asarray(x).reshape(len(x), -1), f"The {what} array x" + (f"[{k}]" if len(xs) > 1 else ""), checks)
+        for k, y in enumerate(ys):
+            check_values(np.asarray(y).reshape(len(y), -1), f"The {what} array y" + (f"[{k}]" if len(ys) > 1 else ""), checks, k)
+    except ValueError as exc:
+        raise DataError(str(exc).replace(DATA_ERROR_MARKER, "").replace(" of its partition", "")) from None
+
+
+def _stage_arrays(data, directory: str, x_shapes, num_outputs: int, x_dtype: str, what: str, checks=None) -> StagedDataset:
     xs = [np.asarray(a) for a in _as_list(data[0], len(x_shapes))]
     ys = [np.asarray(a) for a in _as_list(data[1], num_outputs)]
     if len(xs) != len(x_shapes) or len(ys) != num_outputs:
@@ -97,6 +146,7 @@ def _stage_arrays(data, directory: str, x_shapes, num_outputs: int, x_dtype: str
                 f"The {what} features do not fit the model's input shape {tuple(shape)}. "
                 f"Received: x with shape {x.shape}."
             )
+    _check_arrays(xs, ys, checks, what)
     all_int = all(np.issubdtype(y.dtype, np.integer) or y.dtype == bool for y in ys)
     y_dtype = _label_dtype(all_int, x_dtype)
     uri = join(directory, "part-00000.arrow")
@@ -192,7 +242,7 @@ def _label_column(df, name: str, fields: dict, float_name: str, x_dtype: str):
     )
 
 
-def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what) -> StagedDataset:
+def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what, checks=None) -> StagedDataset:
     feature_names = column_list(features_col, len(x_shapes), "features_col", "input")
     label_names = column_list(label_col, num_outputs, "label_col", "output")
     fields = _check_columns(df, what, features_col=feature_names, label_col=label_names)
@@ -215,6 +265,7 @@ def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outpu
         labels=[f"y{k}" for k in range(num_outputs)],
         x_dtype=x_dtype,
         y_dtype=y_dtype,
+        checks=checks,
     )
     rows = run_spark_job(
         lambda: selected.mapInArrow(body, "uri string, rows long, label_widths array<int>").collect(),
@@ -228,7 +279,7 @@ def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outpu
     return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, y_dtype)
 
 
-def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what) -> StagedDataset:
+def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what, checks=None) -> StagedDataset:
     body = partial(
         export_pairs,
         directory=directory,
@@ -236,6 +287,7 @@ def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what) -> StagedDa
         num_outputs=num_outputs,
         x_dtype=x_dtype,
         y_dtype=x_dtype,
+        checks=checks,
     )
     rows = run_spark_job(lambda: rdd.mapPartitionsWithIndex(body).collect())
     shapes = {shape for _, n, shape in rows if n}
@@ -256,6 +308,7 @@ def stage(
     features_col="features",
     label_col="label",
     what: str = "training",
+    checks: Optional[DataChecks] = None,
 ) -> StagedDataset:
     """Writes ``data`` to a new directory under ``root`` and describes it.
 
@@ -270,6 +323,7 @@ def stage(
         features_col: DataFrame column(s) of the features, one per input.
         label_col: DataFrame column(s) of the labels, one per output.
         what: Name of the data in error messages ("training", "validation").
+        checks: Value checks made while staging (:func:`data_checks`).
 
     Raises:
         DataError: naming the column or array and what was received.
@@ -279,11 +333,11 @@ def stage(
 
     directory = join(root, f"{what}-{uuid.uuid4().hex[:12]}")
     if isinstance(data, DataFrame):
-        staged = _stage_dataframe(data, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what)
+        staged = _stage_dataframe(data, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what, checks)
     elif isinstance(data, RDD):
-        staged = _stage_rdd(data, directory, x_shapes, num_outputs, x_dtype, what)
+        staged = _stage_rdd(data, directory, x_shapes, num_outputs, x_dtype, what, checks)
     elif isinstance(data, (tuple, list)) and len(data) == 2:
-        staged = _stage_arrays(data, directory, x_shapes, num_outputs, x_dtype, what)
+        staged = _stage_arrays(data, directory, x_shapes, num_outputs, x_dtype, what, checks)
     else:
         raise DataError(
             f"Expected the {what} data to be a Spark DataFrame, an RDD of (x, y) pairs or "

@@ -78,6 +78,33 @@ class ModelSpec:
         return model
 
 
+_LOADABLE: set = set()
+
+
+def check_model_loads(spec: ModelSpec) -> None:
+    """Checks on the driver that executors can rebuild the model from ``spec`` (once per fingerprint).
+
+    Raises:
+        ConfigurationError: the archive does not load in Keras' safe mode, most
+            often a custom layer, loss or metric that is not registered.
+    """
+    from .errors import ConfigurationError
+
+    if spec.fingerprint in _LOADABLE:
+        return
+    try:
+        keras_from_bytes(spec.keras_bytes)
+    except Exception as exc:  # noqa: BLE001 - any failure means executors fail the same way
+        message = " ".join(str(exc).split())
+        raise ConfigurationError(
+            "The model cannot be rebuilt from its .keras archive, as executors must. Register "
+            "custom layers, losses and metrics with @keras.saving.register_keras_serializable() "
+            "(and ship their module to the executors) and give them get_config(). Keras said: "
+            f"{type(exc).__name__}: {message[:500]}"
+        ) from None
+    _LOADABLE.add(spec.fingerprint)
+
+
 def input_shapes(model) -> Tuple[Tuple[int, ...], ...]:
     """The shape of one example of each model input, in the order of ``model.inputs``."""
     return tuple(tuple(int(d) for d in t.shape[1:]) for t in model.inputs)
@@ -127,6 +154,20 @@ def iterations_index(model) -> int:
         if v is model.optimizer.iterations:
             return i
     raise RuntimeError("The optimizer has no iteration counter among its variables.")
+
+
+def architecture_signature(model) -> str:
+    """What a checkpoint must match to be resumed into ``model``, independent of layer names.
+
+    The layers' classes and weight shapes, the optimizer's class and variable
+    shapes, and the loss: auto-generated names (``dense_3``) differ between
+    two builds of the same model, so :attr:`ModelSpec.fingerprint` would not do.
+    """
+    layers = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
+    optimizer = (type(model.optimizer).__name__, [tuple(v.shape) for v in model.optimizer.variables])
+    loss = model.loss if isinstance(model.loss, (str, list, dict, tuple)) else type(model.loss).__name__
+    description = json.dumps([layers, optimizer, loss], default=str)
+    return hashlib.sha256(description.encode()).hexdigest()[:16]
 
 
 def trainable_mask(model) -> List[bool]:

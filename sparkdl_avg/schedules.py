@@ -53,6 +53,13 @@ class AveragingSchedule:
         """Name and parameters, for reports and checkpoints."""
         return {"name": type(self).__name__}
 
+    def get_state(self) -> Dict[str, Any]:
+        """What a stateful schedule has learned (JSON-able), saved in checkpoints."""
+        return {}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        """Restores :meth:`get_state`'s result."""
+
 
 @dataclass(frozen=True)
 class FixedPeriod(AveragingSchedule):
@@ -136,6 +143,12 @@ class AdaComm(AveragingSchedule):
 
     def describe(self) -> Dict[str, Any]:
         return {"name": "adacomm", "initial_period": self.initial_period, "min_period": self.min_period}
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"first_loss": self.first_loss, "current": self.current, "last_epoch": self._last_epoch}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        self.first_loss, self.current, self._last_epoch = state["first_loss"], state["current"], state["last_epoch"]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -215,6 +215,51 @@ def remove_tree(uri: str) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class DataChecks:
+    """Value checks made while staging (``check_data=True``).
+
+    Attributes:
+        finite: Features and labels must be finite (no NaN/Inf).
+        label_ranges: Per model output, ``(low, high, integer, what)``: labels
+            must lie in ``[low, high]`` (and be whole numbers if ``integer``);
+            ``what`` describes the range in the error. ``None``: no check.
+    """
+
+    finite: bool = True
+    label_ranges: Tuple[Optional[Tuple[float, float, bool, str]], ...] = ()
+
+
+def check_values(values: np.ndarray, name: str, checks: Optional[DataChecks], output: Optional[int] = None) -> None:
+    """Raises a data error naming ``name`` if ``values`` (rows × values) fail ``checks``.
+
+    Args:
+        values: The staged values, one row per example.
+        name: How the error names them, e.g. ``"Column 'label'"``.
+        checks: The checks; ``None`` checks nothing.
+        output: For labels, the model output they belong to.
+    """
+    if checks is None or values.size == 0:
+        return
+    if checks.finite and values.dtype.kind == "f":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            raise data_error(
+                f"{name} contains NaN or Inf ({int(bad.sum())} values; the first in row {row} of its "
+                "partition). Clean or impute the data, or pass check_data=False to train anyway."
+            )
+    bounds = checks.label_ranges[output] if output is not None and output < len(checks.label_ranges) else None
+    if bounds is not None:
+        low, high, integer, what = bounds
+        bad = (values < low) | (values > high)
+        if integer:
+            bad |= values != np.round(values)
+        if bad.any():
+            value = values[tuple(np.argwhere(bad)[0])]
+            raise data_error(f"{name} holds the label {value.item()!r}; expected {what}.")
+
+
 def _list_values(column: pa.Array, name: str, width: int, dtype: str) -> np.ndarray:
     """Flattens an Arrow list column whose rows must all hold ``width`` values."""
     if column.null_count:
@@ -240,6 +285,7 @@ def export_arrow_batches(
     labels: Sequence[str],
     x_dtype: str,
     y_dtype: str,
+    checks: Optional[DataChecks] = None,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body that stages one DataFrame partition as one file.
 
@@ -247,6 +293,7 @@ def export_arrow_batches(
         features: ``(column, width)`` per model input; the columns are
             ``array<float|double>`` and every row must hold ``width`` values.
         labels: Label column per model output, each a number or an array.
+        checks: Value checks (NaN/Inf, label range); ``None``: none.
 
     Yields one row ``(uri, rows, label_widths)`` where a label width is 0 for
     a scalar label; empty partitions write no file and yield ``rows = 0``.
@@ -257,11 +304,14 @@ def export_arrow_batches(
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        xs.append(
-            np.concatenate([_list_values(batch.column(name), name, width, x_dtype) for name, width in features], axis=1)
-        )
+        feature_parts = []
+        for name, width in features:
+            values = _list_values(batch.column(name), name, width, x_dtype)
+            check_values(values, f"Column '{name}'", checks)
+            feature_parts.append(values)
+        xs.append(np.concatenate(feature_parts, axis=1))
         parts, widths = [], []
-        for name in labels:
+        for output, name in enumerate(labels):
             label = batch.column(name)
             if pa.types.is_list(label.type) or pa.types.is_large_list(label.type):
                 width = int(pc.list_value_length(label).to_numpy(zero_copy_only=False)[0])
@@ -271,6 +321,7 @@ def export_arrow_batches(
                     raise data_error(f"Column '{name}' contains null labels.")
                 width = 0
                 parts.append(label.to_numpy(zero_copy_only=False).astype(y_dtype, copy=False).reshape(-1, 1))
+            check_values(parts[-1], f"Column '{name}'", checks, output)
             widths.append(width)
         if label_widths not in (None, widths):
             raise data_error(f"Label column(s) {list(labels)} hold arrays of different lengths.")
@@ -304,6 +355,7 @@ def export_pairs(
     num_outputs: int,
     x_dtype: str,
     y_dtype: str,
+    checks: Optional[DataChecks] = None,
 ) -> Iterator[Tuple[str, int, Tuple[Tuple[int, ...], ...]]]:
     """``mapPartitionsWithIndex`` body that stages an RDD partition of ``(x, y)`` pairs.
 
@@ -338,6 +390,14 @@ def export_pairs(
     if not xs:
         yield "", 0, ()
         return
+    x_all, y_all = np.stack(xs), np.stack(ys)
+    check_values(x_all, f"The features of RDD partition {index}", checks)
+    if checks is not None:
+        start = 0
+        for output, shape in enumerate(shapes):
+            width = int(np.prod(shape))
+            check_values(y_all[:, start : start + width], f"The labels of RDD partition {index}", checks, output)
+            start += width
     uri = join(directory, f"part-{index:05d}.arrow")
-    write_examples(uri, np.stack(xs), np.stack(ys))
+    write_examples(uri, x_all, y_all)
     yield uri, len(xs), shapes

@@ -22,12 +22,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import checkpoint
 from . import data as data_mod
 from .aggregation import PartialResult, merge
-from .config import TrainerConfig, check_int, validate_model
+from .config import TrainerConfig, check_checkpoint_args, check_int, validate_model
 from .errors import WORKER_ERROR_MARKER, ConfigurationError, DataError, WorkerError
 from .modelspec import (
     ModelSpec,
+    architecture_signature,
+    check_model_loads,
     current_learning_rate,
     get_state,
     input_shapes,
@@ -73,6 +76,24 @@ def spark_job_labels(sc, description: str, group: Optional[str] = None):
             sc.setLocalProperty(key, value)
 
 
+@dataclasses.dataclass
+class _FitContext:
+    """What the rounds of one ``fit`` share."""
+
+    sc: Any
+    run: RoundTask
+    epochs: int
+    epoch_steps: int
+    schedule: AveragingSchedule
+    rule: UpdateRule
+    callbacks: Any
+    progress: Progress
+    checkpoint_dir: Optional[str]
+    checkpoint_every: Any
+    run_settings: Dict[str, Any]
+    rounds: int = 0
+
+
 class ParameterAveragingTrainer:
     """Trains a compiled Keras model on Spark by synchronous parameter averaging.
 
@@ -106,6 +127,15 @@ class ParameterAveragingTrainer:
             ``pyarrow.fs`` URI every executor can read). Default: the system
             temp dir. The trainer writes into a new subdirectory and deletes
             it on :meth:`close` or when the trainer is garbage-collected.
+        on_nonfinite: ``"raise"`` (default): a replica whose loss or weights
+            become NaN/Inf stops ``fit`` with a ``WorkerError`` naming the
+            epoch, round and worker; the model keeps the last good weights.
+            ``"skip"``: such replicas are left out of that round's average,
+            with a warning.
+        check_data: Check while staging that features and labels are finite
+            and that labels fit the loss (class indices in ``[0, classes)``
+            for a sparse categorical cross-entropy, ``[0, 1]`` for a binary
+            one); a ``DataError`` names the column. Default True.
 
     Raises:
         ConfigurationError: a parameter or the model is invalid.
@@ -122,6 +152,8 @@ class ParameterAveragingTrainer:
         update_rule: Any = None,
         seed: Optional[int] = None,
         staging_dir: Optional[str] = None,
+        on_nonfinite: str = "raise",
+        check_data: bool = True,
     ) -> None:
         self.config = TrainerConfig(
             num_workers=num_workers,
@@ -132,6 +164,8 @@ class ParameterAveragingTrainer:
             update_rule=update_rule,
             seed=seed,
             staging_dir=staging_dir,
+            on_nonfinite=on_nonfinite,
+            check_data=check_data,
         )
         validate_model(model)
         self.model = model
@@ -163,6 +197,7 @@ class ParameterAveragingTrainer:
             features_col=features_col,
             label_col=label_col,
             what=what,
+            checks=data_mod.data_checks(self.model, self.config.check_data),
         )
         if key is not None:
             self._staged[key] = (data, staged)  # holding `data` keeps its id() unique
@@ -191,6 +226,9 @@ class ParameterAveragingTrainer:
         callbacks=None,
         verbose="auto",
         shuffle: bool = True,
+        checkpoint_dir: Optional[str] = None,
+        checkpoint_every: Any = "epoch",
+        resume: Any = False,
     ):
         """Trains the model by parameter averaging for ``epochs`` passes over ``data``.
 
@@ -200,7 +238,8 @@ class ParameterAveragingTrainer:
                 again. For a model with several inputs (outputs), ``x``
                 (``y``) is a list/tuple of arrays in the order of
                 ``model.inputs`` (``model.outputs``).
-            epochs: Passes over the data. Default 1.
+            epochs: Passes over the data (with ``resume``: the total, counting
+                the epochs before the checkpoint). Default 1.
             features_col: DataFrame column with the features, ``array<float>``,
                 ``array<double>`` or a ``pyspark.ml`` Vector, reshaped to the
                 model's input shape; a list of columns, one per model input,
@@ -213,23 +252,37 @@ class ParameterAveragingTrainer:
             callbacks: Keras callbacks, run on the driver with the averaged
                 model. Batch-level hooks are called once per round.
             verbose: ``"auto"`` (1 on a terminal, else 2), 0 (silent), 1
-                (progress bar per epoch, one step per round) or 2 (one line per
-                epoch), as in ``keras.Model.fit``.
+                (progress bar per epoch) or 2 (one line per epoch), as in
+                ``keras.Model.fit``.
             shuffle: Visit the examples in a new seeded order every epoch.
                 ``False`` keeps the data's order (partitions in order).
+            checkpoint_dir: Directory (local path or ``pyarrow.fs`` URI) where
+                checkpoints are written atomically (see
+                :mod:`sparkdl_avg.checkpoint`); it must be new, empty, or hold
+                this run's checkpoints (then pass ``resume=True``). Default
+                ``None``: no checkpoints.
+            checkpoint_every: ``"epoch"`` (default: after every epoch) or a
+                number of rounds.
+            resume: ``True`` continues from the latest checkpoint in
+                ``checkpoint_dir`` if there is one (else starts afresh); a
+                checkpoint path continues from that one. The model, data and
+                settings must be those of the run that wrote it.
 
         Returns:
             A ``keras.callbacks.History``: ``history.history["loss"]`` has one
             value per epoch, the example-weighted mean over all workers'
-            minibatches, and likewise every compiled metric.
+            minibatches, and likewise every compiled metric. After a resume
+            it also holds the epochs before the checkpoint.
 
         Raises:
             ConfigurationError, DataError: before any training round runs.
-            WorkerError: a round's Spark job failed.
+            WorkerError: a round's Spark job failed, or a replica's loss or
+                weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
         import keras
 
         verbose = _check_fit_args(epochs, verbose)
+        check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
         cfg = self.config
         sc = data_mod.spark_context_for(data)
         num_workers = cfg.num_workers or sc.defaultParallelism
@@ -241,6 +294,9 @@ class ParameterAveragingTrainer:
                 self._staging_root,
                 sc.master,
             )
+        checkpoint_uri = self._find_checkpoint(checkpoint_dir, resume)
+        spec = ModelSpec.from_model(self.model)
+        check_model_loads(spec)
         train = self._stage(data, features_col, label_col, "training")
         val = (
             self._stage(validation_data, features_col, label_col, "validation")
@@ -257,7 +313,17 @@ class ParameterAveragingTrainer:
         schedule = cfg.schedule()
         rule = cfg.rule(num_workers)
         self._ensure_rule_state(rule)
-        spec = ModelSpec.from_model(self.model)
+        run_settings = {
+            "model": architecture_signature(self.model),
+            "num_examples": train.num_examples,
+            "num_workers": num_workers,
+            "batch_size": cfg.batch_size,
+            "optimizer_state": cfg.optimizer_state,
+            "update_rule": rule.describe(),
+            "averaging_frequency": schedule.describe(),
+            "shuffle": shuffle,
+        }
+        restored = self._restore(checkpoint_uri, run_settings, rule, schedule) if checkpoint_uri else None
         spec_bc = sc.broadcast(spec)
         callback_list = keras.callbacks.CallbackList(
             callbacks,
@@ -269,53 +335,136 @@ class ParameterAveragingTrainer:
             # Batch hooks run once per round; rounds per epoch are known for a fixed k only.
             steps=-(-epoch_steps // schedule.k) if isinstance(schedule, FixedPeriod) else None,
         )
-        progress = Progress(verbose, epochs, epoch_steps)
         first_record = len(self.stats)
         self._fits += 1
         labels = spark_job_labels(
             sc, f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
         )
-        # Everything a round's task needs but the epoch, round and state.
-        run = RoundTask(
-            spec=spec_bc,
-            fingerprint=spec.fingerprint,
-            state=None,
-            dataset=train,
-            epoch=0,
-            round=0,
-            steps_before=0,
-            steps=0,
-            num_workers=num_workers,
-            batch_size=cfg.batch_size,
-            seed=self._seed,
-            shuffle=shuffle,
-            average_optimizer=cfg.optimizer_state == "average",
+        ctx = _FitContext(
+            sc=sc,
+            # Everything a round's task needs but the epoch, round and state.
+            run=RoundTask(
+                spec=spec_bc,
+                fingerprint=spec.fingerprint,
+                state=None,
+                dataset=train,
+                epoch=0,
+                round=0,
+                steps_before=0,
+                steps=0,
+                num_workers=num_workers,
+                batch_size=cfg.batch_size,
+                seed=self._seed,
+                shuffle=shuffle,
+                average_optimizer=cfg.optimizer_state == "average",
+                skip_nonfinite=cfg.on_nonfinite == "skip",
+            ),
+            epochs=epochs,
+            epoch_steps=epoch_steps,
+            schedule=schedule,
+            rule=rule,
+            callbacks=callback_list,
+            progress=Progress(verbose, epochs, epoch_steps),
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            run_settings=run_settings,
         )
         self.model.stop_training = False
         with labels:
             try:
                 callback_list.on_train_begin()
                 logs: Dict[str, float] = {}
-                for epoch in range(epochs):
+                start_epoch = 0
+                if restored is not None:
+                    start_epoch = restored.epoch
+                    history = restored.meta["history"]
+                    self.model.history.history = {k: list(v) for k, v in history.items()}
+                    self.model.history.epoch = list(range(start_epoch))
+                    logs = {k: v[-1] for k, v in history.items() if v}
+                    if start_epoch >= epochs:
+                        logger.warning(
+                            "The checkpoint %s is at epoch %d; fit(epochs=%d) has nothing left to train.",
+                            checkpoint_uri, start_epoch, epochs,
+                        )
+                for epoch in range(start_epoch, epochs):
                     callback_list.on_epoch_begin(epoch)
-                    progress.epoch_begin(epoch)
-                    logs, rounds_done = self._train_epoch(
-                        sc, run, epoch, epochs, epoch_steps, schedule, rule, logs, callback_list, progress
-                    )
+                    ctx.progress.epoch_begin(epoch)
+                    begin = restored if restored is not None and epoch == restored.epoch else None
+                    logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
                     if val is not None:
                         val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
                         logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
-                    progress.epoch_end(epoch, rounds_done, logs)
+                    ctx.progress.epoch_end(epoch, rounds_done, logs)
                     callback_list.on_epoch_end(epoch, logs)
+                    if checkpoint_dir is not None and checkpoint_every == "epoch":
+                        self._save_checkpoint(ctx, epoch + 1, 0, 0, None)
                     if self.model.stop_training:
                         break
                 callback_list.on_train_end(logs)
-                progress.train_end(self.stats.summary(first_record))
+                ctx.progress.train_end(self.stats.summary(first_record))
             finally:
                 spec_bc.unpersist()
         self.history = self.model.history
         self._last_fit_first_record = first_record
         return self.model.history
+
+    # ----------------------------------------------------------- checkpoints
+
+    def _find_checkpoint(self, checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
+        """The checkpoint to resume from, if any; refuses to write over another run's checkpoints."""
+        if isinstance(resume, str):
+            return resume
+        if checkpoint_dir is None:
+            return None
+        found = checkpoint.latest(checkpoint_dir)
+        if found is not None and not resume:
+            raise ConfigurationError(
+                f"The 'checkpoint_dir' {checkpoint_dir!r} already holds checkpoints (latest: {found}). "
+                "Pass resume=True to continue that run, or give an empty or new directory."
+            )
+        return found
+
+    def _restore(self, uri: str, run_settings: dict, rule: UpdateRule, schedule: AveragingSchedule):
+        """Loads the checkpoint at ``uri`` into the model, the rule and the schedule."""
+        saved = checkpoint.load(uri)
+        current = dict(run_settings)
+        if self.config.seed is not None:
+            current["seed"] = self.config.seed
+        checkpoint.check_compatible(uri, {**saved.meta["run"], "seed": saved.meta["seed"]}, current)
+        shapes = [tuple(w.shape) for w in self.model.get_weights()]
+        if [tuple(w.shape) for w in saved.weights] != shapes:
+            raise ConfigurationError(f"The checkpoint at {uri!r} holds weights of other shapes than the model's.")
+        set_state(self.model, saved.weights, saved.optimizer)
+        self._rule_state = saved.rule_state
+        self._rule_state_of = rule.describe()
+        schedule.set_state(saved.meta["schedule_state"])
+        self._seed = saved.meta["seed"]
+        logger.info("Resuming from %s (epoch %d, round %d).", uri, saved.epoch + 1, saved.rounds_done + 1)
+        return saved
+
+    def _save_checkpoint(self, ctx: "_FitContext", epoch: int, rounds_done: int, steps_done: int, epoch_result) -> None:
+        weights, opt_vars = get_state(self.model)
+        checkpoint.save(
+            ctx.checkpoint_dir,
+            checkpoint.Checkpoint(
+                epoch=epoch,
+                rounds_done=rounds_done,
+                steps_done=steps_done,
+                weights=weights,
+                optimizer=opt_vars,
+                rule_state=self._rule_state or {},
+                meta={
+                    "seed": self._seed,
+                    "run": ctx.run_settings,
+                    "schedule_state": ctx.schedule.get_state(),
+                    "epoch_examples": epoch_result.examples if epoch_result is not None else 0,
+                    "epoch_metric_sums": dict(epoch_result.metric_sums) if epoch_result is not None else {},
+                    "history": {k: [float(x) for x in v] for k, v in self.model.history.history.items()},
+                },
+            ),
+        )
+
+    # ------------------------------------------------------------ rounds
 
     def _ensure_rule_state(self, rule: UpdateRule) -> None:
         """Creates the update rule's state unless this trainer already holds the same rule's."""
@@ -328,39 +477,36 @@ class ParameterAveragingTrainer:
         """The update rule's description and state (e.g. BMUF's ``Δ``, float64 arrays per trainable weight)."""
         return {"rule": self._rule_state_of, "state": self._rule_state}
 
-    def _train_epoch(
-        self,
-        sc,
-        run: RoundTask,
-        epoch: int,
-        epochs: int,
-        epoch_steps: int,
-        schedule: AveragingSchedule,
-        rule: UpdateRule,
-        logs: Dict[str, float],
-        callback_list,
-        progress,
-    ) -> Tuple[Dict[str, float], int]:
+    def _train_epoch(self, ctx: "_FitContext", epoch: int, logs: Dict[str, float], begin) -> Tuple[Dict[str, float], int]:
         """Runs the rounds of one epoch; returns the epoch's logs and the rounds run.
 
         ``logs`` (the previous epoch's, ``{}`` at the start of a fit) is what
-        the schedule sees before the epoch's first round.
+        the schedule sees before the epoch's first round. ``begin``: a
+        checkpoint of this epoch to continue from, or ``None``.
         """
         epoch_result: Optional[PartialResult] = None
         steps_before = 0
         rounds_done = 0
-        while steps_before < epoch_steps:
+        if begin is not None:
+            steps_before, rounds_done = begin.steps_done, begin.rounds_done
+            if begin.meta["epoch_examples"]:
+                epoch_result = PartialResult(begin.meta["epoch_examples"], metric_sums=begin.meta["epoch_metric_sums"])
+                logs = epoch_result.metric_means()
+        while steps_before < ctx.epoch_steps:
             rnd = rounds_done
-            steps = next_period(schedule, epoch, rnd, logs, epoch_steps - steps_before)
-            callback_list.on_train_batch_begin(rnd)
-            task = dataclasses.replace(run, epoch=epoch, round=rnd, steps_before=steps_before, steps=steps)
-            result = self._run_round(sc, task, rule, epoch_steps, epochs)
+            steps = next_period(ctx.schedule, epoch, rnd, logs, ctx.epoch_steps - steps_before)
+            ctx.callbacks.on_train_batch_begin(rnd)
+            task = dataclasses.replace(ctx.run, epoch=epoch, round=rnd, steps_before=steps_before, steps=steps)
+            result = self._run_round(ctx.sc, task, ctx.rule, ctx.epoch_steps, ctx.epochs)
             steps_before += steps
             rounds_done += 1
+            ctx.rounds += 1
             epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
             logs = epoch_result.metric_means()
-            progress.round_end(self.stats.records[-1], logs)
-            callback_list.on_train_batch_end(rnd, logs)
+            if ctx.checkpoint_dir is not None and ctx.checkpoint_every != "epoch" and ctx.rounds % ctx.checkpoint_every == 0:
+                self._save_checkpoint(ctx, epoch, rounds_done, steps_before, epoch_result)
+            ctx.progress.round_end(self.stats.records[-1], logs)
+            ctx.callbacks.on_train_batch_end(rnd, logs)
             if self.model.stop_training:
                 break
         return logs, rounds_done
@@ -403,6 +549,7 @@ class ParameterAveragingTrainer:
                 )
             raise WorkerError(message) from exc
         t2 = time.time()
+        self._check_finite(task, result)
         average = [s / result.examples for s in result.weight_sums]  # float64
         new_weights = rule.apply(weights, sent, average, self._rule_state, mask, learning_rate)
         new_opt = result.average(result.optimizer_sums, opt_vars) if task.average_optimizer else list(opt_vars)
@@ -413,6 +560,25 @@ class ParameterAveragingTrainer:
         t3 = time.time()
         self.stats.add({**round_record(task, result, t0, t1, t2, t3), "update_rule": rule.name})
         return result
+
+    def _check_finite(self, task: RoundTask, result: PartialResult) -> None:
+        """Stops (or, with ``on_nonfinite="skip"``, warns) when replicas' loss or weights are NaN/Inf.
+
+        Raised before the driver's model is touched, so it keeps the last good weights.
+        """
+        bad = sorted((w for w in result.workers if not w.get("finite", True)), key=lambda w: w["worker"])
+        if not bad:
+            return
+        names = ", ".join(f"{w['worker']} (loss {w['loss']:.4g})" for w in bad)
+        where = f"epoch {task.epoch}, round {task.round}"
+        if self.config.on_nonfinite == "raise" or len(bad) == len(result.workers):
+            raise WorkerError(
+                f"Non-finite loss or weights (NaN/Inf) from worker(s) {names} in {where}. The model "
+                "keeps the weights from before this round (and the last checkpoint is unchanged). "
+                "Lower the learning rate, check the data, or pass on_nonfinite='skip' to leave such "
+                "replicas out of the average."
+            )
+        logger.warning("Left worker(s) %s out of the average of %s: non-finite loss or weights.", names, where)
 
     # ------------------------------------------------------------- evaluate
 

@@ -157,6 +157,9 @@ class RoundTask:
         seed: The run's seed (data order).
         shuffle: Whether the epoch visits examples in shuffled order.
         average_optimizer: Whether to return the optimizer variables for averaging.
+        skip_nonfinite: A worker whose loss or weights are not finite leaves
+            itself out of the average (returns no examples) instead of
+            returning NaN sums; either way its record says ``finite: False``.
     """
 
     spec: Any
@@ -172,6 +175,26 @@ class RoundTask:
     seed: int
     shuffle: bool
     average_optimizer: bool
+    skip_nonfinite: bool = False
+
+
+def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
+    """Sets the state of the replica's random generators (dropout, noise layers) for one task.
+
+    The state follows from ``(seed, epoch, round, worker)`` alone, not from
+    what the cached replica trained before, so a task Spark retries on
+    another Python worker draws the same numbers.
+    """
+    from .plan import epoch_key
+
+    generators = [v for v in model.variables if v.path.endswith("seed_generator_state")]
+    if not generators:
+        return
+    base = epoch_key(seed, (epoch * 1_000_003 + round) * 10_007 + worker)
+    for i, var in enumerate(generators):
+        value = np.zeros(var.shape, dtype=var.dtype)
+        value.flat[0] = (base + 7919 * i) % (2**31)
+        var.assign(value)
 
 
 def _worker_record(worker: int, **fields) -> dict:
@@ -189,6 +212,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     model, built = get_replica(task.spec, task.fingerprint)
     weights, opt_vars = _value(task.state)
     set_state(model, weights, opt_vars)
+    seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
 
     order = EpochOrder(task.dataset.num_examples, task.seed, task.epoch, task.shuffle)
@@ -213,26 +237,29 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     computed = time.time()
 
     new_weights, new_opt = get_state(model)
-    result = PartialResult(
+    finite = all(np.isfinite(v) for v in sums.values()) and all(np.isfinite(w).all() for w in new_weights)
+    record = _worker_record(
+        worker,
+        examples=n,
+        start=start,
+        end=time.time(),
+        setup_s=ready - start,
+        load_s=loaded - ready,
+        compute_s=computed - loaded,
+        replica_built=built,
+        replicas_built_by_process=BUILD_COUNT,
+        finite=bool(finite),
+        loss=sums.get("loss", float("nan")) / n,
+    )
+    if not finite and task.skip_nonfinite:
+        return PartialResult(examples=0, workers=[record])
+    return PartialResult(
         examples=n,
         weight_sums=weighted(new_weights, n),
         optimizer_sums=weighted(new_opt, n) if task.average_optimizer else None,
         metric_sums=sums,
-        workers=[
-            _worker_record(
-                worker,
-                examples=n,
-                start=start,
-                end=time.time(),
-                setup_s=ready - start,
-                load_s=loaded - ready,
-                compute_s=computed - loaded,
-                replica_built=built,
-                replicas_built_by_process=BUILD_COUNT,
-            )
-        ],
+        workers=[record],
     )
-    return result
 
 
 def _one_line(message: str) -> str:

@@ -1,0 +1,209 @@
+"""Checkpoints of a fit: everything needed to continue it exactly, written atomically.
+
+A checkpoint directory (``fit(checkpoint_dir=...)``, a local path or any
+``pyarrow.fs`` URI: HDFS, S3, ...) holds complete checkpoints in
+subdirectories ``ckpt-<sequence>`` and a ``LATEST`` file naming the newest.
+A checkpoint is two files:
+
+- ``arrays.npz``: the global weights, the optimizer's variables and the
+  update rule's state (e.g. BMUF's ``Δ``), read with ``allow_pickle=False``;
+- ``meta.json``: format version, position (epoch, rounds and minibatches
+  done in it), the partial epoch's metric sums, the history of finished
+  epochs, the seed, the configuration, the update rule and schedule (with
+  AdaComm's state), the model's fingerprint and the number of examples.
+
+Writing: the new checkpoint is written completely under its own name, then
+``LATEST`` is replaced (written to a temporary name and moved; on stores
+without atomic rename, such as S3, ``LATEST`` is still only written after the
+checkpoint is complete), and only then are older checkpoints deleted. A crash
+at any moment leaves ``LATEST`` naming a complete checkpoint. No pickle
+anywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .errors import ConfigurationError
+from .staging import join, resolve
+
+FORMAT_VERSION = 1
+LATEST = "LATEST"
+ARRAYS = "arrays.npz"
+META = "meta.json"
+PREFIX = "ckpt-"
+
+
+@dataclass
+class Checkpoint:
+    """The state of a fit between two rounds.
+
+    Attributes:
+        epoch: The epoch in progress (0-based).
+        rounds_done: Rounds of ``epoch`` already trained.
+        steps_done: Minibatches per worker of ``epoch`` already trained.
+        weights: Global weights (``model.get_weights()`` order).
+        optimizer: Optimizer variables (``optimizer.variables`` order).
+        rule_state: The update rule's state, name → arrays.
+        meta: Everything else (JSON): ``seed``, ``config``, ``rule``,
+            ``schedule``, ``fingerprint``, ``num_examples``,
+            ``epoch_examples`` and ``epoch_metric_sums`` (the partial
+            epoch), ``history`` (finished epochs' logs).
+    """
+
+    epoch: int
+    rounds_done: int
+    steps_done: int
+    weights: List[np.ndarray]
+    optimizer: List[np.ndarray]
+    rule_state: Dict[str, List[np.ndarray]] = field(default_factory=dict)
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+def _write_bytes(fs, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def _read_bytes(fs, path: str) -> bytes:
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def _entries(fs, path: str) -> List[str]:
+    import pyarrow.fs as pafs
+
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    if info.type != pafs.FileType.Directory:
+        raise ConfigurationError(
+            f"The 'checkpoint_dir' parameter must name a directory. Received: {path!r} is a file."
+        )
+    return [i.base_name for i in fs.get_file_info(pafs.FileSelector(path))]
+
+
+def latest(directory: str) -> Optional[str]:
+    """The URI of the newest complete checkpoint in ``directory``, or ``None`` if it holds none.
+
+    Raises:
+        ConfigurationError: ``directory`` is a file, or holds files that are
+            not checkpoints (so it is not ours to write into).
+    """
+    fs, path = resolve(directory)
+    names = _entries(fs, path)
+    if not names:
+        return None
+    if LATEST not in names:
+        foreign = sorted(n for n in names if not n.startswith((PREFIX, ".tmp-")))
+        if foreign:
+            raise ConfigurationError(
+                f"The 'checkpoint_dir' parameter must be an empty or new directory, or one holding "
+                f"sparkdl_avg checkpoints. Received: {directory!r}, which holds {foreign[:5]}."
+            )
+        return None
+    name = _read_bytes(fs, path + "/" + LATEST).decode().strip()
+    return join(directory, name)
+
+
+def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
+    """Writes ``checkpoint`` into ``directory`` atomically; returns its URI.
+
+    Args:
+        directory: Checkpoint directory (local path or ``pyarrow.fs`` URI).
+        checkpoint: What to write.
+        keep: Complete checkpoints to keep (the newest ``keep``). Default 1.
+    """
+    fs, path = resolve(directory)
+    fs.create_dir(path, recursive=True)
+    existing = sorted(n for n in _entries(fs, path) if n.startswith(PREFIX))
+    sequence = int(existing[-1][len(PREFIX) :]) + 1 if existing else 0
+    name = f"{PREFIX}{sequence:06d}"
+    target = path + "/" + name
+    fs.create_dir(target, recursive=True)
+
+    arrays: Dict[str, np.ndarray] = {}
+    for i, w in enumerate(checkpoint.weights):
+        arrays[f"weights/{i}"] = np.asarray(w)
+    for i, v in enumerate(checkpoint.optimizer):
+        arrays[f"optimizer/{i}"] = np.asarray(v)
+    for key, values in checkpoint.rule_state.items():
+        for i, v in enumerate(values):
+            arrays[f"rule/{key}/{i}"] = np.asarray(v)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    _write_bytes(fs, target + "/" + ARRAYS, buffer.getvalue())
+    meta = {
+        **checkpoint.meta,
+        "format_version": FORMAT_VERSION,
+        "created": time.time(),
+        "epoch": checkpoint.epoch,
+        "rounds_done": checkpoint.rounds_done,
+        "steps_done": checkpoint.steps_done,
+        "num_weights": len(checkpoint.weights),
+        "num_optimizer_variables": len(checkpoint.optimizer),
+        "rule_state_sizes": {k: len(v) for k, v in checkpoint.rule_state.items()},
+    }
+    _write_bytes(fs, target + "/" + META, json.dumps(meta, indent=1, sort_keys=True).encode())
+
+    # The commit point: LATEST names the new checkpoint only once it is complete.
+    tmp = path + f"/.tmp-{LATEST}-{sequence}"
+    _write_bytes(fs, tmp, name.encode())
+    fs.move(tmp, path + "/" + LATEST)
+    for old in existing[: max(0, len(existing) + 1 - keep)]:
+        fs.delete_dir(path + "/" + old)
+    return join(directory, name)
+
+
+def load(uri: str) -> Checkpoint:
+    """Reads the checkpoint at ``uri`` (a ``ckpt-*`` directory, as :func:`latest` returns).
+
+    Raises:
+        ConfigurationError: missing files or another format version.
+    """
+    fs, path = resolve(uri)
+    try:
+        meta = json.loads(_read_bytes(fs, path + "/" + META))
+        data = _read_bytes(fs, path + "/" + ARRAYS)
+    except (FileNotFoundError, OSError) as exc:
+        raise ConfigurationError(f"No complete sparkdl_avg checkpoint at {uri!r}: {exc}") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ConfigurationError(
+            f"The checkpoint at {uri!r} has format version {meta.get('format_version')!r}; this "
+            f"version of sparkdl_avg reads version {FORMAT_VERSION}."
+        )
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    rule_state = {
+        key: [arrays[f"rule/{key}/{i}"] for i in range(n)] for key, n in meta["rule_state_sizes"].items()
+    }
+    return Checkpoint(
+        epoch=meta["epoch"],
+        rounds_done=meta["rounds_done"],
+        steps_done=meta["steps_done"],
+        weights=[arrays[f"weights/{i}"] for i in range(meta["num_weights"])],
+        optimizer=[arrays[f"optimizer/{i}"] for i in range(meta["num_optimizer_variables"])],
+        rule_state=rule_state,
+        meta=meta,
+    )
+
+
+def check_compatible(uri: str, saved: Dict[str, Any], current: Dict[str, Any]) -> None:
+    """Raises ``ConfigurationError`` naming every setting in which ``current`` differs from ``saved``."""
+    differences = [
+        f"{key}: checkpoint {saved.get(key)!r}, now {value!r}"
+        for key, value in current.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise ConfigurationError(
+            f"Cannot resume from the checkpoint at {uri!r}: it was made with another "
+            f"configuration ({'; '.join(differences)}). Resume with the same model, data and "
+            "settings, or start a new run in an empty checkpoint_dir."
+        )

@@ -1,0 +1,283 @@
+"""Training that survives: checkpoints and resume, retried tasks, NaN, bad input.
+
+The module runs on ``local[2,3]`` (2 cores, up to 3 attempts per task), so a
+task that fails on its first attempt is retried by Spark.
+"""
+
+import os
+import shutil
+import tempfile
+
+from pyspark import cloudpickle
+import numpy as np
+import pytest
+
+import keras
+
+from conftest import assert_weights_close, make_model, make_session, record_jobs, regression_data, stop_active_session
+from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
+from sparkdl_avg import checkpoint as ckpt
+from sparkdl_avg import trainer as trainer_module
+
+B, N = 8, 2
+
+
+@pytest.fixture(scope="module")
+def spark():
+    stop_active_session()
+    local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
+    session = make_session("local[2,3]", "sparkdl_avg-reliability", local_dir)
+    session.sparkContext.setLogLevel("OFF")
+    try:
+        yield session
+    finally:
+        session.stop()
+        shutil.rmtree(local_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    return str(tmp_path)
+
+
+def dropout_model(seed=0):
+    """A float64 MLP with dropout: its replicas draw random numbers every step."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,), dtype="float64")
+    h = keras.layers.Dense(16, activation="tanh", dtype="float64")(inputs)
+    h = keras.layers.Dropout(0.3, dtype="float64")(h)
+    out = keras.layers.Dense(1, dtype="float64")(h)
+    model = keras.Model(inputs, out)
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "mse", metrics=["mae"])
+    return model
+
+
+DATA = regression_data(12 * N * B, seed=11)  # 12 minibatches per worker per epoch
+
+
+def trainer_for(model, **kw):
+    options = dict(num_workers=N, batch_size=B, averaging_frequency=3, update_rule=BlockMomentum(0.5), seed=3)
+    options.update(kw)
+    return ParameterAveragingTrainer(model, **options)
+
+
+class StopAfterRounds(keras.callbacks.Callback):
+    """Simulates a driver crash: raises after ``rounds`` rounds."""
+
+    def __init__(self, rounds):
+        super().__init__()
+        self.rounds, self.seen = rounds, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.rounds:
+            raise KeyboardInterrupt("simulated crash")
+
+
+# ------------------------------------------------------------ checkpoints
+
+
+def test_resume_after_a_crash_ends_with_the_weights_of_an_uninterrupted_run(spark, tmp):
+    reference = dropout_model()
+    ref_history = trainer_for(reference).fit(DATA, epochs=3, verbose=0)
+
+    model = dropout_model()
+    directory = os.path.join(tmp, "ckpt")
+    with pytest.raises(KeyboardInterrupt):
+        trainer_for(model).fit(
+            DATA, epochs=3, verbose=0, checkpoint_dir=directory, checkpoint_every=2, callbacks=[StopAfterRounds(7)]
+        )
+    # 4 rounds per epoch; the last checkpoint is after round 6 = epoch 1, round 2
+    saved = ckpt.load(ckpt.latest(directory))
+    assert (saved.epoch, saved.rounds_done, saved.steps_done) == (1, 2, 6)
+    assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000002"]
+
+    fresh = dropout_model(seed=99)  # other initial weights: the checkpoint's must win
+    trainer = trainer_for(fresh, seed=None)  # the seed comes from the checkpoint
+    history = trainer.fit(DATA, epochs=3, verbose=0, checkpoint_dir=directory, checkpoint_every=2, resume=True)
+    assert_weights_close(fresh.get_weights(), reference.get_weights(), atol=1e-12)
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-12)
+    assert len(trainer.stats.records) == 6  # only the rounds after the checkpoint ran
+
+
+def test_resume_refuses_another_configuration(spark, tmp):
+    directory = os.path.join(tmp, "ckpt")
+    trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir=directory)
+    with pytest.raises(ConfigurationError, match=r"another configuration \(batch_size: checkpoint 8, now 4\)"):
+        trainer_for(make_model(), batch_size=4).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory, resume=True)
+    with pytest.raises(ConfigurationError, match=r"already holds checkpoints.*Pass resume=True"):
+        trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
+
+
+def test_checkpoint_dir_holding_something_else_is_refused_and_kept(spark, tmp):
+    (open(os.path.join(tmp, "notes.txt"), "w")).write("mine")
+    with pytest.raises(ConfigurationError, match=r"'checkpoint_dir'.*holds \['notes.txt'\]"):
+        trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir=tmp)
+    assert open(os.path.join(tmp, "notes.txt")).read() == "mine"
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(checkpoint_every=0), r"'checkpoint_every'.*\[1, inf\).*Got 0"),
+        (dict(checkpoint_every="round"), r"'checkpoint_every'.*Got 'round'"),
+        (dict(resume=True), r"'resume' parameter is True but no 'checkpoint_dir'"),
+        (dict(resume=1), r"'resume' parameter must be a bool or the path"),
+    ],
+)
+def test_invalid_checkpoint_arguments(spark, kwargs, pattern):
+    with pytest.raises(ConfigurationError, match=pattern):
+        trainer_for(make_model()).fit(DATA, verbose=0, **kwargs)
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp, monkeypatch):
+    good = ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {"delta": [np.full(3, 0.5)]}, {"seed": 1})
+    first = ckpt.save(tmp, good)
+    real = ckpt._write_bytes
+
+    def failing(fs, path, data):
+        if path.endswith(ckpt.META):
+            raise OSError("disk full")
+        real(fs, path, data)
+
+    monkeypatch.setattr(ckpt, "_write_bytes", failing)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save(tmp, ckpt.Checkpoint(2, 0, 0, [np.full(3, 9.0)], [np.zeros(1)], {}, {"seed": 1}))
+    assert ckpt.latest(tmp) == first
+    loaded = ckpt.load(first)
+    np.testing.assert_array_equal(loaded.weights[0], np.ones(3))
+    np.testing.assert_array_equal(loaded.rule_state["delta"][0], np.full(3, 0.5))
+    assert loaded.meta["seed"] == 1
+
+
+# ---------------------------------------------------------------- retries
+
+
+def test_a_task_retried_by_spark_gives_exactly_the_weights_of_a_clean_run(spark, monkeypatch, tmp):
+    clean = dropout_model()
+    trainer_for(clean).fit(DATA, epochs=2, verbose=0)
+
+    import sys
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    real = trainer_module.run_round_partition
+    marker = os.path.join(tmp, "failed-once")
+    monkeypatch.setattr(
+        trainer_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker)
+    )
+    try:
+        retried = dropout_model()
+        trainer = trainer_for(retried)
+        trainer.fit(DATA, epochs=2, verbose=0)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert os.path.exists(marker)  # the first attempt did fail, and Spark retried it
+    assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
+    assert np.isfinite(trainer.stats.records[-1]["loss"])
+
+
+def _fail_first_attempt(real, task, iterator, marker):
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if task.epoch == 1 and task.round == 1 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+        list(iterator)
+        open(marker, "w").close()
+        raise RuntimeError("injected failure on the first attempt")
+    return real(task, iterator)
+
+
+# ------------------------------------------------------------ bad numbers
+
+
+def nan_data():
+    """Regression data where worker 1's first example of round 1 is NaN (shuffle=False)."""
+    x, y = regression_data(12 * N * B, seed=11)
+    x = x.copy()
+    # unshuffled, round 1 (k=3) has minibatches 3..5; worker 1 takes the second half of them
+    x[3 * N * B + 3 * B] = np.nan
+    return x, y
+
+
+class Snapshot(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights = self.model.get_weights()
+
+
+def test_nan_on_one_worker_stops_with_the_named_error_and_the_last_good_weights(spark, tmp):
+    model = make_model(seed=1)
+    snapshot = Snapshot()
+    trainer = trainer_for(model, update_rule=None, check_data=False)
+    with pytest.raises(WorkerError, match=r"Non-finite loss or weights \(NaN/Inf\) from worker\(s\) 1 \(loss nan\) in epoch 0, round 1"):
+        trainer.fit(nan_data(), epochs=1, verbose=0, shuffle=False, callbacks=[snapshot], checkpoint_dir=tmp, checkpoint_every=1)
+    assert_weights_close(model.get_weights(), snapshot.weights, atol=0)  # the weights after round 0
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert_weights_close(ckpt.load(ckpt.latest(tmp)).weights, snapshot.weights, atol=0)
+
+
+def test_nan_replicas_can_be_skipped(spark, caplog):
+    model = make_model(seed=1)
+    trainer = trainer_for(model, update_rule=None, check_data=False, on_nonfinite="skip")
+    with caplog.at_level("WARNING", logger="sparkdl_avg"):
+        history = trainer.fit(nan_data(), epochs=1, verbose=0, shuffle=False)
+    assert "Left worker(s) 1 (loss nan) out of the average of epoch 0, round 1" in caplog.text
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert np.isfinite(history.history["loss"][0])
+    assert trainer.stats.records[1]["examples"] == 3 * B  # only worker 0's
+
+
+# -------------------------------------------------------------- bad input
+
+
+def test_nan_in_dataframe_features_is_a_data_error_naming_the_column(spark):
+    x, y = DATA
+    rows = [(list(map(float, r)), float(t)) for r, t in zip(x, y)]
+    rows[5] = ([float("nan")] * 4, rows[5][1])
+    df = spark.createDataFrame(rows, "feats array<double>, target double")
+    with pytest.raises(DataError, match=r"Column 'feats' contains NaN or Inf \(4 values; the first in row 5"):
+        trainer_for(make_model()).fit(df, features_col="feats", label_col="target", verbose=0)
+
+
+def classifier(loss="sparse_categorical_crossentropy", units=3, activation="softmax"):
+    model = make_model(outputs=units, output_activation=activation, loss=loss, metrics=())
+    return model
+
+
+def test_labels_out_of_range_for_the_loss(spark):
+    x = DATA[0]
+    labels = np.arange(len(x)) % 3
+    labels[17] = 3
+    df = spark.createDataFrame(
+        [(list(map(float, r)), int(t)) for r, t in zip(x, labels)], "features array<double>, label int"
+    )
+    with pytest.raises(DataError, match=r"Column 'label' holds the label 3; expected a class index in 0..2"):
+        trainer_for(classifier()).fit(df, verbose=0)
+    with pytest.raises(DataError, match=r"The training array y holds the label 3; expected a class index in 0..2"):
+        trainer_for(classifier()).fit((x, labels), verbose=0)
+    binary = classifier("binary_crossentropy", units=1, activation="sigmoid")
+    with pytest.raises(DataError, match=r"holds the label 2.0; expected a value in \[0, 1\]"):
+        trainer_for(binary).fit((x, np.where(labels == 3, 2.0, 0.0)), verbose=0)
+    # check_data=False stages it anyway (the loss then fails or not, as Keras would)
+    trainer_for(classifier(), check_data=False)._stage((x, labels), "features", "label", "training")
+
+
+def test_nan_in_rdd_labels(spark):
+    x, y = DATA
+    pairs = [(r, float("inf") if i == 2 else float(t)) for i, (r, t) in enumerate(zip(x, y))]
+    with pytest.raises(DataError, match=r"The labels of RDD partition 0 contains NaN or Inf"):
+        trainer_for(make_model()).fit(spark.sparkContext.parallelize(pairs, 2), verbose=0)
+
+
+class Unregistered(keras.layers.Layer):
+    def call(self, x):
+        return x * 2.0
+
+
+def test_model_that_executors_cannot_rebuild_is_refused_on_the_driver(spark):
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(Unregistered()(inputs)))
+    model.compile("sgd", "mse")
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match=r"cannot be rebuilt from its .keras archive.*register_keras_serializable.*Keras said: TypeError"):
+            trainer_for(model).fit(DATA, verbose=0)
+    assert jobs.job_ids == []
