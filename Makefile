@@ -51,7 +51,7 @@ bench: env
 dist: env
 	$(PY) scripts/build_dist.py zip wheel
 
-## A venv-pack archive with the wheel and all dependencies (TensorFlow: ~1 GB) for --archives ...#environment.
+## A venv-pack archive with the wheel and all dependencies (with TensorFlow: ~1.3 GB) for --archives ...#environment.
 dist-env: env
 	$(PY) scripts/build_dist.py env
 

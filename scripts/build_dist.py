@@ -20,7 +20,7 @@ Following Spark's Python packaging guide
 Usage::
 
     python scripts/build_dist.py zip wheel          # make dist
-    python scripts/build_dist.py env                # make dist-env (minutes, ~1 GB)
+    python scripts/build_dist.py env                # make dist-env (minutes, ~1.3 GB)
 
 The functions are also used by the cluster tests, which build a small
 environment (``build_env(..., deps=False)``) without the heavy dependencies.
@@ -134,6 +134,9 @@ def build_env(
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         tmp = output + ".tmp.tar.gz"
         venv_pack.pack(prefix=env, output=tmp, force=True, python_prefix=python_prefix, compress_level=1)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # venv-pack creates it private
         os.replace(tmp, output)
     finally:
         shutil.rmtree(work, ignore_errors=True)

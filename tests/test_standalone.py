@@ -13,7 +13,7 @@ from the editable install of the driver's virtualenv:
   venv-pack with the sparkdl_avg wheel installed.
 
 To keep the test fast, neither environment carries TensorFlow & co. (a full
-``make dist-env`` archive is about a gigabyte): executors find them through
+``make dist-env`` archive is 1.3 GB): executors find them through
 ``spark.executorEnv.PYTHONPATH`` set to the driver venv's site-packages. A
 directory on PYTHONPATH does not run its ``.pth`` files, so the editable
 install's import hook (``__editable__.sparkdl_avg-*.pth``) is not active
@@ -26,6 +26,7 @@ executor check reports ``sparkdl_avg.__file__``). The model comes from
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -221,6 +222,12 @@ def test_train_job_on_local_local_cluster_and_standalone_gives_equal_models(work
     for job in side_jobs:
         _wait_job(job)
     _check_evaluate_and_predict(work, digits, reference)
+
+    # local-cluster keeps its executors' directories under the pip-installed pyspark (SPARK_HOME/work): drop ours.
+    for e in runs["local-cluster"][1]["executors"]:
+        app_dir = e["sparkdl_avg_file"].split(".zip/")[0].rsplit("/", 2)[0]
+        if os.path.basename(app_dir).startswith("app-") and os.path.dirname(app_dir).endswith("/work"):
+            shutil.rmtree(app_dir, ignore_errors=True)
 
     # Where the executors' sparkdl_avg came from.
     local_cluster = runs["local-cluster"][1]["executors"]
