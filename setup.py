@@ -11,7 +11,7 @@ setup(
     packages=find_packages(include=["sparkdl_avg", "sparkdl_avg.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "pyspark>=4.0,<5",
+        "pyspark>=4.1,<5",  # 4.1: arrow_udf (inference without pandas)
         "tensorflow>=2.16",
         "keras>=3.0",
         "numpy>=1.24",

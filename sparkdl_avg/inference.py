@@ -1,15 +1,17 @@
 """Driver side of distributed inference: add a model's outputs to a DataFrame.
 
-The features go through an iterator pandas UDF (Arrow-batched) whose body,
-:func:`sparkdl_avg.worker.predict_batches`, runs on executors with the
-replica cached per Python worker. Every other column of the DataFrame passes
-through untouched (Vectors included).
+The features go through an iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``,
+Spark ≥ 4.1) whose body, :func:`sparkdl_avg.worker.predict_batches`, runs on
+executors with the replica cached per Python worker and sees each Arrow
+batch's feature values as one numpy array (no pandas, no per-row objects).
+Every other column of the DataFrame passes through untouched (Vectors
+included).
 """
 
 import math
 from typing import Iterator, Optional
 
-import pandas as pd
+import pyarrow as pa
 
 from .data import column_list, feature_column
 from .errors import DataError
@@ -72,7 +74,7 @@ def add_predictions(
     """
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
-    from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.functions import arrow_udf
 
     from pyspark.sql import DataFrame
 
@@ -107,8 +109,8 @@ def add_predictions(
     else:
         return_type = "prediction double, probability array<double>"
 
-    @pandas_udf(return_type)
-    def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+    @arrow_udf(return_type)
+    def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
         return predict_batches(task, batches)
 
     tmp = "__sparkdl_avg_outputs"

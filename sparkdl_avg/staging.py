@@ -260,7 +260,7 @@ def check_values(values: np.ndarray, name: str, checks: Optional[DataChecks], ou
             raise data_error(f"{name} holds the label {value.item()!r}; expected {what}.")
 
 
-def _list_values(column: pa.Array, name: str, width: int, dtype: str) -> np.ndarray:
+def list_values(column: pa.Array, name: str, width: int, dtype: str) -> np.ndarray:
     """Flattens an Arrow list column whose rows must all hold ``width`` values."""
     if column.null_count:
         raise data_error(f"Column '{name}' contains null rows; expected {width} values per row.")
@@ -306,7 +306,7 @@ def export_arrow_batches(
             continue
         feature_parts = []
         for name, width in features:
-            values = _list_values(batch.column(name), name, width, x_dtype)
+            values = list_values(batch.column(name), name, width, x_dtype)
             check_values(values, f"Column '{name}'", checks)
             feature_parts.append(values)
         xs.append(np.concatenate(feature_parts, axis=1))
@@ -315,7 +315,7 @@ def export_arrow_batches(
             label = batch.column(name)
             if pa.types.is_list(label.type) or pa.types.is_large_list(label.type):
                 width = int(pc.list_value_length(label).to_numpy(zero_copy_only=False)[0])
-                parts.append(_list_values(label, name, width, y_dtype))
+                parts.append(list_values(label, name, width, y_dtype))
             else:
                 if label.null_count:
                     raise data_error(f"Column '{name}' contains null labels.")

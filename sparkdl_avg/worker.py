@@ -375,45 +375,46 @@ class PredictTask:
 
 
 def predict_batches(task: PredictTask, batches: Iterable) -> Iterator:
-    """Body of the iterator pandas UDF: one ``pandas.DataFrame`` of outputs per input batch.
+    """Body of the iterator Arrow UDF: one ``pyarrow.StructArray`` of outputs per input batch.
 
-    Each input is a ``pandas.Series`` of feature arrays. Outputs have the
-    column ``prediction`` (class index as a double for classifiers, the value
-    or values for regression) and, for classifiers, ``probability``.
+    Each input is an Arrow list array of feature rows; its values are viewed
+    as one ``(rows, width)`` numpy array without per-row Python objects.
+    Outputs have the field ``prediction`` (class index as a double for
+    classifiers, the value or values for regression) and, for classifiers,
+    ``probability``.
     """
-    import pandas as pd
+    import pyarrow as pa
 
-    from .staging import data_error
+    from .staging import list_values
 
     model, _ = get_replica(task.spec, task.fingerprint)
     model.set_weights(_value(task.weights))
     width = sum(int(np.prod(shape)) for shape in task.x_shapes)
-    for series in batches:
-        rows = series.to_numpy()
-        lengths = np.fromiter((len(r) if r is not None else -1 for r in rows), dtype=np.int64, count=len(rows))
-        bad = np.flatnonzero(lengths != width)
-        if bad.size:
-            raise data_error(
-                f"Column '{task.features_col}' has a row of {int(lengths[bad[0]])} values; expected "
-                f"{width} values per row (the model's input shapes {list(task.x_shapes)})."
-            )
-        x = (np.stack(rows) if len(rows) else np.empty((0, width))).astype(task.x_dtype, copy=False)
-        xs = unflatten(x.reshape(len(rows), width), task.x_shapes)
-        out = np.empty((0, sum(int(np.prod(o.shape[1:])) for o in model.outputs)))
+    out_width = sum(int(np.prod(o.shape[1:])) for o in model.outputs)
+
+    def doubles(matrix: np.ndarray) -> pa.Array:
+        """Rows of a 2-D array as an Arrow ``list<double>`` array."""
+        rows, cols = matrix.shape
+        offsets = pa.array(np.arange(0, rows * cols + 1, cols, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(matrix, dtype=np.float64).reshape(-1)))
+
+    for column in batches:
+        x = list_values(column, task.features_col, width, task.x_dtype)
+        xs = unflatten(x, task.x_shapes)
         chunks = []
         for lo in range(0, len(x), task.batch_size):
             pred = model.predict_on_batch(structure([a[lo : lo + task.batch_size] for a in xs]))
             parts = pred if isinstance(pred, (list, tuple)) else [pred]
             chunks.append(np.concatenate([np.asarray(p).reshape(len(p), -1) for p in parts], axis=1))
-        if chunks:
-            out = np.concatenate(chunks)
-        out = out.astype(np.float64)
+        out = (np.concatenate(chunks) if chunks else np.empty((0, out_width))).astype(np.float64)
         if task.kind == "multiclass":
-            yield pd.DataFrame({"prediction": out.argmax(axis=1).astype(np.float64), "probability": list(out)})
+            fields = [pa.array(out.argmax(axis=1).astype(np.float64)), doubles(out)]
         elif task.kind == "binary":
             p = out[:, 0]
-            yield pd.DataFrame({"prediction": (p > 0.5).astype(np.float64), "probability": list(np.stack([1 - p, p], axis=1))})
+            fields = [pa.array((p > 0.5).astype(np.float64)), doubles(np.stack([1 - p, p], axis=1))]
         elif out.shape[1] == 1:
-            yield pd.DataFrame({"prediction": out[:, 0]})
+            fields = [pa.array(out[:, 0])]
         else:
-            yield pd.DataFrame({"prediction": list(out)})
+            fields = [doubles(out)]
+        names = ["prediction", "probability"][: len(fields)]
+        yield pa.StructArray.from_arrays(fields, names=names)
