@@ -70,20 +70,13 @@ def main(argv=None) -> int:
     out.check()  # before any work
 
     from sparkdl_avg import ParameterAveragingTrainer
+    from sparkdl_avg.config import check_checkpoint_args
 
     model = cli.load_model(args.model, args.model_builder, seed=args.seed)
     # Validates every option on the driver before Spark starts any job.
-    trainer = ParameterAveragingTrainer(
-        model,
-        num_workers=args.num_workers,
-        batch_size=args.batch_size,
-        averaging_frequency=args.averaging_frequency,
-        aggregation_depth=args.aggregation_depth,
-        optimizer_state=args.optimizer_state,
-        update_rule=args.update_rule,
-        seed=args.seed,
-        staging_dir=args.staging_dir,
-    )
+    trainer = ParameterAveragingTrainer(model, **cli.trainer_options(args))
+    every = cli.checkpoint_every(args.checkpoint_every)
+    check_checkpoint_args(args.checkpoint_dir, every, args.resume)
     if args.epochs < 1:
         raise cli.UsageError(f"--epochs must be an int in the range [1, inf). Got {args.epochs} instead.")
 
@@ -109,6 +102,9 @@ def main(argv=None) -> int:
                 validation_data=validation,
                 verbose=args.verbose,
                 shuffle=not args.no_shuffle,
+                checkpoint_dir=args.checkpoint_dir,
+                checkpoint_every=every,
+                resume=args.resume,
             )
             final = trainer.evaluate(validation, features_col=features, label_col=labels, return_dict=True) if validation is not None else None
             summary = trainer.stats.summary()

@@ -85,8 +85,22 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--aggregation-depth", type=int, default=2, help="depth of the treeAggregate (default 2)")
     g.add_argument("--optimizer-state", default="average",
                    help="'average' (average optimizer variables, default) or 'reset' (fresh each round)")
-    g.add_argument("--update-rule", default=None,
+    g.add_argument("--update-rule", default="average",
                    help="how the average becomes the next weights: average (default), bmuf, bmuf_nesterov, slowmo")
+    g.add_argument("--block-momentum", type=float, default=None,
+                   help="BMUF's eta (default 1 - 1/num-workers) or SlowMo's beta (default 0.5)")
+    g.add_argument("--block-lr", type=float, default=1.0, help="BMUF's zeta or SlowMo's alpha (default 1)")
+    g.add_argument("--on-nonfinite", default="raise",
+                   help="a replica with NaN/Inf loss or weights: 'raise' (stop, keep the last good weights; "
+                        "default) or 'skip' (leave it out of that round's average)")
+    g.add_argument("--no-check-data", dest="check_data", action="store_false",
+                   help="skip the NaN/Inf and label-range checks made while staging")
+    g.add_argument("--checkpoint-dir", default=None, metavar="PATH_OR_URI",
+                   help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)")
+    g.add_argument("--checkpoint-every", default="epoch",
+                   help="'epoch' (default) or a number of rounds")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --checkpoint-dir, if there is one")
     g.add_argument("--seed", type=int, default=None,
                    help="seed of the data order (and of --model-builder, --validation-split); default: random")
     g.add_argument("--staging-dir", default=None, metavar="PATH_OR_URI",
@@ -100,6 +114,34 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check-executors", dest="check_executors", action="store_false",
                    help="skip the check that executors can import sparkdl_avg and TensorFlow before training")
+
+
+def trainer_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The ``ParameterAveragingTrainer`` options given by :func:`add_trainer_args`' flags."""
+    from .rules import rule_from_name
+
+    return dict(
+        num_workers=args.num_workers,
+        batch_size=args.batch_size,
+        averaging_frequency=args.averaging_frequency,
+        aggregation_depth=args.aggregation_depth,
+        optimizer_state=args.optimizer_state,
+        update_rule=rule_from_name(args.update_rule, args.block_momentum, args.block_lr),
+        seed=args.seed,
+        staging_dir=args.staging_dir,
+        on_nonfinite=args.on_nonfinite,
+        check_data=args.check_data,
+    )
+
+
+def checkpoint_every(value: str) -> Union[str, int]:
+    """``--checkpoint-every``: ``"epoch"`` or an int (validated by the trainer)."""
+    if value == "epoch":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--checkpoint-every must be 'epoch' or a number of rounds. Got {value!r} instead.") from None
 
 
 def columns(values: Optional[Sequence[str]], default: str) -> Union[str, List[str]]:

@@ -111,10 +111,19 @@ def _error_line(proc) -> str:
 def test_train_job_help_documents_every_trainer_option():
     proc = _job("jobs/train.py", "--help")
     assert proc.returncode == 0
+    import inspect
+
+    from sparkdl_avg import ParameterAveragingTrainer
+
+    # every constructor option and the fit options a job needs, derived from the code
+    options = [n for n in inspect.signature(ParameterAveragingTrainer).parameters if n != "model"]
+    options += ["epochs", "checkpoint_dir", "checkpoint_every", "resume"]
+    aliases = {"check_data": "--no-check-data"}
+    for name in options:
+        flag = aliases.get(name, "--" + name.replace("_", "-"))
+        assert flag in proc.stdout, flag
     for flag in ("--data", "--format", "--model", "--model-builder", "--features-col", "--label-col",
-                 "--validation-data", "--epochs", "--num-workers", "--batch-size", "--averaging-frequency",
-                 "--aggregation-depth", "--optimizer-state", "--update-rule", "--seed", "--staging-dir",
-                 "--output-dir", "--overwrite"):
+                 "--validation-data", "--block-momentum", "--block-lr", "--output-dir", "--overwrite"):
         assert flag in proc.stdout, flag
 
 
