@@ -43,9 +43,14 @@ test: env
 test-fast: env
 	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests -m "not slow"
 
-## Benchmark of docs/benchmarks.md (minutes).
+## Benchmark suite of docs/benchmarks.md (~30 min on 2 cores): the trainer against plain Keras,
+## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round
+## overhead vs model size, k, workers and depth; the scaling projection of docs/scaling.md; plots.
 bench: env
-	$(SPARK_ENV) $(VENV)/bin/python benchmarks/bench_cnn.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/suite.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py
+	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/plots.py
 
 ## What executors without sparkdl_avg need: dist/sparkdl_avg-<version>.zip (--py-files) and the wheel.
 dist: env
