@@ -87,7 +87,7 @@ def plan(quick: bool):
 
 # ------------------------------------------------------------------ child
 
-def run_config(sc, sweep, size, k, workers, depth, rounds, batch):
+def run_config(sc, sweep, size, k, workers, depth, rounds, batch, optimizer_state="average"):
     from sparkdl_avg import ParameterAveragingTrainer
 
     width = WIDTHS[size]
@@ -97,7 +97,7 @@ def run_config(sc, sweep, size, k, workers, depth, rounds, batch):
     x = rng.normal(size=(n, INPUT_DIM)).astype(np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
     with ParameterAveragingTrainer(model, num_workers=workers, batch_size=batch, averaging_frequency=k,
-                                   aggregation_depth=depth, seed=1) as tr:
+                                   aggregation_depth=depth, optimizer_state=optimizer_state, seed=1) as tr:
         tr.fit((x, y), epochs=1, verbose=0)
         records = tr.stats.records[1:]  # the first round builds the replicas
     keys = ["wall_s", "broadcast_s", "schedule_s", "workers_s", "aggregate_s", "update_s", "compute_max_s",
@@ -185,16 +185,22 @@ def child(args) -> None:
     out = []
     for c in cfgs:
         t = time.perf_counter()
-        r = run_config(spark.sparkContext, *c, rounds=args.rounds, batch=args.batch_size)
+        r = run_config(spark.sparkContext, *c, rounds=args.rounds, batch=args.batch_size,
+                       optimizer_state=args.optimizer_state)
         m = r["median"]
         print(f"  {c}: wall {1000 * m['wall_s']:.0f} ms, compute {1000 * m['compute_max_s']:.0f} ms, "
               f"overhead {1000 * m['round_overhead_s']:.0f} ms ({time.perf_counter() - t:.0f} s)", flush=True)
         out.append(r)
     probes = []
-    if n == 2:
+    if args.no_probes:
+        pass
+    elif n == 2:
         probes = spark_probe(spark.sparkContext, 2, [2], args.probe_mb, ("float64", "float32"))
     elif n == 8:
         probes = spark_probe(spark.sparkContext, 8, [1, 2, 3], [mb for mb in args.probe_mb if mb <= 8], repeats=3)
+    import sparkdl_avg
+
+    print(f"  sparkdl_avg from {os.path.dirname(sparkdl_avg.__file__)}", flush=True)
     spark.stop()
     with open(args.child_out, "w") as f:
         json.dump({"configs": out, "probes": probes}, f)
@@ -297,6 +303,9 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(HERE, "results", "overhead.json"))
     p.add_argument("--probe-mb", type=float, nargs="*", default=[1, 8, 24, 48],
                    help="payload sizes (MB per task) of the bare Spark probes (8 tasks: only those ≤ 8)")
+    p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth)")
+    p.add_argument("--optimizer-state", default="average", choices=["average", "reset"])
+    p.add_argument("--no-probes", action="store_true", help="skip the bare Spark probes")
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--configs", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -306,12 +315,14 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     results, probes = [], []
     for n, cfgs in plan(args.quick).items():
-        if args.only and n not in args.only:
+        cfgs = [c for c in cfgs if not args.sweeps or c[0] in args.sweeps]
+        if (args.only and n not in args.only) or not cfgs:
             continue
         print(f"local[{n}]: {len(cfgs)} configurations", flush=True)
         out = os.path.join(os.path.dirname(args.out), f".overhead-{n}.tmp")
         subprocess.run([sys.executable, __file__, "--configs", json.dumps(cfgs), "--child-out", out,
                         "--rounds", str(args.rounds), "--batch-size", str(args.batch_size),
+                        "--optimizer-state", args.optimizer_state, *(["--no-probes"] if args.no_probes else []),
                         "--probe-mb", *map(str, args.probe_mb)], check=True)
         with open(out) as f:
             child_res = json.load(f)

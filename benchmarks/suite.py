@@ -255,8 +255,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--frequencies", type=int, nargs="+", default=[32, 128, 512], help="k for plain averaging")
-    p.add_argument("--bmuf-frequencies", type=int, nargs="*", default=[128, 512], help="k for block momentum")
+    p.add_argument("--frequencies", type=int, nargs="+", default=[32, 128, 312],
+                   help="k for plain averaging (312: one round per epoch at 20,000 examples, like Elephas)")
+    p.add_argument("--bmuf-frequencies", type=int, nargs="*", default=[32, 128], help="k for block momentum")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="held-out accuracy to time; default: plain Keras' median final accuracy − 0.01")
     p.add_argument("--no-elephas", action="store_true", help="skip the Elephas arm")
