@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, regression_data
-from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg import ParameterAveragingTrainer, WorkerError
 
 
 class WeightsPerEpoch(keras.callbacks.Callback):
@@ -72,12 +72,14 @@ def test_learning_rate_scheduler_reaches_the_replicas(spark):
     assert float(model.optimizer.learning_rate) == 0.0
 
 
-def test_terminate_on_nan_stops_after_the_round(spark):
+def test_divergence_stops_before_non_finite_weights_reach_the_model(spark):
+    """What Keras' TerminateOnNaN did after the fact, the trainer does before averaging."""
     x, y = regression_data(256, seed=4)
     model = make_model(optimizer=keras.optimizers.SGD(1e6))  # diverges at once
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=1, seed=0)
-    history = trainer.fit((x, y), epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0)
-    assert len(history.history["loss"]) == 1
+    with pytest.raises(WorkerError, match=r"Non-finite loss or weights \(NaN/Inf\) from worker\(s\) 0 \(loss .*\), 1 .* in epoch 0, round \d+"):
+        trainer.fit((x, y), epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
     assert len(trainer.stats) < 256 // 32  # stopped before the epoch's last round
 
 
