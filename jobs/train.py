@@ -76,6 +76,10 @@ def main(argv=None) -> int:
     # Validates every option on the driver before Spark starts any job.
     trainer = ParameterAveragingTrainer(model, **cli.trainer_options(args))
     every = cli.checkpoint_every(args.checkpoint_every)
+    if args.checkpoint_dir and args.validation_split and args.seed is None:
+        raise cli.UsageError(
+            "--validation-split with --checkpoint-dir needs --seed: a resumed run must split the data the same way."
+        )
     check_checkpoint_args(args.checkpoint_dir, every, args.resume)
     if args.epochs < 1:
         raise cli.UsageError(f"--epochs must be an int in the range [1, inf). Got {args.epochs} instead.")

@@ -16,8 +16,10 @@ Writing: the new checkpoint is written completely under its own name, then
 ``LATEST`` is replaced (written to a temporary name and moved; on stores
 without atomic rename, such as S3, ``LATEST`` is still only written after the
 checkpoint is complete), and only then are older checkpoints deleted. A crash
-at any moment leaves ``LATEST`` naming a complete checkpoint. No pickle
-anywhere.
+at any moment leaves ``LATEST`` naming a complete checkpoint, except on HDFS,
+where replacing a file is delete + rename: a crash in between leaves no
+``LATEST``, and :func:`latest` then takes the newest checkpoint whose
+``meta.json`` (written last) exists. No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from .errors import ConfigurationError
 from .staging import join, resolve
@@ -66,6 +69,13 @@ class Checkpoint:
     meta: Dict[str, Any] = field(default_factory=dict)
 
 
+def _json_default(value: Any) -> Any:
+    """numpy scalars (a seed given as ``np.int64``) as Python numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _write_bytes(fs, path: str, data: bytes) -> None:
     with fs.open_output_stream(path) as out:
         out.write(data)
@@ -77,8 +87,6 @@ def _read_bytes(fs, path: str) -> bytes:
 
 
 def _entries(fs, path: str) -> List[str]:
-    import pyarrow.fs as pafs
-
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return []
@@ -107,6 +115,11 @@ def latest(directory: str) -> Optional[str]:
                 f"The 'checkpoint_dir' parameter must be an empty or new directory, or one holding "
                 f"sparkdl_avg checkpoints. Received: {directory!r}, which holds {foreign[:5]}."
             )
+        # LATEST can be missing for a moment where replacing a file is delete + rename (HDFS):
+        # the newest checkpoint whose meta.json (written last) exists is complete.
+        for name in sorted((n for n in names if n.startswith(PREFIX)), reverse=True):
+            if fs.get_file_info(f"{path}/{name}/{META}").type == pafs.FileType.File:
+                return join(directory, name)
         return None
     name = _read_bytes(fs, path + "/" + LATEST).decode().strip()
     return join(directory, name)
@@ -150,7 +163,7 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         "num_optimizer_variables": len(checkpoint.optimizer),
         "rule_state_sizes": {k: len(v) for k, v in checkpoint.rule_state.items()},
     }
-    _write_bytes(fs, target + "/" + META, json.dumps(meta, indent=1, sort_keys=True).encode())
+    _write_bytes(fs, target + "/" + META, json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
 
     # The commit point: LATEST names the new checkpoint only once it is complete.
     tmp = path + f"/.tmp-{LATEST}-{sequence}"

@@ -165,7 +165,14 @@ def architecture_signature(model) -> str:
     """
     layers = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
     optimizer = (type(model.optimizer).__name__, [tuple(v.shape) for v in model.optimizer.variables])
-    loss = model.loss if isinstance(model.loss, (str, list, dict, tuple)) else type(model.loss).__name__
+    import keras
+
+    loss = keras.tree.map_structure(
+        lambda leaf: leaf
+        if isinstance(leaf, str) or leaf is None
+        else getattr(leaf, "name", None) or getattr(leaf, "__name__", None) or type(leaf).__name__,
+        model.loss,
+    )
     description = json.dumps([layers, optimizer, loss], default=str)
     return hashlib.sha256(description.encode()).hexdigest()[:16]
 

@@ -124,6 +124,7 @@ class BlockMomentum(UpdateRule):
     def __post_init__(self) -> None:
         if self.block_momentum is not None:
             _check_float("BlockMomentum", "block_momentum", self.block_momentum, 0.0, 1.0, high_open=True)
+            object.__setattr__(self, "block_momentum", float(self.block_momentum))  # numpy scalars → float
         _check_float("BlockMomentum", "block_lr", self.block_lr, 0.0, float("inf"), high_open=True)
         if self.block_lr == 0:
             raise ConfigurationError(
@@ -133,6 +134,7 @@ class BlockMomentum(UpdateRule):
             raise ConfigurationError(
                 f"The 'nesterov' parameter of BlockMomentum must be a bool. Got {self.nesterov!r} instead."
             )
+        object.__setattr__(self, "block_lr", float(self.block_lr))
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -198,6 +200,8 @@ class SlowMo(UpdateRule):
         _check_float("SlowMo", "slow_lr", self.slow_lr, 0.0, float("inf"), high_open=True)
         if self.slow_lr == 0:
             raise ConfigurationError(f"The 'slow_lr' parameter of SlowMo must be > 0. Got {self.slow_lr!r} instead.")
+        object.__setattr__(self, "slow_momentum", float(self.slow_momentum))
+        object.__setattr__(self, "slow_lr", float(self.slow_lr))
 
     def init_state(self, weights, trainable) -> State:
         return {"u": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}

@@ -69,6 +69,7 @@ class FixedPeriod(AveragingSchedule):
 
     def __post_init__(self) -> None:
         _check_param("FixedPeriod", "k", self.k, 1)
+        object.__setattr__(self, "k", int(self.k))
 
     def period(self, epoch, round, logs) -> int:  # noqa: A002
         return self.k
@@ -92,6 +93,8 @@ class PostLocalSGD(AveragingSchedule):
     def __post_init__(self) -> None:
         _check_param("PostLocalSGD", "switch_epoch", self.switch_epoch, 0)
         _check_param("PostLocalSGD", "period_after", self.period_after, 1)
+        object.__setattr__(self, "switch_epoch", int(self.switch_epoch))
+        object.__setattr__(self, "period_after", int(self.period_after))
 
     def period(self, epoch, round, logs) -> int:  # noqa: A002
         return 1 if epoch < self.switch_epoch else self.period_after
@@ -122,6 +125,7 @@ class AdaComm(AveragingSchedule):
     def __post_init__(self) -> None:
         _check_param("AdaComm", "initial_period", self.initial_period, 1)
         _check_param("AdaComm", "min_period", self.min_period, 1)
+        self.initial_period, self.min_period = int(self.initial_period), int(self.min_period)
         if self.min_period > self.initial_period:
             raise ConfigurationError(
                 "The 'min_period' parameter of AdaComm must be <= initial_period "

@@ -230,7 +230,9 @@ class DataChecks:
     label_ranges: Tuple[Optional[Tuple[float, float, bool, str]], ...] = ()
 
 
-def check_values(values: np.ndarray, name: str, checks: Optional[DataChecks], output: Optional[int] = None) -> None:
+def check_values(
+    values: np.ndarray, name: str, checks: Optional[DataChecks], output: Optional[int] = None, first_row: int = 0
+) -> None:
     """Raises a data error naming ``name`` if ``values`` (rows × values) fail ``checks``.
 
     Args:
@@ -238,13 +240,14 @@ def check_values(values: np.ndarray, name: str, checks: Optional[DataChecks], ou
         name: How the error names them, e.g. ``"Column 'label'"``.
         checks: The checks; ``None`` checks nothing.
         output: For labels, the model output they belong to.
+        first_row: Row number of ``values[0]`` in its partition, for the message.
     """
     if checks is None or values.size == 0:
         return
     if checks.finite and values.dtype.kind == "f":
         bad = ~np.isfinite(values)
         if bad.any():
-            row = int(np.argwhere(bad)[0][0])
+            row = first_row + int(np.argwhere(bad)[0][0])
             raise data_error(
                 f"{name} contains NaN or Inf ({int(bad.sum())} values; the first in row {row} of its "
                 "partition). Clean or impute the data, or pass check_data=False to train anyway."
@@ -301,13 +304,14 @@ def export_arrow_batches(
     from pyspark import TaskContext
 
     xs, ys, label_widths = [], [], None
+    rows_before = 0  # rows of the partition in earlier batches
     for batch in batches:
         if batch.num_rows == 0:
             continue
         feature_parts = []
         for name, width in features:
             values = list_values(batch.column(name), name, width, x_dtype)
-            check_values(values, f"Column '{name}'", checks)
+            check_values(values, f"Column '{name}'", checks, first_row=rows_before)
             feature_parts.append(values)
         xs.append(np.concatenate(feature_parts, axis=1))
         parts, widths = [], []
@@ -321,12 +325,13 @@ def export_arrow_batches(
                     raise data_error(f"Column '{name}' contains null labels.")
                 width = 0
                 parts.append(label.to_numpy(zero_copy_only=False).astype(y_dtype, copy=False).reshape(-1, 1))
-            check_values(parts[-1], f"Column '{name}'", checks, output)
+            check_values(parts[-1], f"Column '{name}'", checks, output, first_row=rows_before)
             widths.append(width)
         if label_widths not in (None, widths):
             raise data_error(f"Label column(s) {list(labels)} hold arrays of different lengths.")
         label_widths = widths
         ys.append(np.concatenate(parts, axis=1))
+        rows_before += batch.num_rows
     rows = sum(len(x) for x in xs)
     uri = ""
     if rows:

@@ -396,7 +396,8 @@ class ParameterAveragingTrainer:
                         logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
                     ctx.progress.epoch_end(epoch, rounds_done, logs)
                     callback_list.on_epoch_end(epoch, logs)
-                    if checkpoint_dir is not None and checkpoint_every == "epoch":
+                    last = epoch == epochs - 1 or self.model.stop_training
+                    if checkpoint_dir is not None and (checkpoint_every == "epoch" or last):
                         self._save_checkpoint(ctx, epoch + 1, 0, 0, None)
                     if self.model.stop_training:
                         break
@@ -412,11 +413,17 @@ class ParameterAveragingTrainer:
 
     def _find_checkpoint(self, checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
         """The checkpoint to resume from, if any; refuses to write over another run's checkpoints."""
-        if isinstance(resume, str):
-            return resume
         if checkpoint_dir is None:
-            return None
+            return resume if isinstance(resume, str) else None
         found = checkpoint.latest(checkpoint_dir)
+        if isinstance(resume, str):
+            if found is not None and found.rstrip("/") != resume.rstrip("/"):
+                raise ConfigurationError(
+                    f"The 'checkpoint_dir' {checkpoint_dir!r} holds other checkpoints (latest: {found}) than "
+                    f"resume={resume!r}; new checkpoints would replace them. Pass resume=True to continue "
+                    "from the latest, or give an empty or new checkpoint_dir."
+                )
+            return resume
         if found is not None and not resume:
             raise ConfigurationError(
                 f"The 'checkpoint_dir' {checkpoint_dir!r} already holds checkpoints (latest: {found}). "
@@ -435,11 +442,19 @@ class ParameterAveragingTrainer:
         if [tuple(w.shape) for w in saved.weights] != shapes:
             raise ConfigurationError(f"The checkpoint at {uri!r} holds weights of other shapes than the model's.")
         set_state(self.model, saved.weights, saved.optimizer)
+        expected = rule.init_state(self.model.get_weights(), trainable_mask(self.model))
+        if {k: [tuple(a.shape) for a in v] for k, v in saved.rule_state.items()} != {
+            k: [tuple(a.shape) for a in v] for k, v in expected.items()
+        }:
+            raise ConfigurationError(
+                f"The checkpoint at {uri!r} holds update-rule state for other trainable weights than the "
+                "model's (were layers frozen or unfrozen?)."
+            )
         self._rule_state = saved.rule_state
-        self._rule_state_of = rule.describe()
+        self._rule_state_of = self._rule_key(rule)
         schedule.set_state(saved.meta["schedule_state"])
         self._seed = saved.meta["seed"]
-        logger.info("Resuming from %s (epoch %d, round %d).", uri, saved.epoch + 1, saved.rounds_done + 1)
+        logger.info("Resuming from %s (epoch %d, after %d rounds of it).", uri, saved.epoch + 1, saved.rounds_done)
         return saved
 
     def _save_checkpoint(self, ctx: "_FitContext", epoch: int, rounds_done: int, steps_done: int, epoch_result) -> None:
@@ -466,11 +481,17 @@ class ParameterAveragingTrainer:
 
     # ------------------------------------------------------------ rounds
 
+    def _rule_key(self, rule: UpdateRule) -> Dict[str, Any]:
+        """What the rule's state belongs to: the rule and the trainable weights' shapes."""
+        shapes = [list(w.shape) for w in self.model.trainable_weights]
+        return {**rule.describe(), "trainable_shapes": shapes, "mask": trainable_mask(self.model)}
+
     def _ensure_rule_state(self, rule: UpdateRule) -> None:
-        """Creates the update rule's state unless this trainer already holds the same rule's."""
-        if self._rule_state is None or self._rule_state_of != rule.describe():
+        """Creates the update rule's state unless this trainer holds one for the same rule and weights."""
+        key = self._rule_key(rule)
+        if self._rule_state is None or self._rule_state_of != key:
             self._rule_state = rule.init_state(self.model.get_weights(), trainable_mask(self.model))
-            self._rule_state_of = rule.describe()
+            self._rule_state_of = key
 
     @property
     def update_rule_state(self) -> Dict[str, Any]:

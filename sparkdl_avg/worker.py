@@ -237,7 +237,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     computed = time.time()
 
     new_weights, new_opt = get_state(model)
-    finite = all(np.isfinite(v) for v in sums.values()) and all(np.isfinite(w).all() for w in new_weights)
+    finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
     record = _worker_record(
         worker,
         examples=n,

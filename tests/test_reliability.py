@@ -281,3 +281,46 @@ def test_model_that_executors_cannot_rebuild_is_refused_on_the_driver(spark):
         with pytest.raises(ConfigurationError, match=r"cannot be rebuilt from its .keras archive.*register_keras_serializable.*Keras said: TypeError"):
             trainer_for(model).fit(DATA, verbose=0)
     assert jobs.job_ids == []
+
+
+# ------------------------------------------------------- review follow-ups
+
+
+def test_latest_falls_back_to_the_newest_complete_checkpoint_without_latest(tmp):
+    ckpt.save(tmp, ckpt.Checkpoint(0, 1, 1, [np.ones(2)], [np.zeros(1)], {}, {"seed": 1}), keep=2)
+    second = ckpt.save(tmp, ckpt.Checkpoint(0, 2, 2, [np.full(2, 2.0)], [np.zeros(1)], {}, {"seed": 1}), keep=2)
+    os.remove(os.path.join(tmp, ckpt.LATEST))  # a crash in HDFS's delete + rename of LATEST
+    os.makedirs(os.path.join(tmp, "ckpt-000002"))  # a newer checkpoint that never got its meta.json
+    assert ckpt.latest(tmp) == second
+
+
+def test_numpy_scalars_in_rules_schedules_and_seed_survive_a_checkpoint(spark, tmp):
+    from sparkdl_avg import PostLocalSGD
+
+    rule = BlockMomentum(np.float32(0.5), np.float64(1.0))
+    assert type(rule.block_momentum) is float and type(rule.block_lr) is float
+    model = make_model()
+    trainer = trainer_for(
+        model, update_rule=rule, averaging_frequency=PostLocalSGD(np.int64(1), np.int64(3)), seed=np.int64(3)
+    )
+    trainer.fit(DATA, epochs=1, verbose=0, checkpoint_dir=tmp)
+    assert ckpt.load(ckpt.latest(tmp)).meta["seed"] == 3
+
+
+def test_freezing_layers_between_fits_rebuilds_the_rule_state(spark):
+    model = make_model()
+    trainer = trainer_for(model)
+    trainer.fit(DATA, epochs=1, verbose=0)
+    assert len(trainer.update_rule_state["state"]["delta"]) == 4
+    model.layers[1].trainable = False
+    model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    trainer.fit(DATA, epochs=1, verbose=0)
+    assert [d.shape for d in trainer.update_rule_state["state"]["delta"]] == [(8, 1), (1,)]
+
+
+def test_resuming_from_an_older_path_into_a_directory_with_newer_checkpoints_is_refused(spark, tmp):
+    directory = os.path.join(tmp, "ckpt")
+    trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir=directory)
+    other = os.path.join(tmp, "elsewhere", "ckpt-000000")
+    with pytest.raises(ConfigurationError, match=r"holds other checkpoints \(latest: .*ckpt-000000\) than resume="):
+        trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory, resume=other)
