@@ -62,18 +62,28 @@ def stop_active_session() -> None:
         SparkContext._active_spark_context.stop()
 
 
-@pytest.fixture(scope="module")
-def spark():
-    """A ``local[2]`` SparkSession for one test module, stopped at its end."""
+@contextlib.contextmanager
+def spark_session(master: str, app_name: str, log_level: str = "ERROR", **conf):
+    """A SparkSession (``make_session``) with its own ``spark.local.dir``; stopped and cleaned up at exit.
+
+    Any active session is stopped first: one JVM runs one SparkContext.
+    """
     stop_active_session()
     local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
-    session = make_session("local[2]", "sparkdl_avg-tests", local_dir)
-    session.sparkContext.setLogLevel("ERROR")
+    session = make_session(master, app_name, local_dir, **conf)
+    session.sparkContext.setLogLevel(log_level)
     try:
         yield session
     finally:
         session.stop()
         shutil.rmtree(local_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """A ``local[2]`` SparkSession for one test module, stopped at its end."""
+    with spark_session("local[2]", "sparkdl_avg-tests") as session:
+        yield session
 
 
 class JobRecorder:

@@ -9,35 +9,19 @@ closure that drags in a test module would fail here).
 """
 
 import os
-import shutil
-import tempfile
 
 import pytest
 
-from conftest import make_session, stop_active_session
+from conftest import spark_session
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    stop_active_session()
-    local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-cluster-")
-    session = make_session(
-        "local-cluster[2,1,1024]",
-        "sparkdl_avg-cluster-test",
-        local_dir,
-        **{
-            "spark.executor.memory": "1g",
-            "spark.python.worker.reuse": "true",
-        },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
+    conf = {"spark.executor.memory": "1g", "spark.python.worker.reuse": "true"}
+    with spark_session("local-cluster[2,1,1024]", "sparkdl_avg-cluster-test", **conf) as session:
         yield session
-    finally:
-        session.stop()
-        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 def digits_frames(spark):

@@ -18,18 +18,16 @@ data order and the seed, the final weights equal a clean run's.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import pytest
 from pyspark import cloudpickle
 
-from conftest import assert_weights_close, make_model, make_session, regression_data, stop_active_session
+from conftest import assert_weights_close, make_model, regression_data, spark_session
 from sparkdl_avg import ParameterAveragingTrainer
 from sparkdl_avg import trainer as trainer_module
 
@@ -58,27 +56,16 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def spark(cluster):
     url, _ = cluster
-    stop_active_session()
-    local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-executor-loss-")
-    session = make_session(
-        url,
-        "sparkdl_avg-executor-loss",
-        local_dir,
-        **{
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.executor.cores": "1",
-            "spark.cores.max": "2",
-            "spark.executor.memory": "768m",
-            "spark.task.maxFailures": "4",
-        },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
+    conf = {
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.executor.memory": "768m",
+        "spark.task.maxFailures": "4",
+    }
+    with spark_session(url, "sparkdl_avg-executor-loss", **conf) as session:
         yield session
-    finally:
-        session.stop()
-        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 def executor_ids(sc):

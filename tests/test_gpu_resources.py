@@ -12,30 +12,25 @@ reused worker does). No GPU or TensorFlow is involved.
 """
 
 import os
-import shutil
 import stat
-import tempfile
 import time
 
 import pytest
 
-from conftest import make_session, stop_active_session
+from conftest import spark_session
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def gpu_cluster():
-    stop_active_session()
-    local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-gpu-")
-    script = os.path.join(local_dir, "discover_gpus.sh")
+def gpu_cluster(tmp_path_factory):
+    script = str(tmp_path_factory.mktemp("gpu") / "discover_gpus.sh")
     with open(script, "w") as f:
         f.write('#!/usr/bin/env bash\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
     os.chmod(script, os.stat(script).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    session = make_session(
+    with spark_session(
         "local-cluster[1,2,1024]",
         "sparkdl_avg-gpu-test",
-        local_dir,
         **{
             "spark.executor.memory": "768m",
             "spark.executor.cores": "2",
@@ -46,13 +41,8 @@ def gpu_cluster():
             "spark.task.resource.gpu.amount": "1",
             "spark.python.worker.reuse": "false",
         },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
+    ) as session:
         yield session
-    finally:
-        session.stop()
-        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 def test_each_task_sees_exactly_the_gpu_spark_assigned(gpu_cluster):

@@ -5,8 +5,6 @@ task that fails on its first attempt is retried by Spark.
 """
 
 import os
-import shutil
-import tempfile
 
 from pyspark import cloudpickle
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 
 import keras
 
-from conftest import assert_weights_close, make_model, make_session, record_jobs, regression_data, stop_active_session
+from conftest import assert_weights_close, make_model, record_jobs, regression_data, spark_session
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg import checkpoint as ckpt
 from sparkdl_avg import trainer as trainer_module
@@ -24,15 +22,8 @@ B, N = 8, 2
 
 @pytest.fixture(scope="module")
 def spark():
-    stop_active_session()
-    local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
-    session = make_session("local[2,3]", "sparkdl_avg-reliability", local_dir)
-    session.sparkContext.setLogLevel("OFF")
-    try:
+    with spark_session("local[2,3]", "sparkdl_avg-reliability", log_level="OFF") as session:
         yield session
-    finally:
-        session.stop()
-        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 @pytest.fixture
