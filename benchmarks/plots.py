@@ -114,14 +114,14 @@ def scaling_plot(d):
     models = [m["name"] for m in d["models"]]
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False)
     for ax, m in zip(axes[0], models):
-        for k in (8, 32, 128, 512):
+        for k, color in zip((8, 32, 128, 512), ("C0", "C1", "C2", "C3")):
             for pb, ls in ((8, "-"), (4, ":")):
                 pts = {}
                 for r in d["rows"]:
                     if r["model"] == m and r["k"] == k and r["partial_bytes"] == pb:
                         pts[r["workers"]] = max(pts.get(r["workers"], 0), r["efficiency"])
                 ns = sorted(pts)
-                ax.plot(ns, [pts[n] for n in ns], ls, marker="o" if pb == 8 else None,
+                ax.plot(ns, [pts[n] for n in ns], ls, color=color, marker="o" if pb == 8 else None,
                         label=f"k={k}" + (" (float32 partials)" if pb == 4 else ""))
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1)

@@ -149,6 +149,8 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=1_280_000, help="examples per epoch (D)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bandwidth", type=float, default=1250.0, help="network MB/s per node (assumed)")
+    p.add_argument("--task-ms", type=float, default=None,
+                   help="per-task cost of a job in ms (default: measured, 2 → 8 tasks on local[8], pessimistic)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
     args = p.parse_args()
     with open(args.overhead) as f:
@@ -158,6 +160,8 @@ def main() -> None:
         with open(args.suite) as f:
             suite = json.load(f)
     costs = fit_costs(overhead, args.bandwidth)
+    if args.task_ms is not None:
+        costs["c_task_s"] = args.task_ms / 1000
     models = models_from(overhead, suite)
     workers = [8, 16, 32, 64, 128, 256]
     rows = []
