@@ -6,8 +6,12 @@ numpy array (TensorFlow using both cores). The Spark arm runs
 ``trainer.predict(df)`` on a cached DataFrame of ``array<float>`` rows and
 forces it with the ``noop`` writer (so nothing is collected); its time
 includes Arrow transfer and the pandas UDF, but not building the DataFrame.
-A warm-up pass builds the replicas first. Arms are interleaved, medians of
-``--repeats``. Usage::
+A warm-up pass builds the replicas first. Two more arms explain the result:
+``model.predict`` with TensorFlow limited to one thread (in a subprocess;
+what each of the two Spark workers has), whose doubled throughput is the
+ceiling of two single-threaded workers, and the same Arrow UDF path without
+inference (the cost of moving the features JVM → Python → JVM). Arms are
+interleaved, medians of ``--repeats``. Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/bench_inference.py
 
@@ -27,6 +31,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from typing import Iterator  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
 from bench_cnn import build_model, make_data  # noqa: E402
 
 
@@ -36,7 +45,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "inference.json"))
+    p.add_argument("--one-thread-probe", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.one_thread_probe:
+        return one_thread_probe(args)
 
     import pandas as pd
     from pyspark.sql import SparkSession
@@ -64,14 +76,43 @@ def main() -> None:
     def local_arm():
         model.predict(x, batch_size=args.batch_size, verbose=0)
 
+    from pyspark.sql.functions import arrow_udf
+
+    @arrow_udf("prediction double")
+    def no_inference(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        for column in batches:
+            values = column.flatten().to_numpy(zero_copy_only=False)  # what predict_batches reads
+            yield pa.StructArray.from_arrays([pa.array(np.zeros(len(column)) + 0 * values[:1].sum())], names=["prediction"])
+
+    def data_path_arm():
+        df.select(no_inference("features")).write.format("noop").mode("overwrite").save()
+
+    def one_thread_arm():
+        import subprocess
+
+        out = subprocess.run(
+            [sys.executable, __file__, "--one-thread-probe", "--examples", str(args.examples),
+             "--batch-size", str(args.batch_size)],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        return float(out.strip().splitlines()[-1])
+
     spark_arm()  # warm-up: replicas, traced predict functions
     local_arm()
-    times = {"model.predict (1 process)": [], "trainer.predict local[2]": []}
+    data_path_arm()
+    arms = (
+        ("model.predict (1 process)", local_arm),
+        ("trainer.predict local[2]", spark_arm),
+        ("Arrow UDF without inference local[2] (data path)", data_path_arm),
+    )
+    times = {name: [] for name, _ in arms}
+    times["model.predict (1 process, TensorFlow on 1 thread)"] = []
     for _ in range(args.repeats):
-        for name, fn in (("model.predict (1 process)", local_arm), ("trainer.predict local[2]", spark_arm)):
+        for name, fn in arms:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+        times["model.predict (1 process, TensorFlow on 1 thread)"].append(one_thread_arm())
     spark.stop()
 
     base = statistics.median(times["model.predict (1 process)"])
@@ -86,6 +127,23 @@ def main() -> None:
     print("|---|---|---|---|")
     for r in rows:
         print(f"| {r['arm']} | {r['seconds_median']:.2f} | {r['examples_per_s']:.0f} | {r['speedup']:.2f} |")
+    one = statistics.median(times["model.predict (1 process, TensorFlow on 1 thread)"])
+    print(f"\nCeiling of two single-threaded workers with a free data path: 2 × {args.examples / one:.0f} "
+          f"= {2 * args.examples / one:.0f} examples/s = {2 * base / one:.2f}× one process.")
+
+
+def one_thread_probe(args) -> None:
+    """Times ``model.predict`` with TensorFlow on one thread; prints the median seconds."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    x, _ = make_data(args.examples, seed=3)
+    model = build_model()
+    model.predict(x[:2048], batch_size=args.batch_size, verbose=0)
+    t0 = time.perf_counter()
+    model.predict(x, batch_size=args.batch_size, verbose=0)
+    print(time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
