@@ -3,8 +3,12 @@
 Each worker returns a :class:`PartialResult` whose arrays are already
 multiplied by its number of examples; ``treeAggregate`` merges partials with
 :func:`merge`; the driver divides by the total examples with
-:meth:`PartialResult.average`. Sums are kept in float64 so that averaging adds
-no rounding beyond the final cast to each variable's dtype.
+:meth:`PartialResult.average`. float32 variables are summed in float32 and
+everything else (float64, integer counters) in float64: float64 copies of
+float32 weights would double the bytes every round moves from the workers and
+through the tree aggregation (measured in docs/benchmarks.md), and the
+average is cast back to float32 anyway. float64 models keep exact float64
+sums, which the identity tests rely on.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ class PartialResult:
 
     Attributes:
         examples: Examples trained on (the weight of each worker).
-        weight_sums: ``Σ n_i · w_i`` per model weight (float64).
+        weight_sums: ``Σ n_i · w_i`` per model weight (float32 for float32
+            weights, else float64).
         optimizer_sums: ``Σ n_i · s_i`` per optimizer variable, or ``None``
             when optimizer state is not averaged.
         metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged
@@ -73,12 +78,13 @@ def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[Pa
 
 
 def weighted(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
-    """``n · a`` for each array, in float64 (a worker's contribution to a sum)."""
+    """``n · a`` for each array (a worker's contribution to a sum): float32 stays float32, else float64."""
     out = []
     for a in arrays:
+        dtype = np.float32 if np.asarray(a).dtype == np.float32 else np.float64
         # np.array(...) then *= keeps 0-d arrays as arrays; `a * n` would give
         # numpy scalars, which the in-place sums of `merge` cannot update.
-        w = np.array(a, dtype=np.float64)
+        w = np.array(a, dtype=dtype)
         w *= n
         out.append(w)
     return out

@@ -19,10 +19,10 @@ def worker_result(n, weights, opt=None, metrics=None, worker=0):
     )
 
 
-def test_weighted_keeps_zero_d_arrays_as_float64_arrays():
-    out = weighted([np.float32(2.5), np.array(3, dtype=np.int64), np.ones((2, 2), np.float32)], 4)
+def test_weighted_keeps_zero_d_arrays_as_arrays_float32_as_float32():
+    out = weighted([np.float32(2.5), np.array(3, dtype=np.int64), np.ones((2, 2), np.float32), np.ones(2)], 4)
     assert all(isinstance(a, np.ndarray) for a in out)
-    assert [a.dtype for a in out] == [np.float64] * 3
+    assert [a.dtype for a in out] == [np.float32, np.float64, np.float32, np.float64]
     assert out[0].shape == () and float(out[0]) == 10.0
     assert out[1].shape == () and float(out[1]) == 12.0
     np.testing.assert_array_equal(out[2], np.full((2, 2), 4.0))
