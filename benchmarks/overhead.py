@@ -8,7 +8,13 @@ MLP ``64 → H → H → 10`` whose width ``H`` sets the parameter count (≈1e4
 * ``frequency``: ``k`` ∈ {1, 8, 32, 128} at 2 workers, 1e5 parameters;
 * ``workers``: 2, 4, 8 replicas (``local[N]``: all tasks of a round run at
   once, time-sharing the 2 cores), 1e5 and 1e6 parameters, ``k = 8``;
-* ``depth``: ``aggregation_depth`` 1, 2, 3 at 8 workers, 1e5 and 1e6 parameters.
+* ``depth``: ``aggregation_depth`` 1, 2, 3 at 8 workers, 1e5 and 1e6
+  parameters, results through Spark (through files the tree has depth 1);
+* ``transport``: ``state_transport="spark"`` against ``"files"``
+  (interleaved) per model size at 2 workers, and at 8 workers.
+
+The other sweeps use the default ``state_transport="auto"`` (files on
+``local[N]``).
 
 Each configuration runs one ``fit`` of ``--rounds`` rounds and drops the
 first round (replica build). "Round overhead" is the round's wall time minus
@@ -69,25 +75,32 @@ def build_mlp(width: int):
 
 
 def plan(quick: bool):
-    """Configurations per master: (sweep, size, k, workers, depth)."""
+    """Configurations per master: (sweep, size, k, workers, depth, state_transport)."""
     sizes = ["1e4", "1e5", "1e6"] if quick else ["1e4", "1e5", "1e6", "3e6", "1e7"]
     cfgs = {2: [], 4: [], 8: []}
     for s in sizes:
-        cfgs[2].append(("size", s, 8, 2, 2))
+        cfgs[2].append(("size", s, 8, 2, 2, "auto"))
     for k in ([1, 8, 32] if quick else [1, 8, 32, 128]):
-        cfgs[2].append(("frequency", "1e5", k, 2, 2))
+        cfgs[2].append(("frequency", "1e5", k, 2, 2, "auto"))
     for n in (2, 4, 8):
         for s in ("1e5", "1e6"):
-            cfgs[n].append(("workers", s, 8, n, 2))
+            cfgs[n].append(("workers", s, 8, n, 2, "auto"))
     for depth in (1, 2, 3):
         for s in ("1e5", "1e6"):
-            cfgs[8].append(("depth", s, 8, 8, depth))
+            cfgs[8].append(("depth", s, 8, 8, depth, "spark"))
+    # Spark's result path against files, interleaved, at the default depth.
+    for s in sizes:
+        for transport in ("spark", "files", "spark", "files"):
+            cfgs[2].append(("transport", s, 8, 2, 2, transport))
+    for s in ("1e5", "1e6"):
+        for transport in ("spark", "files"):
+            cfgs[8].append(("transport", s, 8, 8, 2, transport))
     return cfgs
 
 
 # ------------------------------------------------------------------ child
 
-def run_config(sc, sweep, size, k, workers, depth, rounds, batch, optimizer_state="average"):
+def run_config(sc, sweep, size, k, workers, depth, transport, rounds, batch, optimizer_state="average"):
     from sparkdl_avg import ParameterAveragingTrainer
 
     width = WIDTHS[size]
@@ -97,7 +110,8 @@ def run_config(sc, sweep, size, k, workers, depth, rounds, batch, optimizer_stat
     x = rng.normal(size=(n, INPUT_DIM)).astype(np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
     with ParameterAveragingTrainer(model, num_workers=workers, batch_size=batch, averaging_frequency=k,
-                                   aggregation_depth=depth, optimizer_state=optimizer_state, seed=1) as tr:
+                                   aggregation_depth=depth, optimizer_state=optimizer_state, seed=1,
+                                   state_transport=transport) as tr:
         tr.fit((x, y), epochs=1, verbose=0)
         records = tr.stats.records[1:]  # the first round builds the replicas
     keys = ["wall_s", "broadcast_s", "schedule_s", "workers_s", "aggregate_s", "update_s", "compute_max_s",
@@ -109,7 +123,7 @@ def run_config(sc, sweep, size, k, workers, depth, rounds, batch, optimizer_stat
         r["workers_s"] - max(w["setup_s"] + w["load_s"] + w["compute_s"] for w in r["workers"]) for r in records
     )
     return {"sweep": sweep, "size": size, "params": params_of(width), "width": width, "k": k,
-            "workers": workers, "depth": depth, "rounds_measured": len(records), "median": med,
+            "workers": workers, "depth": depth, "transport": transport, "rounds_measured": len(records), "median": med,
             "records": [{k2: r[k2] for k2 in keys} for r in records]}
 
 
@@ -303,7 +317,7 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(HERE, "results", "overhead.json"))
     p.add_argument("--probe-mb", type=float, nargs="*", default=[1, 8, 24, 48],
                    help="payload sizes (MB per task) of the bare Spark probes (8 tasks: only those ≤ 8)")
-    p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth)")
+    p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth, transport)")
     p.add_argument("--optimizer-state", default="average", choices=["average", "reset"])
     p.add_argument("--no-probes", action="store_true", help="skip the bare Spark probes")
     p.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -345,13 +359,13 @@ def main() -> None:
 
 def print_tables(results, profiles, probes=()):
     prof = {p["size"]: p for p in profiles}
-    print("\n| sweep | params | k | workers | depth | round wall ms | slowest compute ms | overhead ms | broadcast | "
+    print("\n| sweep | transport | params | k | workers | depth | round wall ms | slowest compute ms | overhead ms | broadcast | "
           "schedule | state assign (setup) | load | span − busy | aggregate | update | budget ms | within |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         m = {k: 1000 * v for k, v in r["median"].items()}
         budget = 150 + 2000 * prof[r["size"]]["move_model_bytes_s"] if r["size"] in prof else float("nan")
-        print(f"| {r['sweep']} | {r['params']:,} | {r['k']} | {r['workers']} | {r['depth']} | {m['wall_s']:.0f} | "
+        print(f"| {r['sweep']} | {r.get('transport', 'spark')} | {r['params']:,} | {r['k']} | {r['workers']} | {r['depth']} | {m['wall_s']:.0f} | "
               f"{m['compute_max_s']:.0f} | {m['round_overhead_s']:.0f} | {m['broadcast_s']:.0f} | {m['schedule_s']:.0f} | "
               f"{m['setup_max_s']:.0f} | {m['load_max_s']:.0f} | {m['span_minus_busy_s']:.0f} | {m['aggregate_s']:.0f} | "
               f"{m['update_s']:.0f} | {budget:.0f} | {'yes' if m['round_overhead_s'] <= budget else 'no'} |")

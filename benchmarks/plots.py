@@ -76,18 +76,34 @@ PHASES = [("broadcast_s", "broadcast"), ("schedule_s", "schedule"), ("setup_max_
           ("update_s", "driver update")]
 
 
+def _median_of_repeats(cfgs):
+    """One configuration per (transport, workers, size, k, depth): the median of each phase over repeats."""
+    groups = {}
+    for c in cfgs:
+        key = (c.get("transport", "spark"), c["workers"], c["params"], c["k"], c["depth"])
+        groups.setdefault(key, []).append(c)
+    out = []
+    for same in groups.values():
+        first = dict(same[0])
+        first["median"] = {k: statistics.median(c["median"][k] for c in same) for k in first["median"]}
+        out.append(first)
+    return out
+
+
 def overhead_plot(d):
     cfgs = d["configs"]
     prof = {p["size"]: p for p in d["profiles"]}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
     groups = [
+        ("transport", lambda c: f"{c['transport']} {c['workers']}w {c['params'] / 1e6:.2g}M",
+         "state_transport (k=8, depth 2)"),
         ("size", lambda c: f"{c['params'] / 1e6:.2g}M" if c["params"] >= 1e6 else f"{c['params'] / 1e3:.0f}k",
          "parameters (2 workers, k=8, depth 2)"),
         ("workers", lambda c: f"{c['workers']}w {c['params'] / 1e6:.2g}M", "workers (local[N], k=8, depth 2)"),
         ("depth", lambda c: f"d{c['depth']} {c['params'] / 1e6:.2g}M", "aggregation_depth (8 workers, k=8)"),
     ]
     for ax, (sweep, label, title) in zip(axes, groups):
-        sel = [c for c in cfgs if c["sweep"] == sweep]
+        sel = _median_of_repeats([c for c in cfgs if c["sweep"] == sweep])
         if not sel:
             continue
         bottom = [0.0] * len(sel)

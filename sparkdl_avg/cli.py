@@ -95,6 +95,10 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                         "default) or 'skip' (leave it out of that round's average)")
     g.add_argument("--no-check-data", dest="check_data", action="store_false",
                    help="skip the NaN/Inf and label-range checks made while staging")
+    g.add_argument("--state-transport", default="auto", choices=("auto", "spark", "files"),
+                   help="how each round's weights reach workers and their sums the driver: 'spark' (broadcast + "
+                        "treeAggregate), 'files' (files under --staging-dir), 'auto' (files when all executors "
+                        "run on the driver's host, default)")
     g.add_argument("--checkpoint-dir", default=None, metavar="PATH_OR_URI",
                    help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)")
     g.add_argument("--checkpoint-every", default="epoch",
@@ -131,6 +135,7 @@ def trainer_options(args: argparse.Namespace) -> Dict[str, Any]:
         staging_dir=args.staging_dir,
         on_nonfinite=args.on_nonfinite,
         check_data=args.check_data,
+        state_transport=args.state_transport,
     )
 
 

@@ -18,6 +18,7 @@ from .schedules import AveragingSchedule, as_schedule
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
 NONFINITE_POLICIES = ("raise", "skip")
+STATE_TRANSPORTS = ("auto", "spark", "files")
 
 
 def check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
@@ -46,7 +47,8 @@ class TrainerConfig:
             a schedule (:mod:`sparkdl_avg.schedules`: ``PostLocalSGD``,
             ``AdaComm``) or a callable ``(epoch, round, logs) -> k``.
         aggregation_depth: Depth of Spark's ``treeAggregate`` that sums the
-            replicas' results. Default 2.
+            replicas' results. Default 2. Used when results travel through
+            Spark (``state_transport``).
         optimizer_state: ``"average"`` averages every optimizer variable across
             replicas each round (DL4J's ``saveUpdater``); ``"reset"`` starts
             each round from the optimizer's initial state.
@@ -69,6 +71,15 @@ class TrainerConfig:
             finite and that labels fit the loss (class indices in
             ``[0, classes)`` for a sparse categorical cross-entropy, values
             in ``[0, 1]`` for a binary one). Default True.
+        state_transport: How a round's state moves: ``"spark"``: the driver
+            broadcasts weights and optimizer variables, workers return
+            their sums as task results through ``treeAggregate``;
+            ``"files"``: both directions as files under the staging
+            directory (:mod:`sparkdl_avg.exchange`; driver and executors
+            must read each other's files there); ``"auto"`` (default):
+            files when every executor runs on the driver's host
+            (``local[N]``, ``local-cluster``) and the staging directory is
+            local, else Spark.
     """
 
     num_workers: Optional[int] = None
@@ -81,6 +92,7 @@ class TrainerConfig:
     staging_dir: Optional[str] = None
     on_nonfinite: str = "raise"
     check_data: bool = True
+    state_transport: str = "auto"
 
     def schedule(self) -> AveragingSchedule:
         """``averaging_frequency`` as a schedule (an int becomes a fixed period)."""
@@ -107,6 +119,11 @@ class TrainerConfig:
             raise ConfigurationError(
                 f"The 'on_nonfinite' parameter must be one of "
                 f"{', '.join(repr(p) for p in NONFINITE_POLICIES)}. Got {self.on_nonfinite!r} instead."
+            )
+        if self.state_transport not in STATE_TRANSPORTS:
+            raise ConfigurationError(
+                f"The 'state_transport' parameter must be one of "
+                f"{', '.join(repr(p) for p in STATE_TRANSPORTS)}. Got {self.state_transport!r} instead."
             )
         if not isinstance(self.check_data, bool):
             raise ConfigurationError(f"The 'check_data' parameter must be a bool. Got {self.check_data!r} instead.")

@@ -21,10 +21,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator
+from typing import Any, Dict, Iterable, Iterator, Optional
 
 import numpy as np
 
+from . import exchange
 from .aggregation import PartialResult, weighted
 from .custom_objects import import_custom_modules
 from .devices import configure_task_devices
@@ -43,9 +44,11 @@ BUILD_COUNT = 0  # replicas this process has built; reported with each result
 
 
 def _value(handle):
-    """The value behind a Spark broadcast, or the value itself in-process."""
+    """The value behind a Spark broadcast or a stored state, or the value itself in-process."""
     from pyspark.broadcast import Broadcast
 
+    if isinstance(handle, exchange.StoredState):
+        return exchange.load_state(handle)
     return handle.value if isinstance(handle, Broadcast) else handle
 
 
@@ -146,7 +149,8 @@ class RoundTask:
         spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
         fingerprint: ``spec.fingerprint``, to find a cached replica without
             reading the broadcast.
-        state: Broadcast of ``(weights, optimizer_variables)`` to start from.
+        state: Broadcast of ``(weights, optimizer_variables)`` to start
+            from, or their :class:`~sparkdl_avg.exchange.StoredState`.
         dataset: The staged training data.
         epoch: 0-based epoch index.
         round: 0-based round index within the epoch.
@@ -160,6 +164,12 @@ class RoundTask:
         skip_nonfinite: A worker whose loss or weights are not finite leaves
             itself out of the average (returns no examples) instead of
             returning NaN sums; either way its record says ``finite: False``.
+        exchange_dir: With ``state_transport="files"``, the directory where
+            the driver writes each round's state (``state`` is then an
+            :class:`~sparkdl_avg.exchange.StoredState`) and workers write
+            their weight and optimizer sums instead of returning them
+            through Spark (:mod:`sparkdl_avg.exchange`); ``None``: both
+            through Spark.
     """
 
     spec: Any
@@ -176,6 +186,7 @@ class RoundTask:
     shuffle: bool
     average_optimizer: bool
     skip_nonfinite: bool = False
+    exchange_dir: Optional[str] = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -279,6 +290,8 @@ def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[Par
     for worker in ids:
         try:
             result = train_round(task, worker)
+            if task.exchange_dir is not None:
+                result = result.store(task.exchange_dir, f"e{task.epoch}-r{task.round}-w{worker}")
         except Exception as exc:
             raise RuntimeError(
                 f"{WORKER_ERROR_MARKER}Worker {worker} failed in epoch {task.epoch}, round "
