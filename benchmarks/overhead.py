@@ -274,11 +274,18 @@ def profile_size(size: str) -> dict:
     state_bytes = len(pickle.dumps((weights, opt), protocol=pickle.HIGHEST_PROTOCOL))
     n = 256
 
+    # What a worker returns: float32 sums of a float32 model (the trainer's `weighted`), and for comparison
+    # the float64 sums it returned before (and still returns for float64 models).
+    def f64(a):
+        out = np.array(a, np.float64)  # then *=: keeps 0-d counters arrays, as merge's in-place sums need
+        out *= n
+        return out
+
     def partial64():
-        return PartialResult(n, weighted(weights, n), weighted(opt, n), {"loss": 1.0})
+        return PartialResult(n, [f64(w) for w in weights], [f64(o) for o in opt], {"loss": 1.0})
 
     def partial32():
-        return PartialResult(n, [w * np.float32(n) for w in weights], [np.asarray(o * n, np.float32) for o in opt], {"loss": 1.0})
+        return PartialResult(n, weighted(weights, n), weighted(opt, n), {"loss": 1.0})
 
     p64 = partial64()
     p64_bytes = len(pickle.dumps(p64, protocol=pickle.HIGHEST_PROTOCOL))
@@ -320,11 +327,21 @@ def main() -> None:
     p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth, transport)")
     p.add_argument("--optimizer-state", default="average", choices=["average", "reset"])
     p.add_argument("--no-probes", action="store_true", help="skip the bare Spark probes")
+    p.add_argument("--profiles-only", action="store_true",
+                   help="recompute only the driver-side profiles (no Spark) into the existing --out file")
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--configs", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.configs:
         return child(args)
+    if args.profiles_only:
+        with open(args.out) as f:
+            previous = json.load(f)
+        previous["profiles"] = [profile_size(s) for s in sorted({r["size"] for r in previous["configs"]}, key=float)]
+        previous["profiles_date"] = time.strftime("%Y-%m-%d %H:%M")
+        with open(args.out, "w") as f:
+            json.dump(previous, f, indent=1)
+        return print_tables(previous["configs"], previous["profiles"], previous["probes"])
 
     load = [os.getloadavg()[0]]
     results, probes = [], []

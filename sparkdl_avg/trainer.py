@@ -228,7 +228,7 @@ class ParameterAveragingTrainer:
             local_fs = isinstance(resolve(self._staging_root)[0], pafs.LocalFileSystem)
             if not (local_fs and sc.master.startswith("local")):  # local[N] and local-cluster[...]
                 return None
-        return join(self._staging_root, f"results-{self._fits + 1}")
+        return join(self._staging_root, f"exchange-{self._fits}")  # called after fit counted itself
 
     def close(self) -> None:
         """Deletes the staged data. The trainer can still be used; data is staged again."""
