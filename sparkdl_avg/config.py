@@ -47,8 +47,8 @@ class TrainerConfig:
             a schedule (:mod:`sparkdl_avg.schedules`: ``PostLocalSGD``,
             ``AdaComm``) or a callable ``(epoch, round, logs) -> k``.
         aggregation_depth: Depth of Spark's ``treeAggregate`` that sums the
-            replicas' results. Default 2. Used when results travel through
-            Spark (``state_transport``).
+            replicas' results on Spark's path (``state_transport``; through
+            files it is 1) and the metric sums of evaluation. Default 2.
         optimizer_state: ``"average"`` averages every optimizer variable across
             replicas each round (DL4J's ``saveUpdater``); ``"reset"`` starts
             each round from the optimizer's initial state.

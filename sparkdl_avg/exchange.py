@@ -40,17 +40,20 @@ class StoredArrays:
 
     Attributes:
         uri: The file (local path or ``pyarrow.fs`` URI).
-        layout: ``(dtype, shape, byte offset)`` per array, in order.
+        layout: ``(dtype, shape, byte offset)`` per array, in order. The
+            dtype objects themselves, not their ``.str``: extension dtypes
+            such as ``ml_dtypes.bfloat16`` (Keras bfloat16 weights) have no
+            string that reads back as themselves.
     """
 
     uri: str
-    layout: Tuple[Tuple[str, Tuple[int, ...], int], ...]
+    layout: Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]
 
 
-def _layout(arrays: Sequence[np.ndarray]) -> Tuple[Tuple[str, Tuple[int, ...], int], ...]:
+def _layout(arrays: Sequence[np.ndarray]) -> Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]:
     out, offset = [], 0
     for a in arrays:
-        out.append((a.dtype.str, tuple(a.shape), offset))
+        out.append((a.dtype, tuple(a.shape), offset))
         offset += -(-a.nbytes // _ALIGN) * _ALIGN
     return tuple(out)
 
@@ -74,8 +77,9 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray]) -> StoredArra
         for a, (_, _, offset) in zip(arrays, layout):
             if offset > written:
                 sink.write(b"\0" * (offset - written))
-            # reshape(-1) gives 0-d arrays (counters) a 1-d buffer.
-            sink.write(a.reshape(-1).data)
+            # reshape(-1) gives 0-d arrays (counters) a 1-d buffer; bytes because the
+            # buffer protocol refuses extension dtypes (bfloat16).
+            sink.write(a.reshape(-1).view(np.uint8).data)
             written = offset + a.nbytes
     return StoredArrays(uri, layout)
 
@@ -92,9 +96,8 @@ def load(stored: StoredArrays) -> List[np.ndarray]:
             buffer = np.frombuffer(src.read(), dtype=np.uint8)
     out = []
     for dtype, shape, offset in stored.layout:
-        dt = np.dtype(dtype)
         count = int(np.prod(shape))
-        out.append(buffer[offset : offset + count * dt.itemsize].view(dt).reshape(shape))
+        out.append(buffer[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape))
     return out
 
 

@@ -21,7 +21,6 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from . import checkpoint, exchange
 from . import data as data_mod
@@ -44,7 +43,7 @@ from .plan import steps_per_epoch
 from .progress import Progress
 from .rules import UpdateRule
 from .schedules import AveragingSchedule, FixedPeriod, next_period
-from .staging import StagedDataset, join, remove_tree, resolve
+from .staging import StagedDataset, join, remove_tree
 from .stats import TrainingStats
 from .worker import EvalTask, RoundTask, run_eval_partition, run_round_partition
 
@@ -109,10 +108,10 @@ class ParameterAveragingTrainer:
             averagings ("k"). Default 8. Also a schedule from
             :mod:`sparkdl_avg.schedules` (``PostLocalSGD``, ``AdaComm``) or a
             callable ``(epoch, round, logs) -> k``, asked before every round.
-        aggregation_depth: ``treeAggregate`` depth. Default 2. Applies when
-            the round's results travel through Spark (see
-            ``state_transport``); through files the driver reads every
-            worker's file itself and the tree has depth 1.
+        aggregation_depth: ``treeAggregate`` depth. Default 2. Applies to
+            the rounds' results on Spark's path (see ``state_transport``;
+            through files the driver reads every worker's file itself and
+            the tree has depth 1) and to evaluation's metric sums.
         optimizer_state: ``"average"`` (default) averages every optimizer
             variable (Adam moments, momentum) like DL4J's ``saveUpdater``;
             ``"reset"`` starts every round from the optimizer's initial state.
@@ -224,10 +223,18 @@ class ParameterAveragingTrainer:
         mode = self.config.state_transport
         if mode == "spark":
             return None
-        if mode == "auto":
-            local_fs = isinstance(resolve(self._staging_root)[0], pafs.LocalFileSystem)
-            if not (local_fs and sc.master.startswith("local")):  # local[N] and local-cluster[...]
-                return None
+        # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
+        local_fs = "://" not in self._staging_root or self._staging_root.startswith("file://")
+        one_host = sc.master.startswith("local")  # local[N] and local-cluster[...]
+        if mode == "auto" and not (local_fs and one_host):
+            return None
+        if local_fs and not one_host:
+            logger.warning(
+                "state_transport='files' with the local staging directory %s while the master is %s: "
+                "the driver and every executor must read each other's files there (e.g. one host, or NFS).",
+                self._staging_root,
+                sc.master,
+            )
         return join(self._staging_root, f"exchange-{self._fits}")  # called after fit counted itself
 
     def close(self) -> None:
@@ -434,8 +441,8 @@ class ParameterAveragingTrainer:
             finally:
                 spec_bc.unpersist()
                 if ctx.run.exchange_dir is not None:
-                    # Files of failed or speculative task attempts nobody read.
-                    remove_tree(ctx.run.exchange_dir)
+                    # Files of rounds cut short by an error, and of task attempts that outlived their round.
+                    _remove_quietly(ctx.run.exchange_dir)
         self.history = self.model.history
         self._last_fit_first_record = first_record
         return self.model.history
@@ -573,8 +580,11 @@ class ParameterAveragingTrainer:
         learning_rate = current_learning_rate(self.model)
         sent = rule.to_send(weights, self._rule_state, mask)
         if task.exchange_dir is not None:
-            state = exchange.store_state(task.exchange_dir, f"state-e{task.epoch}-r{task.round}", sent, opt_vars)
-            release = partial(exchange.remove, state.arrays)
+            # One directory per round: deleting it also takes the files of failed or speculative attempts.
+            round_dir = join(task.exchange_dir, f"e{task.epoch}-r{task.round}")
+            state = exchange.store_state(round_dir, "state", sent, opt_vars)
+            release = partial(_remove_quietly, round_dir)
+            task = dataclasses.replace(task, exchange_dir=round_dir)
         else:
             state = sc.broadcast((sent, opt_vars))
             release = state.unpersist
@@ -607,7 +617,14 @@ class ParameterAveragingTrainer:
                     f"{lines[-1] if lines else type(exc).__name__}"
                 )
             raise WorkerError(message) from exc
-        result = result.load_stored()
+        try:
+            result = result.load_stored()
+        except OSError as exc:
+            raise WorkerError(
+                f"Could not read the workers' results of epoch {task.epoch}, round {task.round} under "
+                f"{task.exchange_dir!r}: {exc}. With state_transport='files' the driver must read what "
+                "executors write under staging_dir; use a filesystem both see, or state_transport='spark'."
+            ) from exc
         t2 = time.time()
         self._check_finite(task, result)
         average = [s / result.examples for s in result.weight_sums]  # float64
@@ -749,6 +766,14 @@ class ParameterAveragingTrainer:
             self.history.history if self.history is not None else None,
             title=title or f"sparkdl_avg training report: {self.model.name}",
         )
+
+
+def _remove_quietly(uri: str) -> None:
+    """Deletes a directory tree of exchange files; a failure is logged, not raised (it must not hide the fit's own error)."""
+    try:
+        remove_tree(uri)
+    except OSError as exc:
+        logger.warning("Could not delete %s: %s", uri, exc)
 
 
 def round_record(task: RoundTask, result: PartialResult, t0: float, t1: float, t2: float, t3: float) -> dict:

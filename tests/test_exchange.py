@@ -127,67 +127,132 @@ def test_an_unknown_transport_is_refused_naming_the_parameter():
     ],
 )
 def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
-    transport, master, staging, files, tmp_path, monkeypatch
+    transport, master, staging, files, tmp_path, caplog
 ):
-    import sparkdl_avg.trainer as trainer_mod
-
-    real = trainer_mod.resolve
-    # No HDFS here: only the kind of filesystem matters.
-    monkeypatch.setattr(trainer_mod, "resolve", lambda uri: (object(), uri) if uri.startswith("hdfs://") else real(uri))
+    # No HDFS here, and none is contacted: the choice goes by the URI's scheme.
     trainer = ParameterAveragingTrainer(make_model(), state_transport=transport, staging_dir=staging or str(tmp_path))
-    chosen = trainer._exchange_dir(types.SimpleNamespace(master=master))
+    with caplog.at_level("WARNING", logger="sparkdl_avg"):
+        chosen = trainer._exchange_dir(types.SimpleNamespace(master=master))
     trainer._finalizer.detach()  # nothing was staged; there is no HDFS to clean up
     assert (chosen is not None) == files
     if files:
         assert chosen.startswith(trainer._staging_root + "/")
+    # Forcing files with a local staging directory on a cluster master gets a warning.
+    warned = [r.getMessage() for r in caplog.records if "state_transport='files'" in r.getMessage()]
+    assert bool(warned) == (transport == "files" and staging is None)
+    if warned:
+        assert "the driver and every executor must read each other's files" in warned[0]
+
+
+def test_bfloat16_and_float16_arrays_round_trip(tmp_path):
+    import pickle
+
+    import ml_dtypes
+
+    arrays = [np.arange(6, dtype=ml_dtypes.bfloat16).reshape(2, 3), np.ones(5, np.float16), np.array(3, np.int64)]
+    stored = pickle.loads(pickle.dumps(exchange.store(str(tmp_path), "bf16", arrays)))  # as it travels in a task
+    _assert_same(exchange.load(stored), arrays)
 
 
 # ------------------------------------------------------------ whole fits
 
 
-def _fit(spark, transport, floatx64=None, **options):
+class _ExchangeWatcher(keras.callbacks.Callback):
+    """Lists the files left in the fit's exchange directory after every round (batch hooks run per round)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+        self.after_rounds = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.after_rounds.append(sorted(
+            os.path.relpath(os.path.join(d, f), self.root)
+            for d, _, fs in os.walk(self.root) for f in fs if not os.path.relpath(d, self.root).startswith("training")
+        ))
+
+
+def _fit(spark, transport, float32=False, **options):
     x, y = regression_data(256, seed=3)
     model = make_model(optimizer=keras.optimizers.Adam(0.01))
+    if float32:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+        x, y = x.astype(np.float32), y.astype(np.float32)
     with ParameterAveragingTrainer(model, num_workers=options.pop("num_workers", 2), batch_size=8,
                                    averaging_frequency=3, seed=5, state_transport=transport, **options) as trainer:
-        history = trainer.fit((x, y), epochs=2, verbose=0)
         root = trainer._staging_root
+        watcher = _ExchangeWatcher(root)
+        history = trainer.fit((x, y), epochs=2, verbose=0, callbacks=[watcher])
         leftovers = sorted(
             os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
         )
-    return model.get_weights(), history.history["loss"], leftovers
+    return model.get_weights(), history.history["loss"], leftovers, watcher.after_rounds
 
 
 @pytest.mark.parametrize("options", [{}, {"update_rule": "bmuf", "optimizer_state": "reset"}])
 def test_files_give_exactly_the_model_spark_gives_and_leave_no_files(spark, floatx64, options):
-    w_spark, loss_spark, _ = _fit(spark, "spark", **dict(options))
-    w_files, loss_files, leftovers = _fit(spark, "files", **dict(options))
+    w_spark, loss_spark, _, _ = _fit(spark, "spark", **dict(options))
+    w_files, loss_files, leftovers, after_rounds = _fit(spark, "files", **dict(options))
     _assert_same(w_files, w_spark)
     assert loss_files == loss_spark
-    # Only the staged training data stays (until close); no state or result files.
+    # No state or result file outlives its round (2 epochs of 6 rounds: 16 minibatches in rounds of 3);
+    # only the staged training data stays (until close).
+    assert len(after_rounds) == 2 * 6 and all(files == [] for files in after_rounds), after_rounds
     assert leftovers and all(path.startswith("training") for path in leftovers), leftovers
 
 
+def test_three_float32_workers_sum_in_sparks_order(spark):
+    # float32 sums of three workers depend on the order of the additions; up to 4 workers
+    # Spark's tree (depth 2) adds them on the driver in partition order, and so must the file path.
+    w_spark, _, _, _ = _fit(spark, "spark", float32=True, num_workers=3)
+    w_files, _, _, _ = _fit(spark, "files", float32=True, num_workers=3)
+    assert all(w.dtype == np.float32 for w in w_files)
+    _assert_same(w_files, w_spark)
+
+
 def test_files_with_more_workers_than_cores_and_a_deep_tree_match_spark(spark, floatx64):
-    w_spark, _, _ = _fit(spark, "spark", num_workers=5, aggregation_depth=3)
-    w_files, _, _ = _fit(spark, "files", num_workers=5, aggregation_depth=3)
+    w_spark, _, _, _ = _fit(spark, "spark", num_workers=5, aggregation_depth=3)
+    w_files, _, _, _ = _fit(spark, "files", num_workers=5, aggregation_depth=3)
     # Spark sums in a tree, the driver in worker order: equal up to float64 rounding.
     for a, b in zip(w_files, w_spark):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
 
 
-def test_auto_on_local_moves_state_through_files(spark, floatx64, tmp_path, monkeypatch):
-    seen = []
-    real = exchange.store
+def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files(spark, floatx64, tmp_path, monkeypatch):
+    stored, loaded = [], []
+    real_store, real_load = exchange.store, exchange.load
 
-    def spy(directory, name, arrays):
-        seen.append(name.split("-")[0])
-        return real(directory, name, arrays)
+    def spy_store(directory, name, arrays):
+        stored.append((os.path.basename(directory), name))
+        return real_store(directory, name, arrays)
 
-    monkeypatch.setattr(exchange, "store", spy)
+    def spy_load(item):
+        loaded.append(os.path.basename(item.uri).rsplit("-", 1)[0])
+        return real_load(item)
+
+    # Patched in this (the driver's) process only: workers write in their own processes.
+    monkeypatch.setattr(exchange, "store", spy_store)
+    monkeypatch.setattr(exchange, "load", spy_load)
     x, y = regression_data(64, seed=1)
     with ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2,
                                    staging_dir=str(tmp_path)) as trainer:
         trainer.fit((x, y), epochs=1, verbose=0)
-    # Driver side (this process): one state file per round; workers write in their own processes.
-    assert seen == ["state"] * 2
+    assert stored == [("e0-r0", "state"), ("e0-r1", "state")]
+    # The driver read one file per worker per round, written by the workers.
+    assert loaded == ["e0-r0-w0", "e0-r0-w1", "e0-r1-w0", "e0-r1-w1"]
+
+
+def test_a_non_finite_round_through_files_raises_and_leaves_no_files(spark, floatx64):
+    from sparkdl_avg import WorkerError
+
+    x, y = regression_data(64, seed=2)
+    x[16:32, :] = np.nan  # worker 1's examples in the first round (no shuffling: plan.worker_positions)
+    with ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2,
+                                   check_data=False, state_transport="files") as trainer:
+        root = trainer._staging_root
+        with pytest.raises(WorkerError, match=r"Non-finite loss or weights \(NaN/Inf\) from worker\(s\) 1"):
+            trainer.fit((x, y), epochs=1, verbose=0, shuffle=False)
+        leftovers = [os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs]
+    assert leftovers and all(path.startswith("training") for path in leftovers), leftovers
