@@ -256,3 +256,20 @@ def test_a_non_finite_round_through_files_raises_and_leaves_no_files(spark, floa
             trainer.fit((x, y), epochs=1, verbose=0, shuffle=False)
         leftovers = [os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs]
     assert leftovers and all(path.startswith("training") for path in leftovers), leftovers
+
+
+def test_a_bfloat16_model_trains_through_files_like_through_spark(spark):
+    x, y = regression_data(128, seed=4)
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    weights, losses = {}, {}
+    for transport in ("spark", "files"):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh", dtype="bfloat16"),
+                                  keras.layers.Dense(1, dtype="bfloat16")])
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+        with ParameterAveragingTrainer(model, num_workers=2, batch_size=8, seed=1, state_transport=transport) as trainer:
+            losses[transport] = trainer.fit((x, y), epochs=2, verbose=0).history["loss"]
+        weights[transport] = model.get_weights()
+    assert [str(w.dtype) for w in weights["files"]] == ["bfloat16"] * 4
+    _assert_same(weights["files"], weights["spark"])
+    assert losses["files"] == losses["spark"]
