@@ -22,7 +22,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from sparkdl_avg import cli  # noqa: E402
+from sparkdl_avg import cli, fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,10 +43,8 @@ def main(argv=None) -> int:
     features = cli.columns(args.features_col, "features")
     labels = cli.columns(args.label_col, "label")
     options = cli.read_options(args.read_option)
-    if args.output and not args.overwrite:
-        fs, path = cli.resolve(args.output)
-        if fs.get_file_info(path).type.name != "NotFound":
-            raise cli.UsageError(f"{args.output!r} already exists; pass --overwrite to replace it")
+    if args.output and not args.overwrite and fs.exists(args.output):
+        raise cli.UsageError(f"{args.output!r} already exists; pass --overwrite to replace it")
 
     from sparkdl_avg import ParameterAveragingTrainer
 
@@ -64,7 +62,7 @@ def main(argv=None) -> int:
         spark.stop()
     text = json.dumps(metrics, indent=1)
     if args.output:
-        cli.write_file_atomically(args.output, text.encode(), overwrite=args.overwrite)
+        fs.write_atomically(args.output, text.encode(), overwrite=args.overwrite)
     print(text)
     return 0
 

@@ -22,7 +22,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from sparkdl_avg import cli  # noqa: E402
+from sparkdl_avg import cli, fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     try:
         keep = cli.as_list(cli.columns(args.keep_cols, "")) if args.keep_cols else None
         data = cli.read_data(spark, args.data, args.format, options, cli.as_list(features) + (keep or []))
-        if not args.overwrite and _exists(spark, args.output):
+        if not args.overwrite and fs.hadoop_exists(spark.sparkContext, args.output):
             raise cli.UsageError(f"Output {args.output!r} already exists; pass --overwrite to replace it")
         cli.check_executors(spark, args.check_executors)
         trainer = ParameterAveragingTrainer(model, batch_size=32)
@@ -71,12 +71,6 @@ def main(argv=None) -> int:
         spark.stop()
     print(f"Wrote {rows} predictions to {args.output}")
     return 0
-
-
-def _exists(spark, path: str) -> bool:
-    sc = spark.sparkContext
-    hpath = sc._jvm.org.apache.hadoop.fs.Path(path)
-    return hpath.getFileSystem(sc._jsc.hadoopConfiguration()).exists(hpath)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from sparkdl_avg import cli  # noqa: E402
+from sparkdl_avg import cli, fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     features = cli.columns(args.features_col, "features")
     labels = cli.columns(args.label_col, "label")
     options = cli.read_options(args.read_option)
-    out = cli.OutputDir(args.output_dir, overwrite=args.overwrite)
+    out = fs.OutputDir(args.output_dir, overwrite=args.overwrite)
     out.check()  # before any work
 
     from sparkdl_avg import ParameterAveragingTrainer

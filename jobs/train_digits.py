@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     from sklearn.model_selection import train_test_split
 
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.files import replace_atomically
+    from sparkdl_avg.fs import replace_atomically
 
     spark = SparkSession.builder.appName("sparkdl_avg train_digits").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

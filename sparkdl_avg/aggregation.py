@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import exchange
+from .stats import WorkerRecord
 
 
 @dataclass
@@ -33,42 +33,14 @@ class PartialResult:
             when optimizer state is not averaged.
         metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged
             metric (``loss`` and the compiled metrics).
-        workers: One timing record per worker (see ``worker.train_round``).
-        stored: Workers' weight and optimizer sums written to files instead
-            of carried in the result (``state_transport="files"``); the
-            driver adds them in with :meth:`load_stored`.
+        workers: One :class:`~sparkdl_avg.stats.WorkerRecord` per worker.
     """
 
     examples: int
     weight_sums: Optional[List[np.ndarray]] = None
     optimizer_sums: Optional[List[np.ndarray]] = None
     metric_sums: Dict[str, float] = field(default_factory=dict)
-    workers: List[dict] = field(default_factory=list)
-    stored: List[exchange.StoredState] = field(default_factory=list)
-
-    def store(self, directory: str, name: str) -> "PartialResult":
-        """This result with its weight and optimizer sums moved to a file under ``directory``."""
-        if self.weight_sums is None:
-            return self
-        stored = exchange.store_state(directory, name, self.weight_sums, self.optimizer_sums)
-        return PartialResult(self.examples, None, None, dict(self.metric_sums), list(self.workers), [stored])
-
-    def load_stored(self) -> "PartialResult":
-        """This result with the stored sums read, added in (in the order written) and their files deleted."""
-        if not self.stored:
-            return self
-        weight_sums, optimizer_sums = self.weight_sums, self.optimizer_sums
-        try:
-            for item in self.stored:
-                weights, opt = exchange.load_state(item)
-                weight_sums = _accumulate(weight_sums, weights)
-                if opt is not None:
-                    optimizer_sums = _accumulate(optimizer_sums, opt)
-                del weights, opt  # drop the views so the memory map closes
-        finally:
-            for item in self.stored:
-                exchange.remove(item.arrays)
-        return PartialResult(self.examples, weight_sums, optimizer_sums, dict(self.metric_sums), list(self.workers))
+    workers: List[WorkerRecord] = field(default_factory=list)
 
     def average(self, arrays: List[np.ndarray], like: List[np.ndarray]) -> List[np.ndarray]:
         """Divides sums by :attr:`examples`, cast to the dtypes of ``like``."""
@@ -89,15 +61,6 @@ def _add(a: Optional[List[np.ndarray]], b: Optional[List[np.ndarray]]) -> Option
     return a
 
 
-def _accumulate(acc: Optional[List[np.ndarray]], arrays: List[np.ndarray]) -> List[np.ndarray]:
-    """Adds ``arrays`` (possibly read-only views) into ``acc``; copies them when ``acc`` is ``None``."""
-    if acc is None:
-        return [np.array(a) for a in arrays]
-    for x, y in zip(acc, arrays):
-        np.add(x, y, out=x)
-    return acc
-
-
 def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[PartialResult]:
     """Combines two partial results (``treeAggregate``'s seqOp and combOp)."""
     if a is None:
@@ -113,7 +76,6 @@ def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[Pa
         optimizer_sums=_add(a.optimizer_sums, b.optimizer_sums),
         metric_sums=metric_sums,
         workers=a.workers + b.workers,
-        stored=a.stored + b.stored,
     )
 
 

@@ -13,9 +13,11 @@ A checkpoint is two files:
   AdaComm's state), the model's fingerprint and the number of examples.
 
 Writing: the new checkpoint is written completely under its own name, then
-``LATEST`` is replaced (written to a temporary name and moved; on stores
-without atomic rename, such as S3, ``LATEST`` is still only written after the
-checkpoint is complete), and only then are older checkpoints deleted. A crash
+``LATEST`` is replaced (every file is written with
+:func:`sparkdl_avg.fs.write_atomically`: to a temporary name, then moved; on
+object stores such as S3 in one upload, which appears whole, and ``LATEST``
+still only after the checkpoint is complete), and only then are older
+checkpoints deleted. A crash
 at any moment leaves ``LATEST`` naming a complete checkpoint, except on HDFS,
 where replacing a file is delete + rename: a crash in between leaves no
 ``LATEST``, and :func:`latest` then takes the newest checkpoint whose
@@ -33,8 +35,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import pyarrow.fs as pafs
 
+from . import fs
 from .errors import ConfigurationError
-from .staging import join, resolve
+from .fs import join
 
 FORMAT_VERSION = 1
 LATEST = "LATEST"
@@ -76,25 +79,17 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _write_bytes(fs, path: str, data: bytes) -> None:
-    with fs.open_output_stream(path) as out:
-        out.write(data)
-
-
-def _read_bytes(fs, path: str) -> bytes:
-    with fs.open_input_stream(path) as f:
-        return f.read()
-
-
-def _entries(fs, path: str) -> List[str]:
-    info = fs.get_file_info(path)
+def _entries(directory: str) -> List[str]:
+    """The names in the checkpoint directory; none if it does not exist yet."""
+    filesystem, path = fs.resolve(directory)
+    info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return []
     if info.type != pafs.FileType.Directory:
         raise ConfigurationError(
             f"The 'checkpoint_dir' parameter must name a directory. Received: {path!r} is a file."
         )
-    return [i.base_name for i in fs.get_file_info(pafs.FileSelector(path))]
+    return [i.base_name for i in filesystem.get_file_info(pafs.FileSelector(path))]
 
 
 def latest(directory: str) -> Optional[str]:
@@ -104,12 +99,11 @@ def latest(directory: str) -> Optional[str]:
         ConfigurationError: ``directory`` is a file, or holds files that are
             not checkpoints (so it is not ours to write into).
     """
-    fs, path = resolve(directory)
-    names = _entries(fs, path)
+    names = _entries(directory)
     if not names:
         return None
     if LATEST not in names:
-        foreign = sorted(n for n in names if not n.startswith((PREFIX, ".tmp-")))
+        foreign = sorted(n for n in names if not n.startswith((PREFIX, fs.TEMP_PREFIX)))
         if foreign:
             raise ConfigurationError(
                 f"The 'checkpoint_dir' parameter must be an empty or new directory, or one holding "
@@ -118,10 +112,10 @@ def latest(directory: str) -> Optional[str]:
         # LATEST can be missing for a moment where replacing a file is delete + rename (HDFS):
         # the newest checkpoint whose meta.json (written last) exists is complete.
         for name in sorted((n for n in names if n.startswith(PREFIX)), reverse=True):
-            if fs.get_file_info(f"{path}/{name}/{META}").type == pafs.FileType.File:
+            if fs.exists(join(join(directory, name), META)):
                 return join(directory, name)
         return None
-    name = _read_bytes(fs, path + "/" + LATEST).decode().strip()
+    name = fs.read_bytes(join(directory, LATEST)).decode().strip()
     return join(directory, name)
 
 
@@ -133,13 +127,10 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         checkpoint: What to write.
         keep: Complete checkpoints to keep (the newest ``keep``). Default 1.
     """
-    fs, path = resolve(directory)
-    fs.create_dir(path, recursive=True)
-    existing = sorted(n for n in _entries(fs, path) if n.startswith(PREFIX))
+    existing = sorted(n for n in _entries(directory) if n.startswith(PREFIX))
     sequence = int(existing[-1][len(PREFIX) :]) + 1 if existing else 0
     name = f"{PREFIX}{sequence:06d}"
-    target = path + "/" + name
-    fs.create_dir(target, recursive=True)
+    target = join(directory, name)
 
     arrays: Dict[str, np.ndarray] = {}
     for i, w in enumerate(checkpoint.weights):
@@ -151,7 +142,7 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
             arrays[f"rule/{key}/{i}"] = np.asarray(v)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    _write_bytes(fs, target + "/" + ARRAYS, buffer.getvalue())
+    fs.write_atomically(join(target, ARRAYS), buffer.getvalue())
     meta = {
         **checkpoint.meta,
         "format_version": FORMAT_VERSION,
@@ -163,15 +154,14 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         "num_optimizer_variables": len(checkpoint.optimizer),
         "rule_state_sizes": {k: len(v) for k, v in checkpoint.rule_state.items()},
     }
-    _write_bytes(fs, target + "/" + META, json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
+    # meta.json last: latest() takes a checkpoint whose meta.json exists as complete.
+    fs.write_atomically(join(target, META), json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
 
     # The commit point: LATEST names the new checkpoint only once it is complete.
-    tmp = path + f"/.tmp-{LATEST}-{sequence}"
-    _write_bytes(fs, tmp, name.encode())
-    fs.move(tmp, path + "/" + LATEST)
+    fs.write_atomically(join(directory, LATEST), name.encode())
     for old in existing[: max(0, len(existing) + 1 - keep)]:
-        fs.delete_dir(path + "/" + old)
-    return join(directory, name)
+        fs.remove_tree(join(directory, old))
+    return target
 
 
 def load(uri: str) -> Checkpoint:
@@ -180,10 +170,9 @@ def load(uri: str) -> Checkpoint:
     Raises:
         ConfigurationError: missing files or another format version.
     """
-    fs, path = resolve(uri)
     try:
-        meta = json.loads(_read_bytes(fs, path + "/" + META))
-        data = _read_bytes(fs, path + "/" + ARRAYS)
+        meta = json.loads(fs.read_bytes(join(uri, META)))
+        data = fs.read_bytes(join(uri, ARRAYS))
     except (FileNotFoundError, OSError) as exc:
         raise ConfigurationError(f"No complete sparkdl_avg checkpoint at {uri!r}: {exc}") from None
     if meta.get("format_version") != FORMAT_VERSION:

@@ -3,34 +3,28 @@
 The jobs (``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py``) stay
 thin: they declare their flags with the ``add_*`` helpers here, read data
 with :func:`read_data`, get the model from :func:`load_model`, and write
-results through :class:`OutputDir`, which never leaves a half-written
-directory behind. :func:`run` turns the errors a user can fix (bad flags,
-bad data, executors without the package) into one line on stderr and exit
-status 2.
+results through :class:`sparkdl_avg.fs.OutputDir`, which never leaves a
+half-written directory behind. :func:`run` turns the errors a user can fix
+(bad flags, bad paths, bad data, executors without the package) into one
+line on stderr and exit status 2.
 
 Paths may be local or URIs: data is read by Spark (anything its readers
 accept: ``hdfs://``, ``s3a://``, ``abfss://``, ...), model files and the
-output directory go through ``pyarrow.fs`` (local, ``hdfs://``, ``s3://``,
-``gs://``; ``s3a://`` is read as ``s3://``).
+output directory go through :mod:`sparkdl_avg.fs` (local, ``hdfs://``,
+``s3://``, ``gs://``; ``s3a://`` is read as ``s3://``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import inspect
-import json
-import os
-import shutil
 import sys
-import tempfile
-import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-import pyarrow.fs as pafs
-
-from .errors import ConfigurationError, DataError
+from . import fs
+from . import options as table
+from .errors import ConfigurationError, DataError, PathError
 from .preflight import ExecutorEnvironmentError
 
 EXIT_USAGE = 2
@@ -52,12 +46,9 @@ def add_data_args(p: argparse.ArgumentParser, label: bool = True) -> None:
                    help="Spark data source of --data (and --validation-data): parquet (default), orc, json, csv, delta, ...")
     g.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE",
                    help="option of the Spark reader, e.g. header=true; repeatable")
-    g.add_argument("--features-col", action="append", default=None, metavar="COL",
-                   help="features column(s): array<float/double> or ml Vector; for a model with several inputs "
-                        "repeat the flag or give a comma list, in the order of model.inputs (default: features)")
+    _add_flag(g, table.option("features_col"))
     if label:
-        g.add_argument("--label-col", action="append", default=None, metavar="COL",
-                       help="label column(s); several for a model with several outputs (default: label)")
+        _add_flag(g, table.option("label_col"))
 
 
 def add_model_args(p: argparse.ArgumentParser, builder: bool = True) -> None:
@@ -74,45 +65,35 @@ def add_model_args(p: argparse.ArgumentParser, builder: bool = True) -> None:
 
 
 def add_trainer_args(p: argparse.ArgumentParser) -> None:
-    """Every ``ParameterAveragingTrainer`` option and ``fit`` option as a flag."""
+    """Every ``ParameterAveragingTrainer`` option and ``fit`` option as a flag (from :data:`~sparkdl_avg.options.OPTIONS`)."""
     g = p.add_argument_group("training (ParameterAveragingTrainer options)")
-    g.add_argument("--epochs", type=int, default=1, help="passes over the training data (default 1)")
-    g.add_argument("--num-workers", type=int, default=None,
-                   help="replicas per round, one Spark task each (default: Spark's defaultParallelism)")
-    g.add_argument("--batch-size", type=int, default=32, help="examples per minibatch, per worker (default 32)")
-    g.add_argument("--averaging-frequency", type=int, default=8,
-                   help="minibatches each worker trains between averagings (default 8)")
-    g.add_argument("--aggregation-depth", type=int, default=2, help="depth of the treeAggregate (default 2)")
-    g.add_argument("--optimizer-state", default="average",
-                   help="'average' (average optimizer variables, default) or 'reset' (fresh each round)")
-    g.add_argument("--update-rule", default="average",
-                   help="how the average becomes the next weights: average (default), bmuf, bmuf_nesterov, slowmo")
-    g.add_argument("--block-momentum", type=float, default=None,
-                   help="BMUF's eta (default 1 - 1/num-workers) or SlowMo's beta (default 0.5)")
-    g.add_argument("--block-lr", type=float, default=1.0, help="BMUF's zeta or SlowMo's alpha (default 1)")
-    g.add_argument("--on-nonfinite", default="raise",
-                   help="a replica with NaN/Inf loss or weights: 'raise' (stop, keep the last good weights; "
-                        "default) or 'skip' (leave it out of that round's average)")
-    g.add_argument("--no-check-data", dest="check_data", action="store_false",
-                   help="skip the NaN/Inf and label-range checks made while staging")
-    g.add_argument("--state-transport", default="auto", choices=("auto", "spark", "files"),
-                   help="how each round's weights reach workers and their sums the driver: 'spark' (broadcast + "
-                        "treeAggregate), 'files' (files under --staging-dir), 'auto' (files when all executors "
-                        "run on the driver's host, default)")
-    g.add_argument("--checkpoint-dir", default=None, metavar="PATH_OR_URI",
-                   help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)")
-    g.add_argument("--checkpoint-every", default="epoch",
-                   help="'epoch' (default) or a number of rounds")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --checkpoint-dir, if there is one")
-    g.add_argument("--seed", type=int, default=None,
-                   help="seed of the data order (and of --model-builder, --validation-split); default: random")
-    g.add_argument("--staging-dir", default=None, metavar="PATH_OR_URI",
-                   help="where the data is staged once per fit; on a multi-host cluster a filesystem every executor "
-                        "reads (hdfs://..., s3://...). Default: the system temp dir")
-    g.add_argument("--no-shuffle", action="store_true", help="keep the data's order instead of shuffling each epoch")
-    g.add_argument("--verbose", type=int, choices=(0, 1, 2), default=2,
-                   help="0 silent, 1 progress bar, 2 one line per epoch (default 2)")
+    for row in table.OPTIONS:
+        if row.cli is not None and row.cli.group == "training":
+            _add_flag(g, row)
+
+
+def _add_flag(group, row: "table.Option") -> None:
+    """The flag of ``row``: kebab-case, its help and default (shown in the help when it takes a value)."""
+    flag = row.cli
+    kwargs: Dict[str, Any] = dict(dest=flag.dest or row.name)
+    text = flag.help or row.help
+    if flag.action in ("store_true", "store_false"):
+        kwargs.update(action=flag.action)
+    else:
+        default = row.flag_default()
+        kwargs.update(default=default, type=flag.type, choices=flag.choices, metavar=flag.metavar)
+        if flag.action:
+            kwargs.update(action=flag.action)
+        shown = row.unset if default is None else default
+        if shown != "" and "default" not in text:
+            text = f"{text} (default: {shown})"
+    group.add_argument(flag.flag or "--" + row.name.replace("_", "-"), help=text.replace("%", "%%"), **kwargs)
+
+
+def flag_value(args: argparse.Namespace, row: "table.Option") -> Any:
+    """The value of ``row``'s option given by the parsed flags (``--no-shuffle`` → ``shuffle=False``)."""
+    value = getattr(args, row.cli.dest or row.name)
+    return row.cli.to_option(value) if row.cli.to_option else value
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -122,21 +103,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 def trainer_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The ``ParameterAveragingTrainer`` options given by :func:`add_trainer_args`' flags."""
-    from .rules import rule_from_name
-
-    return dict(
-        num_workers=args.num_workers,
-        batch_size=args.batch_size,
-        averaging_frequency=args.averaging_frequency,
-        aggregation_depth=args.aggregation_depth,
-        optimizer_state=args.optimizer_state,
-        update_rule=rule_from_name(args.update_rule, args.block_momentum, args.block_lr),
-        seed=args.seed,
-        staging_dir=args.staging_dir,
-        on_nonfinite=args.on_nonfinite,
-        check_data=args.check_data,
-        state_transport=args.state_transport,
-    )
+    return table.from_flat({row.name: flag_value(args, row) for row in table.of(table.TRAINER, table.RULE)})
 
 
 def checkpoint_every(value: str) -> Union[str, int]:
@@ -174,7 +141,7 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
     """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2."""
     try:
         return main(argv)
-    except (UsageError, ConfigurationError, DataError, ExecutorEnvironmentError) as exc:
+    except (UsageError, PathError, ConfigurationError, DataError, ExecutorEnvironmentError) as exc:
         message = " ".join(str(exc).split())
         print(f"error: {message}", file=sys.stderr, flush=True)
         return EXIT_USAGE
@@ -216,52 +183,7 @@ def as_list(cols: Union[str, List[str]]) -> List[str]:
     return [cols] if isinstance(cols, str) else list(cols)
 
 
-# ------------------------------------------------------------------ files
-
-
-def resolve(uri: str):
-    """``(filesystem, path)`` for a local path or a ``pyarrow.fs`` URI (``s3a://`` read as ``s3://``)."""
-    if uri.startswith(("s3a://", "s3n://")):
-        uri = "s3://" + uri.split("://", 1)[1]
-    if "://" in uri and not uri.startswith("file://"):
-        try:
-            return pafs.FileSystem.from_uri(uri)
-        except Exception as exc:
-            raise UsageError(f"Cannot open {uri!r} with pyarrow.fs: {exc}") from None
-    if uri.startswith("file://"):
-        uri = uri[len("file://"):]
-    return pafs.LocalFileSystem(), os.path.abspath(uri)
-
-
-def _exists(fs, path: str) -> bool:
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.NotFound:
-        return False
-    if info.type == pafs.FileType.Directory:
-        return bool(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
-    return True
-
-
-@contextlib.contextmanager
-def local_copy(uri: str):
-    """Yields a local path holding the file at ``uri`` (the path itself when local)."""
-    fs, path = resolve(uri)
-    if isinstance(fs, pafs.LocalFileSystem):
-        if not os.path.isfile(path):
-            raise UsageError(f"No such file: {uri!r}")
-        yield path
-        return
-    tmp = tempfile.mkdtemp(prefix="sparkdl_avg-model-")
-    try:
-        local = os.path.join(tmp, os.path.basename(path) or "model.keras")
-        try:
-            with fs.open_input_stream(path) as src, open(local, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
-        except FileNotFoundError:
-            raise UsageError(f"No such file: {uri!r}") from None
-        yield local
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+# ------------------------------------------------------------------ model
 
 
 def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: Optional[int] = None, compiled: bool = True):
@@ -270,6 +192,7 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
     Raises:
         UsageError: the file or function cannot be loaded, or (``compiled``)
             the model is not compiled.
+        PathError: no file at ``path``, or no filesystem opens it.
     """
     import keras
 
@@ -294,7 +217,7 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
         if not isinstance(model, keras.Model):
             raise UsageError(f"--model-builder {builder} returned {type(model).__name__}; expected a keras.Model")
     else:
-        with local_copy(path) as local:
+        with fs.local_copy(path) as local:
             from .custom_objects import import_custom_modules
 
             import_custom_modules(local)  # modules of custom layers (on the driver's path: --py-files)
@@ -305,95 +228,6 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
     if compiled and not getattr(model, "compiled", False):
         raise UsageError("The model is not compiled; compile it (optimizer, loss, metrics) before saving or returning it")
     return model
-
-
-class OutputDir:
-    """An output directory written all at once: files go to a temporary directory, then into place.
-
-    :meth:`check` fails early (before any training) when the directory exists
-    and ``overwrite`` is off. :meth:`commit` uploads the files to a hidden
-    sibling ``.<name>.tmp-<id>`` and renames it into place; with
-    ``overwrite`` an existing directory is renamed away first and deleted
-    after. On filesystems without directory renames (object stores) the
-    files are copied one by one (each appears whole) and ``_SUCCESS`` last.
-
-    Args:
-        uri: Local path or ``pyarrow.fs`` URI.
-        overwrite: Replace an existing non-empty directory.
-    """
-
-    def __init__(self, uri: str, overwrite: bool = False) -> None:
-        self.uri = uri
-        self.overwrite = overwrite
-        self.fs, self.path = resolve(uri)
-        self.local = tempfile.mkdtemp(prefix="sparkdl_avg-output-")
-
-    def check(self) -> None:
-        if not self.overwrite and _exists(self.fs, self.path):
-            raise UsageError(f"Output directory {self.uri!r} already exists; pass --overwrite to replace it")
-
-    def file(self, name: str) -> str:
-        """The local path to write ``name`` to before :meth:`commit`."""
-        return os.path.join(self.local, name)
-
-    def write_json(self, name: str, data: Any) -> None:
-        with open(self.file(name), "w") as f:
-            json.dump(data, f, indent=1, default=str)
-
-    def commit(self) -> str:
-        self.check()
-        fs, path = self.fs, self.path
-        parent, base = os.path.split(path.rstrip("/"))
-        tmp = f"{parent}/.{base}.tmp-{uuid.uuid4().hex[:12]}"
-        renames = isinstance(fs, pafs.LocalFileSystem) or type(fs).__name__ == "HadoopFileSystem"
-        if not renames:
-            fs.create_dir(path, recursive=True)
-            names = sorted(os.listdir(self.local))
-            for name in names:
-                pafs.copy_files(os.path.join(self.local, name), f"{path}/{name}", destination_filesystem=fs)
-            with fs.open_output_stream(f"{path}/_SUCCESS"):
-                pass
-            self.cleanup()
-            return self.uri
-        fs.create_dir(parent, recursive=True)
-        if isinstance(fs, pafs.LocalFileSystem):
-            shutil.copytree(self.local, tmp)
-        else:
-            pafs.copy_files(self.local, tmp, destination_filesystem=fs)
-        old = None
-        try:
-            if fs.get_file_info(path).type != pafs.FileType.NotFound:
-                old = f"{parent}/.{base}.old-{uuid.uuid4().hex[:12]}"
-                fs.move(path, old)
-            fs.move(tmp, path)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                fs.delete_dir(tmp)
-            if old is not None and fs.get_file_info(path).type == pafs.FileType.NotFound:
-                fs.move(old, path)
-            raise
-        if old is not None:
-            with contextlib.suppress(Exception):
-                fs.delete_dir(old)
-        self.cleanup()
-        return self.uri
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.local, ignore_errors=True)
-
-
-def write_file_atomically(uri: str, data: bytes, overwrite: bool = False) -> None:
-    """Writes one file (local or URI) whole: temporary name, then rename."""
-    fs, path = resolve(uri)
-    if not overwrite and fs.get_file_info(path).type != pafs.FileType.NotFound:
-        raise UsageError(f"{uri!r} already exists; pass --overwrite to replace it")
-    parent = os.path.dirname(path)
-    if parent:
-        fs.create_dir(parent, recursive=True)
-    tmp = f"{parent}/.{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}"
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
-    fs.move(tmp, path)
 
 
 def flags_dict(args: argparse.Namespace) -> Dict[str, Any]:

@@ -3,9 +3,9 @@
 ``stage`` accepts a Spark DataFrame, an RDD of ``(x, y)`` pairs or a tuple of
 numpy arrays, checks what it can on the driver (types, columns, widths known
 from the schema) and writes the examples to the staging directory in the
-format of :mod:`sparkdl_avg.staging`: one Spark job for a DataFrame or an
-RDD, none for arrays. The driver only ever receives one small row per
-partition, never the data.
+format of :mod:`sparkdl_avg.dataset`: one Spark job for a DataFrame or an
+RDD (whose task bodies are in :mod:`sparkdl_avg.export`), none for arrays.
+The driver only ever receives one small row per partition, never the data.
 """
 
 from __future__ import annotations
@@ -13,23 +13,16 @@ from __future__ import annotations
 import math
 import uuid
 from functools import partial
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import DATA_ERROR_MARKER, DataError
-from .staging import (
-    DataChecks,
-    StagedDataset,
-    StagedFile,
-    check_values,
-    export_arrow_batches,
-    export_pairs,
-    join,
-    write_examples,
-)
-
-T = TypeVar("T")
+from .checks import DataChecks, check_values
+from .dataset import StagedDataset, StagedFile, write_examples
+from .errors import DataError
+from .export import export_arrow_batches, export_pairs
+from .fs import join
+from .remote import run_job
 
 
 def spark_context_for(data: Any):
@@ -48,27 +41,6 @@ def spark_context_for(data: Any):
             "SparkSession.builder.getOrCreate() first."
         )
     return sc
-
-
-def run_spark_job(job: Callable[[], T], columns: Optional[dict] = None) -> T:
-    """Runs a Spark action, turning executor-side data errors into ``DataError``.
-
-    Args:
-        job: The action.
-        columns: Internal column aliases mapped to the user's column names,
-            restored in error messages.
-    """
-    try:
-        return job()
-    except Exception as exc:  # Py4JJavaError / PythonException carry the text
-        text = str(exc)
-        at = text.find(DATA_ERROR_MARKER)
-        if at < 0:
-            raise
-        message = text[at + len(DATA_ERROR_MARKER) :].splitlines()[0]
-        for alias, name in (columns or {}).items():
-            message = message.replace(f"'{alias}'", repr(name))
-        raise DataError(message) from None
 
 
 def _label_dtype(is_integer: bool, x_dtype: str) -> str:
@@ -110,14 +82,13 @@ def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
 
 
 def _check_arrays(xs, ys, checks: Optional[DataChecks], what: str) -> None:
-    """:func:`check_values` on the driver for numpy data, as ``DataError``."""
-    try:
-        for k, x in enumerate(xs):
-            check_values(np.asarray(x).reshape(len(x), -1), f"The {what} array x" + (f"[{k}]" if len(xs) > 1 else ""), checks)
-        for k, y in enumerate(ys):
-            check_values(np.asarray(y).reshape(len(y), -1), f"The {what} array y" + (f"[{k}]" if len(ys) > 1 else ""), checks, k)
-    except ValueError as exc:
-        raise DataError(str(exc).replace(DATA_ERROR_MARKER, "").replace(" of its partition", "")) from None
+    """:func:`check_values` on the driver for numpy data."""
+    for k, x in enumerate(xs):
+        name = f"The {what} array x" + (f"[{k}]" if len(xs) > 1 else "")
+        check_values(np.asarray(x).reshape(len(x), -1), name, checks, partition=False)
+    for k, y in enumerate(ys):
+        name = f"The {what} array y" + (f"[{k}]" if len(ys) > 1 else "")
+        check_values(np.asarray(y).reshape(len(y), -1), name, checks, k, partition=False)
 
 
 def _stage_arrays(data, directory: str, x_shapes, num_outputs: int, x_dtype: str, what: str, checks=None) -> StagedDataset:
@@ -267,8 +238,9 @@ def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outpu
         y_dtype=y_dtype,
         checks=checks,
     )
-    rows = run_spark_job(
+    rows = run_job(
         lambda: selected.mapInArrow(body, "uri string, rows long, label_widths array<int>").collect(),
+        f"Staging the {what} data",
         renamed,
     )
     widths = {tuple(r.label_widths) for r in rows if r.rows}
@@ -289,7 +261,7 @@ def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what, checks=None
         y_dtype=x_dtype,
         checks=checks,
     )
-    rows = run_spark_job(lambda: rdd.mapPartitionsWithIndex(body).collect())
+    rows = run_job(lambda: rdd.mapPartitionsWithIndex(body).collect(), f"Staging the {what} data")
     shapes = {shape for _, n, shape in rows if n}
     if len(shapes) > 1:
         raise DataError(f"The {what} RDD has labels of different shapes: {sorted(shapes)}.")

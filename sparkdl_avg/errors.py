@@ -21,13 +21,8 @@ class WorkerError(RuntimeError):
     """A task on an executor failed; the message names the epoch, round and worker."""
 
 
-# Executors cannot raise our exception types through Spark (they arrive as
-# Py4J/PythonException text), so executor-side data errors carry this marker
-# and the driver turns them back into ``DataError`` with the same message.
-DATA_ERROR_MARKER = "sparkdl_avg.DataError: "
+class PathError(ValueError):
+    """A path or URI cannot be used: no filesystem opens it, no file is there, or one is and may not be replaced.
 
-# Likewise, a failure while training a replica is re-raised on the executor
-# with this marker, the worker's index, epoch and round, and the original
-# error's type and full message on one line, so the driver's WorkerError can
-# name the worker and keep the cause.
-WORKER_ERROR_MARKER = "sparkdl_avg.WorkerFailure: "
+    The message names the path.
+    """

@@ -1,15 +1,27 @@
-"""Arrays handed between driver and workers through files instead of the JVM.
+"""What a round's tasks carry to read its state and hand back their sums, and the raw file format.
 
-Why: a round's partial sums (the model's weights and optimizer variables, n×
-each) reach the driver through Spark's result path — pickled in the Python
-worker, copied into the executor JVM, stored in the block manager when over
-``spark.task.maxDirectResultSize``, fetched by the driver JVM, copied over a
-socket into Python and unpickled. On this project's 2-core machine that is
-≈ 5 ms per MB, the largest per-round cost at 1e6 parameters (12 MB per
-worker with Adam). When the driver and the executors share a filesystem
-(always on one host: ``local[N]``, ``local-cluster``), a worker writing its
-arrays to a file and returning only the file's name costs a page-cache copy
-on each side (measured in docs/benchmarks.md).
+This module is the executor-visible half of the state transport
+(:mod:`sparkdl_avg.transport` is the driver's half, which picks one):
+
+* a *state source* — :class:`InlineState` (in the task itself: in-process
+  tests), :class:`BroadcastState` (a Spark broadcast) or
+  :class:`StoredState` (a file under the staging directory) — whose
+  ``load()`` gives the round's ``(weights, optimizer variables)``;
+* a *result sink* — :class:`ReturnSums` (the sums travel as Spark task
+  results) or :class:`StoreSums` (the worker writes them to a file of its own
+  and returns only its description) — whose ``deliver()`` turns a worker's
+  :class:`~sparkdl_avg.aggregation.PartialResult` into what its task yields.
+
+Why files: a round's partial sums (the model's weights and optimizer
+variables, n× each) reach the driver through Spark's result path — pickled
+in the Python worker, copied into the executor JVM, stored in the block
+manager when over ``spark.task.maxDirectResultSize``, fetched by the driver
+JVM, copied over a socket into Python and unpickled. On this project's 2-core
+machine that is ≈ 5 ms per MB, the largest per-round cost at 1e6 parameters
+(12 MB per worker with Adam). When the driver and the executors share a
+filesystem (always on one host: ``local[N]``, ``local-cluster``), a worker
+writing its arrays to a file and returning only the file's name costs a
+page-cache copy on each side (measured in docs/benchmarks.md).
 
 The format is deliberately raw: the arrays' bytes back to back, each at an
 offset aligned to 64 bytes, described by a :class:`StoredArrays` that
@@ -21,15 +33,16 @@ succeeded, so retries and speculative attempts never mix.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow.fs as pafs
 
-from .staging import join, resolve
+from .fs import join, resolve
 
 _ALIGN = 64
 
@@ -118,6 +131,10 @@ class StoredState:
     num_weights: int
     optimizer: bool
 
+    def load(self) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """The round's state, as read-only views (a state source, like :class:`BroadcastState`)."""
+        return load_state(self)
+
 
 def store_state(
     directory: str, name: str, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]
@@ -131,3 +148,59 @@ def load_state(stored: StoredState) -> Tuple[List[np.ndarray], Optional[List[np.
     """``(weights, optimizer variables or None)`` of ``stored``, as read-only views (see :func:`load`)."""
     arrays = load(stored.arrays)
     return arrays[: stored.num_weights], (arrays[stored.num_weights :] if stored.optimizer else None)
+
+
+# ------------------------------------------------------------ state sources
+
+
+@dataclass(frozen=True)
+class InlineState:
+    """The round's state carried in the task itself (in-process runs and tests)."""
+
+    weights: Sequence[np.ndarray]
+    optimizer: Optional[Sequence[np.ndarray]]
+
+    def load(self) -> Tuple[Sequence[np.ndarray], Optional[Sequence[np.ndarray]]]:
+        return self.weights, self.optimizer
+
+
+@dataclass(frozen=True)
+class BroadcastState:
+    """The round's state in a Spark broadcast of ``(weights, optimizer variables)``."""
+
+    broadcast: Any
+
+    def load(self) -> Tuple[Sequence[np.ndarray], Optional[Sequence[np.ndarray]]]:
+        return self.broadcast.value
+
+
+# ------------------------------------------------------------- result sinks
+
+
+@dataclass(frozen=True)
+class ReturnSums:
+    """Workers return their sums as Spark task results."""
+
+    def deliver(self, result, name: str):
+        return result
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A worker's result without its array sums, and the file holding them (``None``: it had no examples)."""
+
+    result: Any
+    sums: Optional[StoredState]
+
+
+@dataclass(frozen=True)
+class StoreSums:
+    """Workers write their weight and optimizer sums to a file of their own under ``directory``."""
+
+    directory: str
+
+    def deliver(self, result, name: str) -> StoredResult:
+        if result.weight_sums is None:
+            return StoredResult(result, None)
+        stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums)
+        return StoredResult(dataclasses.replace(result, weight_sums=None, optimizer_sums=None), stored)

@@ -1,7 +1,7 @@
 """Driver side of distributed inference: add a model's outputs to a DataFrame.
 
 The features go through an iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``,
-Spark ≥ 4.1) whose body, :func:`sparkdl_avg.worker.predict_batches`, runs on
+Spark ≥ 4.1) whose body, :func:`sparkdl_avg.predict_worker.predict_batches`, runs on
 executors with the replica cached per Python worker and sees each Arrow
 batch's feature values as one numpy array (no pandas, no per-row objects).
 Every other column of the DataFrame passes through untouched (Vectors
@@ -16,7 +16,7 @@ import pyarrow as pa
 from .data import column_list, feature_column
 from .errors import DataError
 from .modelspec import ModelSpec, input_shapes, inputs_dtype
-from .worker import PredictTask, predict_batches
+from .predict_worker import PredictTask, predict_batches
 
 CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
 BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")

@@ -15,6 +15,7 @@ in Keras' safe mode), on any filesystem Spark's own writers accept. A fitted
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any, Optional
 
@@ -22,7 +23,6 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
-    HasAggregationDepth,
     HasFeaturesCol,
     HasLabelCol,
     HasPredictionCol,
@@ -31,31 +31,17 @@ from pyspark.ml.param.shared import (
 )
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from . import hadoopfs
+from . import fs, options
 from .errors import ConfigurationError, DataError
 from .modelspec import keras_from_bytes, keras_to_bytes
-from .rules import rule_from_name
 
 KERAS_FILE = "model.keras"
 
-_SNAKE_TO_PARAM = {
-    "num_workers": "numWorkers",
-    "batch_size": "batchSize",
-    "averaging_frequency": "averagingFrequency",
-    "aggregation_depth": "aggregationDepth",
-    "optimizer_state": "optimizerState",
-    "update_rule": "updateRule",
-    "block_momentum": "blockMomentum",
-    "slow_momentum": "blockMomentum",
-    "block_lr": "blockLearningRate",
-    "slow_lr": "blockLearningRate",
-    "staging_dir": "stagingDir",
-    "epochs": "epochs",
-    "verbose": "verbose",
-    "seed": "seed",
-    "features_col": "featuresCol(s)",
-    "label_col": "labelCol(s)",
-}
+#: The estimator's Params of the table's options (the rest are the stages' own: kerasModel, featuresCols, ...).
+_OPTION_PARAMS = tuple(o for o in options.OPTIONS if o.param is not None)
+
+#: snake_case names in the trainer's messages → the estimator's Params (``'batch_size'`` → ``'batchSize'``).
+_SNAKE_TO_PARAM = {name: o.param.name for o in _OPTION_PARAMS for name in (o.name, *o.aliases)}
 
 
 class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
@@ -107,7 +93,7 @@ class _KerasStage:
             sc = SparkContext._active_spark_context
             if sc is None:
                 raise ConfigurationError("Loading a Keras model from a path needs an active SparkSession.")
-            self._keras_bytes = hadoopfs.read_bytes(sc, model)
+            self._keras_bytes = fs.hadoop_read_bytes(sc, model)
         elif isinstance(model, keras.Model):
             from .config import validate_model
 
@@ -142,7 +128,7 @@ class _KerasStageWriter(MLWriter):
         if self.instance._keras_bytes is None:
             raise ConfigurationError("Cannot save a stage without a Keras model; call setKerasModel(model) first.")
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sc)
-        hadoopfs.write_bytes(self.sc, path.rstrip("/") + "/" + KERAS_FILE, self.instance._keras_bytes)
+        fs.hadoop_write_bytes(self.sc, path.rstrip("/") + "/" + KERAS_FILE, self.instance._keras_bytes)
 
 
 class _KerasStageReader(MLReader):
@@ -155,56 +141,84 @@ class _KerasStageReader(MLReader):
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        instance._keras_bytes = hadoopfs.read_bytes(self.sc, path.rstrip("/") + "/" + KERAS_FILE)
+        instance._keras_bytes = fs.hadoop_read_bytes(self.sc, path.rstrip("/") + "/" + KERAS_FILE)
         return instance
 
 
-class KerasAveragingEstimator(
-    _KerasStage, Estimator, _KerasParams, HasLabelCol, HasSeed, HasAggregationDepth, MLWritable, MLReadable
-):
+def _capitalized(name: str) -> str:
+    return name[0].upper() + name[1:]
+
+
+def _from_table(cls):
+    """Adds the table's options to the estimator: Params, setters, getters, ``__init__`` keywords, docs.
+
+    Params declared by a ``pyspark.ml.param.shared`` mixin the estimator
+    inherits (``seed``, ``featuresCol``, ``labelCol``) keep that declaration
+    and its getter; the rest become class attributes here, before any
+    instance copies them (``Params._copy_params``).
+    """
+
+    def setter(name):
+        def set_param(self, value):
+            return self._set(**{name: value})
+
+        set_param.__name__ = set_param.__qualname__ = "set" + _capitalized(name)
+        set_param.__doc__ = f"Sets ``{name}``; returns the stage."
+        return set_param
+
+    def getter(name):
+        def get_param(self):
+            return self.getOrDefault(getattr(self, name))
+
+        get_param.__name__ = get_param.__qualname__ = "get" + _capitalized(name)
+        get_param.__doc__ = f"The value of ``{name}`` or its default."
+        return get_param
+
+    for o in _OPTION_PARAMS:
+        name = o.param.name
+        if not o.param.shared:
+            converter = getattr(TypeConverters, o.param.converter)
+            setattr(cls, name, Param(Params._dummy(), name, o.param_doc(), typeConverter=converter))
+            setattr(cls, "get" + _capitalized(name), getter(name))
+        setattr(cls, "set" + _capitalized(name), setter(name))
+    init = cls.__init__
+    own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    init.__signature__ = options.signature(_OPTION_PARAMS, leading=own, kind=inspect.Parameter.KEYWORD_ONLY,
+                                           camel=True)
+    cls._init_names = tuple(p for p in init.__signature__.parameters if p != "self")
+    cls.__doc__ = options.document(cls.__doc__, [(o.param.name, _param_entry(o)) for o in _OPTION_PARAMS])
+    return cls
+
+
+def _param_entry(o) -> str:
+    """The docstring entry of an option's Param: its doc, the trainer's name, the default."""
+    default = o.param_default()
+    text = o.param_doc()
+    shown = f". Default {options.literal(default)}" if default is not None else ""
+    owner = {options.TRAINER: "the trainer's", options.RULE: "the update rule's", options.FIT: "``fit``'s"}[o.scope]
+    return f"{text[0].upper()}{text[1:]} ({owner} ``{o.name}``){shown}."
+
+
+@_from_table
+class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol, HasSeed, MLWritable, MLReadable):
     """Trains a compiled Keras model by parameter averaging as a Spark ML ``Estimator``.
+
+    The Params of the trainer's options come from :data:`sparkdl_avg.options.OPTIONS`
+    (listed after the stage's own below), each with a ``set*``/``get*`` pair.
 
     Args (keyword-only, Spark style):
         kerasModel: A compiled ``keras.Model`` or the path of a ``.keras``
             file (any filesystem Spark reads). Each ``fit`` trains a fresh
             copy of it, so the estimator can be fitted again or tuned.
-        featuresCol: Features column (numeric array or Vector). Default "features".
-        labelCol: Label column (number, array or Vector). Default "label".
         featuresCols: One features column per model input, for models with
             several inputs (overrides featuresCol).
         labelCols: One label column per model output, for models with
             several outputs (overrides labelCol).
         predictionCol: Output column of the fitted model. Default "prediction".
         probabilityCol: Output column of class probabilities. Default "probability".
-        numWorkers: Replicas per round; unset = Spark's defaultParallelism.
-        batchSize: Examples per minibatch per worker. Default 32.
-        averagingFrequency: Minibatches per worker between averagings. Default 8.
-        aggregationDepth: treeAggregate depth. Default 2.
-        optimizerState: "average" or "reset". Default "average".
-        updateRule: "average" (plain averaging), "bmuf", "bmuf_nesterov" or
-            "slowmo" (see :mod:`sparkdl_avg.rules`). Default "average".
-        blockMomentum: The rule's momentum: BMUF's ``η`` (unset: ``1 −
-            1/numWorkers``) or SlowMo's ``β`` (unset: 0.5).
-        blockLearningRate: BMUF's ``ζ`` or SlowMo's ``α``. Default 1.0.
-        epochs: Passes over the data. Default 1.
-        seed: Seed of the data order.
-        stagingDir: Where data is staged (see the trainer); unset = temp dir.
-        shuffle: Shuffle the examples every epoch. Default True.
-        verbose: 0, 1 or 2 as in the trainer. Default 0.
         inferenceBatchSize: Examples per predict call in transform. Default 1024.
     """
 
-    numWorkers = Param(Params._dummy(), "numWorkers", "replicas per round (>= 1); unset: defaultParallelism", typeConverter=TypeConverters.toInt)
-    batchSize = Param(Params._dummy(), "batchSize", "examples per minibatch per worker (>= 1)", typeConverter=TypeConverters.toInt)
-    averagingFrequency = Param(Params._dummy(), "averagingFrequency", "minibatches per worker between averagings (>= 1)", typeConverter=TypeConverters.toInt)
-    optimizerState = Param(Params._dummy(), "optimizerState", "'average' or 'reset'", typeConverter=TypeConverters.toString)
-    updateRule = Param(Params._dummy(), "updateRule", "'average', 'bmuf', 'bmuf_nesterov' or 'slowmo'", typeConverter=TypeConverters.toString)
-    blockMomentum = Param(Params._dummy(), "blockMomentum", "block momentum in [0, 1): BMUF's eta (unset: 1 - 1/numWorkers) or SlowMo's beta (unset: 0.5)", typeConverter=TypeConverters.toFloat)
-    blockLearningRate = Param(Params._dummy(), "blockLearningRate", "block learning rate > 0: BMUF's zeta or SlowMo's alpha", typeConverter=TypeConverters.toFloat)
-    epochs = Param(Params._dummy(), "epochs", "passes over the data (>= 1)", typeConverter=TypeConverters.toInt)
-    stagingDir = Param(Params._dummy(), "stagingDir", "staging directory (path or pyarrow.fs URI)", typeConverter=TypeConverters.toString)
-    shuffle = Param(Params._dummy(), "shuffle", "shuffle the examples every epoch", typeConverter=TypeConverters.toBoolean)
-    verbose = Param(Params._dummy(), "verbose", "0 silent, 1 progress bar, 2 one line per epoch", typeConverter=TypeConverters.toInt)
     labelCols = Param(
         Params._dummy(),
         "labelCols",
@@ -217,45 +231,27 @@ class KerasAveragingEstimator(
         self,
         *,
         kerasModel: Any = None,
-        featuresCol: str = "features",
-        labelCol: str = "label",
         featuresCols: Optional[list] = None,
         labelCols: Optional[list] = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        numWorkers: Optional[int] = None,
-        batchSize: int = 32,
-        averagingFrequency: int = 8,
-        aggregationDepth: int = 2,
-        optimizerState: str = "average",
-        updateRule: str = "average",
-        blockMomentum: Optional[float] = None,
-        blockLearningRate: float = 1.0,
-        epochs: int = 1,
-        seed: Optional[int] = None,
-        stagingDir: Optional[str] = None,
-        shuffle: bool = True,
-        verbose: int = 0,
         inferenceBatchSize: int = 1024,
+        **params: Any,
     ) -> None:
         super().__init__()
-        self._setDefault(
-            batchSize=32, averagingFrequency=8, aggregationDepth=2, optimizerState="average",
-            updateRule="average", blockLearningRate=1.0, epochs=1, shuffle=True, verbose=0,
-        )
+        self._setDefault(**{
+            o.param.name: o.param_default()
+            for o in _OPTION_PARAMS
+            if not o.param.shared and o.param_default() is not None
+        })
         kwargs = dict(self._input_kwargs)
+        options.check_names(type(self).__name__, kwargs, self._init_names)
         self._set_keras(kwargs.pop("kerasModel", None))
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
     def setKerasModel(self, value: Any) -> "KerasAveragingEstimator":
         self._set_keras(value)
         return self
-
-    def setFeaturesCol(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(featuresCol=value)
-
-    def setLabelCol(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(labelCol=value)
 
     def setFeaturesCols(self, value: list) -> "KerasAveragingEstimator":
         return self._set(featuresCols=value)
@@ -272,68 +268,27 @@ class KerasAveragingEstimator(
     def setProbabilityCol(self, value: str) -> "KerasAveragingEstimator":
         return self._set(probabilityCol=value)
 
-    def setNumWorkers(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(numWorkers=value)
-
-    def setBatchSize(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(batchSize=value)
-
-    def setAveragingFrequency(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(averagingFrequency=value)
-
-    def setAggregationDepth(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(aggregationDepth=value)
-
-    def setOptimizerState(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(optimizerState=value)
-
-    def setUpdateRule(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(updateRule=value)
-
-    def setBlockMomentum(self, value: float) -> "KerasAveragingEstimator":
-        return self._set(blockMomentum=value)
-
-    def setBlockLearningRate(self, value: float) -> "KerasAveragingEstimator":
-        return self._set(blockLearningRate=value)
-
-    def setEpochs(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(epochs=value)
-
-    def setSeed(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(seed=value)
-
-    def setStagingDir(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(stagingDir=value)
-
-    def setShuffle(self, value: bool) -> "KerasAveragingEstimator":
-        return self._set(shuffle=value)
-
-    def setVerbose(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(verbose=value)
-
     def setInferenceBatchSize(self, value: int) -> "KerasAveragingEstimator":
         return self._set(inferenceBatchSize=value)
 
+    def _option(self, o) -> Any:
+        param = self.getParam(o.param.name)
+        return self.getOrDefault(param) if self.isDefined(param) else None
+
     def _trainer_options(self) -> dict:
         """The trainer's constructor options from the params."""
-        options = {
-            "batch_size": self.getOrDefault(self.batchSize),
-            "averaging_frequency": self.getOrDefault(self.averagingFrequency),
-            "aggregation_depth": self.getOrDefault(self.aggregationDepth),
-            "optimizer_state": self.getOrDefault(self.optimizerState),
-            "update_rule": rule_from_name(
-                self.getOrDefault(self.updateRule),
-                self.getOrDefault(self.blockMomentum) if self.isDefined(self.blockMomentum) else None,
-                self.getOrDefault(self.blockLearningRate),
-            ),
-            "num_workers": self.getOrDefault(self.numWorkers) if self.isDefined(self.numWorkers) else None,
-            "staging_dir": self.getOrDefault(self.stagingDir) if self.isDefined(self.stagingDir) else None,
-        }
-        if self.isSet(self.seed):
-            options["seed"] = self.getOrDefault(self.seed)
-        else:  # Spark's default seed is a (possibly negative) hash of the class name
-            options["seed"] = self.getOrDefault(self.seed) & 0x7FFFFFFF
-        return options
+        flat = {o.name: self._option(o) for o in _OPTION_PARAMS if o.scope in (options.TRAINER, options.RULE)}
+        if not self.isSet(self.seed):  # Spark's default seed is a (possibly negative) hash of the class name
+            flat["seed"] = self.getOrDefault(self.seed) & 0x7FFFFFFF
+        return options.from_flat(flat)
+
+    def _fit_options(self) -> dict:
+        """``fit``'s options from the params (feature and label columns: the lists when set)."""
+        fit = {o.name: self._option(o) for o in _OPTION_PARAMS if o.scope == options.FIT}
+        fit["features_col"] = self._features()
+        if self.isSet(self.labelCols):
+            fit["label_col"] = self.getLabelCols()
+        return fit
 
     def _fit(self, dataset):
         from .trainer import ParameterAveragingTrainer
@@ -342,14 +297,7 @@ class KerasAveragingEstimator(
         try:
             trainer = ParameterAveragingTrainer(model, **self._trainer_options())
             with trainer:
-                history = trainer.fit(
-                    dataset,
-                    epochs=self.getOrDefault(self.epochs),
-                    features_col=self._features(),
-                    label_col=self.getLabelCols() if self.isSet(self.labelCols) else self.getLabelCol(),
-                    verbose=self.getOrDefault(self.verbose),
-                    shuffle=self.getOrDefault(self.shuffle),
-                )
+                history = trainer.fit(dataset, **self._fit_options())
         except (ConfigurationError, DataError) as exc:
             raise type(exc)(_camel_case_message(str(exc))) from None
         fitted = KerasAveragingModel(kerasModel=model)

@@ -19,6 +19,8 @@ import socket
 import sys
 from typing import Iterable, Iterator, List, Optional
 
+from .remote import last_line
+
 SHIP_HINT = (
     "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
     "or an --archives environment that has it installed; see README, 'Running on a cluster'"
@@ -87,12 +89,12 @@ def check_executors(sc, num_tasks: Optional[int] = None) -> List[dict]:
     try:
         infos = sc.parallelize(range(n), n).mapPartitions(_probe_partition).collect()
     except Exception as exc:
+        # Not remote.run_job: the probe reports import errors in its result instead of raising, and
+        # a task that fails anyway could not load sparkdl_avg to mark its error; the text is all there is.
         text = str(exc)
-        missing = "No module named 'sparkdl_avg'" in text
-        if missing:
+        if "No module named 'sparkdl_avg'" in text:
             raise ExecutorEnvironmentError(f"Executors cannot import sparkdl_avg: {SHIP_HINT}.") from None
-        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-        cause = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(exc).__name__)
+        cause = (last_line(text, containing="Error") or type(exc).__name__).strip()
         raise ExecutorEnvironmentError(f"Executors failed to start the trainer's code: {cause}") from exc
     finally:
         sc.setLocalProperty("spark.job.description", previous)

@@ -67,14 +67,14 @@ class Progress:
     def round_end(self, record: dict, logs: Dict[str, float]) -> None:
         if not self.verbose:
             return
-        self._examples += record["examples"]
+        self._examples += record.examples
         if self._bar is not None:
             elapsed = time.perf_counter() - self._t_epoch
             self._bar.set_postfix(
                 loss=f"{logs.get('loss', float('nan')):.4f}",
                 ex_s=f"{self._examples / elapsed:.0f}" if elapsed > 0 else "-",
             )
-            self._bar.update(record["averaging_frequency"])
+            self._bar.update(record.averaging_frequency)
 
     def epoch_end(self, epoch: int, rounds_done: int, logs: Dict[str, float]) -> None:
         if not self.verbose:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
-from .files import replace_atomically
+from .fs import replace_atomically
 
 _DRIVER_PHASES = (
     ("broadcast_s", "broadcast", "#9467bd"),
@@ -34,32 +34,32 @@ def _timeline(fig, records: Sequence[dict], row: int) -> None:
     t0 = records[0]["t_start"]
     bars: Dict[str, Dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        label = f"epoch {r['epoch'] + 1} round {r['round'] + 1} (k={r['averaging_frequency']})"
-        start = r["t_start"] - t0
+        label = f"epoch {r.epoch + 1} round {r.round + 1} (k={r.averaging_frequency})"
+        start = r.t_start - t0
         marks = {
             "broadcast_s": start,
-            "schedule_s": start + r["broadcast_s"],
-            "aggregate_s": start + r["broadcast_s"] + r["schedule_s"] + r["workers_s"],
-            "update_s": start + r["broadcast_s"] + r["job_s"],
+            "schedule_s": start + r.broadcast_s,
+            "aggregate_s": start + r.broadcast_s + r.schedule_s + r.workers_s,
+            "update_s": start + r.broadcast_s + r.job_s,
         }
         for key, name, _ in _DRIVER_PHASES:
             b = bars[name]
             b["y"].append("driver")
             b["base"].append(marks[key])
-            b["x"].append(r[key])
-            b["text"].append(f"{label}<br>{name}: {r[key] * 1000:.1f} ms")
-        for w in r["workers"]:
-            at = w["start"] - t0
+            b["x"].append(getattr(r, key))
+            b["text"].append(f"{label}<br>{name}: {getattr(r, key) * 1000:.1f} ms")
+        for w in r.workers:
+            at = w.start - t0
             for key, name, _ in _WORKER_PHASES:
                 b = bars[name]
-                b["y"].append(f"worker {w['worker']}")
+                b["y"].append(f"worker {w.worker}")
                 b["base"].append(at)
-                b["x"].append(w[key])
+                b["x"].append(getattr(w, key))
                 b["text"].append(
-                    f"{label}<br>worker {w['worker']} on {w['host']} (pid {w['pid']})<br>"
-                    f"{name}: {w[key] * 1000:.1f} ms"
+                    f"{label}<br>worker {w.worker} on {w.host} (pid {w.pid})<br>"
+                    f"{name}: {getattr(w, key) * 1000:.1f} ms"
                 )
-                at += w[key]
+                at += getattr(w, key)
     colors = {name: color for _, name, color in _DRIVER_PHASES + _WORKER_PHASES}
     for name, b in bars.items():
         fig.add_trace(
@@ -97,10 +97,10 @@ def _curves(fig, history: Dict[str, List[float]], records: Sequence[dict], row: 
         )
     rounds_per_epoch = defaultdict(int)
     for r in records:
-        rounds_per_epoch[r["epoch"]] = max(rounds_per_epoch[r["epoch"]], r["round"] + 1)
-    xs = [r["epoch"] + (r["round"] + 1) / rounds_per_epoch[r["epoch"]] for r in records]
+        rounds_per_epoch[r.epoch] = max(rounds_per_epoch[r.epoch], r.round + 1)
+    xs = [r.epoch + (r.round + 1) / rounds_per_epoch[r.epoch] for r in records]
     fig.add_trace(
-        go.Scatter(x=xs, y=[r["loss"] for r in records], mode="lines", name="loss per round", opacity=0.5, legendgroup="curves"),
+        go.Scatter(x=xs, y=[r.loss for r in records], mode="lines", name="loss per round", opacity=0.5, legendgroup="curves"),
         row=row,
         col=1,
     )
@@ -110,21 +110,21 @@ def _breakdown(fig, records: Sequence[dict], row: int) -> None:
     import plotly.graph_objects as go
 
     parts = [
-        ("compute (slowest worker)", lambda r: r["compute_max_s"], "#1f77b4"),
-        ("data loading (slowest)", lambda r: r["load_max_s"], "#ff7f0e"),
-        ("replica setup (slowest)", lambda r: r["setup_max_s"], "#7f7f7f"),
-        ("waiting for stragglers", lambda r: max(0.0, r["workers_s"] - r["compute_max_s"] - r["load_max_s"] - r["setup_max_s"]), "#bcbd22"),
-        ("broadcast", lambda r: r["broadcast_s"], "#9467bd"),
-        ("scheduling", lambda r: r["schedule_s"], "#c5b0d5"),
-        ("aggregation", lambda r: r["aggregate_s"], "#d62728"),
-        ("driver update + other", lambda r: r["update_s"] + r["other_s"], "#8c564b"),
+        ("compute (slowest worker)", lambda r: r.compute_max_s, "#1f77b4"),
+        ("data loading (slowest)", lambda r: r.load_max_s, "#ff7f0e"),
+        ("replica setup (slowest)", lambda r: r.setup_max_s, "#7f7f7f"),
+        ("waiting for stragglers", lambda r: max(0.0, r.workers_s - r.compute_max_s - r.load_max_s - r.setup_max_s), "#bcbd22"),
+        ("broadcast", lambda r: r.broadcast_s, "#9467bd"),
+        ("scheduling", lambda r: r.schedule_s, "#c5b0d5"),
+        ("aggregation", lambda r: r.aggregate_s, "#d62728"),
+        ("driver update + other", lambda r: r.update_s + r.other_s, "#8c564b"),
     ]
-    epochs = sorted({r["epoch"] for r in records})
+    epochs = sorted({r.epoch for r in records})
     # Stacked by hand (explicit bases): the figure's barmode is "overlay" so
     # that the timeline's bars sit at their own start times.
     below = [0.0] * len(epochs)
     for name, get, color in parts:
-        totals = [sum(get(r) for r in records if r["epoch"] == e) for e in epochs]
+        totals = [sum(get(r) for r in records if r.epoch == e) for e in epochs]
         fig.add_trace(
             go.Bar(
                 name=name,

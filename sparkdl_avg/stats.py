@@ -1,51 +1,147 @@
-"""Per-round timing records of a fit, as data and as JSON.
+"""Typed records of a fit's rounds and their workers, as data and as JSON.
 
-One record per round; times are seconds. The phases add up to the round's
-wall time: ``wall_s = broadcast_s + schedule_s + workers_s + aggregate_s +
-update_s + other_s`` (``job_s = schedule_s + workers_s + aggregate_s``), where
+This module owns what a round reports about itself: the executors fill one
+:class:`WorkerRecord` per worker, the round runner (:mod:`sparkdl_avg.round`)
+one :class:`RoundRecord` per round, and :class:`TrainingStats` keeps them in
+order (``trainer.stats``), summarises them and writes ``stats.json``. Records
+are dataclasses; they also read like the dicts of ``stats.json``
+(``record["wall_s"]``) so notebooks written against either work.
 
-* ``broadcast_s``: reading the model's state and broadcasting it;
+Times are seconds. A round's wall time splits into driver phases:
+``wall_s = broadcast_s + schedule_s + workers_s + aggregate_s + update_s +
+other_s`` (``job_s = schedule_s + workers_s + aggregate_s``), where
+
+* ``broadcast_s``: reading the model's state and sending it (broadcast or file);
 * ``schedule_s``: from submitting the job until the first worker starts;
 * ``workers_s``: first worker start to last worker end;
-* ``aggregate_s``: the rest of the job — results, ``treeAggregate``, transfer;
+* ``aggregate_s``: the rest of the job — results, their sum, transfer;
 * ``update_s``: averaging and setting the new state on the driver's model;
 * ``other_s``: bookkeeping (normally well under a millisecond).
-
-Per round also: ``compute_{min,max,mean}_s`` and ``load_{max,mean}_s``,
-``setup_max_s`` (replica lookup or build plus state assignment),
-``overhead_s`` (wall time minus the slowest worker's busy time), ``loss``,
-``examples``, ``examples_per_s``, ``averaging_frequency``, ``replicas_built``
-and ``workers``: one record per worker with ``host``, ``pid``, ``start``,
-``end`` (its wall clock), ``setup_s``, ``load_s``, ``compute_s``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
 
-from .files import replace_atomically
+from .fs import replace_atomically
+
+
+class _ReadsLikeADict:
+    """``record["name"]``, ``record.get(...)`` and ``record.keys()`` over a dataclass's fields."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.keys() else default
+
+    def keys(self) -> List[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.keys()
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class WorkerRecord(_ReadsLikeADict):
+    """What one executor task did in a round (or one part of an evaluation).
+
+    Attributes:
+        worker: The worker's index in the round (the part's, in evaluation).
+        host, pid: Where its Python worker ran.
+        examples: Examples it trained on (evaluated).
+        start, end: Its wall clock (``time.time``) at the task's start and end.
+        setup_s: Replica lookup or build plus setting the round's state.
+        load_s: Reading its examples from the staged data.
+        compute_s: Training its ``k`` minibatches (0 in evaluation).
+        replica_built: Whether this task had to build the replica.
+        replicas_built_by_process: Replicas its Python worker has built so far.
+        finite: Whether its loss and weights were finite.
+        loss: Its mean loss over the round's minibatches.
+    """
+
+    worker: int
+    host: str
+    pid: int
+    examples: int
+    start: float
+    end: float
+    setup_s: float = 0.0
+    load_s: float = 0.0
+    compute_s: float = 0.0
+    replica_built: bool = False
+    replicas_built_by_process: int = 0
+    finite: bool = True
+    loss: float = float("nan")
+
+
+@dataclass
+class RoundRecord(_ReadsLikeADict):
+    """One round's timing, size and loss, as the driver measured it (see the module docstring for the phases).
+
+    Besides the phases: ``t_start`` (driver wall clock at the round's start),
+    ``compute_{max,min,mean}_s``, ``load_{max,mean}_s``, ``setup_max_s``
+    over the workers, ``overhead_s`` (wall time minus the slowest worker's
+    setup + load + compute), ``examples_per_s``, the round's mean ``loss``,
+    ``replicas_built`` (tasks that built a replica), ``update_rule`` and
+    ``workers`` (their :class:`WorkerRecord`\\ s, by index).
+    """
+
+    epoch: int
+    round: int
+    averaging_frequency: int
+    num_workers: int
+    examples: int
+    t_start: float
+    wall_s: float
+    broadcast_s: float
+    job_s: float
+    schedule_s: float
+    workers_s: float
+    aggregate_s: float
+    update_s: float
+    other_s: float
+    compute_max_s: float
+    compute_min_s: float
+    compute_mean_s: float
+    load_max_s: float
+    load_mean_s: float
+    setup_max_s: float
+    overhead_s: float
+    examples_per_s: float
+    loss: Optional[float]
+    replicas_built: int
+    workers: List[WorkerRecord] = field(default_factory=list)
+    update_rule: str = "average"
 
 
 class TrainingStats:
     """The round records of one trainer (all its fits), in order."""
 
     def __init__(self) -> None:
-        self.records: List[Dict] = []
+        self.records: List[RoundRecord] = []
 
-    def add(self, record: Dict) -> None:
+    def add(self, record: RoundRecord) -> None:
         self.records.append(record)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[RoundRecord]:
         return iter(self.records)
 
     def to_json(self, path: Optional[str] = None) -> str:
         """The records as a JSON array; also written to ``path`` when given."""
-        text = json.dumps(self.records, indent=1)
+        text = json.dumps([r.to_dict() for r in self.records], indent=1)
         if path is not None:
             with replace_atomically(path, suffix=".json") as tmp:
                 with open(tmp, "w", encoding="utf-8") as f:
@@ -63,16 +159,15 @@ class TrainingStats:
         records = self.records[first:]
         if not records:
             return {}
-        wall = sum(r["wall_s"] for r in records)
+        wall = sum(r.wall_s for r in records)
         return {
             "rounds": len(records),
             "wall_s": wall,
-            "examples": sum(r["examples"] for r in records),
-            "compute_share": sum(r["compute_max_s"] for r in records) / wall if wall else 0.0,
-            "overhead_s_median": statistics.median(r["overhead_s"] for r in records),
+            "examples": sum(r.examples for r in records),
+            "compute_share": sum(r.compute_max_s for r in records) / wall if wall else 0.0,
+            "overhead_s_median": statistics.median(r.overhead_s for r in records),
             "straggler_ratio_median": statistics.median(
-                r["compute_max_s"] / r["compute_min_s"] if r["compute_min_s"] > 0 else 1.0
-                for r in records
+                r.compute_max_s / r.compute_min_s if r.compute_min_s > 0 else 1.0 for r in records
             ),
-            "replicas_built": sum(r["replicas_built"] for r in records),
+            "replicas_built": sum(r.replicas_built for r in records),
         }

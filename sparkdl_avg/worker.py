@@ -21,18 +21,19 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator
 
 import numpy as np
 
-from . import exchange
 from .aggregation import PartialResult, weighted
 from .custom_objects import import_custom_modules
 from .devices import configure_task_devices
-from .errors import WORKER_ERROR_MARKER
+from . import remote
+from .errors import WorkerError
 from .modelspec import ModelSpec, get_state, set_state
+from .stats import WorkerRecord
 from .plan import EpochOrder, split_evenly, worker_positions
-from .staging import StagedDataset, read_examples, structure, unflatten
+from .dataset import StagedDataset, read_examples, structure, unflatten
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -44,11 +45,9 @@ BUILD_COUNT = 0  # replicas this process has built; reported with each result
 
 
 def _value(handle):
-    """The value behind a Spark broadcast or a stored state, or the value itself in-process."""
+    """The value behind a Spark broadcast, or the value itself in-process."""
     from pyspark.broadcast import Broadcast
 
-    if isinstance(handle, exchange.StoredState):
-        return exchange.load_state(handle)
     return handle.value if isinstance(handle, Broadcast) else handle
 
 
@@ -149,8 +148,10 @@ class RoundTask:
         spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
         fingerprint: ``spec.fingerprint``, to find a cached replica without
             reading the broadcast.
-        state: Broadcast of ``(weights, optimizer_variables)`` to start
-            from, or their :class:`~sparkdl_avg.exchange.StoredState`.
+        state: Where the round's ``(weights, optimizer_variables)`` are: a
+            state source of :mod:`sparkdl_avg.exchange` (its ``load()``).
+        results: How the worker hands back its sums: a result sink of
+            :mod:`sparkdl_avg.exchange` (its ``deliver()``).
         dataset: The staged training data.
         epoch: 0-based epoch index.
         round: 0-based round index within the epoch.
@@ -164,17 +165,12 @@ class RoundTask:
         skip_nonfinite: A worker whose loss or weights are not finite leaves
             itself out of the average (returns no examples) instead of
             returning NaN sums; either way its record says ``finite: False``.
-        exchange_dir: With ``state_transport="files"``, the directory where
-            the driver writes each round's state (``state`` is then an
-            :class:`~sparkdl_avg.exchange.StoredState`) and workers write
-            their weight and optimizer sums instead of returning them
-            through Spark (:mod:`sparkdl_avg.exchange`); ``None``: both
-            through Spark.
     """
 
     spec: Any
     fingerprint: str
     state: Any
+    results: Any
     dataset: StagedDataset
     epoch: int
     round: int
@@ -186,7 +182,6 @@ class RoundTask:
     shuffle: bool
     average_optimizer: bool
     skip_nonfinite: bool = False
-    exchange_dir: Optional[str] = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -208,10 +203,6 @@ def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:
         var.assign(value)
 
 
-def _worker_record(worker: int, **fields) -> dict:
-    return {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(), **fields}
-
-
 def train_round(task: RoundTask, worker: int) -> PartialResult:
     """Trains the replica of ``worker`` for ``task.steps`` minibatches.
 
@@ -221,7 +212,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     """
     start = time.time()
     model, built = get_replica(task.spec, task.fingerprint)
-    weights, opt_vars = _value(task.state)
+    weights, opt_vars = task.state.load()
     set_state(model, weights, opt_vars)
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
@@ -249,8 +240,10 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
 
     new_weights, new_opt = get_state(model)
     finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
-    record = _worker_record(
-        worker,
+    record = WorkerRecord(
+        worker=worker,
+        host=socket.gethostname(),
+        pid=os.getpid(),
         examples=n,
         start=start,
         end=time.time(),
@@ -273,29 +266,17 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     )
 
 
-def _one_line(message: str) -> str:
-    """An error message on one line, without TensorFlow's graph-construction traceback."""
-    kept = []
-    for line in message.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("File \"", "[[{{node")) or "defined at (most recent call last)" in line:
-            continue
-        kept.append(line)
-    return " ".join(kept)
-
-
 def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[PartialResult]:
     """``mapPartitions`` body of a training round: one partition per worker id."""
     ids = list(workers)  # consume the whole input so PySpark reuses this worker
     for worker in ids:
         try:
-            result = train_round(task, worker)
-            if task.exchange_dir is not None:
-                result = result.store(task.exchange_dir, f"e{task.epoch}-r{task.round}-w{worker}")
+            result = task.results.deliver(train_round(task, worker), f"e{task.epoch}-r{task.round}-w{worker}")
         except Exception as exc:
-            raise RuntimeError(
-                f"{WORKER_ERROR_MARKER}Worker {worker} failed in epoch {task.epoch}, round "
-                f"{task.round}: {type(exc).__name__}: {_one_line(str(exc))}"
+            raise remote.failure(
+                WorkerError,
+                f"Worker {worker} failed in epoch {task.epoch}, round {task.round}: "
+                f"{type(exc).__name__}: {remote.one_line(str(exc))}",
             ) from exc
         yield result
 
@@ -307,7 +288,7 @@ class EvalTask:
     Attributes:
         spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
         fingerprint: ``spec.fingerprint``.
-        state: Broadcast of ``(weights, optimizer_variables)`` to evaluate.
+        state: A state source (:mod:`sparkdl_avg.exchange`) of ``(weights, optimizer_variables)`` to evaluate.
         dataset: The staged evaluation data.
         num_parts: Parts the data is split into (one task each).
         batch_size: Examples per evaluation minibatch.
@@ -325,7 +306,7 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
     """Evaluates the compiled loss and metrics on one contiguous part of the data."""
     start = time.time()
     model, built = get_replica(task.spec, task.fingerprint)
-    weights, opt_vars = _value(task.state)
+    weights, opt_vars = task.state.load()
     set_state(model, weights, opt_vars)
     rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
     x, y = read_examples(task.dataset, np.arange(rows.start, rows.stop))
@@ -341,8 +322,10 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
         examples=len(x),
         metric_sums=sums,
         workers=[
-            _worker_record(
-                part,
+            WorkerRecord(
+                worker=part,
+                host=socket.gethostname(),
+                pid=os.getpid(),
                 examples=len(x),
                 start=start,
                 end=time.time(),
@@ -355,79 +338,12 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
 
 def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[PartialResult]:
     """``mapPartitions`` body of a distributed evaluation."""
-    ids = list(parts)
+    ids = list(parts)  # consume the whole input so PySpark reuses this worker
     for part in ids:
-        yield evaluate_part(task, part)
-
-
-@dataclass(frozen=True)
-class PredictTask:
-    """What every task of a distributed prediction needs.
-
-    Attributes:
-        spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
-        fingerprint: ``spec.fingerprint``.
-        weights: Broadcast of the model's weights (list of arrays).
-        x_shapes: The model's input shapes without the batch dimension; the
-            features column holds them flattened and concatenated.
-        x_dtype: The model inputs' dtype.
-        batch_size: Examples per ``predict_on_batch`` call.
-        kind: ``"multiclass"``, ``"binary"`` or ``"regression"`` (see
-            :func:`sparkdl_avg.inference.output_kind`).
-        features_col: Name of the features column(s), for error messages.
-    """
-
-    spec: Any
-    fingerprint: str
-    weights: Any
-    x_shapes: tuple
-    x_dtype: str
-    batch_size: int
-    kind: str
-    features_col: str
-
-
-def predict_batches(task: PredictTask, batches: Iterable) -> Iterator:
-    """Body of the iterator Arrow UDF: one ``pyarrow.StructArray`` of outputs per input batch.
-
-    Each input is an Arrow list array of feature rows; its values are viewed
-    as one ``(rows, width)`` numpy array without per-row Python objects.
-    Outputs have the field ``prediction`` (class index as a double for
-    classifiers, the value or values for regression) and, for classifiers,
-    ``probability``.
-    """
-    import pyarrow as pa
-
-    from .staging import list_values
-
-    model, _ = get_replica(task.spec, task.fingerprint)
-    model.set_weights(_value(task.weights))
-    width = sum(int(np.prod(shape)) for shape in task.x_shapes)
-    out_width = sum(int(np.prod(o.shape[1:])) for o in model.outputs)
-
-    def doubles(matrix: np.ndarray) -> pa.Array:
-        """Rows of a 2-D array as an Arrow ``list<double>`` array."""
-        rows, cols = matrix.shape
-        offsets = pa.array(np.arange(0, rows * cols + 1, cols, dtype=np.int32))
-        return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(matrix, dtype=np.float64).reshape(-1)))
-
-    for column in batches:
-        x = list_values(column, task.features_col, width, task.x_dtype)
-        xs = unflatten(x, task.x_shapes)
-        chunks = []
-        for lo in range(0, len(x), task.batch_size):
-            pred = model.predict_on_batch(structure([a[lo : lo + task.batch_size] for a in xs]))
-            parts = pred if isinstance(pred, (list, tuple)) else [pred]
-            chunks.append(np.concatenate([np.asarray(p).reshape(len(p), -1) for p in parts], axis=1))
-        out = (np.concatenate(chunks) if chunks else np.empty((0, out_width))).astype(np.float64)
-        if task.kind == "multiclass":
-            fields = [pa.array(out.argmax(axis=1).astype(np.float64)), doubles(out)]
-        elif task.kind == "binary":
-            p = out[:, 0]
-            fields = [pa.array((p > 0.5).astype(np.float64)), doubles(np.stack([1 - p, p], axis=1))]
-        elif out.shape[1] == 1:
-            fields = [pa.array(out[:, 0])]
-        else:
-            fields = [doubles(out)]
-        names = ["prediction", "probability"][: len(fields)]
-        yield pa.StructArray.from_arrays(fields, names=names)
+        try:
+            result = evaluate_part(task, part)
+        except Exception as exc:
+            raise remote.failure(
+                WorkerError, f"Worker {part} failed in the evaluation: {type(exc).__name__}: {remote.one_line(str(exc))}"
+            ) from exc
+        yield result

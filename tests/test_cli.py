@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from sparkdl_avg import ConfigurationError, DataError, cli
+from sparkdl_avg import ConfigurationError, DataError, cli, fs
+from sparkdl_avg.errors import PathError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ def test_read_options():
 
 def test_output_dir_appears_whole_and_is_replaced_only_with_overwrite(tmp_path):
     target = tmp_path / "out"
-    out = cli.OutputDir(str(target))
+    out = fs.OutputDir(str(target))
     out.check()
     with open(out.file("a.txt"), "w") as f:
         f.write("one")
@@ -40,12 +41,12 @@ def test_output_dir_appears_whole_and_is_replaced_only_with_overwrite(tmp_path):
     assert json.loads((target / "m.json").read_text()) == {"x": 1}
     assert not os.path.exists(out.local)
 
-    again = cli.OutputDir(str(target))
-    with pytest.raises(cli.UsageError, match="already exists; pass --overwrite"):
+    again = fs.OutputDir(str(target))
+    with pytest.raises(PathError, match="already exists; pass --overwrite"):
         again.check()
     again.cleanup()
 
-    replace = cli.OutputDir(str(target), overwrite=True)
+    replace = fs.OutputDir(str(target), overwrite=True)
     with open(replace.file("b.txt"), "w") as f:
         f.write("two")
     replace.commit()
@@ -55,20 +56,56 @@ def test_output_dir_appears_whole_and_is_replaced_only_with_overwrite(tmp_path):
 
 def test_output_dir_accepts_file_uris_and_an_empty_existing_directory(tmp_path):
     (tmp_path / "empty").mkdir()
-    out = cli.OutputDir("file://" + str(tmp_path / "empty"))
+    out = fs.OutputDir("file://" + str(tmp_path / "empty"))
     open(out.file("x"), "w").close()
     out.commit()
     assert os.listdir(tmp_path / "empty") == ["x"]
 
 
-def test_write_file_atomically(tmp_path):
+def test_write_atomically(tmp_path):
     path = str(tmp_path / "sub" / "m.json")
-    cli.write_file_atomically(path, b"{}")
+    fs.write_atomically(path, b"{}", overwrite=False)
     assert open(path).read() == "{}"
-    with pytest.raises(cli.UsageError, match="already exists"):
-        cli.write_file_atomically(path, b"[]")
-    cli.write_file_atomically(path, b"[]", overwrite=True)
+    with pytest.raises(PathError, match="already exists"):
+        fs.write_atomically(path, b"[]", overwrite=False)
+    fs.write_atomically(path, b"[]")
     assert open(path).read() == "[]"
+    assert os.listdir(tmp_path / "sub") == ["m.json"]  # no temporary file left
+    assert (os.stat(path).st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_paths_and_uris_resolve_to_one_filesystem(tmp_path):
+    import pyarrow.fs as pafs
+
+    local, path = fs.resolve("file://" + str(tmp_path / "a"))
+    assert isinstance(local, pafs.LocalFileSystem) and path == str(tmp_path / "a")
+    assert fs.resolve("relative/b")[1] == os.path.abspath("relative/b")
+    with pytest.raises(PathError, match="Cannot open 'nosuch://x/y' with pyarrow.fs"):
+        fs.resolve("nosuch://x/y")
+    assert fs.join("s3://bucket/dir/", "f") == "s3://bucket/dir/f"
+    (tmp_path / "d").mkdir()
+    assert fs.exists(str(tmp_path / "d")) and not fs.exists(str(tmp_path / "d"), empty_dir=False)
+    fs.write_atomically(str(tmp_path / "d" / "x"), b"1")
+    assert fs.read_bytes(str(tmp_path / "d" / "x")) == b"1"
+    fs.remove_tree(str(tmp_path / "d"))
+    fs.remove_tree(str(tmp_path / "d"))  # missing is fine
+    assert not fs.exists(str(tmp_path / "d"))
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = str(tmp_path / "f")
+    fs.write_atomically(path, b"old")
+    with pytest.raises(RuntimeError, match="boom"):
+        with fs.open_atomically(path) as out:
+            out.write(b"new, half")
+            raise RuntimeError("boom")
+    assert open(path, "rb").read() == b"old" and os.listdir(tmp_path) == ["f"]
 
 
 def test_run_turns_user_errors_into_one_line_and_exit_2(capsys):
@@ -80,6 +117,7 @@ def test_run_turns_user_errors_into_one_line_and_exit_2(capsys):
     assert cli.run(failing(ConfigurationError("The 'batch_size' parameter must be an int.\nGot 0."))) == 2
     assert capsys.readouterr().err == "error: The 'batch_size' parameter must be an int. Got 0.\n"
     assert cli.run(failing(DataError("Column 'x' not found"))) == 2
+    assert cli.run(failing(PathError("No such file: 'm.keras'"))) == 2
     assert cli.run(lambda argv: 0) == 0
     with pytest.raises(RuntimeError):
         cli.run(failing(RuntimeError("a bug stays a traceback")))
@@ -92,7 +130,7 @@ def test_load_model_errors():
         cli.load_model(builder="no_such_module_xyz:build")
     with pytest.raises(cli.UsageError, match="has no function 'nope'"):
         cli.load_model(builder="json:nope")
-    with pytest.raises(cli.UsageError, match="No such file"):
+    with pytest.raises(PathError, match="No such file"):
         cli.load_model(path="/nonexistent/model.keras")
 
 

@@ -15,7 +15,7 @@ import pytest
 import keras
 
 from conftest import make_model, regression_data
-from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, exchange
+from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, exchange, transport
 from sparkdl_avg.aggregation import PartialResult, merge
 
 
@@ -84,14 +84,14 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
     expected = None
     for p in [_partial(n, seed, optimizer) for seed, n in enumerate([3, 5, 8])]:
         expected = merge(expected, p)
-    merged = None
-    for i, p in enumerate(parts):
-        merged = merge(merged, p.store(str(tmp_path), f"w{i}"))
-    assert merged.weight_sums is None and len(merged.stored) == 3
-    assert len(os.listdir(tmp_path)) == 3
-    loaded = merged.load_stored()
-    assert not os.listdir(tmp_path)
-    assert loaded.stored == [] and loaded.examples == 16
+    files = transport.FileTransport(str(tmp_path / "fit"))
+    state, sink = files.send("e0-r0", [np.zeros(2)], None)
+    delivered = [sink.deliver(p, f"w{i}") for i, p in enumerate(parts)]
+    assert all(d.result.weight_sums is None and d.sums is not None for d in delivered)
+    assert len(os.listdir(tmp_path / "fit" / "e0-r0")) == 1 + 3  # the round's state and three workers' sums
+    loaded = files.gather(types.SimpleNamespace(collect=lambda: delivered), 0, 0)
+    assert os.listdir(tmp_path / "fit" / "e0-r0") == [os.path.basename(state.arrays.uri)]
+    assert loaded.examples == 16
     assert loaded.metric_sums == {"loss": 8.0} and [w["worker"] for w in loaded.workers] == [0, 1, 2]
     _assert_same(loaded.weight_sums, expected.weight_sums)
     if optimizer:
@@ -100,11 +100,16 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
         assert loaded.optimizer_sums is None
     # The sums are owned arrays, not views of a deleted file.
     assert all(a.flags.writeable and a.flags.owndata for a in loaded.weight_sums)
+    files.end_round()
+    assert os.listdir(tmp_path / "fit") == []
+    files.close()
+    assert not os.path.exists(tmp_path / "fit")
 
 
 def test_a_partial_without_arrays_stores_nothing(tmp_path):
     metrics_only = PartialResult(0, metric_sums={}, workers=[{"worker": 1}])
-    assert metrics_only.store(str(tmp_path), "w1") is metrics_only
+    delivered = exchange.StoreSums(str(tmp_path)).deliver(metrics_only, "w1")
+    assert delivered.result is metrics_only and delivered.sums is None
     assert not os.listdir(tmp_path)
 
 
@@ -114,7 +119,7 @@ def test_an_unknown_transport_is_refused_naming_the_parameter():
 
 
 @pytest.mark.parametrize(
-    "transport, master, staging, files",
+    "mode, master, staging, files",
     [
         ("auto", "local[2]", None, True),
         ("auto", "local-cluster[2,1,1024]", None, True),
@@ -127,19 +132,18 @@ def test_an_unknown_transport_is_refused_naming_the_parameter():
     ],
 )
 def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
-    transport, master, staging, files, tmp_path, caplog
+    mode, master, staging, files, tmp_path, caplog
 ):
     # No HDFS here, and none is contacted: the choice goes by the URI's scheme.
-    trainer = ParameterAveragingTrainer(make_model(), state_transport=transport, staging_dir=staging or str(tmp_path))
+    root = staging or str(tmp_path)
     with caplog.at_level("WARNING", logger="sparkdl_avg"):
-        chosen = trainer._exchange_dir(types.SimpleNamespace(master=master))
-    trainer._finalizer.detach()  # nothing was staged; there is no HDFS to clean up
-    assert (chosen is not None) == files
+        chosen = transport.choose(mode, types.SimpleNamespace(master=master), root, "exchange-1", 2)
+    assert chosen.name == ("files" if files else "spark")
     if files:
-        assert chosen.startswith(trainer._staging_root + "/")
+        assert chosen.directory == root + "/exchange-1"
     # Forcing files with a local staging directory on a cluster master gets a warning.
     warned = [r.getMessage() for r in caplog.records if "state_transport='files'" in r.getMessage()]
-    assert bool(warned) == (transport == "files" and staging is None)
+    assert bool(warned) == (mode == "files" and staging is None)
     if warned:
         assert "the driver and every executor must read each other's files" in warned[0]
 

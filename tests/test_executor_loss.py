@@ -29,7 +29,7 @@ from pyspark import cloudpickle
 
 from conftest import assert_weights_close, make_model, regression_data, spark_session
 from sparkdl_avg import ParameterAveragingTrainer
-from sparkdl_avg import trainer as trainer_module
+from sparkdl_avg import worker as worker_module
 
 pytestmark = pytest.mark.slow
 
@@ -99,17 +99,17 @@ def test_a_killed_executor_is_replaced_and_training_ends_with_a_clean_runs_weigh
     before = wait_for(lambda: executor_ids(sc) if len(executor_ids(sc)) == 2 else None, 60, "two executors")
 
     marker = tmp_path / "executor-killed.json"
-    real = trainer_module.run_round_partition
+    real = worker_module.run_round_partition
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        trainer_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
+        worker_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
         survivor = make_model(seed=2)
         trainer = trainer_for(survivor)
         start = time.time()
         history = trainer.fit(DATA, epochs=2, verbose=0)
         elapsed = time.time() - start
     finally:
-        trainer_module.run_round_partition = real
+        worker_module.run_round_partition = real
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
     # The fault happened: the first attempt of worker 0's task in epoch 0, round 1 killed its executor JVM.

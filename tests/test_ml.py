@@ -19,7 +19,7 @@ import keras
 
 from conftest import make_model, record_jobs, regression_data
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
-from sparkdl_avg.errors import DATA_ERROR_MARKER
+from sparkdl_avg import remote
 from sparkdl_avg.ml import KERAS_FILE, KerasAveragingEstimator, KerasAveragingModel
 
 WINE_CLASSES = 3
@@ -519,7 +519,7 @@ def test_missing_features_column(spark):
             est.fit(df)
     _assert_no_jobs(jobs)
     assert "Available columns: ['features', 'id', 'label']" in str(info.value)
-    assert "('featuresCol(s)')" in str(info.value)  # the Spark params' names, not the trainer option's
+    assert "('featuresCol')" in str(info.value)  # the Spark params' names, not the trainer option's
 
 
 def test_wrong_vector_width_from_assembler_metadata(spark):
@@ -601,8 +601,9 @@ def test_array_features_wrong_width_at_transform(spark):
     out = fitted.transform(df)  # lazy: the width is only known on the executors
     with pytest.raises(Exception) as info:
         out.collect()
-    text = str(info.value)
-    assert DATA_ERROR_MARKER in text
+    decoded = remote.decode(info.value, "transform")  # the executor marked it as a DataError
+    assert isinstance(decoded, DataError), str(info.value)
+    text = str(decoded)
     assert "'short'" in text
     assert "3 values" in text and "expected 4" in text
 

@@ -7,7 +7,9 @@ paragraph just above it (``ParameterAveragingTrainer(model, ...)``,
 ``trainer.fit(data, ...)``, ``KerasAveragingEstimator``, ...). The checks
 compare those tables with ``inspect.signature`` and the Spark ML ``Params``:
 a parameter added to the code without a row here makes the test fail, and so
-does a row for a parameter that no longer exists. No Spark session is needed.
+does a row for a parameter that no longer exists. Every row of the option
+table (``sparkdl_avg/options.py``) must appear with its default, and its flag
+in the jobs' section. No Spark session is needed.
 """
 
 from __future__ import annotations
@@ -172,6 +174,43 @@ def test_documented_defaults_match(key, tables, api):
         assert value == default and type(value) is type(default), (
             f"{key}: README.md says {name} defaults to {cell}; the code says {default!r}"
         )
+
+
+def _expected_cell(default) -> str:
+    """How the reference writes a default: `32`, `"average"`, `None`."""
+    from sparkdl_avg.options import literal
+
+    return f"`{literal(default)}`"
+
+
+def test_every_option_of_the_table_is_documented_with_its_default(tables):
+    """Each row of sparkdl_avg.options.OPTIONS: its trainer or fit row, its estimator Param, its flag.
+
+    Unlike test_documented_defaults_match, descriptive cells are not skipped:
+    the trainer's and fit's cells are the Python literal, the estimator's the
+    literal or "unset" where the Param has no default.
+    """
+    from sparkdl_avg import options
+
+    jobs = _section(README.read_text(encoding="utf-8"), "Running on a cluster")
+    wrong = []
+    for o in options.OPTIONS:
+        key = {options.TRAINER: "ParameterAveragingTrainer", options.FIT: "trainer.fit"}.get(o.scope)
+        if key is not None:
+            cell = tables[key].get(o.name)
+            if cell != _expected_cell(o.default):
+                wrong.append(f"{key}: {o.name} is {cell!r}, expected {_expected_cell(o.default)!r}")
+        if o.param is not None:
+            default = o.param_default()
+            expected = "unset" if default is None else _expected_cell(default)
+            cell = tables["KerasAveragingEstimator"].get(o.param.name)
+            if cell != expected:
+                wrong.append(f"KerasAveragingEstimator: {o.param.name} is {cell!r}, expected {expected!r}")
+        if o.cli is not None:
+            flag = o.cli.flag or "--" + o.name.replace("_", "-")
+            if not re.search(rf"`{re.escape(flag)}[` ]", jobs):
+                wrong.append(f"'Running on a cluster' does not list {flag}")
+    assert not wrong, "README.md's Configuration reference and sparkdl_avg/options.py disagree:\n" + "\n".join(wrong)
 
 
 def test_readme_parser_reads_the_trainer_table(tables):

@@ -15,7 +15,8 @@ import keras
 from conftest import assert_weights_close, make_model, record_jobs, regression_data, spark_session
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg import checkpoint as ckpt
-from sparkdl_avg import trainer as trainer_module
+from sparkdl_avg import fs
+from sparkdl_avg import worker as worker_module
 
 B, N = 8, 2
 
@@ -124,14 +125,14 @@ def test_invalid_checkpoint_arguments(spark, kwargs, pattern):
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp, monkeypatch):
     good = ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {"delta": [np.full(3, 0.5)]}, {"seed": 1})
     first = ckpt.save(tmp, good)
-    real = ckpt._write_bytes
+    real = fs.write_atomically
 
-    def failing(fs, path, data):
-        if path.endswith(ckpt.META):
+    def failing(uri, data, overwrite=True):  # every file a checkpoint writes goes through fs.write_atomically
+        if uri.endswith(ckpt.META):
             raise OSError("disk full")
-        real(fs, path, data)
+        real(uri, data, overwrite)
 
-    monkeypatch.setattr(ckpt, "_write_bytes", failing)
+    monkeypatch.setattr(fs, "write_atomically", failing)
     with pytest.raises(OSError, match="disk full"):
         ckpt.save(tmp, ckpt.Checkpoint(2, 0, 0, [np.full(3, 9.0)], [np.zeros(1)], {}, {"seed": 1}))
     assert ckpt.latest(tmp) == first
@@ -151,10 +152,10 @@ def test_a_task_retried_by_spark_gives_exactly_the_weights_of_a_clean_run(spark,
     import sys
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    real = trainer_module.run_round_partition
+    real = worker_module.run_round_partition
     marker = os.path.join(tmp, "failed-once")
     monkeypatch.setattr(
-        trainer_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker)
+        worker_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker)
     )
     try:
         retried = dropout_model()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import clone_compiled, make_model, regression_data
-from sparkdl_avg import data, worker
+from sparkdl_avg import data, exchange, worker
 from sparkdl_avg.aggregation import merge
 from sparkdl_avg.modelspec import ModelSpec, get_state, iterations_index, set_state
 from sparkdl_avg.plan import EpochOrder, worker_positions
@@ -32,7 +32,8 @@ def make_task(model, staged, **fields):
     defaults = dict(
         spec=spec,
         fingerprint=spec.fingerprint,
-        state=get_state(model),
+        state=exchange.InlineState(*get_state(model)),
+        results=exchange.ReturnSums(),
         dataset=staged,
         epoch=0,
         round=0,
@@ -71,7 +72,7 @@ def keras_reference(model, x, y, indices, steps, batch, optimizer):
 
 
 def test_stage_arrays_round_trip(arrays, staged):
-    from sparkdl_avg.staging import read_examples
+    from sparkdl_avg.dataset import read_examples
 
     x, y = arrays
     assert staged.num_examples == 100
@@ -186,7 +187,7 @@ def test_evaluate_parts_add_up_to_keras_evaluate(arrays, staged):
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
     spec = ModelSpec.from_model(model)
     parts = 3
-    task = worker.EvalTask(spec, spec.fingerprint, get_state(model), staged, parts, 16)
+    task = worker.EvalTask(spec, spec.fingerprint, exchange.InlineState(*get_state(model)), staged, parts, 16)
     total = None
     for part in range(parts):
         total = merge(total, worker.evaluate_part(task, part))

@@ -1,0 +1,361 @@
+"""Paths, URIs and filesystems: the one place where the package reaches storage.
+
+This module owns how a local path or URI becomes a ``pyarrow.fs`` filesystem
+and a path on it (:func:`resolve`), the package's whole-file operations on
+any such filesystem (:func:`read_bytes`, :func:`exists`, :func:`remove_tree`,
+:func:`download`, :func:`local_copy`), its two ways of replacing a file
+atomically (:func:`replace_atomically` for local files written by a library
+that wants a path, such as Keras' ``model.save``; :func:`open_atomically` and
+:func:`write_atomically` for any filesystem), the jobs' all-or-nothing output
+directory (:class:`OutputDir`) and the other route to storage, the JVM's
+Hadoop ``FileSystem`` over Py4J (``hadoop_*``, driver only), which the Spark
+ML persistence uses so that its paths are exactly those Spark's own writers
+accept. Everything else (staging, checkpoints, the exchange files, the jobs)
+goes through here. It holds no state and runs on executors too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import shutil
+import tempfile
+import uuid
+from typing import Any, BinaryIO, Iterator, Tuple
+
+import pyarrow.fs as pafs
+
+from .errors import PathError
+
+# Names of temporary files (and directories) written next to their target;
+# readers that list a directory (checkpoint.latest) skip them by this prefix.
+TEMP_PREFIX = ".tmp-"
+
+# Object stores: an object becomes visible only once its upload (one PUT, or
+# a multipart upload's completion) has finished, and a "move" is a copy.
+_OBJECT_STORES = ("S3FileSystem", "GcsFileSystem", "AzureFileSystem")
+
+
+def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem and the path on it for a local path or URI.
+
+    Accepts local paths (made absolute), ``file://`` URIs and every URI
+    ``pyarrow.fs.FileSystem.from_uri`` opens (``hdfs://``, ``s3://``,
+    ``gs://``, ...); Hadoop's ``s3a://`` and ``s3n://`` are read as ``s3://``.
+
+    Raises:
+        PathError: ``pyarrow.fs`` cannot open the URI (an unknown scheme, a
+            missing ``libhdfs``, an unreachable name node, ...).
+    """
+    if uri.startswith(("s3a://", "s3n://")):
+        uri = "s3://" + uri.split("://", 1)[1]
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as exc:  # ArrowInvalid for the URI itself, OSError for the connection
+        raise PathError(f"Cannot open {uri!r} with pyarrow.fs: {exc}") from None
+
+
+def join(base: str, name: str) -> str:
+    """``base`` (a directory's path or URI) and ``name`` joined with one ``/``."""
+    return base.rstrip("/") + "/" + name
+
+
+def exists(uri: str, empty_dir: bool = True) -> bool:
+    """Whether a file or directory is at ``uri``.
+
+    Args:
+        uri: Local path or URI.
+        empty_dir: Whether an empty directory counts. Default ``True``.
+    """
+    filesystem, path = resolve(uri)
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return False
+    if info.type == pafs.FileType.Directory and not empty_dir:
+        return bool(filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+    return True
+
+
+def remove_tree(uri: str) -> None:
+    """Deletes the directory at ``uri`` and everything in it; a missing one is fine."""
+    filesystem, path = resolve(uri)
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_dir(path)
+
+
+def read_bytes(uri: str) -> bytes:
+    """The whole file at ``uri``.
+
+    Raises:
+        FileNotFoundError: no file there (``OSError`` for other failures).
+    """
+    filesystem, path = resolve(uri)
+    with filesystem.open_input_stream(path) as f:
+        return f.read()
+
+
+def _temp_path(path: str, suffix: str = "") -> str:
+    """A unique name next to ``path``: same directory, so that moving it over ``path`` is a rename."""
+    parent, base = posixpath.split(path.rstrip("/"))
+    return f"{parent}/{TEMP_PREFIX}{base}-{uuid.uuid4().hex[:12]}{suffix}"
+
+
+def _refuse_existing(filesystem: pafs.FileSystem, path: str, uri: str) -> None:
+    if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+        raise PathError(f"{uri!r} already exists; pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def open_atomically(uri: str, overwrite: bool = True) -> Iterator[BinaryIO]:
+    """Yields a binary output stream whose bytes appear at ``uri`` all at once.
+
+    The stream writes a temporary file next to ``uri``; when the block ends
+    without an error it is moved over ``uri`` (a rename locally and on HDFS,
+    so a reader sees the old file or the new one, never a part), otherwise
+    it is deleted. On HDFS replacing a file is delete + rename. Missing
+    parent directories are created.
+
+    Args:
+        uri: Local path or URI of the file.
+        overwrite: Replace an existing file. Default ``True``.
+
+    Raises:
+        PathError: ``overwrite`` is off and something exists at ``uri``.
+    """
+    filesystem, path = resolve(uri)
+    if not overwrite:
+        _refuse_existing(filesystem, path, uri)
+    filesystem.create_dir(posixpath.dirname(path), recursive=True)
+    tmp = _temp_path(path)
+    try:
+        with filesystem.open_output_stream(tmp) as out:
+            yield out
+        filesystem.move(tmp, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            filesystem.delete_file(tmp)
+        raise
+
+
+def write_atomically(uri: str, data: bytes, overwrite: bool = True) -> None:
+    """Writes ``data`` as the file at ``uri`` so that readers never see a part of it.
+
+    Every file :mod:`sparkdl_avg.checkpoint` writes goes through here (the
+    tests inject write failures by replacing this function).
+
+    Args:
+        uri: Local path or URI of the file; parent directories are created.
+        data: The file's bytes.
+        overwrite: Replace an existing file. Default ``True``.
+
+    Raises:
+        PathError: ``overwrite`` is off and something exists at ``uri``.
+    """
+    filesystem, path = resolve(uri)
+    if type(filesystem).__name__ in _OBJECT_STORES:
+        if not overwrite:
+            _refuse_existing(filesystem, path, uri)
+        # No rename on object stores (a move is a server-side copy), and none is needed:
+        # the bytes are all here, and an object appears only once its upload completes,
+        # so this single PUT is already atomic.
+        with filesystem.open_output_stream(path) as out:
+            out.write(data)
+        return
+    with open_atomically(uri, overwrite) as out:
+        out.write(data)
+
+
+@contextlib.contextmanager
+def replace_atomically(path: str, suffix: str = "") -> Iterator[str]:
+    """Yields a temporary local path next to ``path``; renames it over ``path`` on success.
+
+    For writers that insist on a local path of their own (Keras'
+    ``model.save``, Plotly's ``write_html``, ``open``). An existing file at
+    ``path`` stays untouched until the new one is complete; on an exception
+    the temporary file is removed. The new file gets the usual permissions
+    (``0o666`` less the umask).
+
+    Args:
+        path: The local file to (re)place.
+        suffix: Suffix of the temporary name (some writers, like Keras'
+            ``model.save``, insist on an extension such as ``.keras``).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    # mkstemp reserves the name, so two writers never share a temporary file.
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0o600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def download(uri: str, local_path: str) -> None:
+    """Copies the file at ``uri`` to the local file ``local_path``, whole (through a temporary name).
+
+    Raises:
+        FileNotFoundError: no file at ``uri``.
+    """
+    filesystem, path = resolve(uri)
+    with replace_atomically(local_path) as tmp:
+        with filesystem.open_input_stream(path) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)  # 4 MiB chunks
+
+
+@contextlib.contextmanager
+def local_copy(uri: str) -> Iterator[str]:
+    """Yields a local path holding the file at ``uri``: the path itself when local, else a temporary copy.
+
+    Raises:
+        PathError: no file at ``uri``.
+    """
+    filesystem, path = resolve(uri)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        if not os.path.isfile(path):
+            raise PathError(f"No such file: {uri!r}")
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix="sparkdl_avg-model-")
+    try:
+        local = os.path.join(tmp, os.path.basename(path) or "model.keras")
+        try:
+            download(uri, local)
+        except FileNotFoundError:
+            raise PathError(f"No such file: {uri!r}") from None
+        yield local
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class OutputDir:
+    """An output directory written all at once: files go to a local temporary directory, then into place.
+
+    :meth:`check` fails early (before any training) when the directory exists,
+    is not empty and ``overwrite`` is off. :meth:`commit` uploads the files to
+    a hidden sibling and renames it into place; with ``overwrite`` an
+    existing directory is renamed away first and deleted after. On
+    filesystems without directory renames (object stores) the files are
+    copied one by one (each appears whole) and ``_SUCCESS`` last.
+
+    Args:
+        uri: Local path or URI of the directory.
+        overwrite: Replace an existing non-empty directory. Default ``False``.
+
+    Raises:
+        PathError: from :meth:`check` and :meth:`commit`, when the directory
+            exists and ``overwrite`` is off; from the constructor, when
+            ``pyarrow.fs`` cannot open ``uri``.
+    """
+
+    def __init__(self, uri: str, overwrite: bool = False) -> None:
+        self.uri = uri
+        self.overwrite = overwrite
+        self.fs, self.path = resolve(uri)
+        self.local = tempfile.mkdtemp(prefix="sparkdl_avg-output-")
+
+    def check(self) -> None:
+        if not self.overwrite and exists(self.uri, empty_dir=False):
+            raise PathError(f"Output directory {self.uri!r} already exists; pass --overwrite to replace it")
+
+    def file(self, name: str) -> str:
+        """The local path to write ``name`` to before :meth:`commit`."""
+        return os.path.join(self.local, name)
+
+    def write_json(self, name: str, data: Any) -> None:
+        with open(self.file(name), "w") as f:
+            json.dump(data, f, indent=1, default=str)
+
+    def commit(self) -> str:
+        """Puts the files in place; returns the directory's URI."""
+        self.check()
+        fs, path = self.fs, self.path
+        # Directory renames are atomic only on local filesystems and HDFS.
+        renames = isinstance(fs, pafs.LocalFileSystem) or type(fs).__name__ == "HadoopFileSystem"
+        if not renames:
+            fs.create_dir(path, recursive=True)
+            for name in sorted(os.listdir(self.local)):
+                pafs.copy_files(os.path.join(self.local, name), f"{path}/{name}", destination_filesystem=fs)
+            with fs.open_output_stream(f"{path}/_SUCCESS"):
+                pass
+            self.cleanup()
+            return self.uri
+        parent = posixpath.dirname(path.rstrip("/"))
+        tmp = _temp_path(path)
+        fs.create_dir(parent, recursive=True)
+        if isinstance(fs, pafs.LocalFileSystem):
+            shutil.copytree(self.local, tmp)
+        else:
+            pafs.copy_files(self.local, tmp, destination_filesystem=fs)
+        old = None
+        try:
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                old = _temp_path(path, ".old")
+                fs.move(path, old)
+            fs.move(tmp, path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                fs.delete_dir(tmp)
+            if old is not None and fs.get_file_info(path).type == pafs.FileType.NotFound:
+                fs.move(old, path)
+            raise
+        if old is not None:
+            with contextlib.suppress(Exception):
+                fs.delete_dir(old)
+        self.cleanup()
+        return self.uri
+
+    def cleanup(self) -> None:
+        """Deletes the local temporary directory (after :meth:`commit`, or instead of it)."""
+        shutil.rmtree(self.local, ignore_errors=True)
+
+
+# ------------------------------------------------ Hadoop FileSystem (driver only)
+#
+# Spark ML persistence writes its metadata with Spark's own writers, so the
+# model file beside it must go wherever they go: local, hdfs://, s3a://,
+# abfss://, dbfs:/, ... That is the JVM's Hadoop FileSystem, reached through
+# the SparkContext's Py4J gateway, not pyarrow.fs.
+
+
+def _hadoop_fs_and_path(sc, path: str):
+    hpath = sc._jvm.org.apache.hadoop.fs.Path(path)
+    return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
+
+
+def hadoop_write_bytes(sc, path: str, data: bytes) -> None:
+    """Writes ``data`` to a new file at ``path`` through Hadoop's ``FileSystem``; fails if the file exists."""
+    filesystem, hpath = _hadoop_fs_and_path(sc, path)
+    out = filesystem.create(hpath, False)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def hadoop_read_bytes(sc, path: str) -> bytes:
+    """The whole file at ``path``, read through Hadoop's ``FileSystem``."""
+    filesystem, hpath = _hadoop_fs_and_path(sc, path)
+    stream = filesystem.open(hpath)
+    try:
+        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+def hadoop_exists(sc, path: str) -> bool:
+    """Whether anything is at ``path``, asked of Hadoop's ``FileSystem`` (any path Spark writes)."""
+    filesystem, hpath = _hadoop_fs_and_path(sc, path)
+    return bool(filesystem.exists(hpath))

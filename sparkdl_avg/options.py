@@ -1,0 +1,562 @@
+"""The one table of trainer options: every entry point derives its options from :data:`OPTIONS`.
+
+Each :class:`Option` row declares an option once: its snake_case name, its
+default, its type, its documentation, its check, how the jobs' command line
+spells it (:class:`Flag`) and which Spark ML Param carries it
+(:class:`SparkParam`). From the rows derive:
+
+- :class:`~sparkdl_avg.config.TrainerConfig` (the rows of scope
+  :data:`TRAINER`: its fields, defaults, docstring and ``__post_init__``
+  validation, which runs each row's ``check``);
+- ``ParameterAveragingTrainer.__init__``'s signature, its unknown-keyword
+  error and the Args of its docstring (:func:`constructor`, :func:`document`);
+- the jobs' flags (``sparkdl_avg.cli.add_trainer_args``, ``add_data_args``)
+  and ``cli.trainer_options``;
+- ``KerasAveragingEstimator``'s Params, keyword arguments, defaults,
+  setters and getters, ``_trainer_options`` and the snake_case → camelCase
+  map of its error messages (``sparkdl_avg.ml``);
+- the checks of README.md's configuration reference (tests/test_readme.py)
+  and tests/test_options.py, which checks that every row reaches all three
+  entry points with the same default and the same error.
+
+Where an entry point gives an option another default or form, the row says
+so: the CLI and the estimator name the update rule (``update_rule="average"``)
+and give its two numbers flat (the :data:`RULE` rows ``block_momentum`` and
+``block_lr``, combined by :func:`from_flat` through
+:func:`sparkdl_avg.rules.rule_from_name`); the CLI prints one line per epoch
+(``verbose=2``) and the estimator is silent (``verbose=0``).
+
+To check that no option is declared twice, grep its name, e.g.
+``grep -rn "batch_size\\|batchSize\\|batch-size" sparkdl_avg/``: besides its
+row here it appears only where it is used (``self.config.batch_size``), in
+messages, and in options that are not the trainer's (``evaluate``'s and
+``predict``'s ``batch_size``, the jobs' ``evaluate.py``/``predict.py``
+flags, ``inferenceBatchSize``).
+
+The fit options' checks (``epochs``, ``verbose``) are still made by
+``ParameterAveragingTrainer.fit``; the checkpoint options' checks are rows
+here, run by :func:`sparkdl_avg.config.check_checkpoint_args`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+import operator
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from .errors import ConfigurationError
+from .rules import as_update_rule, rule_from_name
+from .schedules import as_schedule
+
+TRAINER = "trainer"  #: a ``ParameterAveragingTrainer``/``TrainerConfig`` option
+RULE = "rule"  #: one of update_rule's numbers, given flat by the CLI and the estimator
+FIT = "fit"  #: an option of ``ParameterAveragingTrainer.fit``
+
+OPTIMIZER_STATE_POLICIES = ("average", "reset")
+NONFINITE_POLICIES = ("raise", "skip")
+STATE_TRANSPORTS = ("auto", "spark", "files")
+
+
+class _Same:
+    def __repr__(self) -> str:
+        return "SAME"
+
+
+SAME = _Same()  #: "the row's default" in :class:`Flag` and :class:`SparkParam`
+
+Check = Callable[[str, Any], None]  #: ``check(name, value)`` raises ``ConfigurationError`` naming ``name``
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
+    """Raises ``ConfigurationError`` unless ``value`` is an integer ≥ ``low`` (numpy ints too)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        none = " or None" if allow_none else ""
+        raise ConfigurationError(
+            f"The '{name}' parameter must be an int in the range [{low}, inf){none}. "
+            f"Got {value!r} instead."
+        )
+
+
+def ints(low: int, allow_none: bool = False) -> Check:
+    """A check: an int ≥ ``low`` (or ``None``)."""
+    return lambda name, value: check_int(name, value, low, allow_none)
+
+
+def one_of(choices: Sequence[str]) -> Check:
+    """A check: one of ``choices``."""
+
+    def check(name: str, value: Any) -> None:
+        if value not in choices:
+            raise ConfigurationError(
+                f"The '{name}' parameter must be one of {', '.join(repr(c) for c in choices)}. "
+                f"Got {value!r} instead."
+            )
+
+    return check
+
+
+def boolean(name: str, value: Any) -> None:
+    """A check: ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"The '{name}' parameter must be a bool. Got {value!r} instead.")
+
+
+def optional_uri(name: str, value: Any) -> None:
+    """A check: a non-empty path or URI, or ``None``."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a non-empty str (a local path or a pyarrow.fs URI) "
+            f"or None. Got {value!r} instead."
+        )
+
+
+def _schedule(name: str, value: Any) -> None:
+    as_schedule(value)
+
+
+def _update_rule(name: str, value: Any) -> None:
+    as_update_rule(value)
+
+
+def _checkpoint_period(name: str, value: Any) -> None:
+    if value == "epoch":
+        return
+    if isinstance(value, str) or value is None:
+        raise ConfigurationError(
+            f"The '{name}' parameter must be 'epoch' or an int in the range [1, inf) "
+            f"(rounds). Got {value!r} instead."
+        )
+    check_int(name, value, 1)
+
+
+def _bool_or_path(name: str, value: Any) -> None:
+    if not isinstance(value, (bool, str)) or value == "":
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a bool or the path of a checkpoint. Got {value!r} instead."
+        )
+
+
+# ------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How the jobs' command line (``sparkdl_avg.cli``) spells an option.
+
+    Attributes:
+        flag: The flag; default ``--`` and the name in kebab-case.
+        type: argparse ``type`` (``int``, ``float``); ``None``: a string.
+        default: The flag's default; :data:`SAME`: the option's.
+        action: argparse ``action`` (``"store_false"`` for ``--no-check-data``).
+        dest: The ``argparse.Namespace`` attribute; default the option's name.
+        choices: argparse ``choices``.
+        metavar: argparse ``metavar``.
+        help: The help text when the option's ``help`` does not fit the flag.
+        to_option: Turns the parsed value into the option's (``--no-shuffle``).
+        group: ``"training"`` (``add_trainer_args``) or ``"data"`` (``add_data_args``).
+    """
+
+    flag: Optional[str] = None
+    type: Optional[Callable[[str], Any]] = None
+    default: Any = SAME
+    action: Optional[str] = None
+    dest: Optional[str] = None
+    choices: Optional[Tuple[Any, ...]] = None
+    metavar: Optional[str] = None
+    help: Optional[str] = None
+    to_option: Optional[Callable[[Any], Any]] = None
+    group: str = "training"
+
+
+@dataclass(frozen=True)
+class SparkParam:
+    """The Spark ML Param of ``KerasAveragingEstimator`` that carries an option.
+
+    Attributes:
+        name: camelCase, like Spark's own Params.
+        converter: The name of a ``pyspark.ml.param.TypeConverters`` function.
+        default: The Param's default; :data:`SAME`: the option's; ``None``: unset.
+        shared: Declared by a ``pyspark.ml.param.shared`` mixin the stage
+            inherits (``HasSeed``'s default is a hash of the class name).
+        unset: What unset means for the estimator, when not the row's ``unset``.
+    """
+
+    name: str
+    converter: str
+    default: Any = SAME
+    shared: bool = False
+    unset: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option, declared once.
+
+    Attributes:
+        name: snake_case: the ``TrainerConfig`` field and keyword argument.
+        default: The trainer's (or ``fit``'s) default.
+        annotation: The type, as written in the generated signatures.
+        help: One line (flag help, Param doc): what the option is.
+        doc: The Args entry of the trainer's and ``TrainerConfig``'s docstrings.
+        scope: :data:`TRAINER`, :data:`RULE` or :data:`FIT`.
+        check: ``check(name, value)``, or ``None``: checked elsewhere.
+        unset: What ``None`` means, for help texts ("Spark's defaultParallelism").
+        cli: The flag, or ``None``: no flag.
+        param: The estimator's Param, or ``None``: no Param.
+        aliases: Other snake_case names the trainer's messages give the
+            same value (``SlowMo``'s ``slow_lr`` is ``block_lr``).
+    """
+
+    name: str
+    default: Any
+    annotation: str
+    help: str
+    doc: str = ""
+    scope: str = TRAINER
+    check: Optional[Check] = None
+    unset: str = ""
+    cli: Optional[Flag] = None
+    param: Optional[SparkParam] = None
+    aliases: Tuple[str, ...] = ()
+
+    def flag_default(self) -> Any:
+        return self.default if self.cli is None or self.cli.default is SAME else self.cli.default
+
+    def param_default(self) -> Any:
+        return self.default if self.param is None or self.param.default is SAME else self.param.default
+
+    def param_doc(self) -> str:
+        """The Param's doc: ``help``, and what unset means."""
+        unset = self.unset if self.param is None or self.param.unset is None else self.param.unset
+        return self.help + (f"; unset: {unset}" if self.param_default() is None and unset else "")
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option(
+        "num_workers", None, "Optional[int]",
+        help="replicas per round, one Spark task each",
+        unset="Spark's defaultParallelism",
+        doc="Replicas trained in parallel per round, one Spark task each. Default ``None``: Spark's "
+            "``defaultParallelism``, resolved when the trainer first needs the SparkContext.",
+        check=ints(1, allow_none=True),
+        cli=Flag(type=int),
+        param=SparkParam("numWorkers", "toInt"),
+    ),
+    Option(
+        "batch_size", 32, "int",
+        help="examples per minibatch, per worker",
+        doc="Examples per minibatch, per worker. Default 32.",
+        check=ints(1),
+        cli=Flag(type=int),
+        param=SparkParam("batchSize", "toInt"),
+    ),
+    Option(
+        "averaging_frequency", 8, "Any",
+        help="minibatches each worker trains between averagings",
+        doc="Minibatches each worker trains between two averagings (DL4J's ``averagingFrequency``; "
+            "\"k\"). Default 8. Also a schedule from :mod:`sparkdl_avg.schedules` (``PostLocalSGD``, "
+            "``AdaComm``) or a callable ``(epoch, round, logs) -> k``, asked before every round.",
+        check=_schedule,
+        cli=Flag(type=int),
+        param=SparkParam("averagingFrequency", "toInt"),
+    ),
+    Option(
+        "aggregation_depth", 2, "int",
+        help="depth of the treeAggregate",
+        doc="``treeAggregate`` depth. Default 2. Applies to the rounds' results on Spark's path (see "
+            "``state_transport``; through files the driver reads every worker's file itself and the "
+            "tree has depth 1) and to evaluation's metric sums.",
+        check=ints(1),
+        cli=Flag(type=int),
+        param=SparkParam("aggregationDepth", "toInt"),
+    ),
+    Option(
+        "optimizer_state", "average", "str",
+        help="'average' (average the optimizer variables) or 'reset' (fresh each round)",
+        doc="``\"average\"`` (default) averages every optimizer variable (Adam moments, momentum) "
+            "like DL4J's ``saveUpdater``; ``\"reset\"`` starts every round from the optimizer's "
+            "initial state. Either way the optimizer's iteration counter follows the global step "
+            "(minibatches per worker so far), so learning-rate schedules see the same step as in "
+            "single-machine training.",
+        check=one_of(OPTIMIZER_STATE_POLICIES),
+        cli=Flag(),
+        param=SparkParam("optimizerState", "toString"),
+    ),
+    Option(
+        "update_rule", None, "Any",
+        help="how the average becomes the next weights: 'average', 'bmuf', 'bmuf_nesterov' or 'slowmo'",
+        doc="How the replicas' average becomes the next global weights (:mod:`sparkdl_avg.rules`). "
+            "``None`` or ``\"average\"``: plain averaging; ``\"bmuf\"`` / ``\"bmuf_nesterov\"``: "
+            "block momentum with ``η = 1 − 1/num_workers``, ``ζ = 1``; ``\"slowmo\"``: SlowMo with "
+            "``β = 0.5``, ``α = 1``; or a ``BlockMomentum(...)`` / ``SlowMo(...)`` with your "
+            "parameters. The rule's state (block momentum ``Δ``) carries over to the next ``fit`` of "
+            "this trainer. The CLI and the estimator take the name, with ``block_momentum`` and "
+            "``block_lr``.",
+        check=_update_rule,
+        cli=Flag(default="average"),
+        param=SparkParam("updateRule", "toString", default="average"),
+    ),
+    Option(
+        "block_momentum", None, "Optional[float]", scope=RULE,
+        help="the rule's momentum: BMUF's eta or SlowMo's beta",
+        unset="1 - 1/workers for BMUF, 0.5 for SlowMo",
+        cli=Flag(type=float),
+        param=SparkParam("blockMomentum", "toFloat"),
+        aliases=("slow_momentum",),
+    ),
+    Option(
+        "block_lr", 1.0, "float", scope=RULE,
+        help="the rule's learning rate: BMUF's zeta or SlowMo's alpha",
+        cli=Flag(type=float),
+        param=SparkParam("blockLearningRate", "toFloat"),
+        aliases=("slow_lr",),
+    ),
+    Option(
+        "seed", None, "Optional[int]",
+        help="seed of the data order",
+        unset="random",
+        doc="Seed of the data order; ``None`` draws one.",
+        check=ints(0, allow_none=True),
+        cli=Flag(type=int, help="seed of the data order (and of --model-builder, --validation-split)"),
+        param=SparkParam("seed", "toInt", shared=True, unset="the stage's default seed (Spark's hash of the class name)"),
+    ),
+    Option(
+        "staging_dir", None, "Optional[str]",
+        help="where the data is staged once per fit (a local path or pyarrow.fs URI); on a multi-host "
+             "cluster a filesystem every executor reads (hdfs://..., s3://...)",
+        unset="the system temp dir",
+        doc="Where the data is staged once per fit (a local path or a ``pyarrow.fs`` URI every "
+            "executor can read: HDFS, S3, NFS on a multi-host cluster). Default: the system temp dir. "
+            "The trainer writes into a new subdirectory and deletes it on :meth:`close` or when the "
+            "trainer is garbage-collected.",
+        check=optional_uri,
+        cli=Flag(metavar="PATH_OR_URI"),
+        param=SparkParam("stagingDir", "toString"),
+    ),
+    Option(
+        "on_nonfinite", "raise", "str",
+        help="a replica with NaN/Inf loss or weights: 'raise' (stop, keep the last good weights) or "
+             "'skip' (leave it out of that round's average)",
+        doc="``\"raise\"`` (default): a replica whose loss or weights become NaN/Inf stops ``fit`` "
+            "with a ``WorkerError`` naming the epoch, round and worker; the model keeps the last good "
+            "weights. ``\"skip\"``: such replicas are left out of that round's average, with a "
+            "warning (all of them: raise).",
+        check=one_of(NONFINITE_POLICIES),
+        cli=Flag(),
+        param=SparkParam("onNonfinite", "toString"),
+    ),
+    Option(
+        "check_data", True, "bool",
+        help="check while staging that features and labels are finite and labels fit the loss",
+        doc="Check while staging that features and labels are finite and that labels fit the loss "
+            "(class indices in ``[0, classes)`` for a sparse categorical cross-entropy, ``[0, 1]`` "
+            "for a binary one); a ``DataError`` names the column. Default True.",
+        check=boolean,
+        cli=Flag("--no-check-data", action="store_false",
+                 help="skip the NaN/Inf and label-range checks made while staging"),
+        param=SparkParam("checkData", "toBoolean"),
+    ),
+    Option(
+        "state_transport", "auto", "str",
+        help="how each round's weights reach workers and their sums the driver: 'spark' (broadcast + "
+             "treeAggregate), 'files' (files under the staging dir), 'auto' (files when all executors "
+             "run on the driver's host)",
+        doc="How a round's state moves between driver and workers. ``\"spark\"``: the driver "
+            "broadcasts weights and optimizer variables, workers return their sums as task results "
+            "through ``treeAggregate``. ``\"files\"``: both directions as files under the staging "
+            "directory (:mod:`sparkdl_avg.exchange`; for clusters whose driver and executors share a "
+            "fast filesystem). ``\"auto\"`` (default): files when every executor runs on the driver's "
+            "host (``local[N]``, ``local-cluster``) and the staging directory is local, else Spark. "
+            "At 1e6 parameters (Adam) files cut the round overhead on one host from ≈ 240 ms to "
+            "≈ 100 ms (docs/benchmarks.md).",
+        check=one_of(STATE_TRANSPORTS),
+        cli=Flag(choices=STATE_TRANSPORTS),
+        param=SparkParam("stateTransport", "toString"),
+    ),
+    # ------------------------------------------------- fit options the CLI and the estimator expose
+    Option(
+        "epochs", 1, "int", scope=FIT,
+        help="passes over the training data",
+        cli=Flag(type=int),
+        param=SparkParam("epochs", "toInt"),
+    ),
+    Option(
+        "features_col", "features", "Any", scope=FIT,
+        help="features column(s): array<float/double> or ml Vector",
+        cli=Flag(action="append", default=None, metavar="COL", group="data",
+                 help="features column(s): array<float/double> or ml Vector; for a model with several inputs "
+                      "repeat the flag or give a comma list, in the order of model.inputs (default: features)"),
+        param=SparkParam("featuresCol", "toString", shared=True),
+    ),
+    Option(
+        "label_col", "label", "Any", scope=FIT,
+        help="label column(s)",
+        cli=Flag(action="append", default=None, metavar="COL", group="data",
+                 help="label column(s); several for a model with several outputs (default: label)"),
+        param=SparkParam("labelCol", "toString", shared=True),
+    ),
+    Option(
+        "shuffle", True, "bool", scope=FIT,
+        help="shuffle the examples every epoch",
+        cli=Flag("--no-shuffle", action="store_true", dest="no_shuffle", to_option=operator.not_,
+                 help="keep the data's order instead of shuffling each epoch"),
+        param=SparkParam("shuffle", "toBoolean"),
+    ),
+    Option(
+        "verbose", "auto", "Any", scope=FIT,
+        help="0 silent, 1 progress bar, 2 one line per epoch",
+        cli=Flag(type=int, choices=(0, 1, 2), default=2),
+        param=SparkParam("verbose", "toInt", default=0),
+    ),
+    Option(
+        "checkpoint_dir", None, "Optional[str]", scope=FIT,
+        help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)",
+        check=optional_uri,
+        cli=Flag(metavar="PATH_OR_URI"),
+    ),
+    Option(
+        "checkpoint_every", "epoch", "Any", scope=FIT,
+        help="'epoch' or a number of rounds",
+        check=_checkpoint_period,
+        cli=Flag(),
+    ),
+    Option(
+        "resume", False, "Any", scope=FIT,
+        help="continue from the latest checkpoint in --checkpoint-dir, if there is one",
+        check=_bool_or_path,
+        cli=Flag(action="store_true"),
+    ),
+)
+
+_BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+assert len(_BY_NAME) == len(OPTIONS), "an option is declared twice"
+
+
+def option(name: str) -> Option:
+    """The row of ``name``."""
+    return _BY_NAME[name]
+
+
+def of(*scopes: str) -> Tuple[Option, ...]:
+    """The rows of ``scopes``, in table order."""
+    return tuple(o for o in OPTIONS if o.scope in scopes)
+
+
+def check(name: str, value: Any) -> None:
+    """Runs the check of ``name``'s row on ``value``."""
+    row = _BY_NAME[name]
+    if row.check is not None:
+        row.check(name, value)
+
+
+# ------------------------------------------------------------- derivations
+
+
+def from_flat(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """The trainer's options from the CLI's or the estimator's flat values.
+
+    ``values`` holds the :data:`TRAINER` and :data:`RULE` options by name;
+    ``update_rule`` is a rule name, made a rule with ``block_momentum`` and
+    ``block_lr`` by :func:`~sparkdl_avg.rules.rule_from_name`.
+    """
+    out = {o.name: values[o.name] for o in of(TRAINER) if o.name in values}
+    out["update_rule"] = rule_from_name(values["update_rule"], values["block_momentum"], values["block_lr"])
+    return out
+
+
+def literal(value: Any) -> str:
+    """``value`` as README.md and the docs write it: ``"average"``, ``None``, ``32``."""
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def signature(rows: Iterable[Option], leading: Sequence[inspect.Parameter] = (),
+              kind: Any = inspect.Parameter.POSITIONAL_OR_KEYWORD, camel: bool = False) -> inspect.Signature:
+    """A signature: ``leading`` parameters, then one per row with its default.
+
+    With ``camel`` the rows' Param names and Param defaults (the estimator's).
+    """
+    params = list(leading)
+    for o in rows:
+        if camel:
+            params.append(inspect.Parameter(o.param.name, kind, default=o.param_default(), annotation=o.annotation))
+        else:
+            params.append(inspect.Parameter(o.name, kind, default=o.default, annotation=o.annotation))
+    return inspect.Signature(params)
+
+
+def check_names(owner: str, given: Iterable[str], valid: Sequence[str]) -> None:
+    """Raises ``TypeError`` naming the keyword arguments of ``given`` that are not ``valid``."""
+    unknown = [n for n in given if n not in valid]
+    if unknown:
+        raise TypeError(
+            f"{owner} got unexpected keyword argument(s) {', '.join(repr(n) for n in unknown)}. "
+            f"Valid options: {', '.join(valid)}."
+        )
+
+
+def constructor(scope: str = TRAINER) -> Callable:
+    """Decorates ``__init__(self, model, *args, **kwargs)``: the signature shows ``scope``'s options.
+
+    The wrapped ``__init__`` gets the options bound by name with their
+    defaults (positional ones in table order, as a written-out signature
+    would take them) as ``kwargs``; an unknown name raises ``TypeError``
+    listing the valid ones.
+    """
+
+    def decorate(init: Callable) -> Callable:
+        first = list(inspect.signature(init).parameters.values())[:2]  # self, model
+        sig = signature(of(scope), leading=[p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in first])
+        names = [o.name for o in of(scope)]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            check_names(type(self).__name__, [k for k in kwargs if k not in (p.name for p in first)], names)
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{type(self).__name__}(): {exc}") from None
+            bound.apply_defaults()
+            values = dict(bound.arguments)
+            lead = [values.pop(p.name) for p in first]
+            init(*lead, **values)
+
+        __init__.__signature__ = sig
+        __init__.__doc__ = init.__doc__
+        __init__.__qualname__ = init.__qualname__
+        __init__.__module__ = init.__module__
+        __init__.__wrapped__ = init
+        return __init__
+
+    return decorate
+
+
+def args_entries(entries: Iterable[Tuple[str, str]], indent: int = 8, width: int = 96) -> str:
+    """Google-style Args entries ``name: text``, wrapped, continuation lines indented by 4 more."""
+    out = []
+    for name, text in entries:
+        out.append(textwrap.fill(f"{name}: {text}", width=width, initial_indent=" " * indent,
+                                 subsequent_indent=" " * (indent + 4), break_on_hyphens=False,
+                                 break_long_words=False))
+    return "\n".join(out)
+
+
+def document(doc: Optional[str], entries: Iterable[Tuple[str, str]]) -> str:
+    """``doc`` with ``entries`` added at the end of its ``Args`` section (8-space indented entries)."""
+    lines = (doc or "").split("\n")
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Args") and line.rstrip().endswith(":"))
+    end = start + 1
+    while end < len(lines) and lines[end].strip():
+        end += 1
+    return "\n".join(lines[:end] + [args_entries(entries)] + lines[end:])
+
+
+def trainer_entries(scope: str = TRAINER) -> Tuple[Tuple[str, str], ...]:
+    """The Args entries of ``scope``'s options: ``(name, doc)``."""
+    return tuple((o.name, o.doc or o.help) for o in of(scope))

@@ -1,0 +1,134 @@
+"""Errors raised on executors and re-raised on the driver: the protocol between the two.
+
+Executors cannot raise the package's exception types through Spark: a
+failed task reaches the driver as a ``Py4JJavaError`` or ``PythonException``
+whose text holds the executor's traceback. This module owns both ends of
+carrying a typed error across anyway. On executors, :func:`failure` makes the
+exception to raise (its text starts with a marker naming the type) and
+:func:`reporting_data_errors` turns a ``DataError`` raised inside a Spark
+body into one; :func:`one_line` flattens a message such as TensorFlow's.
+On the driver, :func:`run_job` runs a Spark action and :func:`decode` turns
+its failure back into the typed error with the executor's message, or, for
+a failure that carries no marker (a lost executor, a crashed Python worker,
+an executor that cannot import the package), into a ``WorkerError`` that
+says which job failed and quotes the failure's last line. The markers are
+private to this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping, Optional, Type, TypeVar
+
+from .errors import DataError, WorkerError
+
+T = TypeVar("T")
+
+# Searched in this order: a data error wins over the worker failure that may wrap it.
+_MARKERS = {
+    DataError: "sparkdl_avg.DataError: ",
+    WorkerError: "sparkdl_avg.WorkerFailure: ",
+}
+
+
+def failure(kind: Type[Exception], message: str) -> Exception:
+    """Executor side: the exception to raise so that the driver re-raises ``kind(message)``.
+
+    Args:
+        kind: :class:`~sparkdl_avg.errors.DataError` or
+            :class:`~sparkdl_avg.errors.WorkerError`.
+        message: One line (see :func:`one_line`); the driver keeps only the
+            first line.
+    """
+    return kind(_MARKERS[kind] + message)
+
+
+@contextlib.contextmanager
+def reporting_data_errors() -> Iterator[None]:
+    """Executor side: a ``DataError`` raised in the block leaves it as :func:`failure` ``(DataError, ...)``.
+
+    Wraps the body of a Spark task (also a generator's body: the block may
+    ``yield``), so the checks it calls raise plain ``DataError`` wherever
+    they run, on the driver too.
+    """
+    try:
+        yield
+    except DataError as exc:
+        if str(exc).startswith(_MARKERS[DataError]):
+            raise
+        raise failure(DataError, str(exc)) from exc
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line, without TensorFlow's graph-construction traceback."""
+    kept = []
+    for line in message.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("File \"", "[[{{node")) or "defined at (most recent call last)" in line:
+            continue
+        kept.append(line)
+    return " ".join(kept)
+
+
+def last_line(text: str, containing: str = "") -> Optional[str]:
+    """The last non-empty line of ``text`` that contains ``containing``, else its last non-empty line.
+
+    ``None`` when ``text`` has no non-empty line. For failures without a
+    marker, whose text is all the driver has.
+    """
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if containing:
+        lines = [line for line in lines if containing in line] or lines
+    return lines[-1] if lines else None
+
+
+def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] = None) -> Exception:
+    """Driver side: the typed error for the failure ``exc`` of a Spark action.
+
+    Args:
+        exc: What the action raised.
+        what: The job, for failures without a marker, e.g. ``"Round 3 of
+            epoch 0"``: the message is ``"{what} failed on the cluster: "``
+            and the failure's last line.
+        columns: Internal column aliases → the user's column names, restored
+            in a ``DataError``'s message.
+
+    Returns:
+        ``exc`` itself if it is a ``DataError`` raised on the driver; else a ``DataError`` or
+        ``WorkerError`` with the executor's message (its first line) when
+        ``exc``'s text carries a marker; else a ``WorkerError`` as above.
+    """
+    text = str(exc)
+    if isinstance(exc, DataError) and not text.startswith(_MARKERS[DataError]):
+        return exc
+    for kind, marker in _MARKERS.items():
+        at = text.find(marker)
+        if at >= 0:
+            message = text[at + len(marker) :].splitlines()[0]
+            if kind is DataError:
+                for alias, name in (columns or {}).items():
+                    message = message.replace(f"'{alias}'", repr(name))
+            return kind(message)
+    # Without a marker the task died outside our code (lost executor, Python worker crash).
+    return WorkerError(f"{what} failed on the cluster: {last_line(text) or type(exc).__name__}")
+
+
+def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]] = None) -> T:
+    """Runs the Spark action ``job`` and returns its result, re-raising a failure as :func:`decode` says.
+
+    A ``DataError`` (raised on the driver, or decoded) propagates with its
+    own message and no chained cause; a ``WorkerError`` is chained to the
+    Spark exception, which holds the executors' tracebacks.
+
+    Args:
+        job: The action, e.g. ``lambda: rdd.mapPartitions(body).collect()``.
+        what: The job in error messages, e.g. ``f"Round {round} of epoch {epoch}"``.
+        columns: See :func:`decode`.
+    """
+    try:
+        return job()
+    except Exception as exc:  # Py4JJavaError / PythonException carry the executors' text
+        error = decode(exc, what, columns)
+        if error is exc:
+            raise
+        raise error from (None if isinstance(error, DataError) else exc)

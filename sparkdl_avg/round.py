@@ -1,0 +1,214 @@
+"""One round of parameter averaging, on the driver: state out, the Spark job, sums back, the update.
+
+This module owns a round from the driver's side. :class:`RoundRunner` is
+made once per ``fit`` with everything its rounds share; each
+:meth:`RoundRunner.run` reads the model's state, has the update rule say what
+to send, sends it through the fit's state transport
+(:mod:`sparkdl_avg.transport`), runs one Spark job in which each of
+``num_workers`` tasks trains its replica (:func:`sparkdl_avg.worker.run_round_partition`),
+gets the example-weighted sums back, stops on non-finite replicas, applies
+the update rule, sets the new state on the model and records the round's
+:class:`~sparkdl_avg.stats.RoundRecord`. :class:`RuleState` keeps the update
+rule's state (BMUF's ``Δ``) between rounds and fits.
+
+The executor entry point is looked up as ``worker.run_round_partition`` at
+each round, so a test can wrap it to inject executor faults (a failed first
+attempt, a killed Python worker) without reaching into this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .aggregation import PartialResult
+from .dataset import StagedDataset
+from .errors import WorkerError
+from .modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
+from .rules import UpdateRule
+from .session import spark_job_labels
+from .stats import RoundRecord, TrainingStats
+from .transport import StateTransport
+from . import worker
+from .worker import RoundTask
+
+logger = logging.getLogger("sparkdl_avg")
+
+
+class RuleState:
+    """The update rule's state (e.g. BMUF's ``Δ``) and what it belongs to; carried across a trainer's fits."""
+
+    def __init__(self) -> None:
+        self.state: Optional[Dict[str, List[np.ndarray]]] = None
+        self.key: Optional[Dict[str, Any]] = None
+
+    @staticmethod
+    def key_of(rule: UpdateRule, model) -> Dict[str, Any]:
+        """What a rule's state belongs to: the rule and the trainable weights' shapes."""
+        shapes = [list(w.shape) for w in model.trainable_weights]
+        return {**rule.describe(), "trainable_shapes": shapes, "mask": trainable_mask(model)}
+
+    def ensure(self, rule: UpdateRule, model) -> None:
+        """Creates the rule's state unless this holds one for the same rule and weights."""
+        key = self.key_of(rule, model)
+        if self.state is None or self.key != key:
+            self.state = rule.init_state(model.get_weights(), trainable_mask(model))
+            self.key = key
+
+    def restore(self, state: Dict[str, List[np.ndarray]], rule: UpdateRule, model) -> None:
+        """Takes a checkpoint's rule state for ``rule`` on ``model``."""
+        self.state = state
+        self.key = self.key_of(rule, model)
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """What every round of one fit shares (see :class:`~sparkdl_avg.worker.RoundTask` for the fields)."""
+
+    spec: Any
+    fingerprint: str
+    dataset: StagedDataset
+    num_workers: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    average_optimizer: bool
+    on_nonfinite: str
+    epochs: int
+    epoch_steps: int
+
+
+class RoundRunner:
+    """Runs the rounds of one fit and records their stats.
+
+    Args:
+        sc: The SparkContext.
+        model: The driver's compiled model; holds the global state.
+        settings: The fit's shared settings.
+        rule: The update rule, resolved for ``settings.num_workers``.
+        rule_state: The rule's state, updated in place each round.
+        transport: How state and sums move (one per fit).
+        stats: Where each round's record goes.
+    """
+
+    def __init__(self, sc, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
+                 transport: StateTransport, stats: TrainingStats) -> None:
+        self.sc = sc
+        self.model = model
+        self.settings = settings
+        self.rule = rule
+        self.rule_state = rule_state
+        self.transport = transport
+        self.stats = stats
+
+    def run(self, epoch: int, rnd: int, steps_before: int, steps: int) -> PartialResult:
+        """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``."""
+        s = self.settings
+        # Wall-clock times (time.time) so they compare with the workers' own.
+        t0 = time.time()
+        weights, opt_vars = get_state(self.model)
+        mask = trainable_mask(self.model)
+        learning_rate = current_learning_rate(self.model)
+        sent = self.rule.to_send(weights, self.rule_state.state, mask)
+        state, sink = self.transport.send(f"e{epoch}-r{rnd}", sent, opt_vars)
+        t1 = time.time()
+        task = RoundTask(
+            spec=s.spec, fingerprint=s.fingerprint, state=state, results=sink, dataset=s.dataset,
+            epoch=epoch, round=rnd, steps_before=steps_before, steps=steps, num_workers=s.num_workers,
+            batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
+            skip_nonfinite=s.on_nonfinite == "skip",
+        )
+        with spark_job_labels(
+            self.sc,
+            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
+            f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})",
+        ):
+            tasks = self.sc.parallelize(range(s.num_workers), s.num_workers).mapPartitions(
+                partial(worker.run_round_partition, task)
+            )
+            result = self.transport.gather(tasks, epoch, rnd)
+        t2 = time.time()
+        self._check_finite(epoch, rnd, result)
+        average = [x / result.examples for x in result.weight_sums]  # float64
+        new_weights = self.rule.apply(weights, sent, average, self.rule_state.state, mask, learning_rate)
+        new_opt = result.average(result.optimizer_sums, opt_vars) if s.average_optimizer else list(opt_vars)
+        it = iterations_index(self.model)
+        new_opt[it] = np.asarray(int(opt_vars[it]) + steps, dtype=opt_vars[it].dtype)
+        set_state(self.model, new_weights, new_opt)
+        self.transport.end_round()
+        t3 = time.time()
+        self.stats.add(round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3))
+        return result
+
+    def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:
+        """Stops (or, with ``on_nonfinite="skip"``, warns) when replicas' loss or weights are NaN/Inf.
+
+        Raised before the driver's model is touched, so it keeps the last good weights.
+        """
+        bad = sorted((w for w in result.workers if not w.finite), key=lambda w: w.worker)
+        if not bad:
+            return
+        names = ", ".join(f"{w.worker} (loss {w.loss:.4g})" for w in bad)
+        where = f"epoch {epoch}, round {rnd}"
+        if self.settings.on_nonfinite == "raise" or len(bad) == len(result.workers):
+            raise WorkerError(
+                f"Non-finite loss or weights (NaN/Inf) from worker(s) {names} in {where}. The model "
+                "keeps the weights from before this round (and the last checkpoint is unchanged). "
+                "Lower the learning rate, check the data, or pass on_nonfinite='skip' to leave such "
+                "replicas out of the average."
+            )
+        logger.warning("Left worker(s) %s out of the average of %s: non-finite loss or weights.", names, where)
+
+
+def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: PartialResult, rule_name: str,
+                 t0: float, t1: float, t2: float, t3: float) -> RoundRecord:
+    """The stats record of one round (see :mod:`sparkdl_avg.stats` for the fields).
+
+    ``t0``..``t3`` are driver wall-clock times: round start, state sent,
+    summed result received, driver update done. The job's time splits into
+    scheduling (until the first worker starts), the workers' span (first
+    start to last end, by the workers' clocks) and aggregation (the rest:
+    serialising results, their sum and the transfer to the driver). On a
+    multi-host cluster clock skew blurs that split a little.
+    """
+    workers = sorted(result.workers, key=lambda w: w.worker)
+    compute = [w.compute_s for w in workers]
+    busy = [w.setup_s + w.load_s + w.compute_s for w in workers]
+    first_start = min(w.start for w in workers)
+    last_end = max(w.end for w in workers)
+    schedule = min(max(0.0, first_start - t1), t2 - t1)
+    span = min(max(0.0, last_end - max(first_start, t1)), t2 - t1 - schedule)
+    wall = time.time() - t0
+    return RoundRecord(
+        epoch=epoch,
+        round=rnd,
+        averaging_frequency=steps,
+        num_workers=num_workers,
+        examples=result.examples,
+        t_start=t0,
+        wall_s=wall,
+        broadcast_s=t1 - t0,
+        job_s=t2 - t1,
+        schedule_s=schedule,
+        workers_s=span,
+        aggregate_s=t2 - t1 - schedule - span,
+        update_s=t3 - t2,
+        other_s=wall - (t3 - t0),
+        compute_max_s=max(compute),
+        compute_min_s=min(compute),
+        compute_mean_s=sum(compute) / len(compute),
+        load_max_s=max(w.load_s for w in workers),
+        load_mean_s=sum(w.load_s for w in workers) / len(workers),
+        setup_max_s=max(w.setup_s for w in workers),
+        overhead_s=wall - max(busy),
+        examples_per_s=result.examples / wall if wall > 0 else 0.0,
+        loss=result.metric_means().get("loss"),
+        replicas_built=sum(1 for w in workers if w.replica_built),
+        workers=workers,
+        update_rule=rule_name,
+    )

@@ -1,0 +1,188 @@
+"""Every row of the option table (sparkdl_avg.options) reaches the three entry points, without Spark.
+
+The entry points: ``TrainerConfig``/``ParameterAveragingTrainer``, the jobs'
+flags (``jobs/train.py``'s parser, ``cli.trainer_options``) and
+``KerasAveragingEstimator``'s Params. Each row must be a config field (or a
+``fit`` argument), a flag and, where it has one, a Param, each with the
+row's default; a bad value must give the same error through all three (the
+estimator's naming the camelCase Param).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import os
+
+import pytest
+
+from conftest import make_model
+from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, SlowMo, TrainerConfig, cli, options
+from sparkdl_avg.ml import _SNAKE_TO_PARAM, KerasAveragingEstimator, _camel_case_message
+from sparkdl_avg.rules import as_update_rule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REQUIRED = ["--data", "d.parquet", "--model", "m.keras", "--output-dir", "out"]
+
+
+def _train_job():
+    spec = importlib.util.spec_from_file_location("train_job", os.path.join(ROOT, "jobs", "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def parse():
+    job = _train_job()
+    return lambda *flags: job.parse_args([*REQUIRED, *flags])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(seed=0)
+
+
+def _flag(row) -> str:
+    return row.cli.flag or "--" + row.name.replace("_", "-")
+
+
+# ------------------------------------------------------------------ the table
+
+
+def test_names_are_unique_and_scopes_known():
+    names = [o.name for o in options.OPTIONS]
+    assert len(names) == len(set(names))
+    assert {o.scope for o in options.OPTIONS} == {options.TRAINER, options.RULE, options.FIT}
+    params = [o.param.name for o in options.OPTIONS if o.param]
+    assert len(params) == len(set(params))
+    for o in options.of(options.TRAINER):
+        assert o.doc and o.check is not None, o.name
+
+
+# ------------------------------------------------------------- TrainerConfig
+
+
+def test_trainer_rows_are_the_config_fields_with_their_defaults():
+    fields = dataclasses.fields(TrainerConfig)
+    assert [f.name for f in fields] == [o.name for o in options.of(options.TRAINER)]
+    assert {f.name: f.default for f in fields} == {o.name: o.default for o in options.of(options.TRAINER)}
+    for o in options.of(options.TRAINER):
+        assert f"{o.name}:" in TrainerConfig.__doc__ and f"{o.name}:" in ParameterAveragingTrainer.__doc__
+
+
+def test_trainer_signature_and_fit_defaults_come_from_the_table():
+    params = inspect.signature(ParameterAveragingTrainer).parameters
+    assert list(params)[0] == "model" and params["model"].default is inspect.Parameter.empty
+    assert {n: p.default for n, p in params.items() if n != "model"} == {
+        o.name: o.default for o in options.of(options.TRAINER)
+    }
+    fit = inspect.signature(ParameterAveragingTrainer.fit).parameters
+    for o in options.of(options.FIT):
+        assert fit[o.name].default == o.default, o.name
+
+
+def test_trainer_takes_options_by_keyword_or_position_and_names_unknown_ones(model):
+    trainer = ParameterAveragingTrainer(model, 2, 4, seed=3)
+    assert trainer.config == TrainerConfig(num_workers=2, batch_size=4, seed=3)
+    with pytest.raises(TypeError, match=r"'bacth_size'.*Valid options: num_workers, batch_size"):
+        ParameterAveragingTrainer(model, bacth_size=4)
+    with pytest.raises(TypeError, match=r"multiple values for argument 'num_workers'"):
+        ParameterAveragingTrainer(model, 2, num_workers=3)
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def test_every_row_with_a_flag_is_a_flag_of_the_train_job_with_its_default(parse):
+    args = parse()
+    for o in options.OPTIONS:
+        if o.cli is None:
+            continue
+        assert hasattr(args, o.cli.dest or o.name), _flag(o)
+        expected = o.default if o.cli.default is options.SAME else o.cli.default
+        if o.cli.to_option is not None:
+            expected = o.cli.to_option(False if o.cli.action == "store_true" else expected)
+        assert cli.flag_value(args, o) == expected, _flag(o)
+    # every trainer option has a flag, and the flags' defaults are the trainer's
+    assert all(o.cli is not None for o in options.of(options.TRAINER, options.RULE))
+    assert TrainerConfig(**cli.trainer_options(args)) == TrainerConfig(update_rule=as_update_rule(None))
+
+
+def test_flags_set_the_options(parse):
+    args = parse("--batch-size", "4", "--no-check-data", "--state-transport", "files", "--update-rule", "slowmo",
+                 "--block-momentum", "0.7", "--no-shuffle", "--verbose", "0")
+    config = TrainerConfig(**cli.trainer_options(args))
+    assert (config.batch_size, config.check_data, config.state_transport) == (4, False, "files")
+    assert config.update_rule == SlowMo(0.7, 1.0)
+    assert cli.flag_value(args, options.option("shuffle")) is False
+    assert cli.flag_value(args, options.option("verbose")) == 0
+
+
+# ------------------------------------------------------------------ estimator
+
+
+def test_every_row_with_a_param_is_an_estimator_param_with_its_default():
+    est = KerasAveragingEstimator()
+    names = {p.name for p in est.params}
+    signature = inspect.signature(KerasAveragingEstimator.__init__).parameters
+    for o in options.OPTIONS:
+        if o.param is None:
+            continue
+        name = o.param.name
+        assert name in names and name in signature, name
+        assert signature[name].kind is inspect.Parameter.KEYWORD_ONLY
+        default = o.param_default()
+        assert signature[name].default == default, name
+        if o.param.shared and o.name == "seed":
+            assert not est.isSet(est.seed)  # HasSeed's default: a hash of the class name
+        elif default is None:
+            assert not est.isDefined(est.getParam(name)), name
+        else:
+            assert est.getOrDefault(name) == default, name
+        setter = getattr(est, "set" + name[0].upper() + name[1:])
+        getter = getattr(est, "get" + name[0].upper() + name[1:])
+        assert callable(getter)
+        if default is not None:
+            assert setter(default) is est
+    for snake, camel in _SNAKE_TO_PARAM.items():
+        assert est.hasParam(camel), (snake, camel)
+    assert {"onNonfinite", "checkData", "stateTransport"} <= names
+
+
+def test_estimator_defaults_are_the_trainers():
+    est = KerasAveragingEstimator()
+    got = est._trainer_options()
+    assert sorted(got) == sorted(o.name for o in options.of(options.TRAINER))
+    assert TrainerConfig(**got) == TrainerConfig(update_rule=as_update_rule(None), seed=got["seed"])
+    with pytest.raises(TypeError, match=r"'batch_size'.*Valid options: .*batchSize"):
+        KerasAveragingEstimator(batch_size=3)
+
+
+# --------------------------------------------------- the same error everywhere
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("batch_size", 0), ("num_workers", 0), ("aggregation_depth", 0), ("averaging_frequency", 0),
+     ("optimizer_state", "bogus"), ("on_nonfinite", "bogus"), ("seed", -1), ("update_rule", "nope")],
+)
+def test_a_bad_value_gets_the_same_error_through_every_entry_point(parse, model, name, value):
+    row = options.option(name)
+    with pytest.raises(ConfigurationError) as direct:
+        TrainerConfig(**{name: value})
+    message = str(direct.value)
+    assert f"'{name}'" in message
+
+    with pytest.raises(ConfigurationError) as through_flags:
+        TrainerConfig(**cli.trainer_options(parse(_flag(row), str(value))))
+    assert str(through_flags.value) == message
+
+    est = KerasAveragingEstimator(kerasModel=model, **{row.param.name: value})
+    with pytest.raises(ConfigurationError) as through_estimator:
+        est.fit(None)  # the trainer's validator raises before the data is looked at
+    assert str(through_estimator.value) == _camel_case_message(message)
+    assert f"'{row.param.name}'" in str(through_estimator.value)
+    if row.param.name != name:
+        assert f"'{name}'" not in str(through_estimator.value)
