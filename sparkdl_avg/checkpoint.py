@@ -26,6 +26,7 @@ where replacing a file is delete + rename: a crash in between leaves no
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -47,6 +48,29 @@ PREFIX = "ckpt-"
 
 
 @dataclass
+class RunMeta:
+    """What a checkpoint records about its run besides arrays and position (``meta.json``'s other keys).
+
+    Attributes:
+        seed: The run's seed (data order).
+        run: The settings a resumed run must match (model signature, data
+            size, workers, batch size, optimizer state, update rule,
+            schedule, shuffle); see :func:`check_compatible`.
+        schedule_state: The averaging schedule's state (AdaComm's).
+        epoch_examples: Examples trained in the partial epoch (0 at an epoch's start).
+        epoch_metric_sums: Example-weighted metric sums of the partial epoch.
+        history: The finished epochs' logs, name → one value per epoch.
+    """
+
+    seed: int
+    run: Dict[str, Any] = field(default_factory=dict)
+    schedule_state: Dict[str, Any] = field(default_factory=dict)
+    epoch_examples: int = 0
+    epoch_metric_sums: Dict[str, float] = field(default_factory=dict)
+    history: Dict[str, List[float]] = field(default_factory=dict)
+
+
+@dataclass
 class Checkpoint:
     """The state of a fit between two rounds.
 
@@ -57,10 +81,7 @@ class Checkpoint:
         weights: Global weights (``model.get_weights()`` order).
         optimizer: Optimizer variables (``optimizer.variables`` order).
         rule_state: The update rule's state, name → arrays.
-        meta: Everything else (JSON): ``seed``, ``config``, ``rule``,
-            ``schedule``, ``fingerprint``, ``num_examples``,
-            ``epoch_examples`` and ``epoch_metric_sums`` (the partial
-            epoch), ``history`` (finished epochs' logs).
+        meta: The run's seed, settings, schedule state, partial epoch and history.
     """
 
     epoch: int
@@ -69,7 +90,7 @@ class Checkpoint:
     weights: List[np.ndarray]
     optimizer: List[np.ndarray]
     rule_state: Dict[str, List[np.ndarray]] = field(default_factory=dict)
-    meta: Dict[str, Any] = field(default_factory=dict)
+    meta: RunMeta = field(default_factory=lambda: RunMeta(seed=0))
 
 
 def _json_default(value: Any) -> Any:
@@ -144,7 +165,7 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
     np.savez(buffer, **arrays)
     fs.write_atomically(join(target, ARRAYS), buffer.getvalue())
     meta = {
-        **checkpoint.meta,
+        **dataclasses.asdict(checkpoint.meta),
         "format_version": FORMAT_VERSION,
         "created": time.time(),
         "epoch": checkpoint.epoch,
@@ -192,7 +213,7 @@ def load(uri: str) -> Checkpoint:
         weights=[arrays[f"weights/{i}"] for i in range(meta["num_weights"])],
         optimizer=[arrays[f"optimizer/{i}"] for i in range(meta["num_optimizer_variables"])],
         rule_state=rule_state,
-        meta=meta,
+        meta=RunMeta(**{f.name: meta[f.name] for f in dataclasses.fields(RunMeta) if f.name in meta}),
     )
 
 

@@ -25,24 +25,6 @@ from .fs import join
 from .remote import run_job
 
 
-def spark_context_for(data: Any):
-    """The SparkContext that owns ``data``, or the active one for numpy arrays."""
-    from pyspark import RDD, SparkContext
-    from pyspark.sql import DataFrame
-
-    if isinstance(data, DataFrame):
-        return data.sparkSession.sparkContext
-    if isinstance(data, RDD):
-        return data.context
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        raise DataError(
-            "Training on numpy arrays needs an active SparkSession; create one with "
-            "SparkSession.builder.getOrCreate() first."
-        )
-    return sc
-
-
 def _label_dtype(is_integer: bool, x_dtype: str) -> str:
     return "int32" if is_integer else x_dtype
 

@@ -62,7 +62,7 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
     current = dict(run_settings)
     if seed is not None:
         current["seed"] = seed
-    checkpoint.check_compatible(uri, {**saved.meta["run"], "seed": saved.meta["seed"]}, current)
+    checkpoint.check_compatible(uri, {**saved.meta.run, "seed": saved.meta.seed}, current)
     shapes = [tuple(w.shape) for w in model.get_weights()]
     if [tuple(w.shape) for w in saved.weights] != shapes:
         raise ConfigurationError(f"The checkpoint at {uri!r} holds weights of other shapes than the model's.")
@@ -76,7 +76,7 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
             "model's (were layers frozen or unfrozen?)."
         )
     rule_state.restore(saved.rule_state, rule, model)
-    schedule.set_state(saved.meta["schedule_state"])
+    schedule.set_state(saved.meta.schedule_state)
     logger.info("Resuming from %s (epoch %d, after %d rounds of it).", uri, saved.epoch + 1, saved.rounds_done)
     return saved
 
@@ -125,13 +125,13 @@ class Checkpointing:
                 weights=weights,
                 optimizer=opt_vars,
                 rule_state=self.rule_state.state or {},
-                meta={
-                    "seed": self.seed,
-                    "run": self.run_settings,
-                    "schedule_state": self.schedule.get_state(),
-                    "epoch_examples": epoch_result.examples if epoch_result is not None else 0,
-                    "epoch_metric_sums": dict(epoch_result.metric_sums) if epoch_result is not None else {},
-                    "history": {k: [float(x) for x in v] for k, v in self.model.history.history.items()},
-                },
+                meta=checkpoint.RunMeta(
+                    seed=self.seed,
+                    run=self.run_settings,
+                    schedule_state=self.schedule.get_state(),
+                    epoch_examples=epoch_result.examples if epoch_result is not None else 0,
+                    epoch_metric_sums=dict(epoch_result.metric_sums) if epoch_result is not None else {},
+                    history={k: [float(x) for x in v] for k, v in self.model.history.history.items()},
+                ),
             ),
         )

@@ -9,7 +9,9 @@ names them.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Any, Optional
+
+from .errors import DataError
 
 
 @contextlib.contextmanager
@@ -25,3 +27,21 @@ def spark_job_labels(sc, description: str, group: Optional[str] = None):
     finally:
         for key, value in zip(keys, saved):
             sc.setLocalProperty(key, value)
+
+
+def spark_context_for(data: Any):
+    """The SparkContext that owns ``data``, or the active one for numpy arrays."""
+    from pyspark import RDD, SparkContext
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame):
+        return data.sparkSession.sparkContext
+    if isinstance(data, RDD):
+        return data.context
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        raise DataError(
+            "Training on numpy arrays needs an active SparkSession; create one with "
+            "SparkSession.builder.getOrCreate() first."
+        )
+    return sc

@@ -36,7 +36,7 @@ from .remote import run_job
 from .round import RoundRunner, RoundSettings, RuleState
 from .dataset import StagedDataset
 from .schedules import AveragingSchedule, FixedPeriod, next_period
-from .session import spark_job_labels
+from .session import spark_context_for, spark_job_labels
 from .stats import TrainingStats
 from .worker import EvalTask, run_eval_partition
 
@@ -204,7 +204,7 @@ class ParameterAveragingTrainer:
         verbose = _check_fit_args(epochs, verbose)
         check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
         cfg = self.config
-        sc = data_mod.spark_context_for(data)
+        sc = spark_context_for(data)
         num_workers = cfg.num_workers or sc.defaultParallelism
         if "://" not in self._staging_root and not sc.master.startswith(("local", "local-cluster")):
             logger.warning(
@@ -248,7 +248,7 @@ class ParameterAveragingTrainer:
             restored = resume_mod.restore(
                 checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule
             )
-            self._seed = restored.meta["seed"]
+            self._seed = restored.meta.seed
         spec_bc = sc.broadcast(spec)
         callback_list = keras.callbacks.CallbackList(
             callbacks,
@@ -300,7 +300,7 @@ class ParameterAveragingTrainer:
                 start_epoch = 0
                 if restored is not None:
                     start_epoch = restored.epoch
-                    history = restored.meta["history"]
+                    history = restored.meta.history
                     self.model.history.history = {k: list(v) for k, v in history.items()}
                     self.model.history.epoch = list(range(start_epoch))
                     logs = {k: v[-1] for k, v in history.items() if v}
@@ -348,8 +348,8 @@ class ParameterAveragingTrainer:
         rounds_done = 0
         if begin is not None:
             steps_before, rounds_done = begin.steps_done, begin.rounds_done
-            if begin.meta["epoch_examples"]:
-                epoch_result = PartialResult(begin.meta["epoch_examples"], metric_sums=begin.meta["epoch_metric_sums"])
+            if begin.meta.epoch_examples:
+                epoch_result = PartialResult(begin.meta.epoch_examples, metric_sums=begin.meta.epoch_metric_sums)
                 logs = epoch_result.metric_means()
         while steps_before < ctx.epoch_steps:
             rnd = rounds_done
@@ -413,7 +413,7 @@ class ParameterAveragingTrainer:
         """
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
-        sc = data_mod.spark_context_for(data)
+        sc = spark_context_for(data)
         staged = self._stage(data, features_col, label_col, "evaluation")
         parts = self.config.num_workers or sc.defaultParallelism
         spec = ModelSpec.from_model(self.model)

@@ -6,6 +6,8 @@ driver and executors share the local filesystem.
 """
 
 import os
+import shutil
+import tempfile
 import types
 
 import numpy as np
@@ -161,19 +163,25 @@ def test_bfloat16_and_float16_arrays_round_trip(tmp_path):
 # ------------------------------------------------------------ whole fits
 
 
-class _ExchangeWatcher(keras.callbacks.Callback):
-    """Lists the files left in the fit's exchange directory after every round (batch hooks run per round)."""
+def _files_under(staging_dir):
+    """Paths of the files under the trainer's directory in ``staging_dir``, relative to that directory."""
+    (root,) = os.listdir(staging_dir) or [None]  # the trainer makes one directory of its own there
+    if root is None:
+        return []
+    root = os.path.join(staging_dir, root)
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
-    def __init__(self, root):
+
+class _ExchangeWatcher(keras.callbacks.Callback):
+    """Lists the files left besides the staged data after every round (batch hooks run per round)."""
+
+    def __init__(self, staging_dir):
         super().__init__()
-        self.root = root
+        self.staging_dir = staging_dir
         self.after_rounds = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.after_rounds.append(sorted(
-            os.path.relpath(os.path.join(d, f), self.root)
-            for d, _, fs in os.walk(self.root) for f in fs if not os.path.relpath(d, self.root).startswith("training")
-        ))
+        self.after_rounds.append([p for p in _files_under(self.staging_dir) if not p.startswith("training")])
 
 
 def _fit(spark, transport, float32=False, **options):
@@ -184,14 +192,13 @@ def _fit(spark, transport, float32=False, **options):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
         model.compile(keras.optimizers.Adam(0.01), "mse")
         x, y = x.astype(np.float32), y.astype(np.float32)
-    with ParameterAveragingTrainer(model, num_workers=options.pop("num_workers", 2), batch_size=8,
-                                   averaging_frequency=3, seed=5, state_transport=transport, **options) as trainer:
-        root = trainer._staging_root
-        watcher = _ExchangeWatcher(root)
+    staging_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-exchange-")
+    with ParameterAveragingTrainer(model, num_workers=options.pop("num_workers", 2), batch_size=8, averaging_frequency=3,
+                                   seed=5, state_transport=transport, staging_dir=staging_dir, **options) as trainer:
+        watcher = _ExchangeWatcher(staging_dir)
         history = trainer.fit((x, y), epochs=2, verbose=0, callbacks=[watcher])
-        leftovers = sorted(
-            os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
-        )
+        leftovers = _files_under(staging_dir)
+    shutil.rmtree(staging_dir)
     return model.get_weights(), history.history["loss"], leftovers, watcher.after_rounds
 
 
@@ -248,17 +255,16 @@ def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files
     assert loaded == ["e0-r0-w0", "e0-r0-w1", "e0-r1-w0", "e0-r1-w1"]
 
 
-def test_a_non_finite_round_through_files_raises_and_leaves_no_files(spark, floatx64):
+def test_a_non_finite_round_through_files_raises_and_leaves_no_files(spark, floatx64, tmp_path):
     from sparkdl_avg import WorkerError
 
     x, y = regression_data(64, seed=2)
     x[16:32, :] = np.nan  # worker 1's examples in the first round (no shuffling: plan.worker_positions)
     with ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2,
-                                   check_data=False, state_transport="files") as trainer:
-        root = trainer._staging_root
+                                   check_data=False, state_transport="files", staging_dir=str(tmp_path)) as trainer:
         with pytest.raises(WorkerError, match=r"Non-finite loss or weights \(NaN/Inf\) from worker\(s\) 1"):
             trainer.fit((x, y), epochs=1, verbose=0, shuffle=False)
-        leftovers = [os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs]
+        leftovers = _files_under(str(tmp_path))
     assert leftovers and all(path.startswith("training") for path in leftovers), leftovers
 
 

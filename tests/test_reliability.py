@@ -123,7 +123,7 @@ def test_invalid_checkpoint_arguments(spark, kwargs, pattern):
 
 
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp, monkeypatch):
-    good = ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {"delta": [np.full(3, 0.5)]}, {"seed": 1})
+    good = ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {"delta": [np.full(3, 0.5)]}, ckpt.RunMeta(seed=1))
     first = ckpt.save(tmp, good)
     real = fs.write_atomically
 
@@ -134,12 +134,12 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp, monkeypatch):
 
     monkeypatch.setattr(fs, "write_atomically", failing)
     with pytest.raises(OSError, match="disk full"):
-        ckpt.save(tmp, ckpt.Checkpoint(2, 0, 0, [np.full(3, 9.0)], [np.zeros(1)], {}, {"seed": 1}))
+        ckpt.save(tmp, ckpt.Checkpoint(2, 0, 0, [np.full(3, 9.0)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)))
     assert ckpt.latest(tmp) == first
     loaded = ckpt.load(first)
     np.testing.assert_array_equal(loaded.weights[0], np.ones(3))
     np.testing.assert_array_equal(loaded.rule_state["delta"][0], np.full(3, 0.5))
-    assert loaded.meta["seed"] == 1
+    assert loaded.meta.seed == 1
 
 
 # ---------------------------------------------------------------- retries
@@ -279,8 +279,8 @@ def test_model_that_executors_cannot_rebuild_is_refused_on_the_driver(spark):
 
 
 def test_latest_falls_back_to_the_newest_complete_checkpoint_without_latest(tmp):
-    ckpt.save(tmp, ckpt.Checkpoint(0, 1, 1, [np.ones(2)], [np.zeros(1)], {}, {"seed": 1}), keep=2)
-    second = ckpt.save(tmp, ckpt.Checkpoint(0, 2, 2, [np.full(2, 2.0)], [np.zeros(1)], {}, {"seed": 1}), keep=2)
+    ckpt.save(tmp, ckpt.Checkpoint(0, 1, 1, [np.ones(2)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)), keep=2)
+    second = ckpt.save(tmp, ckpt.Checkpoint(0, 2, 2, [np.full(2, 2.0)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)), keep=2)
     os.remove(os.path.join(tmp, ckpt.LATEST))  # a crash in HDFS's delete + rename of LATEST
     os.makedirs(os.path.join(tmp, "ckpt-000002"))  # a newer checkpoint that never got its meta.json
     assert ckpt.latest(tmp) == second
@@ -296,7 +296,7 @@ def test_numpy_scalars_in_rules_schedules_and_seed_survive_a_checkpoint(spark, t
         model, update_rule=rule, averaging_frequency=PostLocalSGD(np.int64(1), np.int64(3)), seed=np.int64(3)
     )
     trainer.fit(DATA, epochs=1, verbose=0, checkpoint_dir=tmp)
-    assert ckpt.load(ckpt.latest(tmp)).meta["seed"] == 3
+    assert ckpt.load(ckpt.latest(tmp)).meta.seed == 3
 
 
 def test_freezing_layers_between_fits_rebuilds_the_rule_state(spark):
