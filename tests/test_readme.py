@@ -258,3 +258,17 @@ def test_in_page_anchors_exist():
     anchors = {slug(h) for h in headings}
     missing = [t for t in _links(text) if t.startswith("#") and t[1:] not in anchors]
     assert not missing, f"README.md links to missing headings: {missing}"
+
+
+def test_layout_names_every_module_and_every_module_says_what_it_owns():
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "sparkdl_avg"
+    layout = README.read_text(encoding="utf-8").split("## Layout", 1)[1]
+    for path in sorted(package.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        assert f"`{path.name}`" in layout, f"README's layout does not name {path.name}"
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc and len(doc.split()) >= 8, f"{path.name} has no module docstring saying what it owns"
