@@ -70,19 +70,18 @@ def main(argv=None) -> int:
     out.check()  # before any work
 
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.config import check_checkpoint_args
+    from sparkdl_avg.config import check_checkpoint_args, check_fit_args
 
     model = cli.load_model(args.model, args.model_builder, seed=args.seed)
-    # Validates every option on the driver before Spark starts any job.
+    # Validates every option on the driver before Spark starts any job (errors name the flags: cli.run).
     trainer = ParameterAveragingTrainer(model, **cli.trainer_options(args))
-    every = cli.checkpoint_every(args.checkpoint_every)
+    fit = cli.check_fit_flags(args)
     if args.checkpoint_dir and args.validation_split and args.seed is None:
         raise cli.UsageError(
             "--validation-split with --checkpoint-dir needs --seed: a resumed run must split the data the same way."
         )
-    check_checkpoint_args(args.checkpoint_dir, every, args.resume)
-    if args.epochs < 1:
-        raise cli.UsageError(f"--epochs must be an int in the range [1, inf). Got {args.epochs} instead.")
+    check_checkpoint_args(fit["checkpoint_dir"], fit["checkpoint_every"], fit["resume"])
+    check_fit_args(fit["epochs"], fit["initial_epoch"], fit["verbose"])
 
     spark = cli.spark_session("sparkdl_avg train")
     try:
@@ -100,15 +99,8 @@ def main(argv=None) -> int:
         with trainer:
             history = trainer.fit(
                 data,
-                epochs=args.epochs,
-                features_col=features,
-                label_col=labels,
+                **{**fit, "features_col": features, "label_col": labels},
                 validation_data=validation,
-                verbose=args.verbose,
-                shuffle=not args.no_shuffle,
-                checkpoint_dir=args.checkpoint_dir,
-                checkpoint_every=every,
-                resume=args.resume,
             )
             final = trainer.evaluate(validation, features_col=features, label_col=labels, return_dict=True) if validation is not None else None
             summary = trainer.stats.summary()

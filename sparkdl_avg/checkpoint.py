@@ -108,7 +108,7 @@ def _entries(directory: str) -> List[str]:
         return []
     if info.type != pafs.FileType.Directory:
         raise ConfigurationError(
-            f"The 'checkpoint_dir' parameter must name a directory. Received: {path!r} is a file."
+            f"The 'checkpoint_dir' parameter must name a directory. Got {path!r}, a file, instead."
         )
     return [i.base_name for i in filesystem.get_file_info(pafs.FileSelector(path))]
 
@@ -128,7 +128,7 @@ def latest(directory: str) -> Optional[str]:
         if foreign:
             raise ConfigurationError(
                 f"The 'checkpoint_dir' parameter must be an empty or new directory, or one holding "
-                f"sparkdl_avg checkpoints. Received: {directory!r}, which holds {foreign[:5]}."
+                f"sparkdl_avg checkpoints. Got {directory!r}, which holds {foreign[:5]}, instead."
             )
         # LATEST can be missing for a moment where replacing a file is delete + rename (HDFS):
         # the newest checkpoint whose meta.json (written last) exists is complete.

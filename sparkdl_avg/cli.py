@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
@@ -106,21 +107,38 @@ def trainer_options(args: argparse.Namespace) -> Dict[str, Any]:
     return table.from_flat({row.name: flag_value(args, row) for row in table.of(table.TRAINER, table.RULE)})
 
 
-def checkpoint_every(value: str) -> Union[str, int]:
-    """``--checkpoint-every``: ``"epoch"`` or an int (validated by the trainer)."""
-    if value == "epoch":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"--checkpoint-every must be 'epoch' or a number of rounds. Got {value!r} instead.") from None
+def check_fit_flags(args: argparse.Namespace) -> Dict[str, Any]:
+    """Runs the checks of the ``fit`` options given by flags, before Spark starts; returns those options.
+
+    Errors name the option as the trainer does (``'epochs'``); :func:`run`
+    names the flag (``--epochs``) when it prints them.
+    """
+    values = {row.name: flag_value(args, row) for row in table.of(table.FIT) if row.cli is not None}
+    for name, value in values.items():
+        table.check(name, value)
+    return values
+
+
+def flag_message(message: str) -> str:
+    """Names the flag (``--batch-size``) where the trainer's message names its option (``'batch_size'``).
+
+    Applies to every option with a flag (:func:`sparkdl_avg.options.flag_names`);
+    ``The '<option>' parameter`` reads ``The <flag> flag``.
+    """
+    names = table.flag_names()
+    message = re.sub(
+        r"\bThe '([a-z]+(?:_[a-z]+)*)' parameter\b",
+        lambda m: f"The {names[m.group(1)]} flag" if m.group(1) in names else m.group(0),
+        message,
+    )
+    return table.rename(message, names, quote=False)
 
 
 def columns(values: Optional[Sequence[str]], default: str) -> Union[str, List[str]]:
     """``--features-col a --features-col b`` or ``--features-col a,b`` → ``["a", "b"]``; one → ``"a"``."""
     names = [n.strip() for v in (values or [default]) for n in v.split(",") if n.strip()]
     if not names:
-        raise UsageError(f"Expected at least one column name. Received: {values!r}")
+        raise UsageError(f"A column flag must name at least one column. Got {values!r} instead.")
     return names[0] if len(names) == 1 else names
 
 
@@ -129,7 +147,7 @@ def read_options(pairs: Sequence[str]) -> Dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"Expected --read-option KEY=VALUE. Received: {pair!r}")
+            raise UsageError(f"--read-option must be KEY=VALUE. Got {pair!r} instead.")
         out[key.strip()] = value
     return out
 
@@ -138,11 +156,14 @@ def read_options(pairs: Sequence[str]) -> Dict[str, str]:
 
 
 def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> int:
-    """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2."""
+    """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2.
+
+    Options in the messages are named by their flags (:func:`flag_message`).
+    """
     try:
         return main(argv)
     except (UsageError, PathError, ConfigurationError, DataError, ExecutorEnvironmentError) as exc:
-        message = " ".join(str(exc).split())
+        message = flag_message(" ".join(str(exc).split()))
         print(f"error: {message}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
@@ -175,7 +196,7 @@ def read_data(spark, path: str, fmt: str, options: Dict[str, str], needed: Seque
         raise UsageError(f"Cannot read --data {path!r} as {fmt}: {first}") from None
     missing = [c for c in needed if c not in df.columns]
     if missing:
-        raise DataError(f"Column(s) {missing} not found in {path!r}. Received columns: {df.columns}")
+        raise DataError(f"Column(s) {missing} not found in {path!r}; its columns are {df.columns}.")
     return df
 
 
@@ -199,7 +220,7 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
     if builder:
         module_name, sep, func_name = builder.partition(":")
         if not sep or not module_name or not func_name:
-            raise UsageError(f"Expected --model-builder MODULE:FUNCTION. Received: {builder!r}")
+            raise UsageError(f"--model-builder must be MODULE:FUNCTION. Got {builder!r} instead.")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

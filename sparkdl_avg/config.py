@@ -67,6 +67,31 @@ for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__
     _method.__name__, _method.__qualname__ = _name, f"TrainerConfig.{_name}"
 
 
+def check_fit_args(epochs: Any, initial_epoch: Any, verbose: Any) -> int:
+    """Validates ``fit``'s ``epochs``, ``initial_epoch`` and ``verbose``; returns ``verbose`` resolved.
+
+    As in ``keras.Model.fit``, ``epochs`` is the index of the epoch to stop
+    before and ``initial_epoch`` the first one trained, so a fit trains
+    ``epochs - initial_epoch`` epochs; one that would train none is refused.
+    ``verbose="auto"`` is 1 on a terminal, else 2.
+    """
+    options.check("epochs", epochs)
+    options.check("initial_epoch", initial_epoch)
+    if initial_epoch >= epochs:
+        raise ConfigurationError(
+            f"The 'initial_epoch' parameter must be less than 'epochs' ({epochs}): as in keras.Model.fit, "
+            f"'epochs' is the index of the epoch to stop before, so to continue a fit of {epochs} epochs by "
+            f"n more pass epochs={epochs}+n, initial_epoch={epochs}. Got {initial_epoch!r} instead."
+        )
+    if verbose == "auto":
+        import sys
+
+        return 1 if sys.stdout.isatty() else 2
+    if verbose not in (0, 1, 2):
+        raise ConfigurationError(f"The 'verbose' parameter must be 'auto', 0, 1 or 2. Got {verbose!r} instead.")
+    return verbose
+
+
 def check_checkpoint_args(checkpoint_dir: Any, checkpoint_every: Any, resume: Any) -> None:
     """Validates ``fit``'s checkpoint arguments (see ``ParameterAveragingTrainer.fit``)."""
     options.check("checkpoint_dir", checkpoint_dir)
@@ -76,23 +101,27 @@ def check_checkpoint_args(checkpoint_dir: Any, checkpoint_every: Any, resume: An
         raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
 
 
-def validate_model(model: Any) -> None:
+def validate_model(model: Any, name: str = "model") -> None:
     """Checks that ``model`` is a compiled Keras model with fully known input shapes.
 
+    Args:
+        name: What the caller calls the model, for the messages (the
+            estimator's ``"kerasModel"``). Default ``"model"``.
+
     Raises:
-        ConfigurationError: naming ``model`` and what was received.
+        ConfigurationError: naming ``name`` and what was received.
     """
     import keras
 
     if not isinstance(model, keras.Model):
         raise ConfigurationError(
-            f"Expected 'model' to be a compiled keras.Model. Received: model={model!r} "
-            f"of type {type(model).__name__}."
+            f"The '{name}' parameter must be a compiled keras.Model. Got {model!r} "
+            f"of type {type(model).__name__} instead."
         )
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ConfigurationError(
-            "Expected 'model' to be compiled. Received: an uncompiled model "
-            f"{model.name!r}; call model.compile(optimizer=..., loss=...) first."
+            f"The '{name}' parameter must be a compiled keras.Model. Got the uncompiled model "
+            f"{model.name!r} instead; call model.compile(optimizer=..., loss=...) first."
         )
     try:
         inputs = model.inputs
@@ -100,12 +129,12 @@ def validate_model(model: Any) -> None:
         inputs = None
     if not inputs:
         raise ConfigurationError(
-            f"Expected 'model' to be built with a known input shape. Received: model "
-            f"{model.name!r} has no inputs; start it with keras.Input(shape=...)."
+            f"The '{name}' parameter must be a model with a known input shape. Got model "
+            f"{model.name!r}, which has no inputs, instead; start it with keras.Input(shape=...)."
         )
     for tensor in inputs:
         if any(d is None for d in tensor.shape[1:]):
             raise ConfigurationError(
-                "Expected 'model' to have fully defined input shapes (besides the batch "
-                f"dimension). Received: input shape {tuple(tensor.shape)}."
+                f"The '{name}' parameter must be a model with fully defined input shapes (besides "
+                f"the batch dimension). Got input shape {tuple(tensor.shape)} instead."
             )

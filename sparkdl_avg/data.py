@@ -21,7 +21,7 @@ from .checks import DataChecks, check_values
 from .dataset import StagedDataset, StagedFile, write_examples
 from .errors import DataError
 from .export import export_arrow_batches, export_pairs
-from .fs import join
+from .fs import join, make_dir, remove_tree
 from .remote import run_job
 
 
@@ -285,20 +285,29 @@ def stage(
     from pyspark import RDD
     from pyspark.sql import DataFrame
 
-    directory = join(root, f"{what}-{uuid.uuid4().hex[:12]}")
     if isinstance(data, DataFrame):
-        staged = _stage_dataframe(data, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what, checks)
+        write = partial(_stage_dataframe, data, features_col, label_col)
     elif isinstance(data, RDD):
-        staged = _stage_rdd(data, directory, x_shapes, num_outputs, x_dtype, what, checks)
+        write = partial(_stage_rdd, data)
     elif isinstance(data, (tuple, list)) and len(data) == 2:
-        staged = _stage_arrays(data, directory, x_shapes, num_outputs, x_dtype, what, checks)
+        write = partial(_stage_arrays, data)
     else:
         raise DataError(
             f"Expected the {what} data to be a Spark DataFrame, an RDD of (x, y) pairs or "
             f"a tuple (x, y) of numpy arrays. Received: {type(data).__name__}."
         )
-    if staged.num_examples == 0:
-        raise DataError(f"The {what} data is empty (0 rows).")
+    directory = join(root, f"{what}-{uuid.uuid4().hex[:12]}")
+    # Made here, before any task writes into it: tasks do not create it (see
+    # write_examples), so one still running when a failed job is given up
+    # cannot bring it back after the removal below.
+    make_dir(directory)
+    try:
+        staged = write(directory, x_shapes, num_outputs, x_dtype, what, checks)
+        if staged.num_examples == 0:
+            raise DataError(f"The {what} data is empty (0 rows).")
+    except BaseException:
+        remove_tree(directory)  # a refused or failed staging leaves no partial files
+        raise
     return staged
 
 

@@ -101,7 +101,10 @@ def write_examples(uri: str, x: np.ndarray, y: np.ndarray) -> None:
     """Writes ``x`` (n, ...) and ``y`` (n, ...) as one staged file, atomically.
 
     The file appears whole or not at all (:func:`sparkdl_avg.fs.open_atomically`),
-    so a retried task never leaves a half-written file behind.
+    so a retried task never leaves a half-written file behind. Its directory
+    must exist (the driver makes it, :func:`sparkdl_avg.data.stage`): a task
+    still running after its staging was given up and removed cannot
+    recreate it.
     """
     n = len(x)
     x_flat = np.ascontiguousarray(x).reshape(n, -1)
@@ -113,7 +116,7 @@ def write_examples(uri: str, x: np.ndarray, y: np.ndarray) -> None:
         ],
         names=["x", "y"],
     )
-    with fs.open_atomically(uri) as sink:
+    with fs.open_atomically(uri, parents=False) as sink:
         with pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
 

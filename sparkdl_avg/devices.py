@@ -94,7 +94,7 @@ def device_environment(addresses: Sequence[str]) -> dict:
     growth lets replicas that share a GPU allocate as they go.
     """
     if not addresses:
-        raise ValueError("Expected at least one GPU address. Received: addresses=[]")
+        raise ValueError("The 'addresses' parameter must hold at least one GPU address. Got [] instead.")
     return {VISIBLE_DEVICES_ENV: ",".join(addresses), MEMORY_GROWTH_ENV: "true"}
 
 

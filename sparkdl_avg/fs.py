@@ -23,7 +23,7 @@ import posixpath
 import shutil
 import tempfile
 import uuid
-from typing import Any, BinaryIO, Iterator, Tuple
+from typing import Any, BinaryIO, Iterator, Optional, Tuple
 
 import pyarrow.fs as pafs
 
@@ -89,6 +89,29 @@ def remove_tree(uri: str) -> None:
         filesystem.delete_dir(path)
 
 
+def make_dir(uri: str, private: bool = False) -> None:
+    """Creates the directory at ``uri`` and its missing parents; an existing one is fine.
+
+    Args:
+        uri: Local path or URI.
+        private: For a local directory: mode ``0o700`` (its owner only, like
+            Spark's local scratch directories), also when it already exists.
+            Ignored on other filesystems, whose own permissions apply.
+    """
+    filesystem, path = resolve(uri)
+    if private and isinstance(filesystem, pafs.LocalFileSystem):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+        return
+    filesystem.create_dir(path, recursive=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def read_bytes(uri: str) -> bytes:
     """The whole file at ``uri``.
 
@@ -112,18 +135,19 @@ def _refuse_existing(filesystem: pafs.FileSystem, path: str, uri: str) -> None:
 
 
 @contextlib.contextmanager
-def open_atomically(uri: str, overwrite: bool = True) -> Iterator[BinaryIO]:
+def open_atomically(uri: str, overwrite: bool = True, parents: bool = True) -> Iterator[BinaryIO]:
     """Yields a binary output stream whose bytes appear at ``uri`` all at once.
 
     The stream writes a temporary file next to ``uri``; when the block ends
     without an error it is moved over ``uri`` (a rename locally and on HDFS,
     so a reader sees the old file or the new one, never a part), otherwise
-    it is deleted. On HDFS replacing a file is delete + rename. Missing
-    parent directories are created.
+    it is deleted. On HDFS replacing a file is delete + rename.
 
     Args:
         uri: Local path or URI of the file.
         overwrite: Replace an existing file. Default ``True``.
+        parents: Create missing parent directories. Default ``True``;
+            without, a missing directory fails the write (``OSError``).
 
     Raises:
         PathError: ``overwrite`` is off and something exists at ``uri``.
@@ -131,7 +155,8 @@ def open_atomically(uri: str, overwrite: bool = True) -> Iterator[BinaryIO]:
     filesystem, path = resolve(uri)
     if not overwrite:
         _refuse_existing(filesystem, path, uri)
-    filesystem.create_dir(posixpath.dirname(path), recursive=True)
+    if parents:
+        filesystem.create_dir(posixpath.dirname(path), recursive=True)
     tmp = _temp_path(path)
     try:
         with filesystem.open_output_stream(tmp) as out:
@@ -193,9 +218,7 @@ def replace_atomically(path: str, suffix: str = "") -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0o600
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0o600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -248,7 +271,12 @@ class OutputDir:
     a hidden sibling and renames it into place; with ``overwrite`` an
     existing directory is renamed away first and deleted after. On
     filesystems without directory renames (object stores) the files are
-    copied one by one (each appears whole) and ``_SUCCESS`` last.
+    copied one by one (each appears whole) and ``_SUCCESS`` last. The local
+    temporary directory is made on the first :meth:`file` (so a run that
+    fails before writing leaves none) and deleted by :meth:`commit` and
+    :meth:`cleanup`. Committed local directories and files get the usual
+    modes (``0o777`` and ``0o666`` less the umask), not the temporary
+    directory's ``0o700``.
 
     Args:
         uri: Local path or URI of the directory.
@@ -264,7 +292,14 @@ class OutputDir:
         self.uri = uri
         self.overwrite = overwrite
         self.fs, self.path = resolve(uri)
-        self.local = tempfile.mkdtemp(prefix="sparkdl_avg-output-")
+        self._local: Optional[str] = None
+
+    @property
+    def local(self) -> str:
+        """The local temporary directory the files are written to, made on first use."""
+        if self._local is None:
+            self._local = tempfile.mkdtemp(prefix="sparkdl_avg-output-")
+        return self._local
 
     def check(self) -> None:
         if not self.overwrite and exists(self.uri, empty_dir=False):
@@ -297,6 +332,7 @@ class OutputDir:
         fs.create_dir(parent, recursive=True)
         if isinstance(fs, pafs.LocalFileSystem):
             shutil.copytree(self.local, tmp)
+            _set_default_modes(tmp)
         else:
             pafs.copy_files(self.local, tmp, destination_filesystem=fs)
         old = None
@@ -319,7 +355,19 @@ class OutputDir:
 
     def cleanup(self) -> None:
         """Deletes the local temporary directory (after :meth:`commit`, or instead of it)."""
-        shutil.rmtree(self.local, ignore_errors=True)
+        if self._local is not None:
+            shutil.rmtree(self._local, ignore_errors=True)
+
+
+def _set_default_modes(root: str) -> None:
+    """Gives the local tree at ``root`` the modes a plain ``mkdir``/``open`` would: 0o777/0o666 less the umask."""
+    umask = _umask()
+    os.chmod(root, 0o777 & ~umask)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(parent, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o666 & ~umask)
 
 
 # ------------------------------------------------ Hadoop FileSystem (driver only)

@@ -5,11 +5,12 @@ Spark ≥ 4.1) whose body, :func:`sparkdl_avg.predict_worker.predict_batches`, r
 executors with the replica cached per Python worker and sees each Arrow
 batch's feature values as one numpy array (no pandas, no per-row objects).
 Every other column of the DataFrame passes through untouched (Vectors
-included).
+included, also from a columnar source such as Parquet: see
+:func:`_udf_input`).
 """
 
 import math
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 import pyarrow as pa
 
@@ -39,6 +40,44 @@ def output_kind(model) -> str:
     if any(k in name for k in CLASSIFIER_LOSSES):
         return "multiclass"
     return "regression"
+
+
+def _holds_udt(data_type) -> bool:
+    """Whether a Spark SQL type is, or contains, a user-defined type (a ``pyspark.ml`` Vector, ...)."""
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, T.UserDefinedType):
+        return True
+    if isinstance(data_type, T.StructType):
+        return any(_holds_udt(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return _holds_udt(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _holds_udt(data_type.keyType) or _holds_udt(data_type.valueType)
+    return False
+
+
+def _udf_input(df, features):
+    """``(DataFrame, arguments)`` to call the prediction UDF on: ``features`` passed twice.
+
+    Spark ≥ 4.2 hands an Arrow UDF whose child is a columnar scan (Parquet,
+    ORC) the scan's column batches and converts the columns it passes
+    through with a converter that has no user-defined types, so any Vector
+    column next to the features fails with ``UNSUPPORTED_DATATYPE``. When
+    the schema holds one, the features are computed in a projection of
+    their own (``transform`` keeps it from being trivial) and referenced
+    twice, which Spark's optimizer does not merge into the UDF: a row-based
+    operator then sits between the scan and the UDF, the path that carries
+    every type. Otherwise the UDF stays directly on the source (Spark
+    deduplicates the two identical arguments; Python sees one column).
+    """
+    from pyspark.sql import functions as F
+
+    if not any(_holds_udt(f.dataType) for f in df.schema.fields):
+        return df, (features, features)
+    name = "__sparkdl_avg_features"
+    projected = df.withColumn(name, F.transform(features, lambda v: v))
+    return projected, (F.col(name), F.col(name))
 
 
 def add_predictions(
@@ -110,11 +149,12 @@ def add_predictions(
         return_type = "prediction double, probability array<double>"
 
     @arrow_udf(return_type)
-    def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
-        return predict_batches(task, batches)
+    def predict(batches: Iterator[Tuple[pa.Array, pa.Array]]) -> Iterator[pa.Array]:
+        return predict_batches(task, (x for x, _ in batches))
 
+    source, arguments = _udf_input(df, features)
     tmp = "__sparkdl_avg_outputs"
-    out = df.withColumn(tmp, predict(features))
+    out = source.withColumn(tmp, predict(*arguments))
     columns = [F.col(f"`{c}`") for c in df.columns] + [F.col(f"{tmp}.prediction").alias(prediction_col)]
     if len(outputs) > 1:
         columns.append(array_to_vector(F.col(f"{tmp}.probability")).alias(probability_col))

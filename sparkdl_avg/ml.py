@@ -16,7 +16,6 @@ in Keras' safe mode), on any filesystem Spark's own writers accept. A fitted
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any, Optional
 
 from pyspark import keyword_only
@@ -41,7 +40,7 @@ KERAS_FILE = "model.keras"
 _OPTION_PARAMS = tuple(o for o in options.OPTIONS if o.param is not None)
 
 #: snake_case names in the trainer's messages → the estimator's Params (``'batch_size'`` → ``'batchSize'``).
-_SNAKE_TO_PARAM = {name: o.param.name for o in _OPTION_PARAMS for name in (o.name, *o.aliases)}
+_SNAKE_TO_PARAM = options.param_names()
 
 
 class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
@@ -92,17 +91,19 @@ class _KerasStage:
 
             sc = SparkContext._active_spark_context
             if sc is None:
-                raise ConfigurationError("Loading a Keras model from a path needs an active SparkSession.")
-            self._keras_bytes = fs.hadoop_read_bytes(sc, model)
+                raise ConfigurationError(
+                    f"Loading 'kerasModel' from a path needs an active SparkSession; got kerasModel={model!r} without one."
+                )
+            self._keras_bytes = _read_keras_file(sc, model)
         elif isinstance(model, keras.Model):
             from .config import validate_model
 
-            validate_model(model)
+            validate_model(model, name="kerasModel")
             self._keras_bytes = keras_to_bytes(model)
         else:
             raise ConfigurationError(
-                "Expected 'kerasModel' to be a compiled keras.Model or the path of a .keras file. "
-                f"Received: {type(model).__name__}."
+                "The 'kerasModel' parameter must be a compiled keras.Model or the path of a .keras file. "
+                f"Got {type(model).__name__} instead."
             )
 
     def getKerasModel(self):
@@ -117,6 +118,25 @@ class _KerasStage:
     @classmethod
     def read(cls) -> MLReader:
         return _KerasStageReader(cls)
+
+
+def _read_keras_file(sc, path: str) -> bytes:
+    """The bytes of the ``.keras`` file at ``path``; a ``ConfigurationError`` naming ``kerasModel`` if unreadable."""
+    from py4j.protocol import Py4JJavaError
+
+    def error(why: str) -> ConfigurationError:
+        return ConfigurationError(
+            "The 'kerasModel' parameter must be a compiled keras.Model or the path of a .keras file. "
+            f"Got {path!r} instead, {why}."
+        )
+
+    try:
+        if not fs.hadoop_exists(sc, path):
+            raise error("where there is no file")
+        return fs.hadoop_read_bytes(sc, path)
+    except Py4JJavaError as exc:  # no filesystem for the scheme, a directory, no permission, ...
+        first = str(exc.java_exception).strip().splitlines()[0] if exc.java_exception is not None else str(exc)
+        raise error(f"which cannot be read: {first}") from None
 
 
 class _KerasStageWriter(MLWriter):
@@ -291,9 +311,11 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         return fit
 
     def _fit(self, dataset):
+        from .config import validate_model
         from .trainer import ParameterAveragingTrainer
 
         model = self.getKerasModel()
+        validate_model(model, name="kerasModel")  # a path's model is first seen here
         try:
             trainer = ParameterAveragingTrainer(model, **self._trainer_options())
             with trainer:
@@ -301,7 +323,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         except (ConfigurationError, DataError) as exc:
             raise type(exc)(_camel_case_message(str(exc))) from None
         fitted = KerasAveragingModel(kerasModel=model)
-        fitted.history = history.history
+        fitted.history = history
         fitted.stats = trainer.stats
         self._copyValues(fitted)
         return fitted
@@ -309,11 +331,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
 
 def _camel_case_message(message: str) -> str:
     """Names the Spark param (``'batchSize'``) where the trainer's message names its option."""
-    return re.sub(
-        r"'([a-z]+(?:_[a-z]+)+)'",
-        lambda m: f"'{_SNAKE_TO_PARAM.get(m.group(1), m.group(1))}'",
-        message,
-    )
+    return options.rename(message, _SNAKE_TO_PARAM)
 
 
 class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadable):
@@ -325,8 +343,11 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
     ``DenseVector``), computed on the executors in Arrow batches.
 
     Attributes:
-        history: Per-epoch logs of the fit that produced the model (not persisted).
-        stats: The trainer's round records of that fit (not persisted).
+        history: The ``keras.callbacks.History`` of the fit that produced the
+            model, as ``trainer.fit`` returns it: ``history.history["loss"]``
+            has one value per epoch (not persisted).
+        stats: The trainer's round records of that fit, a
+            :class:`~sparkdl_avg.stats.TrainingStats` (not persisted).
     """
 
     @keyword_only

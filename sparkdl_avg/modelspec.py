@@ -2,8 +2,11 @@
 
 ``ModelSpec`` carries the model as the bytes of a ``.keras`` archive
 (architecture, compile configuration and initial weights; loaded with Keras'
-safe mode, no pickle) and a fingerprint of its architecture and compile
-settings, under which executors cache the replica they build from it.
+safe mode, no pickle), the custom objects executors cannot import (those
+defined in ``__main__``: a notebook cell, the job script), pickled by value
+(see :mod:`sparkdl_avg.custom_objects`), and a fingerprint of its
+architecture, compile settings and those objects, under which executors
+cache the replica they build from it.
 
 The state helpers (:func:`get_state`, :func:`set_state`) move weights and
 optimizer variables between a model and lists of numpy arrays; the driver and
@@ -21,6 +24,8 @@ from typing import List, Tuple
 
 import numpy as np
 
+from .custom_objects import pack_custom_objects, register_custom_objects
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -28,24 +33,35 @@ class ModelSpec:
 
     Attributes:
         keras_bytes: The model saved as a ``.keras`` archive.
-        fingerprint: Hash of the architecture, compile config and Keras version.
+        fingerprint: Hash of the architecture, compile config, Keras version
+            and ``custom_objects``.
         optimizer_shapes: Shapes of the optimizer's variables, in order, to
             check that a replica's optimizer matches the driver's.
         floatx: The driver's ``keras.config.floatx()``; losses and metrics
             compute in it, so replicas use the same.
+        custom_objects: The model's registered custom objects that executors
+            cannot import (defined in ``__main__``), pickled by value with
+            cloudpickle under their Keras names; ``b""`` if none.
     """
 
     keras_bytes: bytes
     fingerprint: str
     optimizer_shapes: Tuple[Tuple[int, ...], ...]
     floatx: str = "float32"
+    custom_objects: bytes = b""
 
     @classmethod
     def from_model(cls, model) -> "ModelSpec":
-        """Describes a compiled model, building its optimizer's variables if needed."""
+        """Describes a compiled model, building its optimizer's variables if needed.
+
+        Raises:
+            ConfigurationError: a custom object defined in ``__main__`` cannot
+                be pickled by value (see :func:`~sparkdl_avg.custom_objects.pack_custom_objects`).
+        """
         import keras
 
         data = keras_to_bytes(model)
+        shipped = pack_custom_objects(data)
         try:
             description = json.dumps(
                 [model.get_config(), model.get_compile_config(), keras.__version__, keras.config.floatx()],
@@ -55,18 +71,22 @@ class ModelSpec:
         except NotImplementedError:
             # Subclassed models without get_config(): fall back to the archive.
             description = data
+        # A notebook cell re-run with a changed layer gives another class, another pickle: a new replica.
+        description += hashlib.sha256(shipped).digest() if shipped else b""
         return cls(
             keras_bytes=data,
             fingerprint=hashlib.sha256(description).hexdigest(),
             optimizer_shapes=tuple(tuple(v.shape) for v in model.optimizer.variables),
             floatx=keras.config.floatx(),
+            custom_objects=shipped,
         )
 
     def build(self):
-        """Loads the compiled model from the archive (Keras safe mode)."""
+        """Registers the shipped custom objects, then loads the compiled model from the archive (Keras safe mode)."""
         import keras
 
         keras.config.set_floatx(self.floatx)
+        register_custom_objects(self.custom_objects)
         model = keras_from_bytes(self.keras_bytes)
         ensure_optimizer_built(model)
         shapes = tuple(tuple(v.shape) for v in model.optimizer.variables)
@@ -99,7 +119,8 @@ def check_model_loads(spec: ModelSpec) -> None:
         raise ConfigurationError(
             "The model cannot be rebuilt from its .keras archive, as executors must. Register "
             "custom layers, losses and metrics with @keras.saving.register_keras_serializable() "
-            "(and ship their module to the executors) and give them get_config(). Keras said: "
+            "and give them get_config(); those defined in __main__ are shipped to the executors, "
+            "ship any other module with --py-files or spark.sparkContext.addPyFile. Keras said: "
             f"{type(exc).__name__}: {message[:500]}"
         ) from None
     _LOADABLE.add(spec.fingerprint)

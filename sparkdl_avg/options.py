@@ -33,9 +33,15 @@ messages, and in options that are not the trainer's (``evaluate``'s and
 ``predict``'s ``batch_size``, the jobs' ``evaluate.py``/``predict.py``
 flags, ``inferenceBatchSize``).
 
-The fit options' checks (``epochs``, ``verbose``) are still made by
-``ParameterAveragingTrainer.fit``; the checkpoint options' checks are rows
-here, run by :func:`sparkdl_avg.config.check_checkpoint_args`.
+The fit options' checks are rows here where they concern one value
+(``epochs``, ``initial_epoch``, the checkpoint options), run by
+``ParameterAveragingTrainer.fit`` (through
+:func:`sparkdl_avg.config.check_fit_args` and
+:func:`sparkdl_avg.config.check_checkpoint_args`) and, before Spark starts,
+by the jobs (``sparkdl_avg.cli.check_fit_flags``). ``verbose``'s ``"auto"``
+is resolved by ``fit``. Whatever the check, the CLI names the flag
+(``--batch-size``, :func:`flag_names`) and the estimator the Param
+(``batchSize``) where the trainer's message names the option.
 """
 
 from __future__ import annotations
@@ -135,6 +141,13 @@ def _checkpoint_period(name: str, value: Any) -> None:
             f"(rounds). Got {value!r} instead."
         )
     check_int(name, value, 1)
+
+
+def rounds_or_epoch(value: Any) -> Any:
+    """``--checkpoint-every``'s text as the option: ``"epoch"`` stays, digits become an int (checked by the row)."""
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    return value
 
 
 def _bool_or_path(name: str, value: Any) -> None:
@@ -384,9 +397,16 @@ OPTIONS: Tuple[Option, ...] = (
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(
         "epochs", 1, "int", scope=FIT,
-        help="passes over the training data",
+        help="passes over the training data (with initial_epoch: the index of the epoch to stop before)",
+        check=ints(1),
         cli=Flag(type=int),
         param=SparkParam("epochs", "toInt"),
+    ),
+    Option(
+        "initial_epoch", 0, "int", scope=FIT,
+        help="epoch at which to start, to continue an earlier fit (as in keras.Model.fit); must be below epochs",
+        check=ints(0),
+        cli=Flag(type=int),
     ),
     Option(
         "features_col", "features", "Any", scope=FIT,
@@ -426,7 +446,7 @@ OPTIONS: Tuple[Option, ...] = (
         "checkpoint_every", "epoch", "Any", scope=FIT,
         help="'epoch' or a number of rounds",
         check=_checkpoint_period,
-        cli=Flag(),
+        cli=Flag(to_option=rounds_or_epoch),
     ),
     Option(
         "resume", False, "Any", scope=FIT,
@@ -455,6 +475,33 @@ def check(name: str, value: Any) -> None:
     row = _BY_NAME[name]
     if row.check is not None:
         row.check(name, value)
+
+
+def flag_names() -> Dict[str, str]:
+    """snake_case names in the trainer's messages → the jobs' flags (``"batch_size"`` → ``"--batch-size"``)."""
+    return {name: o.cli.flag or "--" + o.name.replace("_", "-")
+            for o in OPTIONS if o.cli is not None for name in (o.name, *o.aliases)}
+
+
+def param_names() -> Dict[str, str]:
+    """snake_case names in the trainer's messages → the estimator's Params (``"batch_size"`` → ``"batchSize"``)."""
+    return {name: o.param.name for o in OPTIONS if o.param is not None for name in (o.name, *o.aliases)}
+
+
+def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
+    """``message`` with each quoted option name (``'batch_size'``) of ``names`` replaced by its entry.
+
+    With ``quote=False`` the replacement is written bare (flags: ``--batch-size``).
+    """
+    import re
+
+    def sub(m: "re.Match") -> str:
+        if m.group(1) not in names:
+            return m.group(0)
+        new = names[m.group(1)]
+        return f"'{new}'" if quote else new
+
+    return re.sub(r"'([a-z]+(?:_[a-z]+)*)'", sub, message)
 
 
 # ------------------------------------------------------------- derivations

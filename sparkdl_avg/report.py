@@ -156,7 +156,7 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
     from plotly.subplots import make_subplots
 
     if not records:
-        raise ValueError("Expected at least one round record to report on. Received: 0 records.")
+        raise ValueError("The 'records' parameter must hold at least one round record to report on. Got 0 records instead.")
     from .stats import TrainingStats
 
     stats = TrainingStats()

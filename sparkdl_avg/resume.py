@@ -48,17 +48,25 @@ def find(checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
 
 
 def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], rule: UpdateRule,
-            rule_state: RuleState, schedule: AveragingSchedule) -> checkpoint.Checkpoint:
+            rule_state: RuleState, schedule: AveragingSchedule, initial_epoch: int = 0) -> checkpoint.Checkpoint:
     """Loads the checkpoint at ``uri`` into ``model``, ``rule_state`` and ``schedule``.
 
     Args:
         seed: The trainer's own ``seed`` option (``None``: not given; the
             checkpoint's seed is taken without comparing).
+        initial_epoch: ``fit``'s; the checkpoint must not be of an earlier epoch.
 
     Raises:
-        ConfigurationError: the checkpoint is of another run, model or trainable weights.
+        ConfigurationError: the checkpoint is of another run, model or trainable weights, or
+            of an epoch before ``initial_epoch``; the model is not touched then.
     """
     saved = checkpoint.load(uri)
+    if saved.epoch < initial_epoch:
+        raise ConfigurationError(
+            f"The checkpoint at {uri!r} is at epoch {saved.epoch}, before initial_epoch={initial_epoch}: it "
+            "does not hold the model this fit continues. Resume from a later checkpoint, or pass the "
+            "initial_epoch of the fit that wrote it."
+        )
     current = dict(run_settings)
     if seed is not None:
         current["seed"] = seed

@@ -24,11 +24,11 @@ from . import data as data_mod
 from . import resume as resume_mod
 from . import transport as transport_mod
 from .aggregation import PartialResult, merge
-from .config import TrainerConfig, check_checkpoint_args, check_int, validate_model
+from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
 from .options import constructor, document, trainer_entries
-from .errors import ConfigurationError, DataError
+from .errors import DataError
 from .exchange import BroadcastState
-from .fs import join, remove_tree
+from .fs import join, make_dir, remove_tree
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
 from .plan import steps_per_epoch
 from .progress import Progress
@@ -43,17 +43,6 @@ from .worker import EvalTask, run_eval_partition
 logger = logging.getLogger("sparkdl_avg")
 
 
-def _check_fit_args(epochs: Any, verbose: Any) -> int:
-    check_int("epochs", epochs, 1)
-    if verbose == "auto":
-        return 1 if sys.stdout.isatty() else 2
-    if verbose not in (0, 1, 2):
-        raise ConfigurationError(
-            f"The 'verbose' parameter must be 'auto', 0, 1 or 2. Got {verbose!r} instead."
-        )
-    return verbose
-
-
 @dataclass
 class _FitContext:
     """What the epochs of one ``fit`` share."""
@@ -66,6 +55,7 @@ class _FitContext:
     progress: Progress
     checkpoints: resume_mod.Checkpointing
     rounds_in_fit: int = 0
+    capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
 
 
 class ParameterAveragingTrainer:
@@ -91,14 +81,13 @@ class ParameterAveragingTrainer:
         self.config = TrainerConfig(**options)
         validate_model(model)
         self.model = model
-        self.stats = TrainingStats()
+        self.stats = TrainingStats()  # the round records of the latest fit (a new one per fit)
         self._seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
         base = staging_dir or tempfile.gettempdir()
         self._staging_root = join(base, f"sparkdl_avg-{time.strftime('%Y%m%d-%H%M%S')}-{id(self):x}")
         self._staged: Dict[tuple, tuple] = {}
         self._fits = 0
-        self.history = None  # the History of the latest fit
-        self._last_fit_first_record: Optional[int] = None
+        self.history = None  # the History of the latest completed fit
         self._rule_state = RuleState()  # carried over to the next fit of this trainer
         self._finalizer = weakref.finalize(self, remove_tree, self._staging_root)
 
@@ -108,6 +97,7 @@ class ParameterAveragingTrainer:
         key = data_mod.data_key(data, features_col, label_col)
         if key is not None and key in self._staged:
             return self._staged[key][1]
+        self._make_staging_root(spark_context_for(data))
         staged = data_mod.stage(
             data,
             root=self._staging_root,
@@ -122,6 +112,19 @@ class ParameterAveragingTrainer:
         if key is not None:
             self._staged[key] = (data, staged)  # holding `data` keeps its id() unique
         return staged
+
+    def _make_staging_root(self, sc) -> None:
+        """Creates this trainer's staging root; private (``0o700``) when local and the master is local.
+
+        With ``local[N]`` or ``local-cluster`` every executor runs as this
+        user on this host, so nobody else needs the staged data or the
+        exchanged weights under it. On other masters a local path (a shared
+        mount) keeps the umask's modes: executors may run as another user
+        (YARN's, a standalone worker's) and would be locked out. URIs keep
+        their filesystem's permissions. See docs/reliability.md.
+        """
+        local_master = sc.master.startswith(("local", "local-cluster"))
+        make_dir(self._staging_root, private=local_master)
 
     def close(self) -> None:
         """Deletes the staged data. The trainer can still be used; data is staged again."""
@@ -149,6 +152,7 @@ class ParameterAveragingTrainer:
         checkpoint_dir: Optional[str] = None,
         checkpoint_every: Any = "epoch",
         resume: Any = False,
+        initial_epoch: int = 0,
     ):
         """Trains the model by parameter averaging for ``epochs`` passes over ``data``.
 
@@ -158,8 +162,11 @@ class ParameterAveragingTrainer:
                 again. For a model with several inputs (outputs), ``x``
                 (``y``) is a list/tuple of arrays in the order of
                 ``model.inputs`` (``model.outputs``).
-            epochs: Passes over the data (with ``resume``: the total, counting
-                the epochs before the checkpoint). Default 1.
+            epochs: The index of the epoch to stop before, as in
+                ``keras.Model.fit``: the fit trains epochs ``initial_epoch``
+                to ``epochs - 1``, i.e. ``epochs`` passes over the data from
+                the default ``initial_epoch=0``; with ``resume``, the total,
+                counting the epochs before the checkpoint. Default 1.
             features_col: DataFrame column with the features, ``array<float>``,
                 ``array<double>`` or a ``pyspark.ml`` Vector, reshaped to the
                 model's input shape; a list of columns, one per model input,
@@ -187,12 +194,26 @@ class ParameterAveragingTrainer:
                 ``checkpoint_dir`` if there is one (else starts afresh); a
                 checkpoint path continues from that one. The model, data and
                 settings must be those of the run that wrote it.
+            initial_epoch: The epoch to start at, to continue an earlier fit
+                (``fit(epochs=3)`` then ``fit(epochs=5, initial_epoch=3)``),
+                as in ``keras.Model.fit``: the history, callbacks, progress
+                lines, ``trainer.stats`` and Spark job labels number epochs
+                from it, and each epoch visits the data in the order of its
+                index, so the two fits train what ``fit(epochs=5)`` would
+                (for a fixed ``averaging_frequency``). Must be below
+                ``epochs``. With ``resume``, a checkpoint's epoch (which must
+                not be before ``initial_epoch``) is where the fit starts.
+                Default 0.
 
         Returns:
             A ``keras.callbacks.History``: ``history.history["loss"]`` has one
             value per epoch, the example-weighted mean over all workers'
-            minibatches, and likewise every compiled metric. After a resume
-            it also holds the epochs before the checkpoint.
+            minibatches, and likewise every compiled metric, for the epochs
+            this fit trained (``history.epoch``: their indices, from
+            ``initial_epoch``). After a resume it also holds the epochs the
+            checkpointed fit trained before the checkpoint, from
+            ``initial_epoch`` on. Also kept as
+            ``trainer.history``; ``trainer.stats`` holds this fit's rounds.
 
         Raises:
             ConfigurationError, DataError: before any training round runs.
@@ -201,7 +222,7 @@ class ParameterAveragingTrainer:
         """
         import keras
 
-        verbose = _check_fit_args(epochs, verbose)
+        verbose = check_fit_args(epochs, initial_epoch, verbose)
         check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
         cfg = self.config
         sc = spark_context_for(data)
@@ -246,7 +267,7 @@ class ParameterAveragingTrainer:
         restored = None
         if checkpoint_uri:
             restored = resume_mod.restore(
-                checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule
+                checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule, initial_epoch
             )
             self._seed = restored.meta.seed
         spec_bc = sc.broadcast(spec)
@@ -260,7 +281,9 @@ class ParameterAveragingTrainer:
             # Batch hooks run once per round; rounds per epoch are known for a fixed k only.
             steps=-(-epoch_steps // schedule.k) if isinstance(schedule, FixedPeriod) else None,
         )
-        first_record = len(self.stats)
+        # trainer.stats and trainer.history describe the latest fit (as keras.Model.fit's History does)
+        self.stats = TrainingStats()
+        self.history = None
         self._fits += 1
         labels = spark_job_labels(
             sc, f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
@@ -297,12 +320,15 @@ class ParameterAveragingTrainer:
             try:
                 callback_list.on_train_begin()
                 logs: Dict[str, float] = {}
-                start_epoch = 0
+                start_epoch = initial_epoch
                 if restored is not None:
                     start_epoch = restored.epoch
                     history = restored.meta.history
-                    self.model.history.history = {k: list(v) for k, v in history.items()}
-                    self.model.history.epoch = list(range(start_epoch))
+                    # the checkpointed fit's epochs from initial_epoch on (those of this command)
+                    first = start_epoch - max((len(v) for v in history.values()), default=0)
+                    drop = max(0, initial_epoch - first)
+                    self.model.history.history = {k: list(v)[drop:] for k, v in history.items()}
+                    self.model.history.epoch = list(range(first + drop, start_epoch))
                     logs = {k: v[-1] for k, v in history.items() if v}
                     if start_epoch >= epochs:
                         logger.warning(
@@ -323,12 +349,11 @@ class ParameterAveragingTrainer:
                     if self.model.stop_training:
                         break
                 callback_list.on_train_end(logs)
-                ctx.progress.train_end(self.stats.summary(first_record))
+                ctx.progress.train_end(self.stats.summary())
             finally:
                 spec_bc.unpersist()
                 transport.close()
         self.history = self.model.history
-        self._last_fit_first_record = first_record
         return self.model.history
 
     @property
@@ -353,7 +378,12 @@ class ParameterAveragingTrainer:
                 logs = epoch_result.metric_means()
         while steps_before < ctx.epoch_steps:
             rnd = rounds_done
-            steps = next_period(ctx.schedule, epoch, rnd, logs, ctx.epoch_steps - steps_before)
+            k = next_period(ctx.schedule, epoch, rnd, logs, sys.maxsize)  # checked, not yet cut to the epoch
+            if k > ctx.epoch_steps and not ctx.capped_warned:
+                ctx.capped_warned = True
+                s = ctx.rounds.settings
+                _warn_capped(k, ctx.epoch_steps, s.dataset.num_examples, s.num_workers, s.batch_size)
+            steps = min(k, ctx.epoch_steps - steps_before)
             ctx.callbacks.on_train_batch_begin(rnd)
             result = ctx.rounds.run(epoch, rnd, steps_before, steps)
             steps_before += steps
@@ -470,14 +500,24 @@ class ParameterAveragingTrainer:
         """
         from .report import write_report
 
-        if self._last_fit_first_record is None:
+        if self.history is None:
             raise RuntimeError("write_report() needs a completed fit(); call fit() first.")
         return write_report(
             path,
-            self.stats.records[self._last_fit_first_record :],
-            self.history.history if self.history is not None else None,
+            self.stats.records,
+            self.history.history,
             title=title or f"sparkdl_avg training report: {self.model.name}",
         )
+
+
+def _warn_capped(k: int, epoch_steps: int, num_examples: int, num_workers: int, batch_size: int) -> None:
+    """Warns that rounds of ``k`` minibatches are cut to the ``epoch_steps`` an epoch has."""
+    logger.warning(
+        "averaging_frequency=%d is more than the %d minibatches each worker trains per epoch (%d examples // "
+        "(%d workers * batch_size %d)); rounds are cut to the epoch, so the effective averaging_frequency is "
+        "%d (one round per epoch) and any larger value trains the same model.",
+        k, epoch_steps, num_examples, num_workers, batch_size, epoch_steps,
+    )
 
 
 def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:

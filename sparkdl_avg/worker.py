@@ -31,6 +31,7 @@ from .devices import configure_task_devices
 from . import remote
 from .errors import WorkerError
 from .modelspec import ModelSpec, get_state, set_state
+from . import quiet
 from .stats import WorkerRecord
 from .plan import EpochOrder, split_evenly, worker_positions
 from .dataset import StagedDataset, read_examples, structure, unflatten
@@ -66,7 +67,7 @@ def configure_threads() -> None:
     ctx = TaskContext.get()
     if ctx is None:
         return
-    import tensorflow as tf
+    tf = quiet.import_tensorflow()
 
     cpus = max(1, int(ctx.cpus()))
     try:
@@ -88,7 +89,7 @@ def get_replica(spec_handle, fingerprint: str):
         configure_threads()
         spec: ModelSpec = _value(spec_handle)
         import_custom_modules(spec.keras_bytes)  # the user's custom layers (shipped with --py-files)
-        model = spec.build()
+        model = spec.build()  # registers those from the driver's __main__ (shipped in the spec) first
         _REPLICAS[fingerprint] = model
         BUILD_COUNT += 1
         # A reused PySpark worker runs gc.collect() after every task; with

@@ -115,7 +115,7 @@ def test_run_turns_user_errors_into_one_line_and_exit_2(capsys):
         return main
 
     assert cli.run(failing(ConfigurationError("The 'batch_size' parameter must be an int.\nGot 0."))) == 2
-    assert capsys.readouterr().err == "error: The 'batch_size' parameter must be an int. Got 0.\n"
+    assert capsys.readouterr().err == "error: The --batch-size flag must be an int. Got 0.\n"  # named by its flag
     assert cli.run(failing(DataError("Column 'x' not found"))) == 2
     assert cli.run(failing(PathError("No such file: 'm.keras'"))) == 2
     assert cli.run(lambda argv: 0) == 0
@@ -170,7 +170,7 @@ def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_pat
     # a trainer option: the trainer's own validator, before any Spark work
     proc = _job(*common, "--model-builder", "digits_model:build", "--batch-size", "0")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert _error_line(proc).startswith("error: The 'batch_size' parameter must be an int")
+    assert _error_line(proc).startswith("error: The --batch-size flag must be an int")
     proc = _job(*common, "--model-builder", "no_such_module_xyz:build")
     assert proc.returncode == 2 and _error_line(proc).startswith("error: Cannot import module")
     (tmp_path / "out").mkdir()

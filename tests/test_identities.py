@@ -445,16 +445,18 @@ def test_replicas_are_reused_across_rounds_and_fits(spark):
     model = make_model(hidden=7, optimizer=keras.optimizers.Adam(0.01), seed=18)
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=1, seed=0)
     trainer.fit((x, y), epochs=1, verbose=0)
+    first = trainer.stats  # trainer.stats holds the latest fit's rounds; each fit starts a new one
     trainer.fit((x, y), epochs=1, verbose=0)
-    records = trainer.stats.records
-    assert len(records) == 8  # 4 rounds per fit, 2 workers each
+    records = first.records + trainer.stats.records
+    assert len(first) == len(trainer.stats) == 4  # 4 rounds per fit, 2 workers each
     built = sum(r["replicas_built"] for r in records)
     assert 1 <= built <= 2, [r["replicas_built"] for r in records]
+    assert sum(r["replicas_built"] for r in trainer.stats) == 0  # the second fit reuses the replicas
     pids = {w["pid"] for r in records for w in r["workers"]}
     assert 1 <= len(pids) <= 2
     summary = trainer.stats.summary()
-    assert summary["rounds"] == 8 and summary["examples"] == 8 * 16
-    assert summary["replicas_built"] == built
+    assert summary["rounds"] == 4 and summary["examples"] == 4 * 16
+    assert summary["replicas_built"] == 0
 
 
 def test_optimizer_state_reset_keeps_the_moments_but_counts_the_steps(spark):

@@ -178,8 +178,8 @@ def test_pipeline_fit_transform_accuracy_and_persistence(wine_pipeline, tmp_path
     _, fitted, df, _ = wine_pipeline
     stage = fitted.stages[-1]
     assert isinstance(stage, KerasAveragingModel)
-    assert len(stage.history["loss"]) == 10
-    assert stage.history["loss"][-1] < stage.history["loss"][0]
+    assert len(stage.history.history["loss"]) == 10
+    assert stage.history.history["loss"][-1] < stage.history.history["loss"][0]
 
     out = fitted.transform(df)
     accuracy = MulticlassClassificationEvaluator(
@@ -399,7 +399,7 @@ def test_estimator_save_load_and_fit(spark, tmp_path):
     assert isinstance(fitted, KerasAveragingModel)
     assert fitted.getPredictionCol() == "pred"
     assert fitted.getInferenceBatchSize() == 7
-    assert len(fitted.history["loss"]) == 2
+    assert len(fitted.history.history["loss"]) == 2
     assert not weights_equal(fitted.kerasModel.get_weights(), model.get_weights())
     # inferenceBatchSize=7 splits each Arrow batch into several predict_on_batch calls.
     rows = collect_sorted(fitted.transform(df), "pred")
@@ -462,7 +462,7 @@ def test_estimator_fits_twice_same_result_and_leaves_user_model_alone(spark):
     assert not weights_equal(w1, initial)
     for a, b in zip(w1, w2):
         np.testing.assert_allclose(a, b, atol=1e-12, rtol=0)
-    np.testing.assert_allclose(first.history["loss"], second.history["loss"], atol=1e-12, rtol=0)
+    np.testing.assert_allclose(first.history.history["loss"], second.history.history["loss"], atol=1e-12, rtol=0)
     # A different seed changes the data order, hence the result.
     third = est.copy({est.seed: 4}).fit(df)
     assert not weights_equal(third.kerasModel.get_weights(), w1)

@@ -129,7 +129,7 @@ def test_estimator_with_several_feature_and_label_columns(spark, tmp_path):
         seed=3,
     )
     fitted = est.fit(df)
-    assert len(fitted.history["value_loss"]) == 2
+    assert len(fitted.history.history["value_loss"]) == 2
     out = fitted.transform(df).select("y1", "prediction").toPandas()
     value, klass = fitted.kerasModel.predict(x, verbose=0)
     np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), np.concatenate([value, klass], axis=1), atol=1e-5)

@@ -94,7 +94,7 @@ def test_not_a_model(spark, not_a_model):
     with record_jobs(spark) as jobs:
         with pytest.raises(ConfigurationError, match="keras.Model") as err:
             ParameterAveragingTrainer(not_a_model)
-    assert f"model={not_a_model!r}" in str(err.value)
+    assert str(err.value).startswith(f"The 'model' parameter must be a compiled keras.Model. Got {not_a_model!r} ")
     assert type(not_a_model).__name__ in str(err.value)
     assert jobs.job_ids == []
 
