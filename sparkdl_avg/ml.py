@@ -44,7 +44,7 @@ _SNAKE_TO_PARAM = options.param_names()
 
 
 class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
-    """Params shared by the estimator and the model."""
+    """Params shared by the estimator and the model, with their setters (which return the stage, as in Spark ML)."""
 
     inferenceBatchSize = Param(
         Params._dummy(),
@@ -62,6 +62,21 @@ class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(inferenceBatchSize=1024)
+
+    def setFeaturesCol(self, value: str):
+        return self._set(featuresCol=value)
+
+    def setFeaturesCols(self, value: list):
+        return self._set(featuresCols=value)
+
+    def setPredictionCol(self, value: str):
+        return self._set(predictionCol=value)
+
+    def setProbabilityCol(self, value: str):
+        return self._set(probabilityCol=value)
+
+    def setInferenceBatchSize(self, value: int):
+        return self._set(inferenceBatchSize=value)
 
     def getInferenceBatchSize(self) -> int:
         return self.getOrDefault(self.inferenceBatchSize)
@@ -273,23 +288,11 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         self._set_keras(value)
         return self
 
-    def setFeaturesCols(self, value: list) -> "KerasAveragingEstimator":
-        return self._set(featuresCols=value)
-
     def setLabelCols(self, value: list) -> "KerasAveragingEstimator":
         return self._set(labelCols=value)
 
     def getLabelCols(self):
         return self.getOrDefault(self.labelCols)
-
-    def setPredictionCol(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(predictionCol=value)
-
-    def setProbabilityCol(self, value: str) -> "KerasAveragingEstimator":
-        return self._set(probabilityCol=value)
-
-    def setInferenceBatchSize(self, value: int) -> "KerasAveragingEstimator":
-        return self._set(inferenceBatchSize=value)
 
     def _option(self, o) -> Any:
         param = self.getParam(o.param.name)
@@ -368,21 +371,6 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         self.history = None
         self.stats = None
         self._loaded = None
-
-    def setFeaturesCol(self, value: str) -> "KerasAveragingModel":
-        return self._set(featuresCol=value)
-
-    def setFeaturesCols(self, value: list) -> "KerasAveragingModel":
-        return self._set(featuresCols=value)
-
-    def setPredictionCol(self, value: str) -> "KerasAveragingModel":
-        return self._set(predictionCol=value)
-
-    def setProbabilityCol(self, value: str) -> "KerasAveragingModel":
-        return self._set(probabilityCol=value)
-
-    def setInferenceBatchSize(self, value: int) -> "KerasAveragingModel":
-        return self._set(inferenceBatchSize=value)
 
     @property
     def kerasModel(self):
