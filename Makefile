@@ -32,6 +32,7 @@ env: check-java $(STAMP)
 ## Train a small CNN on scikit-learn's bundled digits with spark-submit on local[2].
 train: env
 	$(SPARK_ENV) $(VENV)/bin/spark-submit --master "$(MASTER)" \
+	  --driver-java-options "-Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)" \
 	  --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/train_digits.py --output-dir output/digits --overwrite
 

@@ -125,4 +125,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sparkdl_avg.cli import run
+
+    sys.exit(run(main))

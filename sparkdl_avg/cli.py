@@ -159,7 +159,12 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
     """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2.
 
     Options in the messages are named by their flags (:func:`flag_message`).
+    TensorFlow is imported first, with its start-up notices filtered
+    (:mod:`sparkdl_avg.quiet`), so a job's output starts with its own lines.
     """
+    from .quiet import import_tensorflow
+
+    import_tensorflow(devices=True)
     try:
         return main(argv)
     except (UsageError, PathError, ConfigurationError, DataError, ExecutorEnvironmentError) as exc:

@@ -78,11 +78,17 @@ def filtered_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def import_tensorflow():
-    """``import tensorflow`` with its start-up notices filtered (see :func:`filtered_stderr`); returns the module."""
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+def import_tensorflow(devices: bool = False):
+    """``import tensorflow`` with its start-up notices filtered (see :func:`filtered_stderr`); returns the module.
+
+    Args:
+        devices: Also list the physical devices (which initialises CUDA, the
+            cuInit notice), for a process that will not pin devices later:
+            the driver. Executors pin the task's GPUs first (:mod:`sparkdl_avg.devices`).
+    """
     with filtered_stderr():
         import tensorflow
 
+        if devices:
+            tensorflow.config.list_physical_devices()
     return tensorflow

@@ -444,9 +444,9 @@ class ParameterAveragingTrainer:
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
         sc = spark_context_for(data)
+        spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
         staged = self._stage(data, features_col, label_col, "evaluation")
         parts = self.config.num_workers or sc.defaultParallelism
-        spec = ModelSpec.from_model(self.model)
         spec_bc = sc.broadcast(spec)
         try:
             logs = self._evaluate_staged(

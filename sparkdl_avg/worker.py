@@ -89,7 +89,8 @@ def get_replica(spec_handle, fingerprint: str):
         configure_threads()
         spec: ModelSpec = _value(spec_handle)
         import_custom_modules(spec.keras_bytes)  # the user's custom layers (shipped with --py-files)
-        model = spec.build()  # registers those from the driver's __main__ (shipped in the spec) first
+        with quiet.filtered_stderr():  # the first model starts TensorFlow's devices (cuInit on CPU-only hosts)
+            model = spec.build()  # registers those from the driver's __main__ (shipped in the spec) first
         _REPLICAS[fingerprint] = model
         BUILD_COUNT += 1
         # A reused PySpark worker runs gc.collect() after every task; with

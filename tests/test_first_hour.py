@@ -92,8 +92,7 @@ def test_output_dir_makes_no_temporary_directory_until_written(tmp_path, monkeyp
     (tmp_path / "out" / "model.keras").write_text("old")
     out = fs.OutputDir(str(tmp_path / "out"))
     with pytest.raises(fs.PathError, match="already exists"):
-        out.check()
-    out.cleanup()
+        out.check()  # a job stops here, before writing anything and without cleanup()
     assert glob.glob(str(tmp_path / "sparkdl_avg-output-*")) == []
 
 
