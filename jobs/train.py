@@ -93,8 +93,9 @@ def main(argv=None) -> int:
         elif args.validation_split:
             data, validation = data.randomSplit([1 - args.validation_split, args.validation_split], seed=args.seed)
         executors = cli.check_executors(spark, args.check_executors)
-        for info in executors:
-            log.info("executor Python %s on %s: sparkdl_avg from %s", info["python"], info["host"], info["sparkdl_avg_file"])
+        # One line per distinct environment: the probe's tasks often land in one Python on one host.
+        for host, python, package in sorted({(i["host"], i["python"], i["sparkdl_avg_file"]) for i in executors}):
+            log.info("executor Python %s on %s: sparkdl_avg from %s", python, host, package)
 
         with trainer:
             history = trainer.fit(

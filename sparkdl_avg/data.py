@@ -22,7 +22,7 @@ from .dataset import StagedDataset, StagedFile, write_examples
 from .errors import DataError
 from .export import export_arrow_batches, export_pairs
 from .fs import join, make_dir, remove_tree
-from .remote import run_job
+from .remote import raise_reported, run_job
 
 
 def _label_dtype(is_integer: bool, x_dtype: str) -> str:
@@ -221,10 +221,11 @@ def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outpu
         checks=checks,
     )
     rows = run_job(
-        lambda: selected.mapInArrow(body, "uri string, rows long, label_widths array<int>").collect(),
+        lambda: selected.mapInArrow(body, "uri string, rows long, label_widths array<int>, error string").collect(),
         f"Staging the {what} data",
         renamed,
     )
+    raise_reported((r.error for r in rows), renamed)
     widths = {tuple(r.label_widths) for r in rows if r.rows}
     if len(widths) > 1:
         raise DataError(f"Label column(s) {label_names} hold arrays of different lengths: {sorted(widths)}.")
@@ -244,10 +245,11 @@ def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what, checks=None
         checks=checks,
     )
     rows = run_job(lambda: rdd.mapPartitionsWithIndex(body).collect(), f"Staging the {what} data")
-    shapes = {shape for _, n, shape in rows if n}
+    raise_reported(error for _, _, _, error in rows)
+    shapes = {shape for _, n, shape, _ in rows if n}
     if len(shapes) > 1:
         raise DataError(f"The {what} RDD has labels of different shapes: {sorted(shapes)}.")
-    files = tuple(StagedFile(uri, n) for uri, n, _ in rows if n)
+    files = tuple(StagedFile(uri, n) for uri, n, _, _ in rows if n)
     y_shapes = shapes.pop() if shapes else ((),) * num_outputs
     return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, x_dtype)
 

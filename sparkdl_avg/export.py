@@ -5,9 +5,9 @@ This module owns the two task bodies :mod:`sparkdl_avg.data` hands to Spark:
 :func:`export_pairs` (``mapPartitionsWithIndex`` over an RDD of ``(x, y)``
 pairs). Each turns one partition into one file of the format of
 :mod:`sparkdl_avg.dataset`, checking the values on the way
-(:mod:`sparkdl_avg.checks`), and yields one small row describing it; a data
-error leaves the task marked so that the driver re-raises it as
-``DataError`` (:mod:`sparkdl_avg.remote`). Nothing here touches driver
+(:mod:`sparkdl_avg.checks`), and yields one small row describing it; data
+the checks refuse is reported in that row, not by failing the task, and the
+driver raises it as ``DataError`` (:func:`sparkdl_avg.remote.reported`). Nothing here touches driver
 state, and both bodies run in-process on plain iterators.
 """
 
@@ -48,12 +48,14 @@ def export_arrow_batches(
         y_dtype: numpy dtype name of the staged labels.
         checks: Value checks (NaN/Inf, label range); ``None``: none.
 
-    Yields one row ``(uri, rows, label_widths)`` where a label width is 0 for
-    a scalar label; empty partitions write no file and yield ``rows = 0``.
+    Yields one row ``(uri, rows, label_widths, error)`` where a label width is
+    0 for a scalar label; empty partitions write no file and yield ``rows =
+    0``; a partition whose data is refused yields its ``DataError``'s message
+    as ``error`` (:func:`sparkdl_avg.remote.reported`).
     """
     from pyspark import TaskContext
 
-    with remote.reporting_data_errors():
+    try:
         xs, ys, label_widths = [], [], None
         rows_before = 0  # rows of the partition in earlier batches
         for batch in batches:
@@ -88,9 +90,13 @@ def export_arrow_batches(
         if rows:
             uri = join(directory, f"part-{TaskContext.get().partitionId():05d}.arrow")
             write_examples(uri, np.concatenate(xs), np.concatenate(ys))
+        error = None
+    except DataError as exc:
+        uri, rows, label_widths, error = "", 0, None, remote.reported(exc, batches)
     yield pa.record_batch(
-        [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_widths or []], pa.list_(pa.int32()))],
-        names=["uri", "rows", "label_widths"],
+        [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_widths or []], pa.list_(pa.int32())),
+         pa.array([error], pa.string())],
+        names=["uri", "rows", "label_widths", "error"],
     )
 
 
@@ -112,12 +118,13 @@ def export_pairs(
     x_dtype: str,
     y_dtype: str,
     checks: Optional[DataChecks] = None,
-) -> Iterator[Tuple[str, int, Tuple[Tuple[int, ...], ...]]]:
+) -> Iterator[Tuple[str, int, Tuple[Tuple[int, ...], ...], Optional[str]]]:
     """``mapPartitionsWithIndex`` body that stages an RDD partition of ``(x, y)`` pairs.
 
     ``x`` is an array (a tuple of arrays for a model with several inputs) and
     ``y`` a number or array (a tuple for several outputs). Yields one
-    ``(uri, rows, label_shapes)``; empty partitions yield ``("", 0, ())``.
+    ``(uri, rows, label_shapes, error)``; empty partitions yield ``("", 0,
+    (), None)``; a refused partition its ``DataError``'s message as ``error``.
 
     Args:
         index: The partition's index (names the file and the errors).
@@ -129,7 +136,8 @@ def export_pairs(
         y_dtype: numpy dtype name of the staged labels.
         checks: Value checks (NaN/Inf, label range); ``None``: none.
     """
-    with remote.reporting_data_errors():
+    pairs = iter(pairs)
+    try:
         xs, ys, shapes = [], [], None
         for i, pair in enumerate(pairs):
             where = f"RDD element {i} of partition {index}"
@@ -155,7 +163,7 @@ def export_pairs(
             xs.append(np.concatenate(flat))
             ys.append(np.concatenate([p.reshape(-1) for p in labels]))
         if not xs:
-            result = ("", 0, ())
+            result = ("", 0, (), None)
         else:
             x_all, y_all = np.stack(xs), np.stack(ys)
             check_values(x_all, f"The features of RDD partition {index}", checks)
@@ -167,5 +175,7 @@ def export_pairs(
                     start += width
             uri = join(directory, f"part-{index:05d}.arrow")
             write_examples(uri, x_all, y_all)
-            result = (uri, len(xs), shapes)
+            result = (uri, len(xs), shapes, None)
+    except DataError as exc:
+        result = ("", 0, (), remote.reported(exc, pairs))
     yield result

@@ -20,6 +20,7 @@ import sys
 from typing import Iterable, Iterator, List, Optional
 
 from .remote import last_line
+from .session import spark_job_labels
 
 SHIP_HINT = (
     "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
@@ -44,8 +45,10 @@ def describe_python() -> dict:
         "sparkdl_avg_version": getattr(sparkdl_avg, "__version__", None),
     }
     try:
+        from .quiet import import_tensorflow
+
+        tf = import_tensorflow()
         import keras
-        import tensorflow as tf
 
         info["tensorflow_version"] = tf.__version__
         info["keras_version"] = keras.__version__
@@ -84,10 +87,9 @@ def check_executors(sc, num_tasks: Optional[int] = None) -> List[dict]:
             or TensorFlow/Keras.
     """
     n = max(1, int(num_tasks or sc.defaultParallelism))
-    previous = sc.getLocalProperty("spark.job.description")
-    sc.setLocalProperty("spark.job.description", "sparkdl_avg: check executors' Python")
     try:
-        infos = sc.parallelize(range(n), n).mapPartitions(_probe_partition).collect()
+        with spark_job_labels(sc, "sparkdl_avg: check executors' Python"):
+            infos = sc.parallelize(range(n), n).mapPartitions(_probe_partition).collect()
     except Exception as exc:
         # Not remote.run_job: the probe reports import errors in its result instead of raising, and
         # a task that fails anyway could not load sparkdl_avg to mark its error; the text is all there is.
@@ -96,8 +98,6 @@ def check_executors(sc, num_tasks: Optional[int] = None) -> List[dict]:
             raise ExecutorEnvironmentError(f"Executors cannot import sparkdl_avg: {SHIP_HINT}.") from None
         cause = (last_line(text, containing="Error") or type(exc).__name__).strip()
         raise ExecutorEnvironmentError(f"Executors failed to start the trainer's code: {cause}") from exc
-    finally:
-        sc.setLocalProperty("spark.job.description", previous)
     broken = [i for i in infos if "import_error" in i]
     if broken:
         info = broken[0]

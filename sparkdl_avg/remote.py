@@ -18,7 +18,7 @@ private to this module.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Mapping, Optional, Type, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
 
 from .errors import DataError, WorkerError
 
@@ -57,6 +57,34 @@ def reporting_data_errors() -> Iterator[None]:
         if str(exc).startswith(_MARKERS[DataError]):
             raise
         raise failure(DataError, str(exc)) from exc
+
+
+def reported(exc: DataError, rest: Iterable) -> str:
+    """Executor side: a staging task's ``DataError`` as a message for its result row, instead of a failed task.
+
+    A failed task makes Spark log an executor-side ``ERROR`` block with a
+    Java stack trace for what is the user's data, and throws the Python
+    worker away; a result row does neither. Consumes ``rest`` (the task's
+    remaining input) so PySpark reuses the worker. The driver raises it with
+    :func:`raise_reported`.
+    """
+    for _ in rest:
+        pass
+    return str(exc)
+
+
+def raise_reported(messages: Iterable[Optional[str]], columns: Optional[Mapping[str, str]] = None) -> None:
+    """Driver side: raises the first ``DataError`` staging tasks reported (:func:`reported`), if any."""
+    for message in messages:
+        if message:
+            raise DataError(_user_columns(message, columns)) from None
+
+
+def _user_columns(message: str, columns: Optional[Mapping[str, str]]) -> str:
+    """``message`` with internal column aliases (``'x0'``) replaced by the user's column names."""
+    for alias, name in (columns or {}).items():
+        message = message.replace(f"'{alias}'", repr(name))
+    return message
 
 
 def one_line(message: str) -> str:
@@ -105,10 +133,7 @@ def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] =
         at = text.find(marker)
         if at >= 0:
             message = text[at + len(marker) :].splitlines()[0]
-            if kind is DataError:
-                for alias, name in (columns or {}).items():
-                    message = message.replace(f"'{alias}'", repr(name))
-            return kind(message)
+            return kind(_user_columns(message, columns) if kind is DataError else message)
     # Without a marker the task died outside our code (lost executor, Python worker crash).
     return WorkerError(f"{what} failed on the cluster: {last_line(text) or type(exc).__name__}")
 
