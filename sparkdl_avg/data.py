@@ -84,20 +84,20 @@ def _stage_arrays(data, directory: str, x_shapes, num_outputs: int, x_dtype: str
         )
     n = len(xs[0]) if xs[0].ndim else 0
     if n == 0:
-        raise DataError(f"The {what} arrays are empty. Received: x with shape {xs[0].shape}.")
+        raise DataError(f"The {what} arrays must not be empty. Got x with shape {xs[0].shape} instead.")
     for name, a in [*(("x", x) for x in xs), *(("y", y) for y in ys)]:
         if a.ndim == 0 or len(a) != n:
             raise DataError(
-                f"The {what} arrays must have the same number of examples. Received: "
-                f"x with {n} and {name} with {len(a) if a.ndim else 0}."
+                f"The {what} arrays must have the same number of examples. Got "
+                f"x with {n} and {name} with {len(a) if a.ndim else 0} instead."
             )
         if not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-            raise DataError(f"The {what} array {name} must be numeric. Received: dtype {a.dtype}.")
+            raise DataError(f"The {what} array {name} must be numeric. Got dtype {a.dtype} instead.")
     for x, shape in zip(xs, x_shapes):
         if tuple(x.shape[1:]) != tuple(shape) and math.prod(x.shape[1:]) != math.prod(shape):
             raise DataError(
-                f"The {what} features do not fit the model's input shape {tuple(shape)}. "
-                f"Received: x with shape {x.shape}."
+                f"The {what} features must fit the model's input shape {tuple(shape)}. "
+                f"Got x with shape {x.shape} instead."
             )
     _check_arrays(xs, ys, checks, what)
     all_int = all(np.issubdtype(y.dtype, np.integer) or y.dtype == bool for y in ys)
@@ -136,7 +136,7 @@ def column_list(value, count: int, param: str, kind: str) -> List[str]:
     if len(names) != count:
         raise DataError(
             f"The model has {count} {kind}(s); '{param}' must name one column per {kind}, in "
-            f"the order of model.{kind}s. Received: {param}={value!r}."
+            f"the order of model.{kind}s. Got {param}={value!r} instead."
         )
     return names
 
@@ -170,7 +170,7 @@ def feature_column(df, features_col: str, x_shape, x_dtype: str, what: str = "tr
         return F.col(features_col).cast(f"array<{'float' if x_dtype == 'float32' else 'double'}>")
     raise DataError(
         f"Column '{features_col}' must be array<float>, array<double> or a "
-        f"pyspark.ml Vector. Received: {field.dataType.simpleString()}."
+        f"pyspark.ml Vector. Got {field.dataType.simpleString()} instead."
     )
 
 
@@ -191,7 +191,7 @@ def _label_column(df, name: str, fields: dict, float_name: str, x_dtype: str):
         return vector_to_array(F.col(name), "float32" if x_dtype == "float32" else "float64"), False
     raise DataError(
         f"Column '{name}' must be numeric, an array of numbers or a pyspark.ml "
-        f"Vector. Received: {label_type.simpleString()}."
+        f"Vector. Got {label_type.simpleString()} instead."
     )
 
 
@@ -295,8 +295,8 @@ def stage(
         write = partial(_stage_arrays, data)
     else:
         raise DataError(
-            f"Expected the {what} data to be a Spark DataFrame, an RDD of (x, y) pairs or "
-            f"a tuple (x, y) of numpy arrays. Received: {type(data).__name__}."
+            f"The {what} data must be a Spark DataFrame, an RDD of (x, y) pairs or "
+            f"a tuple (x, y) of numpy arrays. Got {type(data).__name__} instead."
         )
     directory = join(root, f"{what}-{uuid.uuid4().hex[:12]}")
     # Made here, before any task writes into it: tasks do not create it (see

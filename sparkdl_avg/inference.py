@@ -118,7 +118,7 @@ def add_predictions(
     from pyspark.sql import DataFrame
 
     if not isinstance(df, DataFrame):
-        raise DataError(f"Expected a Spark DataFrame to predict on. Received: {type(df).__name__}.")
+        raise DataError(f"The data to predict on must be a Spark DataFrame. Got {type(df).__name__} instead.")
     kind = output_kind(model)
     x_shapes = input_shapes(model)
     x_dtype = inputs_dtype(model)

@@ -60,7 +60,7 @@ def test_predict_on_vectors_read_from_parquet(spark, tmp_path):
 def test_predict_rejects_an_unsupported_features_column(spark):
     df = spark.createDataFrame([("a",)], "features string")
     with pytest.raises(DataError, match=r"Column 'features' must be array<float>, array<double> or a pyspark.ml "
-                                        r"Vector. Received: string"):
+                                        r"Vector. Got string instead"):
         ParameterAveragingTrainer(make_model(), batch_size=4).predict(df)
 
 

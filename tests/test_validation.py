@@ -207,7 +207,7 @@ def test_fewer_examples_than_one_round_needs(spark, model, xy):
 @pytest.mark.parametrize("data", [{"x": 1}, (np.zeros((4, 4)),), "data.csv", [np.zeros((4, 4))] * 3])
 def test_unsupported_data_kind(spark, model, data):
     message, jobs = fit_error(spark, model, data)
-    assert "Spark DataFrame" in message and f"Received: {type(data).__name__}" in message
+    assert "Spark DataFrame" in message and f"Got {type(data).__name__} instead" in message
     assert jobs == []
 
 
@@ -241,7 +241,7 @@ def test_dataframe_missing_label_column(spark, model, frames):
 def test_dataframe_string_features_column(spark, model, frames):
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
     with record_jobs(spark) as jobs:
-        with pytest.raises(DataError, match=r"Column 'text' must be array<float>, array<double> or a pyspark.ml Vector. Received: string"):
+        with pytest.raises(DataError, match=r"Column 'text' must be array<float>, array<double> or a pyspark.ml Vector. Got string instead"):
             trainer.fit(frames["good"], features_col="text", verbose=0)
     assert jobs.job_ids == []
 
@@ -249,7 +249,7 @@ def test_dataframe_string_features_column(spark, model, frames):
 def test_dataframe_string_label_column(spark, model, frames):
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
     with record_jobs(spark) as jobs:
-        with pytest.raises(DataError, match=r"Column 'text' must be numeric.*Received: string"):
+        with pytest.raises(DataError, match=r"Column 'text' must be numeric.*Got string instead"):
             trainer.fit(frames["good"], label_col="text", verbose=0)
     assert jobs.job_ids == []
 
