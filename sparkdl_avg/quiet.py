@@ -36,11 +36,6 @@ def _patterns() -> Pattern:
     return re.compile("|".join(f"(?:{p})" for p in patterns))
 
 
-def is_noise(line: str) -> bool:
-    """Whether ``line`` (without its newline) is one of TensorFlow's start-up notices hidden here."""
-    return bool(_patterns().search(line))
-
-
 @contextlib.contextmanager
 def filtered_stderr() -> Iterator[None]:
     """Drops TensorFlow's start-up notices from file descriptor 2 inside the block (C++ writes there directly).

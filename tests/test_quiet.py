@@ -1,0 +1,43 @@
+"""TensorFlow's start-up notices are filtered from stderr; every other line passes (sparkdl_avg.quiet)."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def _stderr_of(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          check=True).stderr
+
+
+def test_filtered_stderr_drops_tensorflows_notices_and_keeps_everything_else():
+    # Written to file descriptor 2 directly, as TensorFlow's C++ runtime does.
+    err = _stderr_of(r'''
+        import os
+        from sparkdl_avg.quiet import filtered_stderr
+        lines = [
+            "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+            "I0000 00:00:1796123049.207948   24970 port.cc:153] oneDNN custom operations are on. You may see x",
+            "I0000 00:00:1796123049.209046   24970 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.",
+            "E0000 00:00:1796123051.212007   24970 some_kernel.cc:52] a real error",
+            "Traceback (most recent call last): the user's own",
+        ]
+        with filtered_stderr():
+            for line in lines:
+                os.write(2, (line + "\n").encode())
+        os.write(2, b"after the block\n")
+    ''')
+    assert err.splitlines() == [
+        "E0000 00:00:1796123051.212007   24970 some_kernel.cc:52] a real error",
+        "Traceback (most recent call last): the user's own",
+        "after the block",
+    ]
+
+
+def test_import_tensorflow_prints_none_of_its_start_up_notices():
+    err = _stderr_of("""
+        from sparkdl_avg.quiet import import_tensorflow
+        tf = import_tensorflow(devices=True)
+        assert float(tf.constant(1.0) + 1) == 2.0
+    """)
+    assert "oneDNN" not in err and "cuda drivers" not in err and "absl::InitializeLog" not in err, err
