@@ -42,6 +42,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow.fs as pafs
 
+from . import remote
+from .errors import WorkerError
 from .fs import join, resolve
 
 _ALIGN = 64
@@ -204,3 +206,296 @@ class StoreSums:
             return StoredResult(result, None)
         stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums)
         return StoredResult(dataclasses.replace(result, weight_sums=None, optimizer_sums=None), stored)
+
+
+# ---------------------------------------------- the Spark SQL round's formats
+
+
+@dataclass(frozen=True)
+class StoredSpec:
+    """A :class:`~sparkdl_avg.modelspec.ModelSpec` in a file: how the Spark SQL round ships the model.
+
+    Read only when an executor builds a replica (replicas are cached by
+    ``fingerprint``), so a fit writes it once and rounds carry 100 bytes.
+    """
+
+    uri: str
+    fingerprint: str
+
+    @property
+    def value(self):
+        import pickle
+
+        from .fs import read_bytes
+
+        # Our own file under the fit's staging directory, as trusted as a broadcast.
+        return pickle.loads(read_bytes(self.uri))
+
+
+def store_spec(directory: str, spec) -> StoredSpec:
+    """Writes ``spec`` to a new file under ``directory``."""
+    import pickle
+
+    from .fs import write_atomically
+
+    uri = join(directory, f"spec-{spec.fingerprint[:16]}-{uuid.uuid4().hex[:8]}.pkl")
+    write_atomically(uri, pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
+    return StoredSpec(uri, spec.fingerprint)
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """How a worker's sums lie in two flat vectors, one float32 and one float64, and how those split into shards.
+
+    The Spark SQL round moves sums as raw bytes: the weight sums then the
+    optimizer sums, float32 arrays back to back in one vector and the rest
+    (float64, counters) in another (:func:`~sparkdl_avg.aggregation.weighted`
+    makes every sum one of the two). Shard ``j`` of ``S`` is the ``j``-th of
+    ``S`` near-equal slices of each vector, so summing shard ``j`` of every
+    worker in worker order gives exactly the elements a whole-vector sum in
+    that order would.
+
+    Attributes:
+        entries: ``(is_float32, shape)`` per array, weights first.
+        num_weights: How many of the entries are weights.
+        optimizer: Whether the optimizer variables follow.
+    """
+
+    entries: Tuple[Tuple[bool, Tuple[int, ...]], ...]
+    num_weights: int
+    optimizer: bool
+
+    @classmethod
+    def of(cls, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> "FlatLayout":
+        """The layout of the sums of a state ``(weights, optimizer variables or None)``."""
+        arrays = list(weights) + list(optimizer or [])
+        entries = tuple((np.asarray(a).dtype == np.float32, tuple(np.shape(a))) for a in arrays)
+        return cls(entries, len(weights), optimizer is not None)
+
+    @property
+    def sizes(self) -> Tuple[int, int]:
+        """Elements of the float32 and of the float64 vector."""
+        n32 = sum(int(np.prod(s)) for f32, s in self.entries if f32)
+        n64 = sum(int(np.prod(s)) for f32, s in self.entries if not f32)
+        return n32, n64
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one worker's sums (one model's state in sum dtypes)."""
+        n32, n64 = self.sizes
+        return 4 * n32 + 8 * n64
+
+    def flatten(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+        """The two vectors of a worker's sums."""
+        arrays = list(weights) + list(optimizer or [])
+        f32 = [np.ravel(a) for a, (is32, _) in zip(arrays, self.entries) if is32]
+        f64 = [np.ravel(a) for a, (is32, _) in zip(arrays, self.entries) if not is32]
+        return (
+            np.concatenate(f32).astype(np.float32, copy=False) if f32 else np.zeros(0, np.float32),
+            np.concatenate(f64).astype(np.float64, copy=False) if f64 else np.zeros(0, np.float64),
+        )
+
+    def unflatten(self, f32: np.ndarray, f64: np.ndarray) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """``(weight sums, optimizer sums or None)`` from the two vectors (views into them)."""
+        out, i32, i64 = [], 0, 0
+        for is32, shape in self.entries:
+            n = int(np.prod(shape))
+            if is32:
+                out.append(f32[i32 : i32 + n].reshape(shape))
+                i32 += n
+            else:
+                out.append(f64[i64 : i64 + n].reshape(shape))
+                i64 += n
+        return out[: self.num_weights], (out[self.num_weights :] if self.optimizer else None)
+
+    def bounds(self, shard: int, shards: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        """``((lo, hi) of the float32 vector, (lo, hi) of the float64 vector)`` of shard ``shard``."""
+        n32, n64 = self.sizes
+        return (n32 * shard // shards, n32 * (shard + 1) // shards), (n64 * shard // shards, n64 * (shard + 1) // shards)
+
+    def shard_bytes(self, f32: np.ndarray, f64: np.ndarray, shard: int, shards: int) -> bytes:
+        """Shard ``shard`` of the two vectors as one value: its float32 slice, then its float64 slice."""
+        (a, b), (c, d) = self.bounds(shard, shards)
+        if shards == 1:
+            return f32.tobytes() + f64.tobytes()
+        return f32[a:b].tobytes() + f64[c:d].tobytes()
+
+    def parse_shard(self, data, shard: int, shards: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The two slices of a :meth:`shard_bytes` value (read-only views)."""
+        (a, b), (c, d) = self.bounds(shard, shards)
+        buf = memoryview(data)
+        return (
+            np.frombuffer(buf, np.float32, count=b - a),
+            np.frombuffer(buf, np.float64, count=d - c, offset=4 * (b - a)),
+        )
+
+    def join(self, pieces: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """The sums from every shard's two slices, in shard order."""
+        f32 = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else np.array(pieces[0][0])
+        f64 = np.concatenate([p[1] for p in pieces]) if len(pieces) > 1 else np.array(pieces[0][1])
+        return self.unflatten(f32, f64)
+
+
+def add_slices(acc: Optional[Tuple[np.ndarray, np.ndarray]], part: Tuple[np.ndarray, np.ndarray]):
+    """``acc + part`` element-wise, in place in ``acc`` (a copy of ``part`` when ``acc`` is ``None``)."""
+    if acc is None:
+        return np.array(part[0]), np.array(part[1])
+    np.add(acc[0], part[0], out=acc[0])
+    np.add(acc[1], part[1], out=acc[1])
+    return acc
+
+
+#: The rows of a Spark SQL round: what workers yield and reducers pass on. ``shard`` -1 with a ``meta``
+#: (a worker's result without its sums, as JSON) or ``shard`` j >= 0 with ``data`` (raw sums of that
+#: shard, :meth:`FlatLayout.shard_bytes`; ``worker`` -1 once summed) or ``uri`` (a file of
+#: :func:`store` holding the worker's two vectors, for reducers to read shard by shard).
+ROUND_SCHEMA = "shard int, worker int, meta string, data binary, uri string, offsets array<bigint>"
+
+
+def encode_meta(result) -> str:
+    """A :class:`~sparkdl_avg.aggregation.PartialResult` without its arrays, as JSON."""
+    import json
+
+    return json.dumps({
+        "examples": result.examples,
+        "metric_sums": result.metric_sums,
+        "workers": [dataclasses.asdict(w) for w in result.workers],
+    })
+
+
+def decode_meta(text: str):
+    """The :class:`~sparkdl_avg.aggregation.PartialResult` (without arrays) of :func:`encode_meta`."""
+    import json
+
+    from .aggregation import PartialResult
+    from .stats import WorkerRecord
+
+    d = json.loads(text)
+    return PartialResult(d["examples"], metric_sums=d["metric_sums"], workers=[WorkerRecord(**w) for w in d["workers"]])
+
+
+def read_range(uri: str, offset: int, nbytes: int) -> bytes:
+    """``nbytes`` bytes of the file at ``uri`` from ``offset`` (a ranged read on object stores)."""
+    fs, path = resolve(uri)
+    if nbytes == 0:
+        return b""
+    with fs.open_input_file(path) as f:
+        return f.read_at(nbytes, offset)
+
+
+@dataclass(frozen=True)
+class ArrowSums:
+    """Workers yield their sums as Arrow rows, cut into ``shards`` shards (:data:`ROUND_SCHEMA`)."""
+
+    layout: FlatLayout
+    shards: int = 1
+
+    def deliver(self, result, name: str):
+        import pyarrow as pa
+
+        rows = {"shard": [-1], "worker": [result.workers[0].worker], "meta": [encode_meta(result)],
+                "data": [None], "uri": [None], "offsets": [None]}
+        if result.weight_sums is not None:
+            f32, f64 = self.layout.flatten(result.weight_sums, result.optimizer_sums)
+            for j in range(self.shards):
+                for key, value in (("shard", j), ("worker", result.workers[0].worker), ("meta", None),
+                                   ("data", self.layout.shard_bytes(f32, f64, j, self.shards)), ("uri", None),
+                                   ("offsets", None)):
+                    rows[key].append(value)
+        return pa.RecordBatch.from_pydict(rows, schema=round_arrow_schema())
+
+
+@dataclass(frozen=True)
+class StoreFlat:
+    """Workers write their sums' two vectors to a file under ``directory`` and yield its row (:data:`ROUND_SCHEMA`)."""
+
+    directory: str
+    layout: FlatLayout
+
+    def deliver(self, result, name: str):
+        import pyarrow as pa
+
+        worker = result.workers[0].worker
+        rows = {"shard": [-1], "worker": [worker], "meta": [encode_meta(result)], "data": [None], "uri": [None],
+                "offsets": [None]}
+        if result.weight_sums is not None:
+            stored = store(self.directory, name, list(self.layout.flatten(result.weight_sums, result.optimizer_sums)))
+            for key, value in (("shard", 0), ("worker", worker), ("meta", None), ("data", None), ("uri", stored.uri),
+                               ("offsets", [offset for _, _, offset in stored.layout])):
+                rows[key].append(value)
+        return pa.RecordBatch.from_pydict(rows, schema=round_arrow_schema())
+
+
+def round_arrow_schema():
+    """:data:`ROUND_SCHEMA` as a ``pyarrow`` schema."""
+    import pyarrow as pa
+
+    return pa.schema([("shard", pa.int32()), ("worker", pa.int32()), ("meta", pa.string()), ("data", pa.binary()),
+                      ("uri", pa.string()), ("offsets", pa.list_(pa.int64()))])
+
+
+def _summed_row(shard: int, acc, layout: FlatLayout, shards: int) -> dict:
+    n32, n64 = layout.sizes
+    (a, b), (c, d) = layout.bounds(shard, shards)
+    f32, f64 = acc if acc is not None else (np.zeros(b - a, np.float32), np.zeros(d - c, np.float64))
+    return {"shard": shard, "worker": -1, "meta": None, "data": f32.tobytes() + f64.tobytes(), "uri": None,
+            "offsets": None}
+
+
+def _batch(rows: List[dict]):
+    import pyarrow as pa
+
+    schema = round_arrow_schema()
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def reduce_shuffled(layout: FlatLayout, shards: int, batches):
+    """``mapInArrow`` body of a shuffle reducer: sums each shard it received over the workers, in worker order.
+
+    Rows without data (the workers' results) pass through; each shard ``j``
+    present becomes one row of its sum (a shard's rows may share a reducer
+    with another's when their hash partitions collide).
+    """
+    passed, pieces = [], {}
+    try:
+        for batch in batches:
+            for row in batch.to_pylist():
+                if row["data"] is None:
+                    passed.append(row)
+                else:
+                    pieces.setdefault(row["shard"], []).append((row["worker"], row["data"]))
+        out = []
+        for shard, items in sorted(pieces.items()):
+            acc = None
+            for _, data in sorted(items, key=lambda item: item[0]):
+                acc = add_slices(acc, layout.parse_shard(data, shard, shards))
+            out.append(_summed_row(shard, acc, layout, shards))
+    except Exception as exc:
+        raise remote.failure(WorkerError, f"Summing the round's shards failed: {type(exc).__name__}: "
+                             f"{remote.one_line(str(exc))}") from exc
+    yield _batch(passed + out)
+
+
+def reduce_stored(layout: FlatLayout, shards: int, files: Sequence[Tuple[str, Tuple[int, int]]], batches):
+    """``mapInArrow`` body of a storage reducer: for each shard id it is given, sums that range of every file.
+
+    ``files``: ``(uri, (offset of the float32 vector, offset of the float64
+    vector))`` of each worker's :class:`StoreFlat` file, in worker order.
+    """
+    ids = [int(i) for batch in batches for i in batch.column(0).to_pylist()]
+    rows = []
+    try:
+        for shard in ids:
+            (a, b), (c, d) = layout.bounds(shard, shards)
+            acc = None
+            for uri, (off32, off64) in files:
+                part = (
+                    np.frombuffer(read_range(uri, off32 + 4 * a, 4 * (b - a)), np.float32),
+                    np.frombuffer(read_range(uri, off64 + 8 * c, 8 * (d - c)), np.float64),
+                )
+                acc = add_slices(acc, part)
+            rows.append(_summed_row(shard, acc, layout, shards))
+    except Exception as exc:
+        raise remote.failure(WorkerError, f"Summing shard(s) {ids} of the workers' files failed: "
+                             f"{type(exc).__name__}: {remote.one_line(str(exc))}") from exc
+    yield _batch(rows)

@@ -271,7 +271,9 @@ class OutputDir:
     a hidden sibling and renames it into place; with ``overwrite`` an
     existing directory is renamed away first and deleted after. On
     filesystems without directory renames (object stores) the files are
-    copied one by one (each appears whole) and ``_SUCCESS`` last. The local
+    copied one by one (each appears whole) and ``_SUCCESS`` last; with
+    ``overwrite`` an existing one loses its ``_SUCCESS`` first and the old
+    files the new output lacks before the new ``_SUCCESS``. The local
     temporary directory is made on the first :meth:`file` (so a run that
     fails before writing leaves none) and deleted by :meth:`commit` and
     :meth:`cleanup`. Committed local directories and files get the usual
@@ -320,9 +322,22 @@ class OutputDir:
         # Directory renames are atomic only on local filesystems and HDFS.
         renames = isinstance(fs, pafs.LocalFileSystem) or type(fs).__name__ == "HadoopFileSystem"
         if not renames:
+            names = sorted(os.listdir(self.local))
+            # Overwriting in place: the old _SUCCESS goes first, so that no reader takes the
+            # directory for complete while it mixes old and new files, and files of the old
+            # output that the new one lacks go before the new _SUCCESS.
+            old = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(f"{path}/_SUCCESS")
             fs.create_dir(path, recursive=True)
-            for name in sorted(os.listdir(self.local)):
+            for name in names:
                 pafs.copy_files(os.path.join(self.local, name), f"{path}/{name}", destination_filesystem=fs)
+            for info in old:
+                if info.base_name not in names and info.base_name != "_SUCCESS":
+                    if info.type == pafs.FileType.Directory:
+                        fs.delete_dir(info.path)
+                    else:
+                        fs.delete_file(info.path)
             with fs.open_output_stream(f"{path}/_SUCCESS"):
                 pass
             self.cleanup()

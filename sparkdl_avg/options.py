@@ -63,7 +63,8 @@ FIT = "fit"  #: an option of ``ParameterAveragingTrainer.fit``
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
 NONFINITE_POLICIES = ("raise", "skip")
-STATE_TRANSPORTS = ("auto", "spark", "files")
+STATE_TRANSPORTS = ("auto", "spark", "files", "sql")
+AGGREGATIONS = ("auto", "driver", "shuffle", "storage")
 
 
 class _Same:
@@ -258,7 +259,8 @@ OPTIONS: Tuple[Option, ...] = (
         help="replicas per round, one Spark task each",
         unset="Spark's defaultParallelism",
         doc="Replicas trained in parallel per round, one Spark task each. Default ``None``: Spark's "
-            "``defaultParallelism``, resolved when the trainer first needs the SparkContext.",
+            "``defaultParallelism``, resolved when the trainer first needs it (under Spark Connect from the master URL or "
+            "a one-off small job).",
         check=ints(1, allow_none=True),
         cli=Flag(type=int),
         param=SparkParam("numWorkers", "toInt"),
@@ -379,20 +381,51 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "state_transport", "auto", "str",
-        help="how each round's weights reach workers and their sums the driver: 'spark' (broadcast + "
-             "treeAggregate), 'files' (files under the staging dir), 'auto' (files when all executors "
-             "run on the driver's host)",
-        doc="How a round's state moves between driver and workers. ``\"spark\"``: the driver "
-            "broadcasts weights and optimizer variables, workers return their sums as task results "
-            "through ``treeAggregate``. ``\"files\"``: both directions as files under the staging "
-            "directory (:mod:`sparkdl_avg.exchange`; for clusters whose driver and executors share a "
-            "fast filesystem). ``\"auto\"`` (default): files when every executor runs on the driver's "
-            "host (``local[N]``, ``local-cluster``) and the staging directory is local, else Spark. "
-            "At 1e6 parameters (Adam) files cut the round overhead on one host from ≈ 240 ms to "
-            "≈ 100 ms (docs/benchmarks.md).",
+        help="how each round's weights reach workers and their sums the driver: 'sql' (a DataFrame job, "
+             "state as a staging file, sums as Arrow rows; the only one under Spark Connect), 'spark' "
+             "(broadcast + treeAggregate), 'files' (files under the staging dir), 'auto' (files when all "
+             "executors run on the driver's host, else sql)",
+        doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.transport`). "
+            "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a "
+            "file under the staging directory, the workers' sums raw bytes in Arrow rows, summed as "
+            "``aggregation`` says; it runs the same on a classic session and under Spark Connect. "
+            "``\"spark\"``: the driver broadcasts weights and optimizer variables, workers return their "
+            "sums as task results through ``treeAggregate`` (classic sessions). ``\"files\"``: both "
+            "directions as files under the staging directory, summed by the driver (classic sessions "
+            "whose driver and executors share a fast filesystem). ``\"auto\"`` (default): files when "
+            "every executor runs on the driver's host (``local[N]``, ``local-cluster``) and the staging "
+            "directory is local, else sql (always under Connect). Measured in docs/benchmarks.md "
+            "(\"Aggregation paths\").",
         check=one_of(STATE_TRANSPORTS),
         cli=Flag(choices=STATE_TRANSPORTS),
         param=SparkParam("stateTransport", "toString"),
+    ),
+    Option(
+        "aggregation", "auto", "str",
+        help="how the sql round sums the workers' sums: 'driver' (all to the driver), 'shuffle' (S reducers "
+             "through Spark's shuffle), 'storage' (S reducers reading the workers' files), 'auto'",
+        doc="How ``state_transport=\"sql\"`` sums the workers' sums. ``\"driver\"``: every worker's "
+            "sums reach the driver (``N`` models' bytes). ``\"shuffle\"``: sums cut into "
+            "``aggregation_shards`` slices, slice ``j`` of every worker summed by reducer task ``j`` "
+            "after a shuffle; the driver receives one model's bytes. ``\"storage\"``: workers write "
+            "their sums under the staging directory and ``aggregation_shards`` reducer tasks sum them "
+            "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
+            "(default): the driver for 2 workers or fewer or sums under 1 MB, else storage "
+            "(:func:`sparkdl_avg.transport.plan_aggregation`; why in docs/benchmarks.md). All give "
+            "bitwise the same sums.",
+        check=one_of(AGGREGATIONS),
+        cli=Flag(choices=AGGREGATIONS),
+        param=SparkParam("aggregation", "toString"),
+    ),
+    Option(
+        "aggregation_shards", None, "Optional[int]",
+        help="slices S the sql round's sharded aggregation cuts the sums into",
+        unset="one per worker, each at least 256 kB",
+        doc="Slices (reducer tasks) of the sharded aggregations (``aggregation=\"shuffle\"`` or "
+            "``\"storage\"``). Default ``None``: one per worker, each slice at least 256 kB.",
+        check=ints(1, allow_none=True),
+        cli=Flag(type=int),
+        param=SparkParam("aggregationShards", "toInt"),
     ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(

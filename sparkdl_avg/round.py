@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -31,7 +30,6 @@ from .dataset import StagedDataset
 from .errors import WorkerError
 from .modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
 from .rules import UpdateRule
-from .session import spark_job_labels
 from .stats import RoundRecord, TrainingStats
 from .transport import StateTransport
 from . import worker
@@ -87,7 +85,7 @@ class RoundRunner:
     """Runs the rounds of one fit and records their stats.
 
     Args:
-        sc: The SparkContext.
+        engine: The session's :class:`~sparkdl_avg.session.Engine`.
         model: The driver's compiled model; holds the global state.
         settings: The fit's shared settings.
         rule: The update rule, resolved for ``settings.num_workers``.
@@ -96,9 +94,9 @@ class RoundRunner:
         stats: Where each round's record goes.
     """
 
-    def __init__(self, sc, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
+    def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
                  transport: StateTransport, stats: TrainingStats) -> None:
-        self.sc = sc
+        self.engine = engine
         self.model = model
         self.settings = settings
         self.rule = rule
@@ -123,15 +121,11 @@ class RoundRunner:
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip",
         )
-        with spark_job_labels(
-            self.sc,
+        with self.engine.labels(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
             f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})",
         ):
-            tasks = self.sc.parallelize(range(s.num_workers), s.num_workers).mapPartitions(
-                partial(worker.run_round_partition, task)
-            )
-            result = self.transport.gather(tasks, epoch, rnd)
+            result = self.transport.run_round(task, worker.run_round_partition, epoch, rnd)
         t2 = time.time()
         self._check_finite(epoch, rnd, result)
         average = [x / result.examples for x in result.weight_sums]  # float64

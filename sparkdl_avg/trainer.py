@@ -15,9 +15,9 @@ import random
 import sys
 import tempfile
 import time
+import uuid
 import weakref
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import data as data_mod
@@ -27,18 +27,15 @@ from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
 from .options import constructor, document, trainer_entries
 from .errors import DataError
-from .exchange import BroadcastState
 from .fs import join, make_dir, remove_tree
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
 from .plan import steps_per_epoch
 from .progress import Progress
-from .remote import run_job
 from .round import RoundRunner, RoundSettings, RuleState
 from .dataset import StagedDataset
 from .schedules import AveragingSchedule, FixedPeriod, next_period
-from .session import spark_context_for, spark_job_labels
+from .session import engine_for
 from .stats import TrainingStats
-from .worker import EvalTask, run_eval_partition
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -97,7 +94,7 @@ class ParameterAveragingTrainer:
         key = data_mod.data_key(data, features_col, label_col)
         if key is not None and key in self._staged:
             return self._staged[key][1]
-        self._make_staging_root(spark_context_for(data))
+        self._make_staging_root(engine_for(data))
         staged = data_mod.stage(
             data,
             root=self._staging_root,
@@ -113,7 +110,7 @@ class ParameterAveragingTrainer:
             self._staged[key] = (data, staged)  # holding `data` keeps its id() unique
         return staged
 
-    def _make_staging_root(self, sc) -> None:
+    def _make_staging_root(self, engine) -> None:
         """Creates this trainer's staging root; private (``0o700``) when local and the master is local.
 
         With ``local[N]`` or ``local-cluster`` every executor runs as this
@@ -123,8 +120,7 @@ class ParameterAveragingTrainer:
         (YARN's, a standalone worker's) and would be locked out. URIs keep
         their filesystem's permissions. See docs/reliability.md.
         """
-        local_master = sc.master.startswith(("local", "local-cluster"))
-        make_dir(self._staging_root, private=local_master)
+        make_dir(self._staging_root, private=engine.one_host)
 
     def close(self) -> None:
         """Deletes the staged data. The trainer can still be used; data is staged again."""
@@ -225,15 +221,15 @@ class ParameterAveragingTrainer:
         verbose = check_fit_args(epochs, initial_epoch, verbose)
         check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
         cfg = self.config
-        sc = spark_context_for(data)
-        num_workers = cfg.num_workers or sc.defaultParallelism
-        if "://" not in self._staging_root and not sc.master.startswith(("local", "local-cluster")):
+        engine = engine_for(data)
+        num_workers = cfg.num_workers or engine.default_parallelism
+        if "://" not in self._staging_root and not engine.one_host:
             logger.warning(
                 "Staging data under the local path %s while the master is %s: every executor "
                 "must be able to read it. On a multi-host cluster pass staging_dir= a shared "
                 "filesystem URI (hdfs://..., s3://...).",
                 self._staging_root,
-                sc.master,
+                engine.master,
             )
         checkpoint_uri = resume_mod.find(checkpoint_dir, resume)
         spec = ModelSpec.from_model(self.model)
@@ -270,7 +266,6 @@ class ParameterAveragingTrainer:
                 checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule, initial_epoch
             )
             self._seed = restored.meta.seed
-        spec_bc = sc.broadcast(spec)
         callback_list = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
@@ -285,14 +280,12 @@ class ParameterAveragingTrainer:
         self.stats = TrainingStats()
         self.history = None
         self._fits += 1
-        labels = spark_job_labels(
-            sc, f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
+        labels = engine.labels(
+            f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
         )
-        transport = transport_mod.choose(
-            cfg.state_transport, sc, self._staging_root, f"exchange-{self._fits}", cfg.aggregation_depth
-        )
+        transport = self._transport(engine, f"exchange-{self._fits}")
         settings = RoundSettings(
-            spec=spec_bc,
+            spec=transport.ship_spec(spec),
             fingerprint=spec.fingerprint,
             dataset=train,
             num_workers=num_workers,
@@ -305,7 +298,7 @@ class ParameterAveragingTrainer:
             epoch_steps=epoch_steps,
         )
         ctx = _FitContext(
-            rounds=RoundRunner(sc, self.model, settings, rule, self._rule_state, transport, self.stats),
+            rounds=RoundRunner(engine, self.model, settings, rule, self._rule_state, transport, self.stats),
             epochs=epochs,
             epoch_steps=epoch_steps,
             schedule=schedule,
@@ -341,7 +334,8 @@ class ParameterAveragingTrainer:
                     begin = restored if restored is not None and epoch == restored.epoch else None
                     logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
                     if val is not None:
-                        val_logs = self._evaluate_staged(sc, val, spec_bc, spec.fingerprint, num_workers, cfg.batch_size)
+                        val_logs = self._evaluate_staged(transport, val, settings.spec, spec.fingerprint, num_workers,
+                                                         cfg.batch_size)
                         logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
                     ctx.progress.epoch_end(epoch, rounds_done, logs)
                     callback_list.on_epoch_end(epoch, logs)
@@ -351,7 +345,6 @@ class ParameterAveragingTrainer:
                 callback_list.on_train_end(logs)
                 ctx.progress.train_end(self.stats.summary())
             finally:
-                spec_bc.unpersist()
                 transport.close()
         self.history = self.model.history
         return self.model.history
@@ -400,19 +393,15 @@ class ParameterAveragingTrainer:
 
     # ------------------------------------------------------------- evaluate
 
-    def _evaluate_staged(self, sc, staged: StagedDataset, spec_bc, fingerprint, parts, batch_size) -> Dict[str, float]:
-        state_bc = sc.broadcast(get_state(self.model))
-        task = EvalTask(spec_bc, fingerprint, BroadcastState(state_bc), staged, parts, batch_size)
-        try:
-            with spark_job_labels(sc, "sparkdl_avg evaluate"):
-                result = run_job(
-                    lambda: sc.parallelize(range(parts), parts)
-                    .mapPartitions(partial(run_eval_partition, task))
-                    .treeAggregate(None, merge, merge, self.config.aggregation_depth),
-                    "Evaluation",
-                )
-        finally:
-            state_bc.unpersist()
+    def _transport(self, engine, name: str):
+        """A :class:`~sparkdl_avg.transport.StateTransport` from the options, its files under ``name``."""
+        cfg = self.config
+        return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
+                                    cfg.aggregation, cfg.aggregation_shards)
+
+    def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
+        with transport.engine.labels("sparkdl_avg evaluate"):
+            result = transport.evaluate(spec, fingerprint, staged, parts, batch_size, get_state(self.model))
         return result.metric_means()
 
     def evaluate(
@@ -443,17 +432,17 @@ class ParameterAveragingTrainer:
         """
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
-        sc = spark_context_for(data)
+        engine = engine_for(data)
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
         staged = self._stage(data, features_col, label_col, "evaluation")
-        parts = self.config.num_workers or sc.defaultParallelism
-        spec_bc = sc.broadcast(spec)
+        parts = self.config.num_workers or engine.default_parallelism
+        transport = self._transport(engine, f"evaluate-{uuid.uuid4().hex[:8]}")
         try:
             logs = self._evaluate_staged(
-                sc, staged, spec_bc, spec.fingerprint, parts, batch_size or self.config.batch_size
+                transport, staged, transport.ship_spec(spec), spec.fingerprint, parts, batch_size or self.config.batch_size
             )
         finally:
-            spec_bc.unpersist()
+            transport.close()
         if return_dict:
             return logs
         values = [logs[name] for name in _keras_log_order(self.model, logs)]

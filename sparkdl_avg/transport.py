@@ -1,64 +1,112 @@
-"""How a round's state reaches the workers and their sums come back: the driver's half.
+"""How a fit's model, each round's state and the workers' sums move: the driver's half.
 
-This module owns the ``state_transport`` option: :func:`choose` turns it
-into one :class:`StateTransport` per fit, and the round runner
-(:mod:`sparkdl_avg.round`) asks that object to send each round's state
-(:meth:`StateTransport.send`), to bring the workers' sums back as one
-:class:`~sparkdl_avg.aggregation.PartialResult` (:meth:`StateTransport.gather`)
-and to clean up (:meth:`StateTransport.end_round`, :meth:`StateTransport.close`).
-What the tasks themselves carry (state sources, result sinks) and the file
-format live in :mod:`sparkdl_avg.exchange`, the executor-visible half.
+This module owns the ``state_transport``, ``aggregation`` and
+``aggregation_shards`` options: :func:`choose` turns them into one
+:class:`StateTransport` per fit (or evaluation), and the round runner
+(:mod:`sparkdl_avg.round`) asks that object to ship the model
+(:meth:`StateTransport.ship_spec`), send each round's state
+(:meth:`StateTransport.send`), run the round's Spark job and bring the
+workers' sums back as one :class:`~sparkdl_avg.aggregation.PartialResult`
+(:meth:`StateTransport.run_round`), evaluate (:meth:`StateTransport.evaluate`)
+and clean up (:meth:`StateTransport.end_round`, :meth:`StateTransport.close`).
+What the tasks themselves carry (state sources, result sinks, reducers) and
+the file and row formats live in :mod:`sparkdl_avg.exchange`, the
+executor-visible half.
 
 * :class:`SparkTransport` — ``sc.broadcast`` out, ``treeAggregate`` back
-  (depth ``aggregation_depth``): works on any cluster.
+  (depth ``aggregation_depth``); classic sessions only.
 * :class:`FileTransport` — one file out and one file per worker back, under
-  the staging directory: cheaper wherever driver and executors share a fast
-  filesystem (always on one host; measured in docs/benchmarks.md).
+  the staging directory, summed by the driver: the cheapest round when
+  driver and executors share a host (measured in docs/benchmarks.md);
+  classic sessions only.
+* :class:`SqlTransport` — the round as a DataFrame job
+  (``spark.range(N).mapInArrow``): state out as a file under the staging
+  directory, sums back as raw Arrow bytes, optionally cut into ``S`` shards
+  summed by ``S`` reducer tasks (through Spark's shuffle or the staging
+  storage) so the driver receives one model's bytes whatever ``N`` is. Runs
+  the same on a classic session and on Spark Connect.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import exchange
+from . import worker as worker_mod
 from .aggregation import PartialResult, merge
-from .errors import PathError, WorkerError
-from .fs import join, remove_tree
+from .errors import ConfigurationError, PathError, WorkerError
+from .fs import join, make_dir, remove_tree
 from .remote import run_job
 
 logger = logging.getLogger("sparkdl_avg")
 
 
 class StateTransport:
-    """One fit's way of moving round state out to the workers and their sums back.
+    """One fit's way of moving the model and round state out to the workers and their sums back.
 
     Attributes:
-        name: ``"spark"`` or ``"files"`` (what ``state_transport="auto"`` chose).
+        name: ``"spark"``, ``"files"`` or ``"sql"`` (what ``state_transport="auto"`` chose).
+        engine: The :class:`~sparkdl_avg.session.Engine` the jobs run on.
     """
 
     name = ""
+
+    def __init__(self, engine, depth: int = 2) -> None:
+        self.engine = engine
+        self.depth = depth  # of the classic evaluation's (and SparkTransport's) treeAggregate
+        self._spec_bc = None
+
+    def ship_spec(self, spec):
+        """The handle tasks carry to build the model's replica: a broadcast (classic) or a stored file."""
+        self._spec_bc = self.engine.broadcast(spec)
+        return self._spec_bc
 
     def send(self, round_name: str, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> Tuple[Any, Any]:
         """Publishes a round's state; returns the ``(state source, result sink)`` its tasks carry."""
         raise NotImplementedError
 
-    def gather(self, results, epoch: int, rnd: int) -> PartialResult:
-        """Runs round ``rnd`` of ``epoch``'s job (``results``: the RDD of what its tasks yield) and sums it.
+    def run_round(self, task, entry, epoch: int, rnd: int) -> PartialResult:
+        """Runs round ``rnd`` of ``epoch`` (``task``: its :class:`~sparkdl_avg.worker.RoundTask`) and sums it.
+
+        ``entry`` is the executor body, ``worker.run_round_partition`` (looked
+        up by the caller each round: the tests' fault-injection seam).
 
         Raises:
             DataError, WorkerError: decoded from the failed job (:mod:`sparkdl_avg.remote`).
         """
         raise NotImplementedError
 
+    def evaluate(self, spec, fingerprint: str, staged, parts: int, batch_size: int, state) -> PartialResult:
+        """Evaluates ``state`` (``(weights, optimizer variables)``) on ``staged`` data in ``parts`` tasks."""
+        bc = self.engine.broadcast(state)
+        task = worker_mod.EvalTask(spec, fingerprint, exchange.BroadcastState(bc), staged, parts, batch_size)
+        try:
+            return run_job(
+                lambda: self.engine.sc.parallelize(range(parts), parts)
+                .mapPartitions(partial(worker_mod.run_eval_partition, task))
+                .treeAggregate(None, merge, merge, self.depth),
+                "Evaluation",
+            )
+        finally:
+            bc.unpersist()
+
     def end_round(self) -> None:
         """Releases what :meth:`send` published for the round that just ended."""
 
     def close(self) -> None:
         """Releases everything left at the end of the fit, however it ends."""
+        if self._spec_bc is not None:
+            self._spec_bc.unpersist()
+            self._spec_bc = None
+
+
+def _rdd_round(engine, task, entry, num_workers: int):
+    return engine.sc.parallelize(range(num_workers), num_workers).mapPartitions(partial(entry, task))
 
 
 class SparkTransport(StateTransport):
@@ -66,16 +114,16 @@ class SparkTransport(StateTransport):
 
     name = "spark"
 
-    def __init__(self, sc, depth: int) -> None:
-        self.sc = sc
-        self.depth = depth
+    def __init__(self, engine, depth: int) -> None:
+        super().__init__(engine, depth)
         self._broadcast = None
 
     def send(self, round_name, weights, optimizer):
-        self._broadcast = self.sc.broadcast((weights, optimizer))
+        self._broadcast = self.engine.broadcast((weights, optimizer))
         return exchange.BroadcastState(self._broadcast), exchange.ReturnSums()
 
-    def gather(self, results, epoch, rnd):
+    def run_round(self, task, entry, epoch, rnd):
+        results = _rdd_round(self.engine, task, entry, task.num_workers)
         return run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), _what(epoch, rnd))
 
     def end_round(self) -> None:
@@ -95,7 +143,8 @@ class FileTransport(StateTransport):
 
     name = "files"
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, engine, directory: str, depth: int = 2) -> None:
+        super().__init__(engine, depth)
         self.directory = directory
         self._round_dir: Optional[str] = None
 
@@ -104,7 +153,8 @@ class FileTransport(StateTransport):
         state = exchange.store_state(self._round_dir, "state", weights, optimizer)
         return state, exchange.StoreSums(self._round_dir)
 
-    def gather(self, results, epoch, rnd):
+    def run_round(self, task, entry, epoch, rnd):
+        results = _rdd_round(self.engine, task, entry, task.num_workers)
         delivered: List[exchange.StoredResult] = run_job(results.collect, _what(epoch, rnd))
         total = functools.reduce(merge, [d.result for d in delivered], None)
         try:
@@ -113,7 +163,7 @@ class FileTransport(StateTransport):
             raise WorkerError(
                 f"Could not read the workers' results of epoch {epoch}, round {rnd} under {self._round_dir!r}: {exc}. With "
                 "state_transport='files' the driver must read what executors write under staging_dir; use a "
-                "filesystem both see, or state_transport='spark'."
+                "filesystem both see, or state_transport='sql'."
             ) from exc
         total.weight_sums, total.optimizer_sums = weight_sums, optimizer_sums
         return total
@@ -124,8 +174,219 @@ class FileTransport(StateTransport):
             self._round_dir = None
 
     def close(self) -> None:
+        super().close()
         # Files of rounds cut short by an error, and of task attempts that outlived their round.
         _remove_quietly(self.directory)
+
+
+class SqlTransport(StateTransport):
+    """The round as a DataFrame job; works on classic sessions and under Spark Connect.
+
+    The model (once per fit) and each round's state go out as files under
+    ``directory`` (every executor reads the staging directory: it holds the
+    staged data). Each worker's sums come back as raw bytes in Arrow rows
+    (:data:`~sparkdl_avg.exchange.ROUND_SCHEMA`), summed as ``aggregation``
+    says:
+
+    * ``"driver"``: every worker's whole sums reach the driver, which adds
+      them in worker order (``N`` models' bytes into the driver);
+    * ``"shuffle"``: each worker cuts its sums into ``shards`` slices; a
+      ``repartition`` by slice sends slice ``j`` of every worker to reducer
+      task ``j`` (:func:`~sparkdl_avg.exchange.reduce_shuffled`), and the
+      driver receives the ``S`` summed slices: one model's bytes;
+    * ``"storage"``: each worker writes its sums to a file under
+      ``directory``; a second job of ``S`` reducer tasks reads slice ``j`` of
+      every file by range (:func:`~sparkdl_avg.exchange.reduce_stored`) and
+      returns the summed slices: one model's bytes, none through a shuffle.
+
+    Every path adds the same numbers in the same order (worker 0, 1, ...),
+    so all give bitwise the same sums as each other and as the other transports.
+
+    Args:
+        engine: The session's :class:`~sparkdl_avg.session.Engine`.
+        directory: The fit's exchange directory under the staging root.
+        aggregation: One of :data:`sparkdl_avg.options.AGGREGATIONS` (``"auto"``: see :func:`plan_aggregation`).
+        shards: Slices ``S`` for ``"shuffle"``/``"storage"``; ``None``: :func:`plan_aggregation`'s.
+    """
+
+    name = "sql"
+
+    def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None) -> None:
+        super().__init__(engine)
+        self.directory = directory
+        self.aggregation = aggregation
+        self.shards = shards
+        self._round_dir: Optional[str] = None
+        self._spec: Optional[exchange.StoredSpec] = None
+        self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
+        make_dir(directory)
+
+    def ship_spec(self, spec):
+        if self._spec is None or self._spec.fingerprint != spec.fingerprint:
+            self._spec = exchange.store_spec(self.directory, spec)
+        return self._spec
+
+    def send(self, round_name, weights, optimizer):
+        self._round_dir = join(self.directory, round_name)
+        self._layout = exchange.FlatLayout.of(weights, optimizer)
+        state = exchange.store_state(self._round_dir, "state", weights, optimizer)
+        return state, None  # the sink depends on the round's plan: see run_round
+
+    def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
+        """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
+        return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes)
+
+    def run_round(self, task, entry, epoch, rnd):
+        import dataclasses
+
+        layout = self._layout
+        how, shards = self.plan(task.num_workers, layout.nbytes)
+        self.last_plan = (how, shards)
+        sink = (
+            exchange.StoreFlat(self._round_dir, layout)
+            if how == "storage"
+            else exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
+        )
+        task = dataclasses.replace(task, results=sink)
+        rows = self.engine.run_tasks(
+            task.num_workers, partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA
+        )
+        what = _what(epoch, rnd)
+        if how == "shuffle":
+            from pyspark.sql import functions as F
+
+            keys = shard_keys(shards)
+            slot = F.when(F.col("shard") < 0, 0).otherwise(F.col("shard"))
+            key = F.element_at(F.array(*[F.lit(k) for k in keys]), slot + 1)
+            rows = rows.repartition(shards, key).mapInArrow(
+                partial(exchange.reduce_shuffled, layout, shards), exchange.ROUND_SCHEMA
+            )
+        table = run_job(rows.toArrow, what)
+        results, pieces = _read_rows(table)
+        if how == "storage" and pieces:
+            files = [(uri, tuple(offsets)) for _, uri, offsets in sorted(pieces.values(), key=lambda p: p[0])]
+            summed = self.engine.run_tasks(shards, partial(exchange.reduce_stored, layout, shards, files),
+                                           exchange.ROUND_SCHEMA)
+            _, pieces = _read_rows(run_job(summed.toArrow, f"Summing {what.lower()}"))
+        return _assemble(results, pieces, layout, how, shards)
+
+    def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
+        directory = join(self.directory, "evaluate")
+        stored = exchange.store_state(directory, "state", *state)
+        task = worker_mod.EvalTask(spec, fingerprint, stored, staged, parts, batch_size)
+        try:
+            table = run_job(
+                lambda: self.engine.run_tasks(parts, partial(worker_mod.run_eval_batches, task), "meta string").toArrow(),
+                "Evaluation",
+            )
+        finally:
+            _remove_quietly(directory)
+        parts_results = sorted((exchange.decode_meta(m) for m in table.column("meta").to_pylist()),
+                               key=lambda r: r.workers[0].worker)
+        return functools.reduce(merge, parts_results, None)
+
+    def end_round(self) -> None:
+        if self._round_dir is not None:
+            _remove_quietly(self._round_dir)
+            self._round_dir = None
+
+    def close(self) -> None:
+        _remove_quietly(self.directory)
+
+
+def _read_rows(table):
+    """``(worker results by worker id, pieces)`` of a round's Arrow rows.
+
+    ``pieces``: ``{(shard, worker): data}`` for data rows (``worker`` -1 once
+    summed), or ``{worker: (worker, uri, offsets)}`` for file rows.
+    """
+    results, pieces = {}, {}
+    columns = table.to_pydict()
+    for shard, worker, meta, data, uri, offsets in zip(
+        columns["shard"], columns["worker"], columns["meta"], columns["data"], columns["uri"], columns["offsets"]
+    ):
+        if meta is not None:
+            results[worker] = exchange.decode_meta(meta)
+        elif uri is not None:
+            pieces[worker] = (worker, uri, offsets)
+        else:
+            pieces[(shard, worker)] = data
+    return results, pieces
+
+
+def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
+    """The round's :class:`PartialResult`: the workers' results merged in worker order, and the sums."""
+    total = functools.reduce(merge, [results[w] for w in sorted(results)], None)
+    if not pieces:
+        return total
+    if how == "driver":
+        acc = None
+        for (_, _), data in sorted(pieces.items(), key=lambda item: item[0][1]):  # worker order
+            acc = exchange.add_slices(acc, layout.parse_shard(data, 0, 1))
+        total.weight_sums, total.optimizer_sums = layout.unflatten(*acc)
+    else:
+        by_shard = {shard: data for (shard, _), data in pieces.items()}
+        total.weight_sums, total.optimizer_sums = layout.join(
+            [layout.parse_shard(by_shard[j], j, shards) for j in range(shards)]
+        )
+    return total
+
+
+def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int) -> Tuple[str, int]:
+    """``(aggregation, shards)`` the Spark SQL round uses (see :class:`SqlTransport`).
+
+    ``"auto"`` sums on the driver for 2 workers or fewer, and for sums under
+    1 MB (one model's bytes either way, and no second stage), else through
+    the staging storage, which measured cheaper than the shuffle on every
+    size (docs/benchmarks.md, "Aggregation paths"). ``shards=None`` gives
+    one shard per worker, each at least 256 kB.
+    """
+    how = aggregation
+    if how == "auto":
+        how = "driver" if num_workers <= 2 or nbytes < (1 << 20) else "storage"
+    if how == "driver":
+        return how, 1
+    if shards is None:
+        shards = max(1, min(num_workers, nbytes // (256 << 10)))
+    return how, int(shards)
+
+
+def _spark_int_hash(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an ``int`` (Murmur3 x86_32, seed 42): what ``repartition(n, col)`` partitions by."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x, r):
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    k1 = (value & mask) * 0xCC9E2D51 & mask
+    k1 = rotl(k1, 15) * 0x1B873593 & mask
+    h1 = seed ^ k1
+    h1 = (rotl(h1, 13) * 5 + 0xE6546B64) & mask
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & mask
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= (1 << 31) else h1
+
+
+@functools.lru_cache(maxsize=64)
+def shard_keys(shards: int) -> Tuple[int, ...]:
+    """Keys ``k_j`` with ``pmod(hash(k_j), shards) == j``: repartitioning by them gives shard ``j`` partition ``j``.
+
+    Without them, hash partitioning of the shard ids 0..S-1 would put
+    several shards in one reducer and leave others idle.
+    """
+    keys: List[Optional[int]] = [None] * shards
+    left, candidate = shards, 0
+    while left:
+        j = _spark_int_hash(candidate) % shards
+        if keys[j] is None:
+            keys[j] = candidate
+            left -= 1
+        candidate += 1
+    return tuple(keys)
 
 
 def _what(epoch: int, rnd: int) -> str:
@@ -165,25 +426,41 @@ def _remove_quietly(uri: str) -> None:
         logger.warning("Could not delete %s: %s", uri, exc)
 
 
-def choose(mode: str, sc, staging_root: str, fit_name: str, depth: int) -> StateTransport:
-    """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"`` or ``"files"``).
+def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
+           shards: Optional[int] = None) -> StateTransport:
+    """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
-    ``"auto"`` takes files when every executor runs on the driver's host
+    ``"auto"``: under Spark Connect the Spark SQL round (the only one there);
+    on a classic session files when every executor runs on the driver's host
     (``local[N]``, ``local-cluster``) and the staging directory is local,
-    else Spark. ``fit_name`` names the fit's directory under ``staging_root``.
+    else the Spark SQL round. ``fit_name`` names the fit's directory under
+    ``staging_root``.
+
+    Raises:
+        ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect.
     """
+    directory = join(staging_root, fit_name)
+    if engine.connect:
+        if mode in ("spark", "files"):
+            raise ConfigurationError(
+                f"The 'state_transport' parameter must be 'auto' or 'sql' under Spark Connect (it has no "
+                f"broadcasts or RDDs). Got {mode!r} instead."
+            )
+        return SqlTransport(engine, directory, aggregation, shards)
     if mode == "spark":
-        return SparkTransport(sc, depth)
+        return SparkTransport(engine, depth)
+    if mode == "sql":
+        return SqlTransport(engine, directory, aggregation, shards)
     # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
     local_fs = "://" not in staging_root or staging_root.startswith("file://")
-    one_host = sc.master.startswith("local")  # local[N] and local-cluster[...]
+    one_host = engine.one_host
     if mode == "auto" and not (local_fs and one_host):
-        return SparkTransport(sc, depth)
+        return SqlTransport(engine, directory, aggregation, shards)
     if local_fs and not one_host:
         logger.warning(
             "state_transport='files' with the local staging directory %s while the master is %s: "
             "the driver and every executor must read each other's files there (e.g. one host, or NFS).",
             staging_root,
-            sc.master,
+            engine.master,
         )
-    return FileTransport(join(staging_root, fit_name))
+    return FileTransport(engine, directory, depth)

@@ -46,10 +46,12 @@ BUILD_COUNT = 0  # replicas this process has built; reported with each result
 
 
 def _value(handle):
-    """The value behind a Spark broadcast, or the value itself in-process."""
+    """The value behind a Spark broadcast or a stored spec (:class:`~sparkdl_avg.exchange.StoredSpec`), or the value itself."""
     from pyspark.broadcast import Broadcast
 
-    return handle.value if isinstance(handle, Broadcast) else handle
+    from .exchange import StoredSpec
+
+    return handle.value if isinstance(handle, (Broadcast, StoredSpec)) else handle
 
 
 def configure_threads() -> None:
@@ -283,6 +285,19 @@ def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[Par
         yield result
 
 
+def _task_ids(batches) -> list:
+    """The ids of ``spark.range(n, numPartitions=n)``'s rows a ``mapInArrow`` task got (all of its input)."""
+    return [int(i) for batch in batches for i in batch.column(0).to_pylist()]
+
+
+def run_round_batches(task: RoundTask, batches, entry=None) -> Iterator:
+    """``mapInArrow`` body of a Spark SQL round: one task per worker id; yields the sink's Arrow rows.
+
+    ``entry``: the partition body to run (default :func:`run_round_partition`).
+    """
+    yield from (entry or run_round_partition)(task, _task_ids(batches))
+
+
 @dataclass(frozen=True)
 class EvalTask:
     """What every part of a distributed evaluation needs.
@@ -336,6 +351,16 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
             )
         ],
     )
+
+
+def run_eval_batches(task: EvalTask, batches) -> Iterator:
+    """``mapInArrow`` body of a Spark SQL evaluation: yields each part's result as JSON (``meta string``)."""
+    import pyarrow as pa
+
+    from .exchange import encode_meta
+
+    for result in run_eval_partition(task, _task_ids(batches)):
+        yield pa.RecordBatch.from_pydict({"meta": [encode_meta(result)]})
 
 
 def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[PartialResult]:
