@@ -186,7 +186,7 @@ def check_executors(spark, enabled: bool = True) -> List[dict]:
         return []
     from .preflight import check_executors as check
 
-    return check(spark.sparkContext)
+    return check(spark)
 
 
 # ------------------------------------------------------------------- data

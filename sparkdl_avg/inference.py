@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from .data import column_list, feature_column
 from .errors import DataError
+from .session import Engine
 from .modelspec import ModelSpec, input_shapes, inputs_dtype
 from .predict_worker import PredictTask, predict_batches
 
@@ -130,12 +131,14 @@ def add_predictions(
         if name in df.columns:
             raise DataError(f"Output column {name!r} is already in the DataFrame; choose another name.")
 
-    sc = df.sparkSession.sparkContext
     spec = spec or ModelSpec.from_model(model)
+    engine = Engine(df.sparkSession)
+    # Connect has no broadcasts: the model and weights travel in the UDF itself (once per query plan).
+    ship = (lambda value: value) if engine.connect else engine.broadcast
     task = PredictTask(
-        spec=sc.broadcast(spec),
+        spec=ship(spec),
         fingerprint=spec.fingerprint,
-        weights=sc.broadcast(model.get_weights()),
+        weights=ship(model.get_weights()),
         x_shapes=x_shapes,
         x_dtype=x_dtype,
         batch_size=batch_size,

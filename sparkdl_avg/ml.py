@@ -33,6 +33,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from . import fs, options
 from .errors import ConfigurationError, DataError
 from .modelspec import keras_from_bytes, keras_to_bytes
+from .session import Engine, is_connect
 
 KERAS_FILE = "model.keras"
 
@@ -102,14 +103,14 @@ class _KerasStage:
         elif isinstance(model, (bytes, bytearray)):
             self._keras_bytes = bytes(model)
         elif isinstance(model, str):
-            from pyspark import SparkContext
+            from pyspark.sql import SparkSession
 
-            sc = SparkContext._active_spark_context
-            if sc is None:
+            spark = SparkSession.getActiveSession()
+            if spark is None:
                 raise ConfigurationError(
                     f"Loading 'kerasModel' from a path needs an active SparkSession; got kerasModel={model!r} without one."
                 )
-            self._keras_bytes = _read_keras_file(sc, model)
+            self._keras_bytes = _read_keras_file(spark, model)
         elif isinstance(model, keras.Model):
             from .config import validate_model
 
@@ -135,16 +136,26 @@ class _KerasStage:
         return _KerasStageReader(cls)
 
 
-def _read_keras_file(sc, path: str) -> bytes:
+def _read_keras_file(spark, path: str) -> bytes:
     """The bytes of the ``.keras`` file at ``path``; a ``ConfigurationError`` naming ``kerasModel`` if unreadable."""
-    from py4j.protocol import Py4JJavaError
-
     def error(why: str) -> ConfigurationError:
         return ConfigurationError(
             "The 'kerasModel' parameter must be a compiled keras.Model or the path of a .keras file. "
             f"Got {path!r} instead, {why}."
         )
 
+    if is_connect(spark):
+        try:
+            rows = spark.read.format("binaryFile").load(path).select("content").collect()
+        except Exception as exc:  # AnalysisException [PATH_NOT_FOUND], no filesystem for the scheme, ...
+            first = next((line for line in str(exc).strip().splitlines() if line.strip()), type(exc).__name__)
+            raise error("which cannot be read: " + first) from None
+        if len(rows) != 1:
+            raise error("where there is no file" if not rows else "which is a directory of several files")
+        return bytes(rows[0][0])
+    from py4j.protocol import Py4JJavaError
+
+    sc = spark.sparkContext
     try:
         if not fs.hadoop_exists(sc, path):
             raise error("where there is no file")
@@ -152,6 +163,35 @@ def _read_keras_file(sc, path: str) -> bytes:
     except Py4JJavaError as exc:  # no filesystem for the scheme, a directory, no permission, ...
         first = str(exc.java_exception).strip().splitlines()[0] if exc.java_exception is not None else str(exc)
         raise error(f"which cannot be read: {first}") from None
+
+
+def _write_file_task(path: str, data: bytes, batches):
+    """``mapInArrow`` body of the one task that writes a stage's ``.keras`` file under Spark Connect."""
+    import pyarrow as pa
+
+    for _ in batches:  # consume the input so PySpark reuses this worker
+        pass
+    fs.write_atomically(path, data)
+    yield pa.RecordBatch.from_pydict({"written": [len(data)]})
+
+
+def _write_keras_file(spark, path: str, data: bytes) -> None:
+    """Writes a stage's ``.keras`` file: through Hadoop's FileSystem (classic) or from an executor (Connect).
+
+    Under Spark Connect the client may not see the cluster's filesystem, so,
+    like the metadata Spark writes there, the file is written on the cluster
+    (one task, :mod:`sparkdl_avg.fs`: local paths and ``pyarrow.fs`` URIs).
+    """
+    if not is_connect(spark):
+        fs.hadoop_write_bytes(spark.sparkContext, path, data)
+        return
+    from functools import partial
+
+    from .remote import run_job
+
+    engine = Engine(spark)
+    run_job(lambda: engine.run_tasks(1, partial(_write_file_task, path, data), "written long").collect(),
+            f"Writing {path}")
 
 
 class _KerasStageWriter(MLWriter):
@@ -162,8 +202,15 @@ class _KerasStageWriter(MLWriter):
     def saveImpl(self, path: str) -> None:
         if self.instance._keras_bytes is None:
             raise ConfigurationError("Cannot save a stage without a Keras model; call setKerasModel(model) first.")
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc)
-        fs.hadoop_write_bytes(self.sc, path.rstrip("/") + "/" + KERAS_FILE, self.instance._keras_bytes)
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        _write_keras_file(self.sparkSession, path.rstrip("/") + "/" + KERAS_FILE, self.instance._keras_bytes)
+
+    def _handleOverwrite(self, path: str) -> None:
+        if not is_connect(self.sparkSession):
+            super()._handleOverwrite(path)
+            return
+        # Connect has no JVM to ask; the stage is a directory of two files (a local server's or a URI's).
+        fs.remove_tree(path)
 
 
 class _KerasStageReader(MLReader):
@@ -172,11 +219,11 @@ class _KerasStageReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        instance._keras_bytes = fs.hadoop_read_bytes(self.sc, path.rstrip("/") + "/" + KERAS_FILE)
+        instance._keras_bytes = _read_keras_file(self.sparkSession, path.rstrip("/") + "/" + KERAS_FILE)
         return instance
 
 

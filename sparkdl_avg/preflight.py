@@ -20,7 +20,7 @@ import sys
 from typing import Iterable, Iterator, List, Optional
 
 from .remote import last_line
-from .session import spark_job_labels
+from .session import Engine
 
 SHIP_HINT = (
     "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
@@ -67,17 +67,23 @@ def describe_python() -> dict:
     return info
 
 
-def _probe_partition(items: Iterable) -> Iterator[dict]:
-    list(items)  # consume the input so PySpark reuses this worker
-    yield describe_python()
+def _probe_batches(batches: Iterable) -> Iterator:
+    """``mapInArrow`` body: the task's :func:`describe_python` as one JSON row."""
+    import json
+
+    import pyarrow as pa
+
+    for _ in batches:  # consume the input so PySpark reuses this worker
+        pass
+    yield pa.RecordBatch.from_pydict({"info": [json.dumps(describe_python())]})
 
 
-def check_executors(sc, num_tasks: Optional[int] = None) -> List[dict]:
+def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
     """Runs :func:`describe_python` in ``num_tasks`` tasks; raises if executors lack a package.
 
     Args:
-        sc: The SparkContext.
-        num_tasks: Tasks to run; default ``sc.defaultParallelism``.
+        spark: The SparkSession (classic or Connect) or its :class:`~sparkdl_avg.session.Engine`.
+        num_tasks: Tasks to run; default the cluster's default parallelism.
 
     Returns:
         One description per task (see :func:`describe_python`).
@@ -86,10 +92,14 @@ def check_executors(sc, num_tasks: Optional[int] = None) -> List[dict]:
         ExecutorEnvironmentError: an executor cannot import ``sparkdl_avg``
             or TensorFlow/Keras.
     """
-    n = max(1, int(num_tasks or sc.defaultParallelism))
+    import json
+
+    engine = spark if isinstance(spark, Engine) else Engine(spark)
+    n = max(1, int(num_tasks or engine.default_parallelism))
     try:
-        with spark_job_labels(sc, "sparkdl_avg: check executors' Python"):
-            infos = sc.parallelize(range(n), n).mapPartitions(_probe_partition).collect()
+        with engine.labels("sparkdl_avg: check executors' Python"):
+            rows = engine.run_tasks(n, _probe_batches, "info string").collect()
+        infos = [json.loads(r.info) for r in rows]
     except Exception as exc:
         # Not remote.run_job: the probe reports import errors in its result instead of raising, and
         # a task that fails anyway could not load sparkdl_avg to mark its error; the text is all there is.

@@ -155,7 +155,10 @@ class FileTransport(StateTransport):
 
     def run_round(self, task, entry, epoch, rnd):
         results = _rdd_round(self.engine, task, entry, task.num_workers)
-        delivered: List[exchange.StoredResult] = run_job(results.collect, _what(epoch, rnd))
+        return self.add_delivered(run_job(results.collect, _what(epoch, rnd)), epoch, rnd)
+
+    def add_delivered(self, delivered: List[exchange.StoredResult], epoch: int, rnd: int) -> PartialResult:
+        """The round's sum of what the workers' :class:`~sparkdl_avg.exchange.StoreSums` delivered; deletes their files."""
         total = functools.reduce(merge, [d.result for d in delivered], None)
         try:
             weight_sums, optimizer_sums = _add_stored([d.sums for d in delivered if d.sums is not None])

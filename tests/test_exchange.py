@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import types
+from unittest import mock
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -86,12 +87,12 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
     expected = None
     for p in [_partial(n, seed, optimizer) for seed, n in enumerate([3, 5, 8])]:
         expected = merge(expected, p)
-    files = transport.FileTransport(str(tmp_path / "fit"))
+    files = transport.FileTransport(None, str(tmp_path / "fit"))
     state, sink = files.send("e0-r0", [np.zeros(2)], None)
     delivered = [sink.deliver(p, f"w{i}") for i, p in enumerate(parts)]
     assert all(d.result.weight_sums is None and d.sums is not None for d in delivered)
     assert len(os.listdir(tmp_path / "fit" / "e0-r0")) == 1 + 3  # the round's state and three workers' sums
-    loaded = files.gather(types.SimpleNamespace(collect=lambda: delivered), 0, 0)
+    loaded = files.add_delivered(delivered, 0, 0)
     assert os.listdir(tmp_path / "fit" / "e0-r0") == [os.path.basename(state.arrays.uri)]
     assert loaded.examples == 16
     assert loaded.metric_sums == {"loss": 8.0} and [w["worker"] for w in loaded.workers] == [0, 1, 2]
@@ -116,38 +117,51 @@ def test_a_partial_without_arrays_stores_nothing(tmp_path):
 
 
 def test_an_unknown_transport_is_refused_naming_the_parameter():
-    with pytest.raises(ConfigurationError, match=r"'state_transport' parameter must be one of 'auto', 'spark', 'files'. Got 'disk'"):
+    with pytest.raises(ConfigurationError, match=r"'state_transport' parameter must be one of 'auto', 'spark', 'files', 'sql'. Got 'disk'"):
         ParameterAveragingTrainer(make_model(), state_transport="disk")
 
 
 @pytest.mark.parametrize(
-    "mode, master, staging, files",
+    "mode, master, staging, chosen_name",
     [
-        ("auto", "local[2]", None, True),
-        ("auto", "local-cluster[2,1,1024]", None, True),
-        ("auto", "spark://10.0.0.1:7077", None, False),
-        ("auto", "yarn", None, False),
-        ("auto", "local[2]", "hdfs://namenode/tmp", False),
-        ("spark", "local[2]", None, False),
-        ("files", "yarn", None, True),
-        ("files", "yarn", "hdfs://namenode/tmp", True),
+        ("auto", "local[2]", None, "files"),
+        ("auto", "local-cluster[2,1,1024]", None, "files"),
+        ("auto", "spark://10.0.0.1:7077", None, "sql"),
+        ("auto", "yarn", None, "sql"),
+        ("auto", "local[2]", "hdfs://namenode/tmp", "sql"),
+        ("spark", "local[2]", None, "spark"),
+        ("sql", "local[2]", None, "sql"),
+        ("files", "yarn", None, "files"),
+        ("files", "yarn", "hdfs://namenode/tmp", "files"),
     ],
 )
 def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
-    mode, master, staging, files, tmp_path, caplog
+    mode, master, staging, chosen_name, tmp_path, caplog
 ):
     # No HDFS here, and none is contacted: the choice goes by the URI's scheme.
     root = staging or str(tmp_path)
-    with caplog.at_level("WARNING", logger="sparkdl_avg"):
-        chosen = transport.choose(mode, types.SimpleNamespace(master=master), root, "exchange-1", 2)
-    assert chosen.name == ("files" if files else "spark")
-    if files:
+    engine = types.SimpleNamespace(master=master, one_host=master.startswith("local"), connect=False)
+    with caplog.at_level("WARNING", logger="sparkdl_avg"), mock.patch.object(transport, "make_dir"):
+        chosen = transport.choose(mode, engine, root, "exchange-1", 2)
+    assert chosen.name == chosen_name
+    if chosen_name != "spark":
         assert chosen.directory == root + "/exchange-1"
     # Forcing files with a local staging directory on a cluster master gets a warning.
     warned = [r.getMessage() for r in caplog.records if "state_transport='files'" in r.getMessage()]
     assert bool(warned) == (mode == "files" and staging is None)
     if warned:
         assert "the driver and every executor must read each other's files" in warned[0]
+
+
+@pytest.mark.parametrize("mode", ["auto", "sql", "spark", "files"])
+def test_under_connect_only_the_sql_round_is_offered(mode, tmp_path):
+    engine = types.SimpleNamespace(master="local[2]", one_host=True, connect=True)
+    if mode in ("auto", "sql"):
+        assert transport.choose(mode, engine, str(tmp_path), "exchange-1", 2).name == "sql"
+    else:
+        with pytest.raises(ConfigurationError, match=rf"'state_transport' parameter must be 'auto' or 'sql' under "
+                                                     rf"Spark Connect .* Got '{mode}' instead"):
+            transport.choose(mode, engine, str(tmp_path), "exchange-1", 2)
 
 
 def test_bfloat16_and_float16_arrays_round_trip(tmp_path):

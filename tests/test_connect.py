@@ -1,0 +1,210 @@
+"""The trainer on a real local Spark Connect server: fit, evaluate, predict, the ML pipeline, checkpoints, retries.
+
+``SparkSession.builder.remote("local[2, 2]")`` starts a Spark Connect server
+in this process' JVM (``pyspark[connect]``'s dependencies) and returns a thin
+client: no SparkContext, no RDDs, no broadcasts. ``[2, 2]``: two cores and
+two attempts per task, so a failed task is retried as on a cluster. The
+references are computed first on a classic ``local[2]`` session (one JVM
+runs one of the two at a time), with the same data and seeds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+from pyspark import cloudpickle
+import numpy as np
+import pytest
+
+from conftest import make_model, regression_data, spark_session, stop_active_session
+from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
+from sparkdl_avg import worker as worker_module
+
+N, B, K = 2, 8, 4
+X, Y = regression_data(256, seed=5)
+
+
+def trainer_for(model, **options):
+    return ParameterAveragingTrainer(
+        model, num_workers=N, batch_size=B, averaging_frequency=K, seed=3, **options
+    )
+
+
+def frame(spark, x=X, y=Y):
+    return spark.createDataFrame([(a.tolist(), float(b)) for a, b in zip(x, y)], ["features", "label"])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """What a classic session gives: weights and history of a 2-epoch fit, its evaluation and predictions."""
+    with spark_session("local[2]", "sparkdl_avg-connect-reference") as spark:
+        model = make_model(seed=4)
+        trainer = trainer_for(model)
+        history = trainer.fit(frame(spark), epochs=2, verbose=0)
+        evaluation = trainer.evaluate(frame(spark), return_dict=True)
+        predictions = np.array([r.prediction for r in trainer.predict(frame(spark)).orderBy("features").collect()])
+        yield types.SimpleNamespace(
+            weights=model.get_weights(), history=history.history, evaluation=evaluation, predictions=predictions,
+            transport=trainer.stats.records[0].to_dict(),
+        )
+
+
+@pytest.fixture(scope="module")
+def connect(reference, tmp_path_factory):
+    from pyspark.sql import SparkSession
+
+    stop_active_session()
+    local_dir = str(tmp_path_factory.mktemp("connect-local"))
+    spark = (
+        SparkSession.builder.remote("local[2, 2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.local.dir", local_dir)
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .getOrCreate()
+    )
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def test_the_session_is_a_connect_client_without_a_spark_context(connect):
+    from sparkdl_avg.session import Engine, engine_for
+
+    engine = engine_for(frame(connect))
+    assert engine.connect and engine.sc is None
+    assert engine.default_parallelism == 2  # from the master URL: Connect has no defaultParallelism
+    assert isinstance(engine_for((X, Y)), Engine) and engine_for((X, Y)).connect
+
+
+def test_fit_under_connect_gives_bitwise_the_classic_sessions_weights(connect, reference):
+    model = make_model(seed=4)
+    trainer = trainer_for(model)
+    history = trainer.fit(frame(connect), epochs=2, verbose=0)
+    # Bitwise: the same replicas train on the same examples, and every transport adds the two workers'
+    # float64 sums in worker order (with two workers a + b is order-free anyway).
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+    assert history.history == reference.history
+    assert {r.to_dict()["num_workers"] for r in trainer.stats.records} == {N}
+    assert len(trainer.stats.records) == 2 * (256 // (N * B)) // K
+
+
+def test_numpy_arrays_train_under_connect_the_same_as_a_dataframe(connect, reference):
+    model = make_model(seed=4)
+    trainer_for(model).fit((X, Y), epochs=2, verbose=0)
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("aggregation, shards", [("shuffle", 3), ("storage", 2)])
+def test_sharded_aggregation_under_connect_gives_the_same_weights(connect, reference, aggregation, shards):
+    model = make_model(seed=4)
+    trainer_for(model, aggregation=aggregation, aggregation_shards=shards).fit(frame(connect), epochs=2, verbose=0)
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_evaluate_and_predict_under_connect_equal_the_classic_session(connect, reference):
+    model = make_model(seed=4)
+    model.set_weights(reference.weights)
+    trainer = trainer_for(model)
+    got = trainer.evaluate(frame(connect), return_dict=True)
+    assert got.keys() == reference.evaluation.keys()
+    for name, value in got.items():
+        assert value == pytest.approx(reference.evaluation[name], rel=1e-12)
+    predictions = np.array([r.prediction for r in trainer.predict(frame(connect)).orderBy("features").collect()])
+    np.testing.assert_allclose(predictions, reference.predictions, rtol=1e-12)
+    expected = model.predict(X, verbose=0)[:, 0]
+    ordered = np.array(sorted(zip(X.tolist(), expected)), dtype=object)[:, 1].astype(float)
+    np.testing.assert_allclose(predictions, ordered, rtol=1e-6)
+
+
+def test_a_checkpointed_fit_resumes_under_connect_to_the_uninterrupted_weights(connect, reference, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    first = make_model(seed=4)
+    trainer_for(first).fit(frame(connect), epochs=1, verbose=0, checkpoint_dir=ckpt)
+    resumed = make_model(seed=4)
+    history = trainer_for(resumed).fit(frame(connect), epochs=2, verbose=0, checkpoint_dir=ckpt, resume=True)
+    for got, want in zip(resumed.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+    assert history.history["loss"] == reference.history["loss"]
+
+
+def test_a_task_retried_under_connect_gives_the_weights_of_a_clean_run(connect, reference, tmp_path, monkeypatch):
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    real = worker_module.run_round_partition
+    marker = str(tmp_path / "failed-once")
+    monkeypatch.setattr(worker_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker))
+    try:
+        model = make_model(seed=4)
+        trainer_for(model).fit(frame(connect), epochs=2, verbose=0)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert os.path.exists(marker)  # the first attempt failed and Spark retried it
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+
+
+def _fail_first_attempt(real, task, iterator, marker):
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if task.epoch == 1 and task.round == 1 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+        list(iterator)
+        open(marker, "w").close()
+        raise RuntimeError("injected failure on the first attempt")
+    return real(task, iterator)
+
+
+def test_the_estimator_in_a_pipeline_fits_saves_and_loads_under_connect(connect, reference, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    estimator = KerasAveragingEstimator(
+        kerasModel=make_model(seed=4), numWorkers=N, batchSize=B, averagingFrequency=K, seed=3, epochs=2
+    )
+    fitted = Pipeline(stages=[estimator]).fit(frame(connect))
+    for got, want in zip(fitted.stages[0].kerasModel.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+    path = str(tmp_path / "pipeline")
+    fitted.write().save(path)
+    assert os.path.isfile(os.path.join(path, "stages", os.listdir(os.path.join(path, "stages"))[0], "model.keras"))
+    loaded = PipelineModel.load(path)
+    predictions = np.array([r.prediction for r in loaded.transform(frame(connect)).orderBy("features").collect()])
+    np.testing.assert_allclose(predictions, reference.predictions, rtol=1e-12)
+    fitted.write().overwrite().save(path)  # overwrite has no JVM to ask under Connect
+    assert PipelineModel.load(path).stages[0].kerasModel.get_weights()[0].shape == reference.weights[0].shape
+
+
+def test_the_estimator_reads_a_keras_path_under_connect_and_names_a_missing_one(connect, tmp_path):
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    path = str(tmp_path / "m.keras")
+    make_model(seed=4).save(path)
+    estimator = KerasAveragingEstimator(kerasModel=path)
+    assert estimator.getKerasModel().count_params() == make_model(seed=4).count_params()
+    with pytest.raises(ConfigurationError, match=r"'kerasModel' parameter must be .* Got '.*nothing.keras' instead"):
+        KerasAveragingEstimator(kerasModel=str(tmp_path / "nothing.keras"))
+
+
+def test_classic_only_transports_and_rdds_are_refused_under_connect_before_any_job(connect):
+    from pyspark import RDD
+
+    with pytest.raises(ConfigurationError, match=r"'state_transport' parameter must be 'auto' or 'sql' under Spark "
+                                                 r"Connect .* Got 'spark' instead"):
+        trainer_for(make_model(seed=4), state_transport="spark").fit(frame(connect), verbose=0)
+    fake_rdd = object.__new__(RDD)  # Connect cannot make one; a user may still pass one from elsewhere
+    with pytest.raises(DataError, match="Spark Connect has no RDDs: pass the data as a DataFrame"):
+        trainer_for(make_model(seed=4)).fit(fake_rdd, verbose=0)
+
+
+def test_the_executor_check_runs_under_connect(connect):
+    from sparkdl_avg.preflight import check_executors
+
+    infos = check_executors(connect)
+    assert len(infos) == 2
+    assert all(info["python"] and "import_error" not in info for info in infos)
