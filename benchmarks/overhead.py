@@ -11,7 +11,14 @@ MLP ``64 → H → H → 10`` whose width ``H`` sets the parameter count (≈1e4
 * ``depth``: ``aggregation_depth`` 1, 2, 3 at 8 workers, 1e5 and 1e6
   parameters, results through Spark (through files the tree has depth 1);
 * ``transport``: ``state_transport="spark"`` against ``"files"``
-  (interleaved) per model size at 2 workers, and at 8 workers.
+  (interleaved) per model size at 2 workers, and at 8 workers;
+* ``aggregation``: every way a round's sums can come back, interleaved per
+  (workers, size) for 2, 4, 8, 16 workers × 1e5, 1e6, 3e6 parameters, ``k = 1``:
+  ``spark`` at depth 1 and 2, ``files`` (the one-host shortcut), and the Spark
+  SQL round with ``aggregation`` = ``driver``, ``shuffle`` and ``storage``
+  (written ``sql:driver`` etc.), with the bytes the driver received and its
+  own decoding/summing time per round, and the floor: an empty
+  ``mapInArrow`` job of the same task count (``--sweeps aggregation``).
 
 The other sweeps use the default ``state_transport="auto"`` (files on
 ``local[N]``).
@@ -95,7 +102,17 @@ def plan(quick: bool):
     for s in ("1e5", "1e6"):
         for transport in ("spark", "files"):
             cfgs[8].append(("transport", s, 8, 8, 2, transport))
+    cfgs[16] = []
+    for n in (2, 4, 8, 16):
+        for s in ("1e5", "1e6", "3e6"):
+            for path in AGGREGATION_PATHS:
+                transport, depth = (path.split("@")[0], int(path.split("@")[1])) if "@" in path else (path, 2)
+                cfgs[n].append(("aggregation", s, 1, n, depth, transport))
     return cfgs
+
+
+#: The aggregation sweep's paths, in their interleaved order ("spark@1": state_transport="spark", depth 1).
+AGGREGATION_PATHS = ("spark@1", "spark@2", "files", "sql:driver", "sql:shuffle", "sql:storage")
 
 
 # ------------------------------------------------------------------ child
@@ -109,20 +126,31 @@ def run_config(sc, sweep, size, k, workers, depth, transport, rounds, batch, opt
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n, INPUT_DIM)).astype(np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
+    state_transport, _, aggregation = transport.partition(":")
     with ParameterAveragingTrainer(model, num_workers=workers, batch_size=batch, averaging_frequency=k,
                                    aggregation_depth=depth, optimizer_state=optimizer_state, seed=1,
-                                   state_transport=transport) as tr:
+                                   state_transport=state_transport, aggregation=aggregation or "auto") as tr:
         tr.fit((x, y), epochs=1, verbose=0)
         records = tr.stats.records[1:]  # the first round builds the replicas
     keys = ["wall_s", "broadcast_s", "schedule_s", "workers_s", "aggregate_s", "update_s", "compute_max_s",
             "compute_min_s", "setup_max_s", "load_max_s", "overhead_s"]
     med = {k2: statistics.median(r[k2] for r in records) for k2 in keys}
     med["round_overhead_s"] = statistics.median(r["wall_s"] - r["compute_max_s"] for r in records)
+    med["driver_sum_s"] = statistics.median(r["driver_sum_s"] for r in records)
+    med["driver_own_s"] = statistics.median(r["driver_sum_s"] + r["update_s"] for r in records)
+    received = [r["received_bytes"] for r in records if r["received_bytes"] is not None]
+    med["received_bytes"] = statistics.median(received) if received else None
+    med["shards"] = records[-1]["shards"]
     # The workers' span beyond the slowest busy time: task start skew + get_state/finite check after compute.
     med["span_minus_busy_s"] = statistics.median(
         r["workers_s"] - max(w["setup_s"] + w["load_s"] + w["compute_s"] for w in r["workers"]) for r in records
     )
+    from sparkdl_avg.exchange import FlatLayout
+    from sparkdl_avg.modelspec import get_state
+
+    model_sum_bytes = FlatLayout.of(*get_state(model)).nbytes  # one model's state in sum dtypes
     return {"sweep": sweep, "size": size, "params": params_of(width), "width": width, "k": k,
+            "model_sum_bytes": model_sum_bytes,
             "workers": workers, "depth": depth, "transport": transport, "rounds_measured": len(records), "median": med,
             "records": [{k2: r[k2] for k2 in keys} for r in records]}
 
@@ -183,6 +211,24 @@ def spark_probe(sc, tasks, depths, sizes_mb, dtypes=("float64",), repeats=5):
     return out
 
 
+def arrow_probe(spark, tasks, repeats=5):
+    """The floor of a Spark SQL round: an empty ``mapInArrow`` job of ``tasks`` tasks, brought back with ``toArrow``."""
+    import pyarrow as pa
+
+    def body(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"x": [1]})
+
+    def job():
+        spark.range(tasks, numPartitions=tasks).mapInArrow(body, "x long").toArrow()
+
+    job()
+    out = [{"probe": "empty mapInArrow job", "tasks": tasks, "mb": 0, "s": _job_s(job, repeats)}]
+    print(f"  probe {out[0]}", flush=True)
+    return out
+
+
 def child(args) -> None:
     from pyspark.sql import SparkSession
 
@@ -208,6 +254,8 @@ def child(args) -> None:
     probes = []
     if args.no_probes:
         pass
+    elif all(c[0] == "aggregation" for c in cfgs):
+        probes = arrow_probe(spark, n)
     elif n == 2:
         probes = spark_probe(spark.sparkContext, 2, [2], args.probe_mb, ("float64", "float32"))
     elif n == 8:
@@ -364,7 +412,7 @@ def main() -> None:
 
     sizes = sorted({r["size"] for r in results}, key=float)
     print("profiling driver-side steps per model size", flush=True)
-    profiles = [profile_size(s) for s in sizes]
+    profiles = [] if args.sweeps == ["aggregation"] else [profile_size(s) for s in sizes]
     load.append(os.getloadavg()[0])
     with open(args.out, "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("configs", "child_out")},
@@ -374,7 +422,31 @@ def main() -> None:
     print(f"\n1-min load average during the run: {', '.join(f'{v:.1f}' for v in load)}")
 
 
+def print_aggregation_table(results, probes=()):
+    """The aggregation sweep: one row per (workers, size, path)."""
+    floor = {p["tasks"]: p["s"] for p in probes if p["probe"] == "empty mapInArrow job"}
+    rows = [r for r in results if r["sweep"] == "aggregation"]
+    if not rows:
+        return
+    print("\n| workers | params | path | shards | aggregate ms | job ms | empty job ms | round overhead ms | "
+          "driver MB received | × one model | driver own ms (sum + update) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = r["median"]
+        model_mb = r["model_sum_bytes"] / 1e6
+        got = m.get("received_bytes")
+        path = r["transport"] + (f"@{r['depth']}" if r["transport"] == "spark" else "")
+        print(f"| {r['workers']} | {r['params']:,} | {path} | {m.get('shards') or ''} | {1000 * m['aggregate_s']:.0f} | "
+              f"{1000 * m['job_s']:.0f} | {1000 * floor.get(r['workers'], float('nan')):.0f} | "
+              f"{1000 * m['round_overhead_s']:.0f} | {'' if got is None else f'{got / 1e6:.1f}'} | "
+              f"{'' if got is None else f'{got / 1e6 / model_mb:.2f}'} | {1000 * m['driver_own_s']:.0f} |")
+
+
 def print_tables(results, profiles, probes=()):
+    print_aggregation_table(results, probes)
+    results = [r for r in results if r["sweep"] != "aggregation"]
+    if not results:
+        return
     prof = {p["size"]: p for p in profiles}
     print("\n| sweep | transport | params | k | workers | depth | round wall ms | slowest compute ms | overhead ms | broadcast | "
           "schedule | state assign (setup) | load | span − busy | aggregate | update | budget ms | within |")

@@ -34,6 +34,9 @@ class PartialResult:
         metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged
             metric (``loss`` and the compiled metrics).
         workers: One :class:`~sparkdl_avg.stats.WorkerRecord` per worker.
+        received_bytes: Bytes of sums the driver received for this result
+            (set by the transport that gathered it; ``None``: not known).
+        driver_sum_s: The driver's seconds decoding and adding them.
     """
 
     examples: int
@@ -41,6 +44,8 @@ class PartialResult:
     optimizer_sums: Optional[List[np.ndarray]] = None
     metric_sums: Dict[str, float] = field(default_factory=dict)
     workers: List[WorkerRecord] = field(default_factory=list)
+    received_bytes: Optional[int] = None
+    driver_sum_s: float = 0.0
 
     def average(self, arrays: List[np.ndarray], like: List[np.ndarray]) -> List[np.ndarray]:
         """Divides sums by :attr:`examples`, cast to the dtypes of ``like``."""

@@ -136,7 +136,10 @@ class RoundRunner:
         set_state(self.model, new_weights, new_opt)
         self.transport.end_round()
         t3 = time.time()
-        self.stats.add(round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3))
+        record = round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3)
+        record.transport = self.transport.name
+        record.aggregation, record.shards = getattr(self.transport, "last_plan", None) or ("", 0)
+        self.stats.add(record)
         return result
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:
@@ -205,4 +208,6 @@ def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: Par
         replicas_built=sum(1 for w in workers if w.replica_built),
         workers=workers,
         update_rule=rule_name,
+        received_bytes=result.received_bytes,
+        driver_sum_s=result.driver_sum_s,
     )

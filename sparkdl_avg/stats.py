@@ -93,7 +93,13 @@ class RoundRecord(_ReadsLikeADict):
     over the workers, ``overhead_s`` (wall time minus the slowest worker's
     setup + load + compute), ``examples_per_s``, the round's mean ``loss``,
     ``replicas_built`` (tasks that built a replica), ``update_rule`` and
-    ``workers`` (their :class:`WorkerRecord`\\ s, by index).
+    ``workers`` (their :class:`WorkerRecord`\\ s, by index). How the sums
+    travelled: ``transport`` (``"spark"``, ``"files"``, ``"sql"``),
+    ``aggregation`` and ``shards`` (the Spark SQL round's plan, see
+    :mod:`sparkdl_avg.transport`), ``received_bytes`` (bytes of sums the
+    driver received or read; ``None`` on Spark's tree, which does not say)
+    and ``driver_sum_s`` (the driver's time decoding and adding them, part
+    of ``aggregate_s``).
     """
 
     epoch: int
@@ -122,6 +128,11 @@ class RoundRecord(_ReadsLikeADict):
     replicas_built: int
     workers: List[WorkerRecord] = field(default_factory=list)
     update_rule: str = "average"
+    transport: str = ""
+    aggregation: str = ""
+    shards: int = 0
+    received_bytes: Optional[int] = None
+    driver_sum_s: float = 0.0
 
 
 class TrainingStats:

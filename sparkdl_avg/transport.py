@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -159,6 +160,7 @@ class FileTransport(StateTransport):
 
     def add_delivered(self, delivered: List[exchange.StoredResult], epoch: int, rnd: int) -> PartialResult:
         """The round's sum of what the workers' :class:`~sparkdl_avg.exchange.StoreSums` delivered; deletes their files."""
+        t0 = time.perf_counter()
         total = functools.reduce(merge, [d.result for d in delivered], None)
         try:
             weight_sums, optimizer_sums = _add_stored([d.sums for d in delivered if d.sums is not None])
@@ -169,6 +171,8 @@ class FileTransport(StateTransport):
                 "filesystem both see, or state_transport='sql'."
             ) from exc
         total.weight_sums, total.optimizer_sums = weight_sums, optimizer_sums
+        total.received_bytes = sum(_nbytes(d.sums) for d in delivered if d.sums is not None)
+        total.driver_sum_s = time.perf_counter() - t0
         return total
 
     def end_round(self) -> None:
@@ -265,13 +269,20 @@ class SqlTransport(StateTransport):
                 partial(exchange.reduce_shuffled, layout, shards), exchange.ROUND_SCHEMA
             )
         table = run_job(rows.toArrow, what)
+        t0 = time.perf_counter()
         results, pieces = _read_rows(table)
+        received = table.nbytes
         if how == "storage" and pieces:
             files = [(uri, tuple(offsets)) for _, uri, offsets in sorted(pieces.values(), key=lambda p: p[0])]
             summed = self.engine.run_tasks(shards, partial(exchange.reduce_stored, layout, shards, files),
                                            exchange.ROUND_SCHEMA)
-            _, pieces = _read_rows(run_job(summed.toArrow, f"Summing {what.lower()}"))
-        return _assemble(results, pieces, layout, how, shards)
+            table = run_job(summed.toArrow, f"Summing {what.lower()}")
+            t0 = time.perf_counter()
+            _, pieces = _read_rows(table)
+            received += table.nbytes
+        total = _assemble(results, pieces, layout, how, shards)
+        total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
+        return total
 
     def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
         directory = join(self.directory, "evaluate")
@@ -390,6 +401,10 @@ def shard_keys(shards: int) -> Tuple[int, ...]:
             left -= 1
         candidate += 1
     return tuple(keys)
+
+
+def _nbytes(stored: exchange.StoredState) -> int:
+    return sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape, _ in stored.arrays.layout)
 
 
 def _what(epoch: int, rnd: int) -> str:
