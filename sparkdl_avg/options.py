@@ -384,7 +384,7 @@ OPTIONS: Tuple[Option, ...] = (
         help="how each round's weights reach workers and their sums the driver: 'sql' (a DataFrame job, "
              "state as a staging file, sums as Arrow rows; the only one under Spark Connect), 'spark' "
              "(broadcast + treeAggregate), 'files' (files under the staging dir), 'auto' (files when all "
-             "executors run on the driver's host, else sql)",
+             "executors run on the driver's host, else spark for small rounds and sql above)",
         doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.transport`). "
             "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a "
             "file under the staging directory, the workers' sums raw bytes in Arrow rows, summed as "
@@ -394,7 +394,8 @@ OPTIONS: Tuple[Option, ...] = (
             "directions as files under the staging directory, summed by the driver (classic sessions "
             "whose driver and executors share a fast filesystem). ``\"auto\"`` (default): files when "
             "every executor runs on the driver's host (``local[N]``, ``local-cluster``) and the staging "
-            "directory is local, else sql (always under Connect). Measured in docs/benchmarks.md "
+            "directory is local; else Spark's tree for rounds of at most 32 MB of sums in all (workers × "
+            "one model's state), else sql; always sql under Connect. Measured in docs/benchmarks.md "
             "(\"Aggregation paths\").",
         check=one_of(STATE_TRANSPORTS),
         cli=Flag(choices=STATE_TRANSPORTS),
@@ -410,7 +411,7 @@ OPTIONS: Tuple[Option, ...] = (
             "after a shuffle; the driver receives one model's bytes. ``\"storage\"``: workers write "
             "their sums under the staging directory and ``aggregation_shards`` reducer tasks sum them "
             "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
-            "(default): the driver for 2 workers or fewer or sums under 1 MB, else storage "
+            "(default): the driver when all workers' sums together are at most 8 MB, else storage "
             "(:func:`sparkdl_avg.transport.plan_aggregation`; why in docs/benchmarks.md). All give "
             "bitwise the same sums.",
         check=one_of(AGGREGATIONS),

