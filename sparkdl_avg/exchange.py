@@ -407,10 +407,16 @@ class ArrowSums:
 
 @dataclass(frozen=True)
 class StoreFlat:
-    """Workers write their sums' two vectors to a file under ``directory`` and yield its row (:data:`ROUND_SCHEMA`)."""
+    """Workers write their sums' two vectors to a file under ``directory`` and yield one row per shard naming it.
+
+    The rows (:data:`ROUND_SCHEMA`: ``uri`` and the vectors' ``offsets``) are
+    all that crosses the round's shuffle; reducer ``j`` reads its slice of
+    every worker's file by range (:func:`reduce_shuffled`).
+    """
 
     directory: str
     layout: FlatLayout
+    shards: int = 1
 
     def deliver(self, result, name: str):
         import pyarrow as pa
@@ -420,9 +426,11 @@ class StoreFlat:
                 "offsets": [None]}
         if result.weight_sums is not None:
             stored = store(self.directory, name, list(self.layout.flatten(result.weight_sums, result.optimizer_sums)))
-            for key, value in (("shard", 0), ("worker", worker), ("meta", None), ("data", None), ("uri", stored.uri),
-                               ("offsets", [offset for _, _, offset in stored.layout])):
-                rows[key].append(value)
+            offsets = [offset for _, _, offset in stored.layout]
+            for j in range(self.shards):
+                for key, value in (("shard", j), ("worker", worker), ("meta", None), ("data", None),
+                                   ("uri", stored.uri), ("offsets", offsets)):
+                    rows[key].append(value)
         return pa.RecordBatch.from_pydict(rows, schema=round_arrow_schema())
 
 
@@ -450,52 +458,42 @@ def _batch(rows: List[dict]):
 
 
 def reduce_shuffled(layout: FlatLayout, shards: int, batches):
-    """``mapInArrow`` body of a shuffle reducer: sums each shard it received over the workers, in worker order.
+    """``mapInArrow`` body of a round's reducer: sums each shard it received over the workers, in worker order.
 
-    Rows without data (the workers' results) pass through; each shard ``j``
-    present becomes one row of its sum (a shard's rows may share a reducer
-    with another's when their hash partitions collide).
+    A shard's rows carry its slice of a worker's sums (``data``, from
+    :class:`ArrowSums`) or name the worker's file (``uri``, from
+    :class:`StoreFlat`), whose slice is then read by range. Rows without
+    either (the workers' results) pass through; each shard ``j`` present
+    becomes one row of its sum (two shards share a reducer only if their
+    keys' hash partitions collide, which :func:`~sparkdl_avg.transport.shard_keys` avoids).
     """
     passed, pieces = [], {}
     try:
         for batch in batches:
             for row in batch.to_pylist():
-                if row["data"] is None:
-                    passed.append(row)
+                if row["data"] is None and row["uri"] is None:
+                    passed.append({k: row[k] for k in ("shard", "worker", "meta", "data", "uri", "offsets")})
                 else:
-                    pieces.setdefault(row["shard"], []).append((row["worker"], row["data"]))
+                    pieces.setdefault(row["shard"], []).append(row)
         out = []
-        for shard, items in sorted(pieces.items()):
+        for shard, rows in sorted(pieces.items()):
             acc = None
-            for _, data in sorted(items, key=lambda item: item[0]):
-                acc = add_slices(acc, layout.parse_shard(data, shard, shards))
+            for row in sorted(rows, key=lambda r: r["worker"]):
+                acc = add_slices(acc, _slice_of(row, layout, shard, shards))
             out.append(_summed_row(shard, acc, layout, shards))
     except Exception as exc:
-        raise remote.failure(WorkerError, f"Summing the round's shards failed: {type(exc).__name__}: "
-                             f"{remote.one_line(str(exc))}") from exc
+        raise remote.failure(WorkerError, f"Summing the round's shard(s) {sorted(pieces)} failed: "
+                             f"{type(exc).__name__}: {remote.one_line(str(exc))}") from exc
     yield _batch(passed + out)
 
 
-def reduce_stored(layout: FlatLayout, shards: int, files: Sequence[Tuple[str, Tuple[int, int]]], batches):
-    """``mapInArrow`` body of a storage reducer: for each shard id it is given, sums that range of every file.
-
-    ``files``: ``(uri, (offset of the float32 vector, offset of the float64
-    vector))`` of each worker's :class:`StoreFlat` file, in worker order.
-    """
-    ids = [int(i) for batch in batches for i in batch.column(0).to_pylist()]
-    rows = []
-    try:
-        for shard in ids:
-            (a, b), (c, d) = layout.bounds(shard, shards)
-            acc = None
-            for uri, (off32, off64) in files:
-                part = (
-                    np.frombuffer(read_range(uri, off32 + 4 * a, 4 * (b - a)), np.float32),
-                    np.frombuffer(read_range(uri, off64 + 8 * c, 8 * (d - c)), np.float64),
-                )
-                acc = add_slices(acc, part)
-            rows.append(_summed_row(shard, acc, layout, shards))
-    except Exception as exc:
-        raise remote.failure(WorkerError, f"Summing shard(s) {ids} of the workers' files failed: "
-                             f"{type(exc).__name__}: {remote.one_line(str(exc))}") from exc
-    yield _batch(rows)
+def _slice_of(row: dict, layout: FlatLayout, shard: int, shards: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The two slices of shard ``shard`` a reducer's row holds or names."""
+    if row["data"] is not None:
+        return layout.parse_shard(row["data"], shard, shards)
+    (a, b), (c, d) = layout.bounds(shard, shards)
+    off32, off64 = row["offsets"]
+    return (
+        np.frombuffer(read_range(row["uri"], off32 + 4 * a, 4 * (b - a)), np.float32),
+        np.frombuffer(read_range(row["uri"], off64 + 8 * c, 8 * (d - c)), np.float64),
+    )

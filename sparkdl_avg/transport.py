@@ -199,12 +199,14 @@ class SqlTransport(StateTransport):
       them in worker order (``N`` models' bytes into the driver);
     * ``"shuffle"``: each worker cuts its sums into ``shards`` slices; a
       ``repartition`` by slice sends slice ``j`` of every worker to reducer
-      task ``j`` (:func:`~sparkdl_avg.exchange.reduce_shuffled`), and the
-      driver receives the ``S`` summed slices: one model's bytes;
+      task ``j`` (:func:`~sparkdl_avg.exchange.reduce_shuffled`) through
+      Spark's shuffle, and the driver receives the ``S`` summed slices: one
+      model's bytes;
     * ``"storage"``: each worker writes its sums to a file under
-      ``directory``; a second job of ``S`` reducer tasks reads slice ``j`` of
-      every file by range (:func:`~sparkdl_avg.exchange.reduce_stored`) and
-      returns the summed slices: one model's bytes, none through a shuffle.
+      ``directory`` and only the file's name crosses the shuffle; reducer
+      task ``j`` reads slice ``j`` of every file by range and returns the
+      summed slices: one model's bytes into the driver, none through the
+      shuffle, in the same job.
 
     Every path adds the same numbers in the same order (worker 0, 1, ...),
     so all give bitwise the same sums as each other and as the other transports.
@@ -250,7 +252,7 @@ class SqlTransport(StateTransport):
         how, shards = self.plan(task.num_workers, layout.nbytes)
         self.last_plan = (how, shards)
         sink = (
-            exchange.StoreFlat(self._round_dir, layout)
+            exchange.StoreFlat(self._round_dir, layout, shards)
             if how == "storage"
             else exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
         )
@@ -258,30 +260,21 @@ class SqlTransport(StateTransport):
         rows = self.engine.run_tasks(
             task.num_workers, partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA
         )
-        what = _what(epoch, rnd)
-        if how == "shuffle":
+        if how != "driver":
             from pyspark.sql import functions as F
 
+            # Shard j's rows to reducer task j; the workers' results (shard -1) to reducer 0.
             keys = shard_keys(shards)
             slot = F.when(F.col("shard") < 0, 0).otherwise(F.col("shard"))
             key = F.element_at(F.array(*[F.lit(k) for k in keys]), slot + 1)
             rows = rows.repartition(shards, key).mapInArrow(
                 partial(exchange.reduce_shuffled, layout, shards), exchange.ROUND_SCHEMA
             )
-        table = run_job(rows.toArrow, what)
+        table = run_job(rows.toArrow, _what(epoch, rnd))
         t0 = time.perf_counter()
         results, pieces = _read_rows(table)
-        received = table.nbytes
-        if how == "storage" and pieces:
-            files = [(uri, tuple(offsets)) for _, uri, offsets in sorted(pieces.values(), key=lambda p: p[0])]
-            summed = self.engine.run_tasks(shards, partial(exchange.reduce_stored, layout, shards, files),
-                                           exchange.ROUND_SCHEMA)
-            table = run_job(summed.toArrow, f"Summing {what.lower()}")
-            t0 = time.perf_counter()
-            _, pieces = _read_rows(table)
-            received += table.nbytes
         total = _assemble(results, pieces, layout, how, shards)
-        total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
+        total.received_bytes, total.driver_sum_s = table.nbytes, time.perf_counter() - t0
         return total
 
     def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
@@ -309,21 +302,13 @@ class SqlTransport(StateTransport):
 
 
 def _read_rows(table):
-    """``(worker results by worker id, pieces)`` of a round's Arrow rows.
-
-    ``pieces``: ``{(shard, worker): data}`` for data rows (``worker`` -1 once
-    summed), or ``{worker: (worker, uri, offsets)}`` for file rows.
-    """
+    """``(worker results by worker id, {(shard, worker): data})`` of a round's Arrow rows (``worker`` -1: summed)."""
     results, pieces = {}, {}
-    columns = table.to_pydict()
-    for shard, worker, meta, data, uri, offsets in zip(
-        columns["shard"], columns["worker"], columns["meta"], columns["data"], columns["uri"], columns["offsets"]
-    ):
+    columns = table.select(["shard", "worker", "meta", "data"]).to_pydict()
+    for shard, worker, meta, data in zip(columns["shard"], columns["worker"], columns["meta"], columns["data"]):
         if meta is not None:
             results[worker] = exchange.decode_meta(meta)
-        elif uri is not None:
-            pieces[worker] = (worker, uri, offsets)
-        else:
+        elif data is not None:
             pieces[(shard, worker)] = data
     return results, pieces
 
