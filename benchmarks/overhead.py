@@ -251,6 +251,8 @@ def child(args) -> None:
         print(f"  {c}: wall {1000 * m['wall_s']:.0f} ms, compute {1000 * m['compute_max_s']:.0f} ms, "
               f"overhead {1000 * m['round_overhead_s']:.0f} ms ({time.perf_counter() - t:.0f} s)", flush=True)
         out.append(r)
+        with open(args.child_out, "w") as f:  # after every configuration: a crash keeps what was measured
+            json.dump({"configs": out, "probes": []}, f)
     probes = []
     if args.no_probes:
         pass
@@ -375,6 +377,7 @@ def main() -> None:
     p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth, transport)")
     p.add_argument("--optimizer-state", default="average", choices=["average", "reset"])
     p.add_argument("--no-probes", action="store_true", help="skip the bare Spark probes")
+    p.add_argument("--tables-only", action="store_true", help="print the tables of the existing --out file")
     p.add_argument("--profiles-only", action="store_true",
                    help="recompute only the driver-side profiles (no Spark) into the existing --out file")
     p.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -382,6 +385,10 @@ def main() -> None:
     args = p.parse_args()
     if args.configs:
         return child(args)
+    if args.tables_only:
+        with open(args.out) as f:
+            previous = json.load(f)
+        return print_tables(previous["configs"], previous.get("profiles", []), previous.get("probes", []))
     if args.profiles_only:
         with open(args.out) as f:
             previous = json.load(f)
@@ -399,18 +406,38 @@ def main() -> None:
             continue
         print(f"local[{n}]: {len(cfgs)} configurations", flush=True)
         out = os.path.join(os.path.dirname(args.out), f".overhead-{n}.tmp")
-        subprocess.run([sys.executable, __file__, "--configs", json.dumps(cfgs), "--child-out", out,
-                        "--rounds", str(args.rounds), "--batch-size", str(args.batch_size),
-                        "--optimizer-state", args.optimizer_state, *(["--no-probes"] if args.no_probes else []),
-                        "--probe-mb", *map(str, args.probe_mb)], check=True)
-        with open(out) as f:
-            child_res = json.load(f)
-        results.extend(child_res["configs"])
-        probes.extend(child_res["probes"])
-        os.remove(out)
+        left = list(cfgs)
+        while left:
+            if os.path.exists(out):
+                os.remove(out)
+            done = subprocess.run([sys.executable, __file__, "--configs", json.dumps(left), "--child-out", out,
+                                   "--rounds", str(args.rounds), "--batch-size", str(args.batch_size),
+                                   "--optimizer-state", args.optimizer_state,
+                                   *(["--no-probes"] if args.no_probes else []),
+                                   "--probe-mb", *map(str, args.probe_mb)])
+            child_res = {"configs": [], "probes": []}
+            if os.path.exists(out):
+                with open(out) as f:
+                    child_res = json.load(f)
+                os.remove(out)
+            results.extend(child_res["configs"])
+            probes.extend(child_res["probes"])
+            left = left[len(child_res["configs"]):]
+            if done.returncode != 0 and left:
+                # The configuration that was running took its Spark application down (e.g. the driver JVM out
+                # of memory): record it as failed and go on with the rest in a new application.
+                failed = left.pop(0)
+                print(f"  {failed}: FAILED (exit {done.returncode}); continuing", flush=True)
+                results.append({"sweep": failed[0], "size": failed[1], "params": params_of(WIDTHS[failed[1]]),
+                                "k": failed[2], "workers": failed[3], "depth": failed[4], "transport": failed[5],
+                                "failed": f"the Spark application died (exit {done.returncode})"})
+            elif done.returncode != 0:
+                break
         load.append(os.getloadavg()[0])
+        with open(args.out + ".partial", "w") as f:
+            json.dump({"configs": results, "probes": probes, "load_avg_1min": load}, f)
 
-    sizes = sorted({r["size"] for r in results}, key=float)
+    sizes = sorted({r["size"] for r in results if "failed" not in r}, key=float)
     print("profiling driver-side steps per model size", flush=True)
     profiles = [] if args.sweeps == ["aggregation"] else [profile_size(s) for s in sizes]
     load.append(os.getloadavg()[0])
@@ -432,12 +459,16 @@ def print_aggregation_table(results, probes=()):
           "driver MB received | × one model | driver own ms (sum + update) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        if "failed" in r:
+            path = r["transport"] + (f"@{r['depth']}" if r["transport"] == "spark" else "")
+            print(f"| {r['workers']} | {r['params']:,} | {path} | | {r['failed']} | | | | | | |")
+            continue
         m = r["median"]
         model_mb = r["model_sum_bytes"] / 1e6
         got = m.get("received_bytes")
         path = r["transport"] + (f"@{r['depth']}" if r["transport"] == "spark" else "")
         print(f"| {r['workers']} | {r['params']:,} | {path} | {m.get('shards') or ''} | {1000 * m['aggregate_s']:.0f} | "
-              f"{1000 * m['job_s']:.0f} | {1000 * floor.get(r['workers'], float('nan')):.0f} | "
+              f"{1000 * (m['schedule_s'] + m['workers_s'] + m['aggregate_s']):.0f} | {1000 * floor.get(r['workers'], float('nan')):.0f} | "
               f"{1000 * m['round_overhead_s']:.0f} | {'' if got is None else f'{got / 1e6:.1f}'} | "
               f"{'' if got is None else f'{got / 1e6 / model_mb:.2f}'} | {1000 * m['driver_own_s']:.0f} |")
 

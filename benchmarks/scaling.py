@@ -18,6 +18,21 @@ The model (all terms measured on the 2-core machine unless stated)::
     epoch        = ⌈D / (N·B·k)⌉ · fixed + (D / (N·B))·t_step      D examples, batch B
     efficiency   = (D / (N·B))·t_step / epoch
 
+With ``--aggregation`` (``benchmarks/results/aggregation.json``, the
+``aggregation`` sweep of ``overhead.py``) it also projects the Spark SQL
+round with storage reducers (``state_transport="sql"``,
+``aggregation="storage"``, one shard per worker)::
+
+    fixed_sql(N, S) = job_sql(N) + e_sql + c_sql·S + update
+    job_sql(N)      = an empty N-task mapInArrow job (fitted linear in N)
+
+where ``S`` is one model's sums in MB: each worker writes its S, each
+reducer reads N slices of S/N, the driver receives S, all in parallel across
+executors, so no term grows with N·S. ``e_sql`` and ``c_sql`` are fitted at
+2 workers (both tasks have a core of their own); the storage's aggregate
+bandwidth is assumed to grow with the executors (HDFS, an object store),
+until it saturates, which the projection does not model.
+
 ``levels``, ``fan_in`` and ``parts_at_driver`` follow PySpark's
 ``RDD.treeAggregate`` exactly (scale = max(⌈N^(1/d)⌉, 2); a level while
 parts > scale + parts/scale). Network bandwidth ``bw`` is an assumption
@@ -118,6 +133,37 @@ def project(costs, model, workers, freqs, depths, examples, batch, partial_dtype
     return rows
 
 
+def fit_sql_costs(aggregation: dict) -> dict:
+    """The Spark SQL round's constants from the aggregation sweep (see the module docstring)."""
+    floor = [(r["tasks"], r["s"]) for r in aggregation["probes"] if r["probe"] == "empty mapInArrow job"]
+    c_task = max(0.0, _slope(floor)) if len(floor) > 1 else 0.0
+    job2 = min((s for n, s in floor if n == 2), default=0.15)
+    rows = [r for r in aggregation["configs"] if "failed" not in r and r["transport"] == "sql:storage"
+            and r["workers"] == 2]
+    points = [(r["model_sum_bytes"] / 1e6, r["median"]["round_overhead_s"] - r["median"]["update_s"] - job2)
+              for r in rows]
+    c_mb = max(0.0, _slope(points)) if len(points) > 1 else 0.0
+    e = statistics.median(y - c_mb * x for x, y in points) if points else 0.0
+    return {"job_sql2_s": job2, "c_task_sql_s": c_task, "e_sql_s": e, "c_sql_s_per_mb": c_mb}
+
+
+def project_sql(costs, model, workers, freqs, examples, batch, sum_bytes=8):
+    """Projected rows of the Spark SQL round with storage reducers (``sum_bytes``: 8 float64 sums, 4 float32)."""
+    rows = []
+    s = model["partial_mb_f64"] * sum_bytes / 8
+    for n in workers:
+        for k in freqs:
+            fixed = (costs["job_sql2_s"] + costs["c_task_sql_s"] * (n - 2) + costs["e_sql_s"]
+                     + costs["c_sql_s_per_mb"] * s + model["update_s"])
+            steps = examples / (n * batch)
+            ideal = steps * model["t_step_s"]
+            epoch = math.ceil(steps / k) * fixed + ideal
+            rows.append({"model": model["name"], "workers": n, "k": k, "path": "sql:storage",
+                         "partial_bytes": sum_bytes, "round_fixed_s": fixed, "epoch_s": epoch,
+                         "ideal_epoch_s": ideal, "efficiency": ideal / epoch})
+    return rows
+
+
 def models_from(overhead: dict, suite: dict):
     prof = {p["size"]: p for p in overhead["profiles"]}
     cfg = {c["size"]: c for c in overhead["configs"] if c["sweep"] == "size"}
@@ -151,6 +197,8 @@ def main() -> None:
     p.add_argument("--bandwidth", type=float, default=1250.0, help="network MB/s per node (assumed)")
     p.add_argument("--task-ms", type=float, default=None,
                    help="per-task cost of a job in ms (default: measured, 2 → 8 tasks on local[8], pessimistic)")
+    p.add_argument("--aggregation", default=os.path.join(HERE, "results", "aggregation.json"),
+                   help="overhead.py's aggregation sweep, for the Spark SQL round's projection")
     p.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
     args = p.parse_args()
     with open(args.overhead) as f:
@@ -168,8 +216,15 @@ def main() -> None:
     for m in models:
         rows += project(costs, m, workers, [8, 32, 128, 512], [1, 2, 3], args.examples, args.batch_size)
         rows += project(costs, m, workers, [8, 32, 128, 512], [1, 2, 3], args.examples, args.batch_size, 4)
+    sql_costs, sql_rows = None, []
+    if os.path.exists(args.aggregation):
+        with open(args.aggregation) as f:
+            sql_costs = fit_sql_costs(json.load(f))
+        for m in models:
+            sql_rows += project_sql(sql_costs, m, workers, [8, 32, 128, 512], args.examples, args.batch_size, 4)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "costs": costs, "models": models, "rows": rows}, f, indent=1)
+        json.dump({"args": vars(args), "costs": costs, "models": models, "rows": rows, "sql_costs": sql_costs,
+                   "sql_rows": sql_rows}, f, indent=1)
 
     print("Fitted costs:", ", ".join(f"{k} = {v:.4g}" for k, v in costs.items()))
     for m in models:
@@ -193,6 +248,20 @@ def main() -> None:
                         best_d = best["depth"]
                 cells.append(" / ".join(parts))
             print(f"| {n} | " + " | ".join(cells) + f" | {best_d} |")
+    if sql_rows:
+        print("\nSpark SQL round, storage reducers (float32 sums):", ", ".join(f"{k} = {v:.4g}" for k, v in sql_costs.items()))
+        for m in models:
+            print(f"\n{m['name']}, state_transport='sql' (storage), float32 sums: efficiency (epoch s) / the best "
+                  "Spark-tree depth's, float32\n\n| workers | " + " | ".join(f"k={k}" for k in [8, 32, 128, 512]) + " |")
+            print("|---|---|---|---|---|")
+            for n in workers:
+                cells = []
+                for k in [8, 32, 128, 512]:
+                    r = next(r for r in sql_rows if r["model"] == m["name"] and r["workers"] == n and r["k"] == k)
+                    tree = min((t for t in rows if t["model"] == m["name"] and t["workers"] == n and t["k"] == k
+                                and t["partial_bytes"] == 4), key=lambda t: t["epoch_s"])
+                    cells.append(f"{100 * r['efficiency']:.0f}% ({r['epoch_s']:.0f} s) / {100 * tree['efficiency']:.0f}%")
+                print(f"| {n} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -397,7 +397,7 @@ OPTIONS: Tuple[Option, ...] = (
             "directions as files under the staging directory, summed by the driver (classic sessions "
             "whose driver and executors share a fast filesystem). ``\"auto\"`` (default): files when "
             "every executor runs on the driver's host (``local[N]``, ``local-cluster``) and the staging "
-            "directory is local; else Spark's tree for rounds of at most 32 MB of sums in all (workers × "
+            "directory is local; else Spark's tree for rounds of at most 64 MB of sums in all (workers × "
             "one model's state), else sql; always sql under Connect. Measured in docs/benchmarks.md "
             "(\"Aggregation paths\").",
         check=one_of(STATE_TRANSPORTS),
@@ -414,7 +414,7 @@ OPTIONS: Tuple[Option, ...] = (
             "after a shuffle; the driver receives one model's bytes. ``\"storage\"``: workers write "
             "their sums under the staging directory and ``aggregation_shards`` reducer tasks sum them "
             "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
-            "(default): the driver when all workers' sums together are at most 8 MB, else storage "
+            "(default): the driver when all workers' sums together are at most 48 MB, else storage "
             "(:func:`sparkdl_avg.transport.plan_aggregation`; why in docs/benchmarks.md). All give "
             "bitwise the same sums.",
         check=one_of(AGGREGATIONS),

@@ -332,15 +332,16 @@ def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
 
 
 #: At most this many bytes of sums per round in all (workers × one model's sums) go straight to the driver
-#: under ``aggregation="auto"``; above, reducers sum them from the staging storage (docs/benchmarks.md,
-#: "Aggregation paths": at 2-4 workers × 1e5 parameters, 2.4-4.8 MB, the driver path is 50-110 ms faster;
-#: from 24 MB on the storage path is faster, by 0.14 s at 2 workers × 1e6 and more with more workers).
-DRIVER_SUM_BYTES = 8 << 20
+#: under ``aggregation="auto"``; above, reducers sum them from the staging storage. Measured on one host
+#: (docs/benchmarks.md, "Aggregation paths"): the driver path is faster up to 24 MB (2 workers × 1e6
+#: parameters: 238 against 313 ms per round), even at 48 MB, and 0.23-0.37 s slower from 96 MB on.
+DRIVER_SUM_BYTES = 48 << 20
 
 #: On a classic multi-host session, ``state_transport="auto"`` keeps Spark's broadcast + ``treeAggregate``
-#: for rounds of at most this many bytes of sums in all, where it measured fastest, and takes the Spark SQL
-#: round with storage reducers above (ibid.).
-SPARK_TREE_BYTES = 32 << 20
+#: for rounds of at most this many bytes of sums in all, where it measured faster than the Spark SQL round
+#: (4 workers × 1e6 parameters, 48 MB: 256 against 327 ms), and takes the SQL round with storage reducers
+#: above (8 × 1e6, 96 MB: 425 against 450 ms; 16 × 1e6: 698 against 941 ms; ibid.).
+SPARK_TREE_BYTES = 64 << 20
 
 
 def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int) -> Tuple[str, int]:

@@ -308,12 +308,12 @@ def digits_model(seed):
     return model
 
 
-def _fit_twice(staging_dir, checkpoint_dir, data, seen=None):
+def _fit_twice(staging_dir, checkpoint_dir, data, seen=None, **transport):
     """One epoch with checkpoints, then a new trainer (other initial weights) resuming for the second."""
     from sparkdl_avg import ParameterAveragingTrainer
 
     options = dict(num_workers=2, batch_size=32, averaging_frequency=4, seed=1, staging_dir=staging_dir,
-                   state_transport="files")
+                   **(transport or {"state_transport": "files"}))
     histories = []
     for epochs, model_seed, resume_flag in ((1, 0, False), (2, 5, True)):
         model = digits_model(model_seed)
@@ -362,3 +362,19 @@ def test_fit_with_staging_exchange_and_checkpoints_on_s3_equals_local(spark, s3_
         np.testing.assert_array_equal(a, e)  # bitwise: the same sums in the same order, only the storage differs
     assert histories == local_histories
     assert len(histories[1]["loss"]) == 2  # the resumed fit holds both epochs
+
+
+def test_the_sql_round_with_storage_reducers_on_s3_equals_local_files(spark, s3_store, prefix, tmp_path):
+    """State out as an S3 object, the workers' sums as S3 objects, reducers reading their slices by ranged GETs."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    data = ((digits.data[:512] / 16.0).astype(np.float64), digits.target[:512].astype(np.int32))
+    staging = s3_store.uri(f"{prefix}/staging")
+    model, histories = _fit_twice(staging, s3_store.uri(f"{prefix}/ckpt"), data,
+                                  state_transport="sql", aggregation="storage", aggregation_shards=3)
+    assert objects(s3_store, f"{prefix}/staging") == []  # state, sums and staged data all deleted
+    local_model, local_histories = _fit_twice(str(tmp_path / "staging"), str(tmp_path / "ckpt"), data)
+    for a, e in zip(model.get_weights(), local_model.get_weights()):
+        np.testing.assert_array_equal(a, e)
+    assert histories == local_histories

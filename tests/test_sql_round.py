@@ -62,11 +62,12 @@ def test_summing_shard_by_shard_equals_summing_whole_partials_in_worker_order():
 
 
 def test_plan_aggregation_sums_small_rounds_on_the_driver_and_shards_large_ones():
-    assert transport.plan_aggregation("auto", None, 2, 4 << 20) == ("driver", 1)  # 8 MB in all
+    assert transport.plan_aggregation("auto", None, 2, 24 << 20) == ("driver", 1)  # 48 MB in all
     assert transport.plan_aggregation("auto", None, 2, 50 << 20) == ("storage", 2)
     assert transport.plan_aggregation("auto", None, 8, 100 << 10) == ("driver", 1)
     assert transport.plan_aggregation("auto", None, 8, 12 << 20) == ("storage", 8)
-    assert transport.plan_aggregation("auto", None, 16, 1 << 20) == ("storage", 4)  # slices of at least 256 kB
+    assert transport.plan_aggregation("auto", None, 16, 4 << 20) == ("storage", 16)
+    assert transport.plan_aggregation("auto", None, 64, 1 << 20) == ("storage", 4)  # slices of at least 256 kB
     assert transport.plan_aggregation("shuffle", 5, 2, 1 << 10) == ("shuffle", 5)
     assert transport.plan_aggregation("driver", 5, 16, 1 << 30) == ("driver", 1)
 
