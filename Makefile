@@ -44,12 +44,14 @@ test: env
 test-fast: env
 	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests -m "not slow"
 
-## Benchmark suite of docs/benchmarks.md (~30 min on 2 cores): the trainer against plain Keras,
+## Benchmark suite of docs/benchmarks.md (~55 min on 2 cores): the trainer against plain Keras,
 ## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round
 ## overhead vs model size, k, workers and depth; the scaling projection of docs/scaling.md; plots.
 bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/suite.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py --sweeps aggregation --out benchmarks/results/aggregation.json
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/connect_overhead.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/plots.py
 

@@ -70,7 +70,7 @@ def _bad_flag_values():
     """One bad value per option with a flag and a check, as the command line would give it."""
     bad = {"averaging_frequency": "0", "optimizer_state": "bogus", "on_nonfinite": "bogus", "seed": "-1",
            "update_rule": "nope", "staging_dir": "", "checkpoint_every": "soon", "checkpoint_dir": "",
-           "state_transport": None, "check_data": None, "resume": None}  # None: argparse's own check
+           "state_transport": None, "aggregation": None, "check_data": None, "resume": None}  # None: argparse's own check
     for row in options.OPTIONS:
         if row.cli is None or row.check is None or bad.get(row.name, "") is None:
             continue
