@@ -64,7 +64,7 @@ FIT = "fit"  #: an option of ``ParameterAveragingTrainer.fit``
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
 NONFINITE_POLICIES = ("raise", "skip")
 STATE_TRANSPORTS = ("auto", "spark", "files", "sql")
-AGGREGATIONS = ("auto", "driver", "shuffle", "storage")
+AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
 
 
 class _Same:
@@ -406,15 +406,20 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "aggregation", "auto", "str",
-        help="how the sql round sums the workers' sums: 'driver' (all to the driver), 'shuffle' (S reducers "
-             "through Spark's shuffle), 'storage' (S reducers reading the workers' files), 'auto'",
+        help="how the sql round sums the workers' sums: 'driver' (all to the driver), 'files' (the driver reads "
+             "the workers' files), 'shuffle' (S reducers through Spark's shuffle), 'storage' (S reducers reading "
+             "the workers' files), 'auto'",
         doc="How ``state_transport=\"sql\"`` sums the workers' sums. ``\"driver\"``: every worker's "
-            "sums reach the driver (``N`` models' bytes). ``\"shuffle\"``: sums cut into "
+            "sums reach the driver (``N`` models' bytes). ``\"files\"``: workers write their sums under "
+            "the staging directory and the driver reads them (``N`` models' bytes, through the page cache "
+            "on one host). ``\"shuffle\"``: sums cut into "
             "``aggregation_shards`` slices, slice ``j`` of every worker summed by reducer task ``j`` "
             "after a shuffle; the driver receives one model's bytes. ``\"storage\"``: workers write "
             "their sums under the staging directory and ``aggregation_shards`` reducer tasks sum them "
             "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
-            "(default): the driver when all workers' sums together are at most 48 MB, else storage "
+            "(default): files under Spark Connect when its executors share the client's host and the "
+            "staging directory is local; else the driver when all workers' sums together are at most "
+            "48 MB, else storage "
             "(:func:`sparkdl_avg.transport.plan_aggregation`; why in docs/benchmarks.md). All give "
             "bitwise the same sums.",
         check=one_of(AGGREGATIONS),

@@ -18,11 +18,13 @@ private to this module.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
 
 from .errors import DataError, WorkerError
 
 T = TypeVar("T")
+_FRAME = re.compile(r"\s*(at [\w$.<>/]+\(.*\)|\.\.\. \d+ more)\s*$")
 
 # Searched in this order: a data error wins over the worker failure that may wrap it.
 _MARKERS = {
@@ -135,7 +137,24 @@ def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] =
             message = text[at + len(marker) :].splitlines()[0]
             return kind(_user_columns(message, columns) if kind is DataError else message)
     # Without a marker the task died outside our code (lost executor, Python worker crash).
-    return WorkerError(f"{what} failed on the cluster: {last_line(text) or type(exc).__name__}")
+    message = f"{what} failed on the cluster: {_cause(text) or type(exc).__name__}"
+    if "Cannot run program" in text:
+        message += (
+            ". Spark could not start the executors' Python: PYSPARK_PYTHON (spark.pyspark.python) must name a "
+            "Python that exists on every executor, by an absolute path (under Spark Connect, tasks run in a "
+            "per-session directory, so a relative path such as .venv/bin/python is not found)"
+        )
+    return WorkerError(message)
+
+
+def _cause(text: str) -> Optional[str]:
+    """The failure's last line, or, when that is a Java stack frame, the last line naming an exception."""
+    line = last_line(text)
+    if line is None or not _FRAME.match(line):
+        return line
+    causes = [ln.strip() for ln in text.splitlines() if ln.strip() and not _FRAME.match(ln)]
+    named = [ln for ln in causes if "Exception" in ln or "Error" in ln]
+    return (named or causes or [line])[-1]
 
 
 def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]] = None) -> T:

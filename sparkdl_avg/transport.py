@@ -202,6 +202,11 @@ class SqlTransport(StateTransport):
       task ``j`` (:func:`~sparkdl_avg.exchange.reduce_shuffled`) through
       Spark's shuffle, and the driver receives the ``S`` summed slices: one
       model's bytes;
+    * ``"files"``: each worker writes its sums to a file under
+      ``directory`` and the driver reads and adds them itself, as
+      :class:`FileTransport` does (``N`` models' bytes, through the page
+      cache when driver and executors share a host: what ``"auto"`` takes
+      under Spark Connect with a local server and staging directory);
     * ``"storage"``: each worker writes its sums to a file under
       ``directory`` and only the file's name crosses the shuffle; reducer
       task ``j`` reads slice ``j`` of every file by range and returns the
@@ -220,11 +225,13 @@ class SqlTransport(StateTransport):
 
     name = "sql"
 
-    def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None) -> None:
+    def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None,
+                 one_host_files: bool = False) -> None:
         super().__init__(engine)
         self.directory = directory
         self.aggregation = aggregation
         self.shards = shards
+        self.one_host_files = one_host_files
         self._round_dir: Optional[str] = None
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
@@ -243,6 +250,8 @@ class SqlTransport(StateTransport):
 
     def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
+        if self.aggregation == "auto" and self.one_host_files:
+            return "files", 1
         return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes)
 
     def run_round(self, task, entry, epoch, rnd):
@@ -253,14 +262,14 @@ class SqlTransport(StateTransport):
         self.last_plan = (how, shards)
         sink = (
             exchange.StoreFlat(self._round_dir, layout, shards)
-            if how == "storage"
+            if how in ("storage", "files")
             else exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
         )
         task = dataclasses.replace(task, results=sink)
         rows = self.engine.run_tasks(
             task.num_workers, partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA
         )
-        if how != "driver":
+        if how in ("shuffle", "storage"):
             from pyspark.sql import functions as F
 
             # Shard j's rows to reducer task j; the workers' results (shard -1) to reducer 0.
@@ -273,8 +282,18 @@ class SqlTransport(StateTransport):
         table = run_job(rows.toArrow, _what(epoch, rnd))
         t0 = time.perf_counter()
         results, pieces = _read_rows(table)
+        received = table.nbytes
+        if how == "files":  # the workers' files, read here in worker order (one host: the page cache)
+            n32, n64 = layout.sizes
+            acc = None
+            for _, (uri, (off32, off64)) in sorted(pieces.items()):
+                stored = exchange.StoredArrays(uri, ((np.dtype(np.float32), (n32,), off32),
+                                                     (np.dtype(np.float64), (n64,), off64)))
+                acc = exchange.add_slices(acc, tuple(exchange.load(stored)))
+                received += layout.nbytes
+            pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
-        total.received_bytes, total.driver_sum_s = table.nbytes, time.perf_counter() - t0
+        total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
         return total
 
     def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
@@ -302,14 +321,22 @@ class SqlTransport(StateTransport):
 
 
 def _read_rows(table):
-    """``(worker results by worker id, {(shard, worker): data})`` of a round's Arrow rows (``worker`` -1: summed)."""
+    """``(worker results by worker id, pieces)`` of a round's Arrow rows.
+
+    ``pieces``: ``{(shard, worker): data}`` (``worker`` -1: summed), or for
+    the workers' file rows ``{worker: (uri, offsets)}``.
+    """
     results, pieces = {}, {}
-    columns = table.select(["shard", "worker", "meta", "data"]).to_pydict()
-    for shard, worker, meta, data in zip(columns["shard"], columns["worker"], columns["meta"], columns["data"]):
+    columns = table.to_pydict()
+    for shard, worker, meta, data, uri, offsets in zip(
+        columns["shard"], columns["worker"], columns["meta"], columns["data"], columns["uri"], columns["offsets"]
+    ):
         if meta is not None:
             results[worker] = exchange.decode_meta(meta)
         elif data is not None:
             pieces[(shard, worker)] = data
+        elif uri is not None:
+            pieces[worker] = (uri, tuple(offsets))
     return results, pieces
 
 
@@ -318,7 +345,9 @@ def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
     total = functools.reduce(merge, [results[w] for w in sorted(results)], None)
     if not pieces:
         return total
-    if how == "driver":
+    if how == "files":
+        total.weight_sums, total.optimizer_sums = layout.unflatten(*pieces[(0, -1)])
+    elif how == "driver":
         acc = None
         for (_, _), data in sorted(pieces.items(), key=lambda item: item[0][1]):  # worker order
             acc = exchange.add_slices(acc, layout.parse_shard(data, 0, 1))
@@ -356,7 +385,7 @@ def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, 
     how = aggregation
     if how == "auto":
         how = "driver" if num_workers * nbytes <= DRIVER_SUM_BYTES else "storage"
-    if how == "driver":
+    if how in ("driver", "files"):
         return how, 1
     if shards is None:
         shards = max(1, min(num_workers, nbytes // (256 << 10)))
@@ -446,7 +475,9 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
            shards: Optional[int] = None, round_bytes: Optional[int] = None) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
-    ``"auto"``: under Spark Connect the Spark SQL round (the only one there);
+    ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
+    summing the workers' files on the client when the server's executors
+    share its host and the staging directory is local, see :class:`SqlTransport`);
     on a classic session files when every executor runs on the driver's host
     (``local[N]``, ``local-cluster``) and the staging directory is local;
     else Spark's tree when a round's sums in all (``round_bytes``: workers ×
@@ -457,20 +488,20 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
         ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect.
     """
     directory = join(staging_root, fit_name)
+    # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
+    local_fs = "://" not in staging_root or staging_root.startswith("file://")
+    one_host = engine.one_host
     if engine.connect:
         if mode in ("spark", "files"):
             raise ConfigurationError(
                 f"The 'state_transport' parameter must be 'auto' or 'sql' under Spark Connect (it has no "
                 f"broadcasts or RDDs). Got {mode!r} instead."
             )
-        return SqlTransport(engine, directory, aggregation, shards)
+        return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host)
     if mode == "spark":
         return SparkTransport(engine, depth)
     if mode == "sql":
         return SqlTransport(engine, directory, aggregation, shards)
-    # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
-    local_fs = "://" not in staging_root or staging_root.startswith("file://")
-    one_host = engine.one_host
     if mode == "auto" and not (local_fs and one_host):
         if round_bytes is not None and round_bytes <= SPARK_TREE_BYTES:
             return SparkTransport(engine, depth)

@@ -89,6 +89,8 @@ def test_fit_under_connect_gives_bitwise_the_classic_sessions_weights(connect, r
         np.testing.assert_array_equal(got, want)
     assert history.history == reference.history
     assert {r.to_dict()["num_workers"] for r in trainer.stats.records} == {N}
+    # A local server and staging directory: the client sums the workers' files itself.
+    assert {(r.transport, r.aggregation) for r in trainer.stats.records} == {("sql", "files")}
     assert len(trainer.stats.records) == 2 * (256 // (N * B)) // K
 
 
@@ -99,8 +101,8 @@ def test_numpy_arrays_train_under_connect_the_same_as_a_dataframe(connect, refer
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("aggregation, shards", [("shuffle", 3), ("storage", 2)])
-def test_sharded_aggregation_under_connect_gives_the_same_weights(connect, reference, aggregation, shards):
+@pytest.mark.parametrize("aggregation, shards", [("driver", None), ("shuffle", 3), ("storage", 2)])
+def test_every_aggregation_under_connect_gives_the_same_weights(connect, reference, aggregation, shards):
     model = make_model(seed=4)
     trainer_for(model, aggregation=aggregation, aggregation_shards=shards).fit(frame(connect), epochs=2, verbose=0)
     for got, want in zip(model.get_weights(), reference.weights):

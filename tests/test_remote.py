@@ -62,3 +62,21 @@ def test_last_line_prefers_lines_containing_a_word():
     assert remote.last_line(text, containing="Error") == "ModuleNotFoundError: No module named 'foo'"
     assert remote.last_line(text, containing="nowhere") == "\tat java.lang.Thread.run"
     assert remote.last_line(" \n") is None
+
+
+def test_a_failure_ending_in_java_frames_names_its_exception_and_a_missing_python_gets_the_fix():
+    text = (
+        "org.apache.spark.SparkException: Job aborted due to stage failure\n"
+        'java.io.IOException: Cannot run program ".venv/bin/python" (in directory "/tmp/s/userFiles-1"): error=2, '
+        "No such file or directory\n"
+        "\tat java.base/java.lang.ProcessBuilder.start(ProcessBuilder.java:1143)\n"
+        "\t... 12 more\n"
+        "\tat java.lang.Thread.run(Thread.java:840)\n"
+    )
+    error = remote.decode(RuntimeError(text), "Staging the training data")
+    assert isinstance(error, WorkerError)
+    assert str(error).startswith(
+        'Staging the training data failed on the cluster: java.io.IOException: Cannot run program ".venv/bin/python"'
+    )
+    assert "must name a Python that exists on every executor, by an absolute path" in str(error)
+    assert "Thread.run" not in str(error)
