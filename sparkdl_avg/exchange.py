@@ -8,9 +8,15 @@ This module is the executor-visible half of the state transport
   :class:`StoredState` (a file under the staging directory) — whose
   ``load()`` gives the round's ``(weights, optimizer variables)``;
 * a *result sink* — :class:`ReturnSums` (the sums travel as Spark task
-  results) or :class:`StoreSums` (the worker writes them to a file of its own
-  and returns only its description) — whose ``deliver()`` turns a worker's
-  :class:`~sparkdl_avg.aggregation.PartialResult` into what its task yields.
+  results), :class:`StoreSums` (the worker writes them to a file of its own
+  and returns only its description), or for the Spark SQL round
+  :class:`ArrowSums` (raw bytes in Arrow rows, cut into shards) and
+  :class:`StoreFlat` (a file, and one row per shard naming it) — whose
+  ``deliver()`` turns a worker's
+  :class:`~sparkdl_avg.aggregation.PartialResult` into what its task yields;
+* the Spark SQL round's model file (:class:`StoredSpec`), its sums' flat
+  layout and shards (:class:`FlatLayout`), row format
+  (:data:`ROUND_SCHEMA`) and reducer (:func:`reduce_shuffled`).
 
 Why files: a round's partial sums (the model's weights and optimizer
 variables, n× each) reach the driver through Spark's result path — pickled
@@ -288,6 +294,8 @@ class FlatLayout:
     def flatten(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
         """The two vectors of a worker's sums."""
         arrays = list(weights) + list(optimizer or [])
+        if len(arrays) != len(self.entries):
+            raise ValueError(f"The sums hold {len(arrays)} arrays; their layout has {len(self.entries)}.")
         f32 = [np.ravel(a) for a, (is32, _) in zip(arrays, self.entries) if is32]
         f64 = [np.ravel(a) for a, (is32, _) in zip(arrays, self.entries) if not is32]
         return (

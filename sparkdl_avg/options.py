@@ -290,7 +290,7 @@ OPTIONS: Tuple[Option, ...] = (
             "8 workers × 1e6 parameters, a round took 0.67 s at depth 1 and 2.5 s at depth 2, whose "
             "shuffle level moves pickled partials between Python workers (docs/benchmarks.md, "
             "\"Aggregation paths\"). Applies to the rounds' results with ``state_transport=\"spark\"`` "
-            "and to evaluation's metric sums on classic sessions; the ``\"sql\"`` round uses "
+            "and to evaluation's metric sums with ``\"spark\"`` and ``\"files\"``; the ``\"sql\"`` round uses "
             "``aggregation``, files have no tree.",
         check=ints(1),
         cli=Flag(type=int),
@@ -417,9 +417,9 @@ OPTIONS: Tuple[Option, ...] = (
             "after a shuffle; the driver receives one model's bytes. ``\"storage\"``: workers write "
             "their sums under the staging directory and ``aggregation_shards`` reducer tasks sum them "
             "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
-            "(default): files under Spark Connect when its executors share the client's host and the "
-            "staging directory is local; else the driver when all workers' sums together are at most "
-            "48 MB, else storage "
+            "(default): files under Spark Connect when its master is local (``local[N]``, "
+            "``local-cluster``) and the staging directory is local, so client and executors share its "
+            "files; else the driver when all workers' sums together are at most 48 MB, else storage "
             "(:func:`sparkdl_avg.transport.plan_aggregation`; why in docs/benchmarks.md). All give "
             "bitwise the same sums.",
         check=one_of(AGGREGATIONS),

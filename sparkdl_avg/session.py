@@ -155,8 +155,9 @@ def engine_for(data: Any) -> Engine:
     if isinstance(data, RDD):
         if active is not None and is_connect(active):
             raise DataError(
-                "Spark Connect has no RDDs: pass the data as a DataFrame (spark.createDataFrame(...) with "
-                "'features' and 'label' columns) instead of an RDD."
+                "The data must be a Spark DataFrame or a tuple (x, y) of numpy arrays under Spark Connect, "
+                "which has no RDDs (spark.createDataFrame(...) with 'features' and 'label' columns). "
+                "Got an RDD instead."
             )
         return Engine(SparkSession(data.context) if active is None else active)
     if active is None:

@@ -214,7 +214,8 @@ class SqlTransport(StateTransport):
       shuffle, in the same job.
 
     Every path adds the same numbers in the same order (worker 0, 1, ...),
-    so all give bitwise the same sums as each other and as the other transports.
+    so all give bitwise the same sums as each other, as ``"files"`` and as
+    ``"spark"`` at ``aggregation_depth=1`` (deeper trees add in another order).
 
     Args:
         engine: The session's :class:`~sparkdl_avg.session.Engine`.
@@ -244,7 +245,8 @@ class SqlTransport(StateTransport):
 
     def send(self, round_name, weights, optimizer):
         self._round_dir = join(self.directory, round_name)
-        self._layout = exchange.FlatLayout.of(weights, optimizer)
+        # The sums' layout: with optimizer_state="reset" workers return no optimizer sums (see run_round).
+        self._layouts = (exchange.FlatLayout.of(weights, optimizer), exchange.FlatLayout.of(weights, None))
         state = exchange.store_state(self._round_dir, "state", weights, optimizer)
         return state, None  # the sink depends on the round's plan: see run_round
 
@@ -257,7 +259,7 @@ class SqlTransport(StateTransport):
     def run_round(self, task, entry, epoch, rnd):
         import dataclasses
 
-        layout = self._layout
+        layout = self._layouts[0] if task.average_optimizer else self._layouts[1]
         how, shards = self.plan(task.num_workers, layout.nbytes)
         self.last_plan = (how, shards)
         sink = (
@@ -286,11 +288,18 @@ class SqlTransport(StateTransport):
         if how == "files":  # the workers' files, read here in worker order (one host: the page cache)
             n32, n64 = layout.sizes
             acc = None
-            for _, (uri, (off32, off64)) in sorted(pieces.items()):
-                stored = exchange.StoredArrays(uri, ((np.dtype(np.float32), (n32,), off32),
-                                                     (np.dtype(np.float64), (n64,), off64)))
-                acc = exchange.add_slices(acc, tuple(exchange.load(stored)))
-                received += layout.nbytes
+            try:
+                for _, (uri, (off32, off64)) in sorted(pieces.items()):
+                    stored = exchange.StoredArrays(uri, ((np.dtype(np.float32), (n32,), off32),
+                                                         (np.dtype(np.float64), (n64,), off64)))
+                    acc = exchange.add_slices(acc, tuple(exchange.load(stored)))
+                    received += layout.nbytes
+            except (OSError, PathError) as exc:
+                raise WorkerError(
+                    f"Could not read the workers' results of epoch {epoch}, round {rnd} under {self._round_dir!r}: "
+                    f"{exc}. With aggregation='files' the driver must read what executors write under "
+                    "staging_dir; use a filesystem both see, or aggregation='storage'."
+                ) from exc
             pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
         total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
@@ -380,7 +389,8 @@ def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, 
     at most :data:`DRIVER_SUM_BYTES` (no second stage to pay for), else
     through the staging storage, which measured faster than the shuffle at
     every size (docs/benchmarks.md, "Aggregation paths"). ``shards=None``
-    gives one shard per worker, each at least 256 kB.
+    gives one shard per worker, each at least 256 kB, and enough shards that
+    none exceeds 64 MB.
     """
     how = aggregation
     if how == "auto":
@@ -388,7 +398,8 @@ def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, 
     if how in ("driver", "files"):
         return how, 1
     if shards is None:
-        shards = max(1, min(num_workers, nbytes // (256 << 10)))
+        # At most 64 MB per slice: one Arrow binary value each, well under Spark Connect's 128 MB messages.
+        shards = max(1, min(num_workers, nbytes // (256 << 10)), -(-nbytes // (64 << 20)))
     return how, int(shards)
 
 

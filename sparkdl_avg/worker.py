@@ -1,8 +1,11 @@
 """Executor-side code: train or evaluate a cached replica on staged examples.
 
 Nothing here touches driver state. A task receives a small picklable
-description (:class:`RoundTask` or :class:`EvalTask`) holding broadcast
-handles, and returns a :class:`~sparkdl_avg.aggregation.PartialResult`. Every
+description (:class:`RoundTask` or :class:`EvalTask`) holding handles to the
+model and state (broadcasts or files, :mod:`sparkdl_avg.exchange`), and
+yields what its result sink makes of its
+:class:`~sparkdl_avg.aggregation.PartialResult` (the RDD entry points) or
+Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round). Every
 function also runs in-process with plain values in place of broadcasts, which
 is how the unit tests call it.
 
@@ -149,9 +152,10 @@ class RoundTask:
     """What every worker of one round needs (pickled into the round's closure).
 
     Attributes:
-        spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
+        spec: The :class:`ModelSpec`: a broadcast, a
+            :class:`~sparkdl_avg.exchange.StoredSpec` or the spec itself.
         fingerprint: ``spec.fingerprint``, to find a cached replica without
-            reading the broadcast.
+            reading the spec.
         state: Where the round's ``(weights, optimizer_variables)`` are: a
             state source of :mod:`sparkdl_avg.exchange` (its ``load()``).
         results: How the worker hands back its sums: a result sink of
@@ -303,7 +307,7 @@ class EvalTask:
     """What every part of a distributed evaluation needs.
 
     Attributes:
-        spec: Broadcast of the :class:`ModelSpec` (or the spec itself).
+        spec: The :class:`ModelSpec` (as in :class:`RoundTask`).
         fingerprint: ``spec.fingerprint``.
         state: A state source (:mod:`sparkdl_avg.exchange`) of ``(weights, optimizer_variables)`` to evaluate.
         dataset: The staged evaluation data.

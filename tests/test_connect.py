@@ -109,6 +109,20 @@ def test_every_aggregation_under_connect_gives_the_same_weights(connect, referen
         np.testing.assert_array_equal(got, want)
 
 
+def test_optimizer_state_reset_trains_under_connect_the_same_through_files_and_storage(connect):
+    """With optimizer_state="reset" workers return no optimizer sums; every aggregation must still add up."""
+    import keras
+
+    runs = []
+    for aggregation in ("files", "storage"):
+        model = make_model(seed=4, optimizer=keras.optimizers.Adam(0.01))
+        trainer_for(model, optimizer_state="reset", aggregation=aggregation).fit(frame(connect), epochs=1, verbose=0)
+        runs.append(model.get_weights())
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    assert all(np.isfinite(w).all() for w in runs[0])
+
+
 def test_evaluate_and_predict_under_connect_equal_the_classic_session(connect, reference):
     model = make_model(seed=4)
     model.set_weights(reference.weights)
@@ -200,7 +214,8 @@ def test_classic_only_transports_and_rdds_are_refused_under_connect_before_any_j
                                                  r"Connect .* Got 'spark' instead"):
         trainer_for(make_model(seed=4), state_transport="spark").fit(frame(connect), verbose=0)
     fake_rdd = object.__new__(RDD)  # Connect cannot make one; a user may still pass one from elsewhere
-    with pytest.raises(DataError, match="Spark Connect has no RDDs: pass the data as a DataFrame"):
+    with pytest.raises(DataError, match=r"The data must be a Spark DataFrame or a tuple \(x, y\) of numpy arrays "
+                                        r"under Spark Connect, which has no RDDs .* Got an RDD instead"):
         trainer_for(make_model(seed=4)).fit(fake_rdd, verbose=0)
 
 

@@ -70,6 +70,7 @@ def test_plan_aggregation_sums_small_rounds_on_the_driver_and_shards_large_ones(
     assert transport.plan_aggregation("auto", None, 64, 1 << 20) == ("storage", 4)  # slices of at least 256 kB
     assert transport.plan_aggregation("shuffle", 5, 2, 1 << 10) == ("shuffle", 5)
     assert transport.plan_aggregation("driver", 5, 16, 1 << 30) == ("driver", 1)
+    assert transport.plan_aggregation("storage", None, 2, 300 << 20) == ("storage", 5)  # slices of at most 64 MB
 
 
 def test_shard_keys_send_shard_j_to_spark_partition_j(spark):
@@ -120,3 +121,27 @@ def _listdir(path):
     import os
 
     return os.listdir(path) if os.path.isdir(path) else []
+
+
+def test_optimizer_state_reset_sums_only_the_weights_on_every_path(spark):
+    """With optimizer_state="reset" workers return no optimizer sums (Adam's moments start afresh each round)."""
+    import keras
+
+    df = spark.createDataFrame([(a.tolist(), float(b)) for a, b in zip(X, Y)], ["features", "label"])
+
+    def fit(**options):
+        model = make_model(seed=6, optimizer=keras.optimizers.Adam(0.01))
+        ParameterAveragingTrainer(model, num_workers=3, batch_size=8, averaging_frequency=3, seed=2,
+                                  optimizer_state="reset", **options).fit(df, epochs=1, verbose=0)
+        return model.get_weights()
+
+    reference = fit(state_transport="files")
+    for aggregation in ("driver", "files", "shuffle", "storage"):
+        for got, want in zip(fit(state_transport="sql", aggregation=aggregation, aggregation_shards=2), reference):
+            np.testing.assert_array_equal(got, want, err_msg=aggregation)
+
+
+def test_a_layout_refuses_sums_of_another_shape():
+    weights, optimizer = _sums(1, 3)
+    with pytest.raises(ValueError, match="The sums hold 3 arrays; their layout has 5"):
+        exchange.FlatLayout.of(weights, optimizer).flatten(weights, None)
