@@ -138,7 +138,7 @@ class RoundRunner:
         t3 = time.time()
         record = round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3)
         record.transport = self.transport.name
-        record.aggregation, record.shards = getattr(self.transport, "last_plan", None) or ("", 0)
+        record.aggregation, record.shards = self.transport.last_plan or ("", 0)
         self.stats.add(record)
         return result
 

@@ -53,9 +53,11 @@ class StateTransport:
     Attributes:
         name: ``"spark"``, ``"files"`` or ``"sql"`` (what ``state_transport="auto"`` chose).
         engine: The :class:`~sparkdl_avg.session.Engine` the jobs run on.
+        last_plan: ``(aggregation, shards)`` of the latest round of the Spark SQL round; ``None`` for the others.
     """
 
     name = ""
+    last_plan: Optional[Tuple[str, int]] = None
 
     def __init__(self, engine, depth: int = 2) -> None:
         self.engine = engine
