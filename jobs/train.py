@@ -15,7 +15,11 @@ ParameterAveragingTrainer, evaluates on the validation data, and writes
 model.keras, stats.json (per-round timings), metrics.json (history, final
 validation metrics, time summary, executors' Python, flags) and report.html
 to --output-dir, all at once (an existing directory is only replaced with
---overwrite). Bad flags or data: one line on stderr, exit status 2.
+--overwrite). With --mlflow-experiment (or --mlflow, --mlflow-tracking-uri,
+--mlflow-run-name) the fit is logged to MLflow: params, per-epoch metrics,
+the model and the reports, and the final validation metrics as final_val_*;
+--resume continues the checkpoint's run. Bad flags or data: one line on
+stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where model.keras, stats.json, metrics.json and report.html go (local or pyarrow.fs URI)")
     o.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
     o.add_argument("--report-title", default=None, help="title of report.html")
+    cli.add_tracking_args(p)
     cli.add_cluster_args(p)
     args = p.parse_args(argv)
     if args.validation_split is not None:
@@ -76,6 +81,7 @@ def main(argv=None) -> int:
     # Validates every option on the driver before Spark starts any job (errors name the flags: cli.run).
     trainer = ParameterAveragingTrainer(model, **cli.trainer_options(args))
     fit = cli.check_fit_flags(args)
+    tracker = cli.tracker(args)  # refuses a missing mlflow before Spark starts
     if args.checkpoint_dir and args.validation_split and args.seed is None:
         raise cli.UsageError(
             "--validation-split with --checkpoint-dir needs --seed: a resumed run must split the data the same way."
@@ -102,8 +108,11 @@ def main(argv=None) -> int:
                 data,
                 **{**fit, "features_col": features, "label_col": labels},
                 validation_data=validation,
+                callbacks=[tracker] if tracker else None,
             )
             final = trainer.evaluate(validation, features_col=features, label_col=labels, return_dict=True) if validation is not None else None
+            if tracker is not None and final is not None:
+                tracker.log_evaluation({f"val_{k}": v for k, v in final.items()})
             summary = trainer.stats.summary()
             trainer.write_report(out.file("report.html"), title=args.report_title)
         model.save(out.file("model.keras"))

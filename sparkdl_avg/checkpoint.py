@@ -60,6 +60,8 @@ class RunMeta:
         epoch_examples: Examples trained in the partial epoch (0 at an epoch's start).
         epoch_metric_sums: Example-weighted metric sums of the partial epoch.
         history: The finished epochs' logs, name → one value per epoch.
+        tracking: What the fit's trackers need to continue after a resume
+            (JSON-able; :class:`sparkdl_avg.tracking.MlflowLogger` keeps its run id there).
     """
 
     seed: int
@@ -68,6 +70,7 @@ class RunMeta:
     epoch_examples: int = 0
     epoch_metric_sums: Dict[str, float] = field(default_factory=dict)
     history: Dict[str, List[float]] = field(default_factory=dict)
+    tracking: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

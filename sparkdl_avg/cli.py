@@ -73,6 +73,21 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
             _add_flag(g, row)
 
 
+def add_tracking_args(p: argparse.ArgumentParser) -> None:
+    """The MLflow tracking flags (``--mlflow-experiment``, ...; :data:`~sparkdl_avg.options.TRACKING` rows)."""
+    g = p.add_argument_group("MLflow tracking (pip install 'sparkdl_avg[mlflow]')")
+    for row in table.OPTIONS:
+        if row.cli is not None and row.cli.group == "tracking":
+            _add_flag(g, row)
+
+
+def tracker(args: argparse.Namespace):
+    """The ``MlflowLogger`` the tracking flags ask for, or ``None`` (no ``--mlflow*`` flag given)."""
+    from . import tracking
+
+    return tracking.from_options({row.name: flag_value(args, row) for row in table.of(table.TRACKING)})
+
+
 def _add_flag(group, row: "table.Option") -> None:
     """The flag of ``row``: kebab-case, its help and default (shown in the help when it takes a value)."""
     flag = row.cli

@@ -277,7 +277,8 @@ def _param_entry(o) -> str:
     default = o.param_default()
     text = o.param_doc()
     shown = f". Default {options.literal(default)}" if default is not None else ""
-    owner = {options.TRAINER: "the trainer's", options.RULE: "the update rule's", options.FIT: "``fit``'s"}[o.scope]
+    owner = {options.TRAINER: "the trainer's", options.RULE: "the update rule's", options.FIT: "``fit``'s",
+             options.TRACKING: "MLflow tracking's"}[o.scope]
     return f"{text[0].upper()}{text[1:]} ({owner} ``{o.name}``){shown}."
 
 
@@ -360,6 +361,12 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
             fit["label_col"] = self.getLabelCols()
         return fit
 
+    def _tracker(self):
+        """The ``MlflowLogger`` the MLflow Params ask for (``mlflowTracking``, ``mlflowExperiment``, ...), or ``None``."""
+        from . import tracking
+
+        return tracking.from_options({o.name: self._option(o) for o in _OPTION_PARAMS if o.scope == options.TRACKING})
+
     def _fit(self, dataset):
         from .config import validate_model
         from .trainer import ParameterAveragingTrainer
@@ -368,8 +375,9 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         validate_model(model, name="kerasModel")  # a path's model is first seen here
         try:
             trainer = ParameterAveragingTrainer(model, **self._trainer_options())
+            tracker = self._tracker()
             with trainer:
-                history = trainer.fit(dataset, **self._fit_options())
+                history = trainer.fit(dataset, **self._fit_options(), callbacks=[tracker] if tracker else None)
         except (ConfigurationError, DataError) as exc:
             raise type(exc)(_camel_case_message(str(exc))) from None
         fitted = KerasAveragingModel(kerasModel=model)

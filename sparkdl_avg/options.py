@@ -60,6 +60,7 @@ from .schedules import as_schedule
 TRAINER = "trainer"  #: a ``ParameterAveragingTrainer``/``TrainerConfig`` option
 RULE = "rule"  #: one of update_rule's numbers, given flat by the CLI and the estimator
 FIT = "fit"  #: an option of ``ParameterAveragingTrainer.fit``
+TRACKING = "tracking"  #: an option of :class:`sparkdl_avg.tracking.MlflowLogger` (MLflow tracking of a fit)
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset")
 NONFINITE_POLICIES = ("raise", "skip")
@@ -114,6 +115,12 @@ def boolean(name: str, value: Any) -> None:
     """A check: ``True`` or ``False``."""
     if not isinstance(value, bool):
         raise ConfigurationError(f"The '{name}' parameter must be a bool. Got {value!r} instead.")
+
+
+def optional_str(name: str, value: Any) -> None:
+    """A check: a non-empty str, or ``None``."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigurationError(f"The '{name}' parameter must be a non-empty str or None. Got {value!r} instead.")
 
 
 def optional_uri(name: str, value: Any) -> None:
@@ -175,7 +182,8 @@ class Flag:
         metavar: argparse ``metavar``.
         help: The help text when the option's ``help`` does not fit the flag.
         to_option: Turns the parsed value into the option's (``--no-shuffle``).
-        group: ``"training"`` (``add_trainer_args``) or ``"data"`` (``add_data_args``).
+        group: ``"training"`` (``add_trainer_args``), ``"data"`` (``add_data_args``) or
+            ``"tracking"`` (``add_tracking_args``).
     """
 
     flag: Optional[str] = None
@@ -220,7 +228,7 @@ class Option:
         annotation: The type, as written in the generated signatures.
         help: One line (flag help, Param doc): what the option is.
         doc: The Args entry of the trainer's and ``TrainerConfig``'s docstrings.
-        scope: :data:`TRAINER`, :data:`RULE` or :data:`FIT`.
+        scope: :data:`TRAINER`, :data:`RULE`, :data:`FIT` or :data:`TRACKING`.
         check: ``check(name, value)``, or ``None``: checked elsewhere.
         unset: What ``None`` means, for help texts ("Spark's defaultParallelism").
         cli: The flag, or ``None``: no flag.
@@ -496,6 +504,60 @@ OPTIONS: Tuple[Option, ...] = (
         check=_bool_or_path,
         cli=Flag(action="store_true"),
     ),
+    # ------------------------------------------------- MLflow tracking (sparkdl_avg.tracking.MlflowLogger)
+    Option(
+        "mlflow", False, "bool", scope=TRACKING,
+        help="log the fit to MLflow (also on when an experiment, tracking URI or run name is given)",
+        doc="Log the fit to MLflow: into the active run, else into a new run of ``experiment``. The "
+            "jobs and the estimator only; an ``MlflowLogger`` in ``callbacks`` is this switch for the trainer.",
+        check=boolean,
+        cli=Flag(action="store_true", group="tracking"),
+        param=SparkParam("mlflowTracking", "toBoolean"),
+    ),
+    Option(
+        "experiment", None, "Optional[str]", scope=TRACKING,
+        help="MLflow experiment of the run (created if missing)",
+        unset="the active run's, else MLflow's (MLFLOW_EXPERIMENT_NAME / _ID, or 'Default')",
+        doc="Name of the MLflow experiment a new run goes into, created if it does not exist. Default "
+            "``None``: the active run's, else MLflow's current experiment (``mlflow.set_experiment``, "
+            "``MLFLOW_EXPERIMENT_NAME``/``_ID``, else ``\"Default\"``).",
+        check=optional_str,
+        cli=Flag("--mlflow-experiment", metavar="NAME", group="tracking"),
+        param=SparkParam("mlflowExperiment", "toString"),
+    ),
+    Option(
+        "tracking_uri", None, "Optional[str]", scope=TRACKING,
+        help="MLflow tracking URI (http://host:5000, sqlite:///mlflow.db, databricks)",
+        unset="MLflow's (mlflow.set_tracking_uri, MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+        doc="Where the run is tracked: a tracking server (``http://host:5000``), a database "
+            "(``sqlite:///mlflow.db``) or ``databricks``. Default ``None``: MLflow's current tracking URI "
+            "(``mlflow.set_tracking_uri``, ``MLFLOW_TRACKING_URI``). Only this logger uses it; MLflow's "
+            "global setting is not changed.",
+        check=optional_str,
+        cli=Flag("--mlflow-tracking-uri", metavar="URI", group="tracking"),
+        param=SparkParam("mlflowTrackingUri", "toString"),
+    ),
+    Option(
+        "run_name", None, "Optional[str]", scope=TRACKING,
+        help="name of a new MLflow run",
+        unset="MLflow's generated name",
+        doc="Name of the new run (not used when logging into the active run or resuming one). Default "
+            "``None``: MLflow generates one.",
+        check=optional_str,
+        cli=Flag("--mlflow-run-name", metavar="NAME", group="tracking"),
+        param=SparkParam("mlflowRunName", "toString"),
+    ),
+    Option(
+        "log_model", True, "bool", scope=TRACKING,
+        help="log the trained model (Keras flavour, with its signature), stats.json and report.html at the end",
+        doc="At the end of a fit, log the trained model in MLflow's Keras flavour (artifact ``model``, "
+            "with an input/output tensor signature; ``mlflow.keras.load_model(\"runs:/<id>/model\")``) "
+            "and the ``stats.json`` and ``report.html`` artifacts. Default True.",
+        check=boolean,
+        cli=Flag("--mlflow-no-log-model", action="store_false", dest="log_model", group="tracking",
+                 help="do not log the trained model, stats.json and report.html to MLflow"),
+        param=SparkParam("mlflowLogModel", "toBoolean"),
+    ),
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -591,8 +653,11 @@ def check_names(owner: str, given: Iterable[str], valid: Sequence[str]) -> None:
         )
 
 
-def constructor(scope: str = TRAINER) -> Callable:
-    """Decorates ``__init__(self, model, *args, **kwargs)``: the signature shows ``scope``'s options.
+def constructor(scope: str = TRAINER, exclude: Sequence[str] = ()) -> Callable:
+    """Decorates ``__init__(self, model, **kwargs)``: the signature shows ``scope``'s options.
+
+    The parameters before ``**kwargs`` (``self, model``; ``self`` alone) come
+    first, then one per row of ``scope`` except those named in ``exclude``.
 
     The wrapped ``__init__`` gets the options bound by name with their
     defaults (positional ones in table order, as a written-out signature
@@ -601,9 +666,10 @@ def constructor(scope: str = TRAINER) -> Callable:
     """
 
     def decorate(init: Callable) -> Callable:
-        first = list(inspect.signature(init).parameters.values())[:2]  # self, model
-        sig = signature(of(scope), leading=[p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in first])
-        names = [o.name for o in of(scope)]
+        first = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        rows = [o for o in of(scope) if o.name not in exclude]
+        sig = signature(rows, leading=[p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in first])
+        names = [o.name for o in rows]
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             check_names(type(self).__name__, [k for k in kwargs if k not in (p.name for p in first)], names)
@@ -646,6 +712,6 @@ def document(doc: Optional[str], entries: Iterable[Tuple[str, str]]) -> str:
     return "\n".join(lines[:end] + [args_entries(entries)] + lines[end:])
 
 
-def trainer_entries(scope: str = TRAINER) -> Tuple[Tuple[str, str], ...]:
-    """The Args entries of ``scope``'s options: ``(name, doc)``."""
-    return tuple((o.name, o.doc or o.help) for o in of(scope))
+def trainer_entries(scope: str = TRAINER, exclude: Sequence[str] = ()) -> Tuple[Tuple[str, str], ...]:
+    """The Args entries of ``scope``'s options (but those named in ``exclude``): ``(name, doc)``."""
+    return tuple((o.name, o.doc or o.help) for o in of(scope) if o.name not in exclude)

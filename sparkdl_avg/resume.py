@@ -12,7 +12,7 @@ putting its state back into the model, the update rule and the schedule
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from . import checkpoint
@@ -101,6 +101,7 @@ class Checkpointing:
         schedule: The averaging schedule (its state is saved, e.g. AdaComm's).
         seed: The run's seed (data order).
         run_settings: What a resumed run must match (see :func:`checkpoint.check_compatible`).
+        tracking: The fit's tracking state (``FitInfo.tracking``), saved as it is at each checkpoint.
     """
 
     directory: Optional[str]
@@ -110,6 +111,7 @@ class Checkpointing:
     schedule: AveragingSchedule
     seed: int
     run_settings: Dict[str, Any]
+    tracking: Dict[str, Any] = field(default_factory=dict)
 
     def after_round(self, rounds_in_fit: int, epoch: int, rounds_done: int, steps_done: int,
                     epoch_result: Optional[PartialResult]) -> None:
@@ -140,6 +142,7 @@ class Checkpointing:
                     epoch_examples=epoch_result.examples if epoch_result is not None else 0,
                     epoch_metric_sums=dict(epoch_result.metric_sums) if epoch_result is not None else {},
                     history={k: [float(x) for x in v] for k, v in self.model.history.history.items()},
+                    tracking=dict(self.tracking),
                 ),
             ),
         )

@@ -10,6 +10,7 @@ how state moves is :mod:`sparkdl_avg.transport`'s; checkpoint policy is
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import sys
@@ -25,7 +26,7 @@ from . import resume as resume_mod
 from . import transport as transport_mod
 from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
-from .options import constructor, document, trainer_entries
+from .options import TRAINER, constructor, document, of, trainer_entries
 from .errors import DataError
 from .fs import join, make_dir, remove_tree
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
@@ -53,6 +54,38 @@ class _FitContext:
     checkpoints: resume_mod.Checkpointing
     rounds_in_fit: int = 0
     capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
+
+
+@dataclass
+class FitInfo:
+    """What a fit tells the callbacks that ask for it: trackers such as :class:`~sparkdl_avg.tracking.MlflowLogger`.
+
+    A callback with an ``on_fit_begin(fit)`` method gets it called with this
+    before ``on_train_begin``, and ``on_fit_end(fit, error)`` once the fit is
+    over, also when it fails (``error``: the exception, which then
+    propagates; ``None`` on success, when ``trainer.history`` is set).
+
+    Attributes:
+        trainer: The trainer: its ``model``, ``stats`` (this fit's rounds so
+            far) and ``write_report``.
+        params: The fit's settings, flat and JSON-able: the trainer's options
+            (the update rule and schedule as their descriptions), ``fit``'s,
+            and what the fit resolved (workers, examples, the transport, the
+            master, the versions).
+        epochs: ``fit``'s ``epochs`` (the epoch to stop before).
+        start_epoch: The first epoch this fit trains: ``initial_epoch``, or the checkpoint's.
+        resumed_from: The checkpoint this fit continues, or ``None``.
+        tracking: JSON-able state saved in every checkpoint of the fit and
+            restored from it on resume; trackers keep what they need to
+            continue there (MLflow's run id).
+    """
+
+    trainer: "ParameterAveragingTrainer"
+    params: Dict[str, Any]
+    epochs: int
+    start_epoch: int
+    resumed_from: Optional[str]
+    tracking: Dict[str, Any]
 
 
 class ParameterAveragingTrainer:
@@ -305,12 +338,28 @@ class ParameterAveragingTrainer:
             callbacks=callback_list,
             progress=Progress(verbose, epochs, epoch_steps),
             checkpoints=resume_mod.Checkpointing(
-                checkpoint_dir, checkpoint_every, self.model, self._rule_state, schedule, self._seed, run_settings
+                checkpoint_dir, checkpoint_every, self.model, self._rule_state, schedule, self._seed, run_settings,
+                tracking=dict(restored.meta.tracking) if restored is not None else {},
             ),
         )
+        observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
+        info = FitInfo(
+            trainer=self,
+            params=self._fit_params(engine, transport, settings, rule, schedule, val,
+                                    epochs=epochs, initial_epoch=initial_epoch, shuffle=shuffle,
+                                    features_col=features_col, label_col=label_col,
+                                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every),
+            epochs=epochs,
+            start_epoch=restored.epoch if restored is not None else initial_epoch,
+            resumed_from=checkpoint_uri,
+            tracking=ctx.checkpoints.tracking,
+        )
         self.model.stop_training = False
+        error: Optional[BaseException] = None
         with labels:
             try:
+                for cb in observers:
+                    cb.on_fit_begin(info)
                 callback_list.on_train_begin()
                 logs: Dict[str, float] = {}
                 start_epoch = initial_epoch
@@ -344,10 +393,47 @@ class ParameterAveragingTrainer:
                         break
                 callback_list.on_train_end(logs)
                 ctx.progress.train_end(self.stats.summary())
+                self.history = self.model.history
+            except BaseException as exc:
+                error = exc
+                raise
             finally:
                 transport.close()
-        self.history = self.model.history
+                for cb in observers:
+                    cb.on_fit_end(info, error)
         return self.model.history
+
+    def _fit_params(self, engine, transport, settings: RoundSettings, rule, schedule, val, **fit_options: Any) -> Dict[str, Any]:
+        """:attr:`FitInfo.params`: the options, ``fit``'s, and what this fit resolved, flat and JSON-able."""
+        import keras
+        import pyspark
+
+        from . import __version__
+
+        def flat(value: Any) -> Any:
+            if value is None or isinstance(value, (bool, int, float, str)):
+                return value
+            return json.dumps(value, sort_keys=True, default=str)
+
+        params = {o.name: getattr(self.config, o.name) for o in of(TRAINER)}
+        params.update(update_rule=rule.describe(), averaging_frequency=schedule.describe(), seed=self._seed)
+        params.update(fit_options)
+        params.update(
+            num_workers=settings.num_workers,
+            num_examples=settings.dataset.num_examples,
+            validation_examples=val.num_examples if val is not None else None,
+            epoch_steps=settings.epoch_steps,
+            transport=transport.name,
+            master=engine.master,
+            spark_connect=engine.connect,
+            spark_version=engine.spark.version,
+            model=self.model.name,
+            model_parameters=int(self.model.count_params()),
+            sparkdl_avg_version=__version__,
+            keras_version=keras.__version__,
+            pyspark_version=pyspark.__version__,
+        )
+        return {k: flat(v) for k, v in params.items()}
 
     @property
     def update_rule_state(self) -> Dict[str, Any]:

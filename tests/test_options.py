@@ -54,7 +54,7 @@ def _flag(row) -> str:
 def test_names_are_unique_and_scopes_known():
     names = [o.name for o in options.OPTIONS]
     assert len(names) == len(set(names))
-    assert {o.scope for o in options.OPTIONS} == {options.TRAINER, options.RULE, options.FIT}
+    assert {o.scope for o in options.OPTIONS} == {options.TRAINER, options.RULE, options.FIT, options.TRACKING}
     params = [o.param.name for o in options.OPTIONS if o.param]
     assert len(params) == len(set(params))
     for o in options.of(options.TRAINER):
@@ -83,6 +83,16 @@ def test_trainer_signature_and_fit_defaults_come_from_the_table():
         assert fit[o.name].default == o.default, o.name
 
 
+def test_the_mlflow_logger_takes_the_tracking_rows_but_the_switch():
+    from sparkdl_avg.tracking import MlflowLogger
+
+    params = inspect.signature(MlflowLogger).parameters
+    rows = [o for o in options.of(options.TRACKING) if o.name != "mlflow"]
+    assert {n: p.default for n, p in params.items()} == {o.name: o.default for o in rows}
+    for o in rows:
+        assert f"{o.name}:" in MlflowLogger.__doc__, o.name
+
+
 def test_trainer_takes_options_by_keyword_or_position_and_names_unknown_ones(model):
     trainer = ParameterAveragingTrainer(model, 2, 4, seed=3)
     assert trainer.config == TrainerConfig(num_workers=2, batch_size=4, seed=3)
@@ -108,6 +118,7 @@ def test_every_row_with_a_flag_is_a_flag_of_the_train_job_with_its_default(parse
     # every trainer option has a flag, and the flags' defaults are the trainer's
     assert all(o.cli is not None for o in options.of(options.TRAINER, options.RULE))
     assert TrainerConfig(**cli.trainer_options(args)) == TrainerConfig(update_rule=as_update_rule(None))
+    assert cli.tracker(args) is None  # no --mlflow* flag: no tracking (and mlflow need not be installed)
 
 
 def test_flags_set_the_options(parse):
@@ -118,6 +129,10 @@ def test_flags_set_the_options(parse):
     assert config.update_rule == SlowMo(0.7, 1.0)
     assert cli.flag_value(args, options.option("shuffle")) is False
     assert cli.flag_value(args, options.option("verbose")) == 0
+    pytest.importorskip("mlflow")
+    tracker = cli.tracker(parse("--mlflow-experiment", "e", "--mlflow-run-name", "r", "--mlflow-no-log-model"))
+    assert (tracker.experiment, tracker.run_name, tracker.tracking_uri, tracker.log_model) == ("e", "r", None, False)
+    assert cli.tracker(parse("--mlflow")).experiment is None
 
 
 # ------------------------------------------------------------------ estimator

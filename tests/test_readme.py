@@ -102,6 +102,7 @@ def _stage_params(cls) -> dict:
 
 def _callables():
     from sparkdl_avg.ml import KerasAveragingEstimator, KerasAveragingModel
+    from sparkdl_avg.tracking import MlflowLogger
 
     trainer = _trainer()
     return {
@@ -111,6 +112,7 @@ def _callables():
         "trainer.predict": _signature_params(trainer.predict),
         "KerasAveragingEstimator": _stage_params(KerasAveragingEstimator),
         "KerasAveragingModel": _stage_params(KerasAveragingModel),
+        "MlflowLogger": _signature_params(MlflowLogger.__init__),
     }
 
 
@@ -121,6 +123,7 @@ CALLABLES = [
     "trainer.predict",
     "KerasAveragingEstimator",
     "KerasAveragingModel",
+    "MlflowLogger",
 ]
 
 
@@ -195,7 +198,10 @@ def test_every_option_of_the_table_is_documented_with_its_default(tables):
     jobs = _section(README.read_text(encoding="utf-8"), "Running on a cluster")
     wrong = []
     for o in options.OPTIONS:
-        key = {options.TRAINER: "ParameterAveragingTrainer", options.FIT: "trainer.fit"}.get(o.scope)
+        key = {options.TRAINER: "ParameterAveragingTrainer", options.FIT: "trainer.fit",
+               options.TRACKING: "MlflowLogger"}.get(o.scope)
+        if o.name == "mlflow":  # the switch of the jobs and the estimator, not a logger argument
+            key = None
         if key is not None:
             cell = tables[key].get(o.name)
             if cell != _expected_cell(o.default):
