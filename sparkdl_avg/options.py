@@ -15,6 +15,11 @@ spells it (:class:`Flag`) and which Spark ML Param carries it
 - ``KerasAveragingEstimator``'s Params, keyword arguments, defaults,
   setters and getters, ``_trainer_options`` and the snake_case → camelCase
   map of its error messages (``sparkdl_avg.ml``);
+- :class:`~sparkdl_avg.tracking.MlflowLogger`'s signature and Args (the
+  :data:`TRACKING` rows but the ``mlflow`` switch), the jobs' ``--mlflow-*``
+  flags (``cli.add_tracking_args``, ``cli.tracker``) and the estimator's
+  ``mlflow*`` Params, all made into one logger by
+  :func:`sparkdl_avg.tracking.from_options`;
 - the checks of README.md's configuration reference (tests/test_readme.py)
   and tests/test_options.py, which checks that every row reaches all three
   entry points with the same default and the same error.

@@ -139,6 +139,10 @@ def _check_quickstart(nb, text: str) -> None:
     # The loss curves and the time breakdown, inline.
     assert _plotly_figures(nb) == 2
     assert "Held-out accuracy of trainer.predict" in text
+    # MLflow: the fit's run, its final evaluation, and the logged model
+    assert re.search(r"^run digits-mlp FINISHED params: \d+ \| val_accuracy 0\.9\d* \| final_accuracy 0\.9", text,
+                     re.MULTILINE), text[-3000:]
+    assert "the logged model predicts as trainer.model" in text
 
 
 def _check_pipeline(nb, text: str) -> None:
