@@ -225,3 +225,21 @@ def test_the_executor_check_runs_under_connect(connect):
     infos = check_executors(connect)
     assert len(infos) == 2
     assert all(info["python"] and "import_error" not in info for info in infos)
+
+
+def test_a_fit_under_connect_is_tracked_in_mlflow(connect, reference, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    from sparkdl_avg.tracking import MlflowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    client.create_experiment("connect", artifact_location=str(tmp_path / "artifacts"))
+    model = make_model(seed=4)
+    tracker = MlflowLogger(experiment="connect", tracking_uri=uri)
+    trainer_for(model).fit(frame(connect), epochs=2, callbacks=[tracker], verbose=0)
+    run = client.get_run(tracker.run_id)
+    assert tracker.not_logged == [] and run.info.status == "FINISHED"
+    assert run.data.params["spark_connect"] == "True" and run.data.params["transport"] == "sql"
+    losses = sorted(client.get_metric_history(tracker.run_id, "loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in losses] == list(enumerate(reference.history["loss"]))
+    assert {"model", "stats.json", "report.html"} <= {a.path for a in client.list_artifacts(tracker.run_id)}
