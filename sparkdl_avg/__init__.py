@@ -1,8 +1,10 @@
 """sparkdl_avg: train Keras models on Apache Spark by synchronous parameter averaging.
 
-The public entry point is :class:`ParameterAveragingTrainer`; see README.md.
+The public entry point is :class:`ParameterAveragingTrainer`; :func:`advise` says whether
+distributing pays for a model and data; see README.md.
 """
 
+from .advisor import Advice, advise
 from .config import TrainerConfig
 from .errors import ConfigurationError, DataError, WorkerError
 from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule
@@ -11,6 +13,8 @@ from .trainer import ParameterAveragingTrainer
 
 __all__ = [
     "ParameterAveragingTrainer",
+    "advise",
+    "Advice",
     "TrainerConfig",
     "UpdateRule",
     "PlainAveraging",

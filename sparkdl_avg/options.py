@@ -449,6 +449,18 @@ OPTIONS: Tuple[Option, ...] = (
         cli=Flag(type=int),
         param=SparkParam("aggregationShards", "toInt"),
     ),
+    Option(
+        "slow_warning", True, "bool",
+        help="warn after a fit's first epoch when one process would have trained it faster",
+        doc="After a fit's first epoch, warn (once, with the numbers) when the epoch took longer than one "
+            "process would at one worker's measured speed per minibatch: the rounds' fixed cost outweighs "
+            "what the workers add (:func:`sparkdl_avg.advisor.slower_than_one_process`, the cost model of "
+            ":func:`sparkdl_avg.advise`). Default True.",
+        check=boolean,
+        cli=Flag("--no-slow-warning", action="store_false",
+                 help="do not warn when the fit is slower than one process would be"),
+        param=SparkParam("slowWarning", "toBoolean"),
+    ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(
         "epochs", 1, "int", scope=FIT,

@@ -382,6 +382,8 @@ class ParameterAveragingTrainer:
                     ctx.progress.epoch_begin(epoch)
                     begin = restored if restored is not None and epoch == restored.epoch else None
                     logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
+                    if epoch == start_epoch and cfg.slow_warning:
+                        self._warn_if_slow(epoch, settings)
                     if val is not None:
                         val_logs = self._evaluate_staged(transport, val, settings.spec, spec.fingerprint, num_workers,
                                                          cfg.batch_size)
@@ -434,6 +436,16 @@ class ParameterAveragingTrainer:
             pyspark_version=pyspark.__version__,
         )
         return {k: flat(v) for k, v in params.items()}
+
+    def _warn_if_slow(self, epoch: int, settings: RoundSettings) -> None:
+        """Warns when ``epoch`` (the fit's first) was slower than one process would be (``slow_warning``)."""
+        from .advisor import slower_than_one_process
+
+        records = [r for r in self.stats.records if r.epoch == epoch]
+        message = slower_than_one_process(records, settings.dataset.num_examples, settings.num_workers,
+                                          settings.batch_size)
+        if message:
+            logger.warning(message)
 
     @property
     def update_rule_state(self) -> Dict[str, Any]:

@@ -1,0 +1,497 @@
+"""Should this model be distributed? :func:`advise` measures the user's model, data and cluster, and predicts.
+
+This module owns the answer to "does parameter averaging pay here": the
+cost model of an epoch (:class:`CostModel`: one worker's time per minibatch
+and the fixed cost of a round, by worker count, against one process's time
+per minibatch), the measurement that feeds it on the user's own session and
+data within a time budget (:func:`advise`), and the answer in words, as a
+table and as a figure (:class:`Advice`). ``fit``'s warning that a run is
+slower than one process (``slow_warning``) uses the same model, fed by the
+fit's own first epoch (:func:`slower_than_one_process`).
+
+The model, as in docs/scaling.md: with ``W`` workers, batch ``B``,
+averaging frequency ``k`` and ``D`` examples, each worker trains
+``S = D // (W·B)`` minibatches an epoch in ``R = ⌈S/k⌉`` rounds, and
+
+    epoch(W, k) = S · t_step(W) + R · fixed(W)
+    one process = (D / B) · t_single
+
+``t_step`` (compute and loading of one minibatch on one worker) and
+``fixed`` (the rest of a round: launching the job, moving the state,
+aggregating, the update) are measured at a few worker counts and
+interpolated linearly between them (extrapolated beyond, marked so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .errors import ConfigurationError, DataError
+from .options import check_int
+
+#: Averaging frequencies the table compares, besides the user's own (cut to the minibatches of an epoch).
+FREQUENCIES = (1, 4, 16, 64, 256)
+MIN_BUDGET_S = 10.0  #: below this not even one short distributed fit can be measured
+_FIT_BUDGET_SHARE = 0.75  #: of the budget left after staging and the baseline, what the distributed fits may use
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Epoch time of parameter averaging and of one process, from measured constants.
+
+    Attributes:
+        t_single: One process's time per minibatch of ``batch_size`` (s):
+            ``keras.Model.fit`` on the driver, the best of plain and
+            ``steps_per_execution``.
+        t_step: Worker count → one worker's compute and loading time per minibatch (s).
+        fixed: Worker count → a round's time besides the slowest worker's
+            compute and loading (s): the job, the state out and the sums
+            back, the update.
+        measured_workers: The largest worker count measured; beyond it the
+            prediction is an extrapolation.
+    """
+
+    t_single: float
+    t_step: Dict[int, float]
+    fixed: Dict[int, float]
+
+    @property
+    def measured_workers(self) -> int:
+        return max(self.t_step)
+
+    def step_s(self, workers: int) -> float:
+        """One worker's time per minibatch at ``workers`` (constant beyond the largest measured count)."""
+        return _interpolate(self.t_step, workers, extend=False)
+
+    def fixed_s(self, workers: int) -> float:
+        """A round's fixed cost at ``workers`` (the last measured slope beyond, never below the largest)."""
+        return _interpolate(self.fixed, workers, extend=True)
+
+    def epoch_s(self, num_examples: int, workers: int, batch_size: int, k: int) -> float:
+        """Predicted time of one epoch with ``workers`` and averaging frequency ``k``; ``inf`` if no round fits."""
+        steps = num_examples // (workers * batch_size)
+        if steps == 0:
+            return math.inf
+        return steps * self.step_s(workers) + math.ceil(steps / min(k, steps)) * self.fixed_s(workers)
+
+    def single_epoch_s(self, num_examples: int, batch_size: int) -> float:
+        """Predicted time of one epoch of ``keras.Model.fit`` in one process."""
+        return num_examples / batch_size * self.t_single
+
+
+def _interpolate(points: Dict[int, float], x: int, extend: bool) -> float:
+    xs = sorted(points)
+    if x <= xs[0]:
+        return points[xs[0]]
+    for lo, hi in zip(xs, xs[1:]):
+        if x <= hi:
+            return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
+    if not extend or len(xs) == 1:
+        return points[xs[-1]]
+    lo, hi = xs[-2], xs[-1]
+    slope = max(0.0, (points[hi] - points[lo]) / (hi - lo))
+    return points[hi] + slope * (x - hi)
+
+
+@dataclass
+class Advice:
+    """What :func:`advise` found: the answer in words, the predictions, and what was measured.
+
+    Attributes:
+        summary: The answer in words (also ``str(advice)``'s first line).
+        rows: One dict per (workers, averaging frequency): ``workers``,
+            ``averaging_frequency``, ``epoch_s``, ``total_s`` (the planned
+            epochs plus the one-off costs), ``speedup`` (one process's
+            total over this one's), ``efficiency`` (the workers' compute
+            share of the epoch) and ``extrapolated`` (more workers than
+            measured); the first row is one process (``workers=1``,
+            ``averaging_frequency=None``).
+        cost: The :class:`CostModel` the predictions come from.
+        measurements: What was measured, in seconds and bytes: ``t_single``,
+            ``t_step``, ``fixed``, ``staging_s`` (the measured sample) and
+            ``staging_full_s`` (scaled to all the data), ``first_round_extra_s``
+            (building replicas, starting Python workers), ``state_bytes``
+            per round, ``num_examples``, ``parallelism``, ``elapsed_s``,
+            ``budget_s``.
+        best: The recommended row (the one-process row when staying is faster).
+    """
+
+    summary: str
+    rows: List[Dict[str, Any]]
+    cost: CostModel
+    measurements: Dict[str, Any]
+    best: Dict[str, Any]
+    epochs: int = 1
+
+    def __str__(self) -> str:
+        return self.summary + "\n\n" + self.table()
+
+    def table(self) -> str:
+        """The predictions as a text table."""
+        head = f"{'workers':>8} {'k':>6} {'epoch s':>9} {'total s':>9} {'speed-up':>9} {'efficiency':>10}"
+        lines = [head]
+        for r in self.rows:
+            k = "-" if r["averaging_frequency"] is None else str(r["averaging_frequency"])
+            mark = " (extrapolated)" if r["extrapolated"] else ""
+            lines.append(f"{r['workers']:>8} {k:>6} {r['epoch_s']:>9.3f} {r['total_s']:>9.2f} "
+                         f"{r['speedup']:>8.2f}x {r['efficiency']:>10.0%}{mark}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Everything as JSON-able data."""
+        return {"summary": self.summary, "rows": self.rows, "best": self.best, "epochs": self.epochs,
+                "measurements": self.measurements}
+
+    def figure(self):
+        """A plotly figure: predicted speed-up over one process by workers, one line per averaging frequency."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        frequencies = sorted({r["averaging_frequency"] for r in self.rows if r["averaging_frequency"] is not None})
+        for k in frequencies:
+            rows = [r for r in self.rows if r["averaging_frequency"] == k]
+            for extrapolated in (False, True):
+                part = [r for r in rows if r["extrapolated"] == extrapolated]
+                if extrapolated and part:  # join the dashed part to the last measured point
+                    part = [r for r in rows if not r["extrapolated"]][-1:] + part
+                if not part:
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=[r["workers"] for r in part], y=[r["speedup"] for r in part], mode="lines+markers",
+                    name=f"k={k}" + (" (extrapolated)" if extrapolated else ""),
+                    line={"dash": "dash" if extrapolated else "solid"}, legendgroup=str(k),
+                    showlegend=not extrapolated or not any(not r["extrapolated"] for r in rows),
+                    hovertemplate="%{x} workers: %{y:.2f}× one process<extra>k=" + str(k) + "</extra>",
+                ))
+        fig.add_hline(y=1.0, line={"color": "grey", "dash": "dot"}, annotation_text="one process")
+        fig.update_layout(title=self.summary if len(self.summary) < 110 else self.summary[:107] + "...",
+                          xaxis_title="workers", yaxis_title=f"speed-up over one process ({self.epochs} epochs)",
+                          xaxis_type="log", template="plotly_white")
+        return fig
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><td>{r['workers']}</td><td>{r['averaging_frequency'] or '-'}</td><td>{r['epoch_s']:.3f}</td>"
+            f"<td>{r['total_s']:.2f}</td><td>{r['speedup']:.2f}×</td><td>{r['efficiency']:.0%}</td>"
+            f"<td>{'extrapolated' if r['extrapolated'] else ''}</td></tr>"
+            for r in self.rows
+        )
+        return (f"<p><b>{html.escape(self.summary)}</b></p><table><tr><th>workers</th><th>k</th><th>epoch s</th>"
+                f"<th>total s</th><th>speed-up</th><th>efficiency</th><th></th></tr>{rows}</table>")
+
+    def write_html(self, path: str) -> str:
+        """Writes the answer, the table and the figure to one self-contained HTML file; returns ``path``."""
+        import html
+
+        from .fs import write_atomically
+
+        page = ("<!doctype html><html><head><meta charset='utf-8'><title>sparkdl_avg advice</title></head><body>"
+                + self._repr_html_()
+                + self.figure().to_html(full_html=False, include_plotlyjs=True)
+                + f"<pre>{html.escape(_measurements_text(self.measurements))}</pre></body></html>")
+        write_atomically(path, page.encode("utf-8"))
+        return path
+
+
+def _measurements_text(m: Dict[str, Any]) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in m.items())
+
+
+def predict(cost: CostModel, num_examples: int, batch_size: int, epochs: int, one_off_s: float,
+            workers: Sequence[int], frequencies: Sequence[int]) -> List[Dict[str, Any]]:
+    """The prediction rows of :attr:`Advice.rows` for ``workers`` × ``frequencies`` (one process first)."""
+    single = cost.single_epoch_s(num_examples, batch_size)
+    rows = [dict(workers=1, averaging_frequency=None, epoch_s=single, total_s=single * epochs, speedup=1.0,
+                 efficiency=1.0, extrapolated=False)]
+    for w in workers:
+        steps = num_examples // (w * batch_size)
+        if steps == 0:
+            continue
+        for k in sorted({min(k, steps) for k in frequencies}):
+            epoch = cost.epoch_s(num_examples, w, batch_size, k)
+            total = one_off_s + epochs * epoch
+            rows.append(dict(workers=w, averaging_frequency=k, epoch_s=epoch, total_s=total,
+                             speedup=single * epochs / total, efficiency=steps * cost.step_s(w) / epoch,
+                             extrapolated=w > cost.measured_workers))
+    return rows
+
+
+def recommend(rows: List[Dict[str, Any]], one_off_s: float, epochs: int) -> Tuple[str, Dict[str, Any]]:
+    """The advice in words and the recommended row, from the prediction rows.
+
+    Among the measured worker counts, the fastest total wins; its
+    averaging frequency is the smallest within 10% of that worker count's
+    fastest (more frequent averaging trains closer to one process). When no
+    distributed row beats one process, the answer is to stay.
+    """
+    single = rows[0]
+    measured = [r for r in rows[1:] if not r["extrapolated"]]
+    if not measured:
+        raise DataError("No worker count could train one round on this data; use one process (keras.Model.fit).")
+    fastest = min(measured, key=lambda r: r["total_s"])
+    if fastest["total_s"] >= single["total_s"]:
+        two = min((r for r in measured if r["workers"] == fastest["workers"]), key=lambda r: r["epoch_s"])
+        beyond = [r for r in rows[1:] if r["extrapolated"] and r["total_s"] < single["total_s"]]
+        hint = ""
+        if beyond:
+            far = min(beyond, key=lambda r: r["total_s"])
+            hint = (f" More workers than measured might pay: {far['workers']} workers at averaging_frequency="
+                    f"{far['averaging_frequency']} are extrapolated to {far['speedup']:.1f}x.")
+        return (
+            f"Stay on one machine: one epoch takes {_s(single['epoch_s'])} here with keras.Model.fit; on "
+            f"{two['workers']} workers it would take {_s(two['epoch_s'])}, plus {_s(one_off_s)} of start-up."
+            + hint,
+            single,
+        )
+    same = [r for r in measured if r["workers"] == fastest["workers"]]
+    best_epoch = min(r["epoch_s"] for r in same)
+    pick = min((r for r in same if r["epoch_s"] <= 1.1 * best_epoch), key=lambda r: r["averaging_frequency"])
+    text = (
+        f"Use {pick['workers']} workers with averaging_frequency >= {pick['averaging_frequency']} "
+        f"(≈ {pick['efficiency']:.0%} efficiency): {epochs} epoch{'s' if epochs != 1 else ''} in "
+        f"{_s(pick['total_s'])} including {_s(one_off_s)} of start-up, against {_s(single['total_s'])} in one "
+        f"process ({pick['speedup']:.1f}x)."
+    )
+    if pick["averaging_frequency"] >= 32:
+        text += " Consider update_rule='bmuf' to keep accuracy at that averaging frequency."
+    return text, pick
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+# ------------------------------------------------------------------ measurement
+
+
+def advise(
+    model,
+    data,
+    *,
+    epochs: int = 10,
+    batch_size: int = 32,
+    averaging_frequency: Optional[int] = None,
+    features_col: Any = "features",
+    label_col: Any = "label",
+    budget_s: float = 60.0,
+    max_workers: Optional[int] = None,
+    staging_dir: Optional[str] = None,
+    state_transport: str = "auto",
+) -> Advice:
+    """Measures whether training ``model`` on ``data`` by parameter averaging pays, within ``budget_s``.
+
+    On the session that holds ``data`` (classic or Connect), it measures:
+    one process's ``keras.Model.fit`` throughput on the driver (plain and
+    with ``steps_per_execution``) on examples of ``data``; one worker's time
+    per minibatch and a round's fixed cost by a few short fits at 2 workers
+    and at the session's parallelism (and 1 when that is 2), with the
+    transport ``fit`` would use; the one-off costs (staging the data, the
+    first round's replica build). Then it predicts, with
+    :class:`CostModel`, the epoch time, efficiency and speed-up over one
+    process for worker counts up to the parallelism (and, extrapolated, up
+    to ``max_workers``) and for averaging frequencies, and the total for
+    ``epochs``. ``model`` itself is not trained (copies are).
+
+    Args:
+        model: The compiled ``keras.Model`` you plan to train.
+        data: Spark DataFrame, RDD of ``(x, y)`` or ``(x, y)`` numpy arrays, as for ``fit``.
+        epochs: The epochs you plan to train. Default 10.
+        batch_size: Examples per minibatch, per worker (and of one process). Default 32.
+        averaging_frequency: The ``k`` you plan to use; compared with 1, 4,
+            16, 64 and 256. Default ``None``: those alone.
+        features_col, label_col: As in ``fit``.
+        budget_s: Seconds the measurement may take, roughly (the first
+            Python workers' start counts too). At least 10. Default 60.
+        max_workers: The largest worker count to predict (extrapolated
+            beyond the parallelism). Default ``None``: 8 × the parallelism.
+        staging_dir: As the trainer's option; where the sample is staged.
+        state_transport: As the trainer's option. Default ``"auto"``.
+
+    Returns:
+        An :class:`Advice`: ``str(advice)`` is the answer and the table,
+        ``advice.figure()`` a plotly figure, ``advice.rows`` the numbers.
+
+    Raises:
+        ConfigurationError: a bad argument or model, or a budget below 10 s.
+        DataError: empty data, or too few examples for one round at 2 workers.
+    """
+    from .config import validate_model
+    from .modelspec import ModelSpec, check_model_loads, get_state
+    from .session import engine_for
+    from .trainer import ParameterAveragingTrainer
+
+    started = time.perf_counter()
+    validate_model(model)
+    check_int("epochs", epochs, 1)
+    check_int("batch_size", batch_size, 1)
+    check_int("averaging_frequency", averaging_frequency, 1, allow_none=True)
+    check_int("max_workers", max_workers, 1, allow_none=True)
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= MIN_BUDGET_S:
+        raise ConfigurationError(
+            f"The 'budget_s' parameter must be a number of seconds >= {MIN_BUDGET_S:g}: less cannot measure one "
+            f"process and one short distributed fit. Got {budget_s!r} instead."
+        )
+    spec = ModelSpec.from_model(model)
+    check_model_loads(spec)
+    engine = engine_for(data)
+    parallelism = engine.default_parallelism
+    total = _count(data)
+    if total == 0:
+        raise DataError("The data is empty: there is nothing to measure.")
+    if total < 2 * batch_size:
+        raise DataError(
+            f"The data has {total} examples; one round at 2 workers needs at least 2 * batch_size = "
+            f"{2 * batch_size}. Lower 'batch_size' or pass more data."
+        )
+    counts = sorted({2, min(parallelism, max(2, total // batch_size))} | ({1} if parallelism <= 2 else set()))
+    k_plan = averaging_frequency or 8
+    # Enough examples for a few rounds at the largest count; at most what there is.
+    widest = max(counts)
+    k_measure = max(1, min(k_plan, total // (widest * batch_size * 4) or 1))
+    sample_n = min(total, widest * batch_size * k_measure * 6)
+    sample = _head(data, sample_n, total)
+
+    trainer = ParameterAveragingTrainer(spec.build(), num_workers=counts[0], batch_size=batch_size,
+                                        averaging_frequency=k_measure, seed=0, staging_dir=staging_dir,
+                                        state_transport=state_transport, slow_warning=False)
+    try:
+        t0 = time.perf_counter()
+        staged = trainer._stage(sample, features_col, label_col, "training")
+        staging_s = time.perf_counter() - t0
+        t_single = _single_process_step(spec, staged, batch_size, k_plan)
+        t_step: Dict[int, float] = {}
+        fixed: Dict[int, float] = {}
+        first_extra = 0.0
+        deadline = started + budget_s
+        for i, w in enumerate(counts):
+            left = deadline - time.perf_counter()
+            if i > 0 and left < _FIT_BUDGET_SHARE * (time.perf_counter() - t0) / (i + 1):
+                break  # the next fit would likely overrun the budget
+            trainer.config = dataclasses.replace(trainer.config, num_workers=w)
+            trainer.model = spec.build()  # the same replica fingerprint: executors keep their cached replica
+            trainer.fit(sample, epochs=1, features_col=features_col, label_col=label_col, verbose=0, shuffle=False)
+            records = trainer.stats.records
+            steady = records[1:] or records
+            t_step[w] = statistics.median((r.compute_max_s + r.load_max_s) / r.averaging_frequency for r in steady)
+            fixed[w] = statistics.median(max(0.0, r.wall_s - r.compute_max_s - r.load_max_s) for r in steady)
+            if i == 0 and len(records) > 1:
+                first_extra = max(0.0, records[0].wall_s - statistics.median(r.wall_s for r in steady))
+        transport = trainer.stats.records[-1].transport
+    finally:
+        trainer.close()
+    weights, optimizer = get_state(model)
+    staging_full_s = staging_s * max(1.0, total / sample_n)
+    one_off = staging_full_s + first_extra
+    cost = CostModel(t_single=t_single, t_step=t_step, fixed=fixed)
+    top = max_workers or 8 * parallelism
+    workers = sorted({w for w in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if w <= top}
+                     | {w for w in counts if w > 1} | ({parallelism} if parallelism <= top else set()))
+    frequencies = sorted(set(FREQUENCIES) | ({averaging_frequency} if averaging_frequency else set()))
+    rows = predict(cost, total, batch_size, epochs, one_off, workers, frequencies)
+    summary, best = recommend(rows, one_off, epochs)
+    measurements = dict(
+        t_single=t_single, t_step=t_step, fixed=fixed, staging_s=staging_s, staging_full_s=staging_full_s,
+        first_round_extra_s=first_extra, state_bytes=int(sum(a.nbytes for a in weights + optimizer)),
+        num_examples=total, sample_examples=sample_n, measured_k=k_measure, parallelism=parallelism,
+        transport=transport, master=engine.master, elapsed_s=time.perf_counter() - started, budget_s=float(budget_s),
+    )
+    return Advice(summary=summary, rows=rows, cost=cost, measurements=measurements, best=best, epochs=epochs)
+
+
+def _count(data) -> int:
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, (DataFrame, RDD)) or type(data).__name__ == "DataFrame":
+        return int(data.count())
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        x = data[0]
+        first = x[0] if isinstance(x, (list, tuple)) else x
+        return len(first)
+    raise DataError(
+        "The data must be a Spark DataFrame, an RDD of (x, y) pairs or a tuple (x, y) of numpy arrays. "
+        f"Got {type(data).__name__} instead."
+    )
+
+
+def _head(data, n: int, total: int):
+    """The first ``n`` examples of ``data``, of the same kind (all of it when ``n >= total``)."""
+    if n >= total:
+        return data
+    from pyspark import RDD
+
+    if isinstance(data, RDD):
+        return data.context.parallelize(data.take(n), max(1, data.getNumPartitions()))
+    if isinstance(data, (tuple, list)):
+        x, y = data
+
+        def cut(a):
+            return [v[:n] for v in a] if isinstance(a, (list, tuple)) else a[:n]
+
+        return cut(x), cut(y)
+    return data.limit(n)
+
+
+def _single_process_step(spec, staged, batch_size: int, k: int) -> float:
+    """One process's seconds per minibatch: ``keras.Model.fit`` on the staged examples, best of two settings."""
+    import numpy as np
+
+    from .dataset import read_examples, structure, unflatten
+
+    n = min(staged.num_examples, batch_size * 64)
+    steps = n // batch_size
+    x, y = read_examples(staged, np.arange(steps * batch_size))
+    xs = structure(unflatten(x, staged.x_shapes))
+    ys = structure(unflatten(y, staged.y_shapes))
+    best = math.inf
+    for per_call in sorted({1, max(1, min(k, steps))}):
+        model = spec.build()
+        model.steps_per_execution = per_call
+        model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)  # traces; not timed
+        t0 = time.perf_counter()
+        model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return best
+
+
+# ------------------------------------------------------------------ fit's warning
+
+
+def slower_than_one_process(records, num_examples: int, num_workers: int, batch_size: int) -> Optional[str]:
+    """The warning ``fit`` gives after its first epoch when one process would have been faster, else ``None``.
+
+    ``records``: the epoch's round records. One process is credited with
+    one worker's time per minibatch (it has at least one worker's cores), so
+    the comparison errs towards distributing; with more rounds than one,
+    the first (replica build) is left out.
+    """
+    steady = records[1:] or records
+    if not steady:
+        return None
+    t_step = statistics.median((r.compute_max_s + r.load_max_s) / r.averaging_frequency for r in steady)
+    fixed = statistics.median(max(0.0, r.wall_s - r.compute_max_s - r.load_max_s) for r in steady)
+    k = max(r.averaging_frequency for r in steady)
+    cost = CostModel(t_single=t_step, t_step={num_workers: t_step}, fixed={num_workers: fixed})
+    epoch = cost.epoch_s(num_examples, num_workers, batch_size, k)
+    single = cost.single_epoch_s(num_examples, batch_size)
+    if not epoch > single:
+        return None
+    steps = num_examples // (num_workers * batch_size)
+    return (
+        f"This fit is slower than one process would be: an epoch takes {_s(epoch)} on {num_workers} workers "
+        f"({_s(steps * t_step)} computing, {_s(math.ceil(steps / min(k, steps)) * fixed)} in "
+        f"{math.ceil(steps / min(k, steps))} rounds' overhead), while one process at one worker's speed "
+        f"({t_step * 1000:.1f} ms per minibatch) would take {_s(single)}. Raise averaging_frequency (now {k}), "
+        "train with keras.Model.fit, or measure with sparkdl_avg.advise(model, data). Silence this with "
+        "slow_warning=False."
+    )
+
+
+__all__ = ["Advice", "CostModel", "advise", "predict", "recommend", "slower_than_one_process"]

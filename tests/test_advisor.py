@@ -1,0 +1,156 @@
+"""``sparkdl_avg.advise`` and fit's slow warning (issue 18): the cost model, the direction of the advice, the budget."""
+
+import json
+import logging
+import math
+import types
+
+import numpy as np
+import pytest
+
+from conftest import make_model, regression_data
+from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer, advise
+from sparkdl_avg.advisor import CostModel, predict, recommend, slower_than_one_process
+
+
+# ------------------------------------------------------------------ the cost model, on controlled inputs
+
+
+def test_the_epoch_is_steps_times_step_time_plus_rounds_times_fixed_cost():
+    cost = CostModel(t_single=0.010, t_step={2: 0.004, 8: 0.005}, fixed={2: 0.1, 8: 0.16})
+    # 10_000 examples, 2 workers, batch 50: 100 minibatches each, k=8 -> 13 rounds
+    assert cost.epoch_s(10_000, 2, 50, 8) == pytest.approx(100 * 0.004 + 13 * 0.1)
+    assert cost.single_epoch_s(10_000, 50) == pytest.approx(200 * 0.010)
+    # linear between measured counts; beyond: the step time stays, the fixed cost follows the last slope
+    assert cost.step_s(5) == pytest.approx(0.0045) and cost.fixed_s(5) == pytest.approx(0.13)
+    assert cost.step_s(32) == pytest.approx(0.005) and cost.fixed_s(32) == pytest.approx(0.16 + 0.01 * 24)
+    assert cost.epoch_s(10, 2, 50, 8) == math.inf  # not one round
+    assert cost.epoch_s(10_000, 2, 50, 1000) == pytest.approx(100 * 0.004 + 1 * 0.1)  # k cut to the epoch
+
+
+def _advice(cost, num_examples, epochs, one_off, k=None, batch=32):
+    rows = predict(cost, num_examples, batch, epochs, one_off, workers=[2, 4, 8, 16], frequencies=[1, 4, 16, 64, 256])
+    return recommend(rows, one_off, epochs), rows
+
+
+def test_a_tiny_mlp_on_digits_is_told_to_stay_on_one_machine():
+    # constants measured for a 1.2k-parameter MLP on load_digits (local[2]): compute is tiny, rounds are not
+    cost = CostModel(t_single=0.0023, t_step={1: 0.0008, 2: 0.0019}, fixed={1: 0.12, 2: 0.17})
+    (text, best), rows = _advice(cost, 1797, epochs=10, one_off=0.6)
+    assert text.startswith("Stay on one machine: one epoch takes 0.13 s here with keras.Model.fit; on 2 workers")
+    assert best is rows[0] and best["workers"] == 1
+
+
+def test_the_cnn_at_a_large_k_is_told_distribution_pays_and_to_consider_bmuf():
+    # a CNN whose minibatch costs 10x the tiny MLP's, on 60k examples, measured up to 8 workers
+    cost = CostModel(t_single=0.020, t_step={2: 0.012, 8: 0.014}, fixed={2: 0.15, 8: 0.2})
+    (text, best), rows = _advice(cost, 60_000, epochs=10, one_off=8.0)
+    # k=64 would cost 17% more per epoch than one round per epoch (234 minibatches), beyond the 10% allowed
+    assert text.startswith("Use 8 workers with averaging_frequency >= 234 (≈ 94% efficiency): 10 epochs in 43 s")
+    assert "Consider update_rule='bmuf'" in text
+    assert best["workers"] == 8 and best["speedup"] > 3 and not best["extrapolated"]
+    # at k=1 the same cluster would be slower than one process: the advice depends on k
+    k1 = next(r for r in rows if r["workers"] == 8 and r["averaging_frequency"] == 1)
+    assert k1["speedup"] < 1
+
+
+def test_staying_mentions_more_workers_only_when_the_extrapolation_says_so():
+    # one process uses both cores: twice as fast per minibatch as one worker; 2 workers do not pay, 16 would
+    cost = CostModel(t_single=0.002, t_step={2: 0.004}, fixed={2: 0.05})
+    (text, _), _ = _advice(cost, 20_000, epochs=5, one_off=1.0)
+    assert text.startswith("Stay on one machine") and "More workers than measured might pay: 16 workers" in text
+
+
+# ------------------------------------------------------------------ measuring, on a real session
+
+
+@pytest.fixture(scope="module")
+def digits(spark):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    rows = [(r.astype("float32").tolist(), int(t)) for r, t in zip(d.data / 16.0, d.target)]
+    return spark.createDataFrame(rows, "features array<float>, label int")
+
+
+def _tiny_mlp():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_advise_measures_within_its_budget_and_leaves_the_model_alone(digits, tmp_path):
+    model = _tiny_mlp()
+    before = [w.copy() for w in model.get_weights()]
+    advice = advise(model, digits, epochs=5, budget_s=30)
+    m = advice.measurements
+    assert m["elapsed_s"] <= 30, m
+    assert advice.summary.startswith("Stay on one machine: one epoch takes ")
+    assert m["num_examples"] == 1797 and m["parallelism"] == 2 and m["transport"] == "files"
+    assert set(m["t_step"]) == {1, 2} and all(v > 0 for v in m["t_step"].values()) and m["t_single"] > 0
+    assert m["state_bytes"] == sum(a.nbytes for a in model.get_weights()) + sum(
+        v.numpy().nbytes for v in model.optimizer.variables)
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+    # the table, the data, the figure and the file
+    assert advice.rows[0]["workers"] == 1 and {r["workers"] for r in advice.rows} >= {1, 2, 4, 16}
+    assert any(r["extrapolated"] for r in advice.rows) and not any(r["extrapolated"] for r in advice.rows if r["workers"] <= 2)
+    text = str(advice)
+    assert text.splitlines()[0] == advice.summary and "(extrapolated)" in text
+    json.dumps(advice.to_dict())
+    assert len(advice.figure().data) >= 2
+    html = open(advice.write_html(str(tmp_path / "advice.html")), encoding="utf-8").read()
+    assert advice.summary.split(":")[0] in html and "plotly" in html
+
+
+def test_bad_input_is_refused_before_any_long_work(spark, digits):
+    with pytest.raises(ConfigurationError, match=r"The 'model' parameter must be a compiled keras.Model"):
+        advise(make_model(compile=False), digits)
+    with pytest.raises(ConfigurationError, match=r"The 'budget_s' parameter must be a number of seconds >= 10"):
+        advise(_tiny_mlp(), digits, budget_s=2)
+    with pytest.raises(ConfigurationError, match=r"The 'epochs' parameter must be an int in the range \[1, inf\)"):
+        advise(_tiny_mlp(), digits, epochs=0)
+    with pytest.raises(DataError, match="The data is empty"):
+        advise(_tiny_mlp(), digits.limit(0))
+    with pytest.raises(DataError, match=r"The data has 40 examples; one round at 2 workers needs at least 2 \* "
+                                        r"batch_size = 64"):
+        advise(_tiny_mlp(), digits.limit(40))
+    with pytest.raises(DataError, match="Got str instead"):
+        advise(_tiny_mlp(), "train.parquet")
+
+
+# ------------------------------------------------------------------ fit's warning
+
+
+def _record(k, compute, load, wall):
+    return types.SimpleNamespace(averaging_frequency=k, compute_max_s=compute, load_max_s=load, wall_s=wall)
+
+
+def test_the_slow_warning_compares_the_epoch_with_one_process_at_one_workers_speed():
+    slow = [_record(8, 0.8, 0.0, 5.0)] + [_record(8, 0.02, 0.004, 0.15)] * 3  # the first round builds replicas
+    message = slower_than_one_process(slow, num_examples=2048, num_workers=2, batch_size=32)
+    # 32 minibatches per worker at 3 ms + 4 rounds of 126 ms, against 64 minibatches at 3 ms in one process
+    assert message.startswith("This fit is slower than one process would be: an epoch takes 0.60 s on 2 workers "
+                              "(0.10 s computing, 0.50 s in 4 rounds' overhead), while one process at one worker's "
+                              "speed (3.0 ms per minibatch) would take 0.19 s.")
+    assert "slow_warning=False" in message
+    fast = [_record(64, 1.28, 0.06, 1.40)] * 3
+    assert slower_than_one_process(fast, num_examples=200_000, num_workers=8, batch_size=32) is None
+
+
+def test_fit_warns_once_when_slower_than_one_process_unless_silenced(spark, caplog):
+    x, y = regression_data(512, seed=2)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        ParameterAveragingTrainer(make_model(), batch_size=8, averaging_frequency=2, seed=1).fit((x, y), epochs=2,
+                                                                                                 verbose=0)
+    slow = [r for r in caplog.records if r.getMessage().startswith("This fit is slower than one process")]
+    assert len(slow) == 1, [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        ParameterAveragingTrainer(make_model(), batch_size=8, averaging_frequency=2, seed=1,
+                                  slow_warning=False).fit((x, y), epochs=2, verbose=0)
+    assert not [r for r in caplog.records if "slower than one process" in r.getMessage()]
