@@ -137,7 +137,9 @@ def _check_quickstart(nb, text: str) -> None:
     assert re.search(r"^Epoch 10/10 - \d+ rounds", text, re.MULTILINE), f"no per-epoch progress lines:\n{text[-3000:]}"
     assert "Time in rounds:" in text
     # The loss curves and the time breakdown, inline.
-    assert _plotly_figures(nb) == 2
+    assert _plotly_figures(nb) == 3  # advise's speed-up plot, then the loss curves and the time breakdown
+    assert re.search(r"^(Stay on one machine: one epoch takes|Use \d+ workers with averaging_frequency >=)", text,
+                     re.MULTILINE), text[-3000:]
     assert "Held-out accuracy of trainer.predict" in text
     # MLflow: the fit's run, its final evaluation, and the logged model
     assert re.search(r"^run digits-mlp FINISHED params: \d+ \| val_accuracy 0\.9\d* \| final_accuracy 0\.9", text,

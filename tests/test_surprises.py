@@ -70,7 +70,9 @@ def _bad_flag_values():
     """One bad value per option with a flag and a check, as the command line would give it."""
     bad = {"averaging_frequency": "0", "optimizer_state": "bogus", "on_nonfinite": "bogus", "seed": "-1",
            "update_rule": "nope", "staging_dir": "", "checkpoint_every": "soon", "checkpoint_dir": "",
-           "state_transport": None, "aggregation": None, "check_data": None, "resume": None}  # None: argparse's own check
+           "state_transport": None, "aggregation": None, "check_data": None, "resume": None, "slow_warning": None,
+           "mlflow": None, "log_model": None, "experiment": "", "tracking_uri": "", "run_name": ""}
+    # None: a flag argparse checks itself (choices, store_true/store_false)
     for row in options.OPTIONS:
         if row.cli is None or row.check is None or bad.get(row.name, "") is None:
             continue
@@ -90,12 +92,14 @@ def test_every_flag_error_names_the_flag_not_the_option(capsys):
 
             TrainerConfig(**config_args)
             cli.check_fit_flags(args)
+            cli.tracker(args)
 
         assert cli.run(main) == 2, flag
         line = capsys.readouterr().err
         assert flag in line and f"'{row.name}'" not in line, (flag, line)
         seen.append(flag)
-    assert {"--batch-size", "--epochs", "--initial-epoch", "--num-workers", "--checkpoint-every"} <= set(seen)
+    assert {"--batch-size", "--epochs", "--initial-epoch", "--num-workers", "--checkpoint-every",
+            "--mlflow-experiment", "--mlflow-tracking-uri"} <= set(seen)
 
 
 def _train_job():
