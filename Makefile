@@ -52,6 +52,7 @@ bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py --sweeps aggregation --out benchmarks/results/aggregation.json
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/connect_overhead.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/advisor_check.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/plots.py
 

@@ -58,9 +58,8 @@ def main(argv=None) -> int:
     json_path = None
     if args.output:
         json_path = os.path.splitext(args.output)[0] + ".json"
-        for path in (args.output, json_path):
-            if not args.overwrite and fs.exists(path):
-                raise cli.UsageError(f"{path!r} already exists; pass --overwrite to replace it")
+        for path in (args.output, json_path) if not args.overwrite else ():
+            fs.refuse_existing(path)
 
     from sparkdl_avg import advise
 

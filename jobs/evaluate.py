@@ -43,8 +43,8 @@ def main(argv=None) -> int:
     features = cli.columns(args.features_col, "features")
     labels = cli.columns(args.label_col, "label")
     options = cli.read_options(args.read_option)
-    if args.output and not args.overwrite and fs.exists(args.output):
-        raise cli.UsageError(f"{args.output!r} already exists; pass --overwrite to replace it")
+    if args.output and not args.overwrite:
+        fs.refuse_existing(args.output)
 
     from sparkdl_avg import ParameterAveragingTrainer
 

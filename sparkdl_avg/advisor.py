@@ -37,6 +37,7 @@ from .options import check_int
 #: Averaging frequencies the table compares, besides the user's own (cut to the minibatches of an epoch).
 FREQUENCIES = (1, 4, 16, 64, 256)
 MIN_BUDGET_S = 10.0  #: below this not even one short distributed fit can be measured
+_ROUNDS = 10  #: rounds per measuring fit at the largest worker count (if the data has them)
 _FIT_BUDGET_SHARE = 0.75  #: of the budget left after staging and the baseline, what the distributed fits may use
 
 
@@ -352,10 +353,11 @@ def advise(
         )
     counts = sorted({2, min(parallelism, max(2, total // batch_size))} | ({1} if parallelism <= 2 else set()))
     k_plan = averaging_frequency or 8
-    # Enough examples for a few rounds at the largest count; at most what there is.
+    # The planned k where the data allows ~10 rounds at the largest count (the first rounds after a start are
+    # slower: fewer than ~8 steady rounds read a local-cluster CNN's fixed cost 50% high); at most all the data.
     widest = max(counts)
-    k_measure = max(1, min(k_plan, total // (widest * batch_size * 4) or 1))
-    sample_n = min(total, widest * batch_size * k_measure * 6)
+    k_measure = max(1, min(k_plan, total // (widest * batch_size * _ROUNDS)))
+    sample_n = min(total, widest * batch_size * k_measure * (_ROUNDS + 2))
     sample = _head(data, sample_n, total)
 
     trainer = ParameterAveragingTrainer(spec.build(), num_workers=counts[0], batch_size=batch_size,

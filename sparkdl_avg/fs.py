@@ -129,6 +129,12 @@ def _temp_path(path: str, suffix: str = "") -> str:
     return f"{parent}/{TEMP_PREFIX}{base}-{uuid.uuid4().hex[:12]}{suffix}"
 
 
+def refuse_existing(uri: str) -> None:
+    """Raises ``PathError`` if something exists at ``uri`` (a job's output without ``--overwrite``)."""
+    filesystem, path = resolve(uri)
+    _refuse_existing(filesystem, path, uri)
+
+
 def _refuse_existing(filesystem: pafs.FileSystem, path: str, uri: str) -> None:
     if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
         raise PathError(f"{uri!r} already exists; pass --overwrite to replace it")

@@ -154,3 +154,37 @@ def test_fit_warns_once_when_slower_than_one_process_unless_silenced(spark, capl
         ParameterAveragingTrainer(make_model(), batch_size=8, averaging_frequency=2, seed=1,
                                   slow_warning=False).fit((x, y), epochs=2, verbose=0)
     assert not [r for r in caplog.records if "slower than one process" in r.getMessage()]
+
+
+# ------------------------------------------------------------------ the job
+
+
+def test_the_advise_job_prints_the_answer_and_writes_html_and_json(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_digits
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    d = load_digits()
+    pq.write_table(pa.table({"features": [r.tolist() for r in d.data.astype("float32")],
+                             "label": d.target.astype("int64")}), str(tmp_path / "digits.parquet"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "jobs"), PYSPARK_PYTHON=sys.executable)
+    command = [sys.executable, "jobs/advise.py", "--data", str(tmp_path / "digits.parquet"), "--model-builder",
+               "digits_model:build", "--epochs", "5", "--averaging-frequency", "8", "--budget", "40",
+               "--output", str(tmp_path / "advice.html")]
+    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(("Stay on one machine", "Use ")))
+    assert lines[first + 2].split() == ["workers", "k", "epoch", "s", "total", "s", "speed-up", "efficiency"]
+    saved = json.loads((tmp_path / "advice.json").read_text())
+    assert saved["summary"] == lines[first] and saved["epochs"] == 5 and saved["measurements"]["num_examples"] == 1797
+    assert {r["averaging_frequency"] for r in saved["rows"]} >= {None, 1, 8}
+    assert saved["summary"] in (tmp_path / "advice.html").read_text(encoding="utf-8").replace("&#x27;", "'")
+    # an existing output is kept, refused before Spark starts
+    again = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "already exists; pass --overwrite to replace it" in again.stderr

@@ -156,7 +156,7 @@ def test_train_job_help_documents_every_trainer_option():
     # every constructor option and the fit options a job needs, derived from the code
     options = [n for n in inspect.signature(ParameterAveragingTrainer).parameters if n != "model"]
     options += ["epochs", "checkpoint_dir", "checkpoint_every", "resume"]
-    aliases = {"check_data": "--no-check-data"}
+    aliases = {"check_data": "--no-check-data", "slow_warning": "--no-slow-warning"}
     for name in options:
         flag = aliases.get(name, "--" + name.replace("_", "-"))
         assert flag in proc.stdout, flag
