@@ -243,3 +243,12 @@ def test_a_fit_under_connect_is_tracked_in_mlflow(connect, reference, tmp_path):
     losses = sorted(client.get_metric_history(tracker.run_id, "loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in losses] == list(enumerate(reference.history["loss"]))
     assert {"model", "stats.json", "report.html"} <= {a.path for a in client.list_artifacts(tracker.run_id)}
+
+
+def test_advise_measures_under_connect(connect):
+    from sparkdl_avg import advise
+
+    advice = advise(make_model(seed=4), frame(connect), epochs=2, batch_size=B, averaging_frequency=K, budget_s=30)
+    m = advice.measurements
+    assert m["transport"] == "sql" and m["parallelism"] == N and m["num_examples"] == 256
+    assert m["elapsed_s"] <= 30 and advice.summary.startswith(("Stay on one machine", "Use "))
