@@ -13,6 +13,7 @@ everything a fit needs goes through DataFrame APIs
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from typing import Any, Callable, Optional
 
@@ -112,16 +113,30 @@ class Engine:
     def run_tasks(self, n: int, body: Callable, schema: str):
         """Runs ``body`` (a ``mapInArrow`` function) in ``n`` tasks, task ``i`` getting the ids ``[i]``.
 
-        Returns the lazy DataFrame of what the tasks yield (``schema``), for
-        the caller to transform further or bring back with ``toArrow()``.
+        Returns the lazy DataFrame of what the tasks yield (``schema``, a
+        DDL string), for the caller to transform further or bring back with
+        ``toArrow()``.
         """
-        return self.spark.range(n, numPartitions=n).mapInArrow(body, schema)
+        return self.spark.range(n, numPartitions=n).mapInArrow(body, struct_type(schema))
 
     def broadcast(self, value: Any):
         """A Spark broadcast of ``value`` (classic sessions only)."""
         if self.sc is None:
             raise RuntimeError("Spark Connect has no broadcasts; ship the value through the staging directory.")
         return self.sc.broadcast(value)
+
+
+@functools.lru_cache(maxsize=64)
+def struct_type(ddl: str):
+    """The ``StructType`` of a DDL string, parsed once per process.
+
+    ``mapInArrow(f, "a int, ...")`` parses its string schema on every call,
+    and under Spark Connect that is a round trip to the server (an
+    ``AnalyzePlan`` request): once per round, before this cache.
+    """
+    from pyspark.sql.types import DataType
+
+    return DataType.fromDDL(ddl)
 
 
 @contextlib.contextmanager

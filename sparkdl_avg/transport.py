@@ -43,6 +43,7 @@ from .aggregation import PartialResult, merge
 from .errors import ConfigurationError, PathError, WorkerError
 from .fs import join, make_dir, remove_tree
 from .remote import run_job
+from .session import struct_type
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -281,7 +282,7 @@ class SqlTransport(StateTransport):
             slot = F.when(F.col("shard") < 0, 0).otherwise(F.col("shard"))
             key = F.element_at(F.array(*[F.lit(k) for k in keys]), slot + 1)
             rows = rows.repartition(shards, key).mapInArrow(
-                partial(exchange.reduce_shuffled, layout, shards), exchange.ROUND_SCHEMA
+                partial(exchange.reduce_shuffled, layout, shards), struct_type(exchange.ROUND_SCHEMA)
             )
         table = run_job(rows.toArrow, _what(epoch, rnd))
         t0 = time.perf_counter()

@@ -597,7 +597,8 @@ def test_verbose_logs_one_line_per_epoch(spark, caplog):
 
     x, y = regression_data(32, seed=30)
     model = make_model(seed=30)
-    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=1)
+    # slow_warning=False: the tiny fit is slower than one process, and warnings are not progress lines
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=1, slow_warning=False)
     with caplog.at_level(logging.INFO, logger="sparkdl_avg"):
         trainer.fit((x, y), epochs=2, verbose=2)
     messages = [r.getMessage() for r in caplog.records if r.name == "sparkdl_avg"]

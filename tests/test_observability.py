@@ -134,7 +134,9 @@ def test_report_is_self_contained_with_timeline_and_curves(spark, tmp_path):
 def test_verbose_logs_one_line_per_epoch_and_a_summary(spark, caplog):
     x, y = regression_data(128, seed=7)
     model = make_model()
-    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0)
+    # slow_warning=False: the tiny fit is slower than one process, and warnings are not progress lines
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=0,
+                                        slow_warning=False)
     with caplog.at_level("INFO", logger="sparkdl_avg"):
         trainer.fit((x, y), epochs=2, verbose=2)
     lines = [r.getMessage() for r in caplog.records if r.name == "sparkdl_avg"]
