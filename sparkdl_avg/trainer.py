@@ -348,7 +348,8 @@ class ParameterAveragingTrainer:
             params=self._fit_params(engine, transport, settings, rule, schedule, val,
                                     epochs=epochs, initial_epoch=initial_epoch, shuffle=shuffle,
                                     features_col=features_col, label_col=label_col,
-                                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every),
+                                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+            if observers else {},  # under Connect spark.version is a round trip: only when someone asks
             epochs=epochs,
             start_epoch=restored.epoch if restored is not None else initial_epoch,
             resumed_from=checkpoint_uri,
