@@ -41,8 +41,6 @@ class Engine:
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
         self._parallelism: Optional[int] = None
-        if self.sc is not None:
-            _share_python_workers(spark)
 
     @property
     def master(self) -> str:
@@ -126,33 +124,6 @@ class Engine:
         if self.sc is None:
             raise RuntimeError("Spark Connect has no broadcasts; ship the value through the staging directory.")
         return self.sc.broadcast(value)
-
-
-#: What Spark's SQL runner adds to a Python worker's environment and its RDD runner does not (Spark 4.x).
-_SQL_WORKER_ENV = {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
-
-
-def _share_python_workers(spark) -> None:
-    """Lets RDD jobs (the classic rounds) reuse the Python workers of SQL jobs (predict, staging), and back.
-
-    PySpark pools Python workers by their environment, and its SQL runner
-    adds ``SPARK_SIMPLIFIED_TRACEBACK=1`` (while
-    ``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on,
-    the default) where the RDD runner does not. So a fit's workers, with
-    TensorFlow imported and the replica cached, were of no use to the
-    ``predict`` that follows: its first call started and warmed new ones
-    (+3.7–4.4 s on the digits MLP, ``local[2]``; +0.5 s with the shared pool,
-    docs/benchmarks.md "Cold start"). Adding the variable to the context's
-    worker environment (``SparkContext.environment``, what every Python
-    function of the context ships with) makes the two pools one. The only
-    other effect: tracebacks of the context's RDD tasks leave out PySpark's
-    own frames, as its SQL tasks' do.
-    """
-    sc = spark.sparkContext
-    if spark.conf.get("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true").lower() != "true":
-        return
-    for key, value in _SQL_WORKER_ENV.items():
-        sc.environment.setdefault(key, value)
 
 
 @functools.lru_cache(maxsize=64)
