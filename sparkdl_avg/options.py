@@ -71,6 +71,7 @@ OPTIMIZER_STATE_POLICIES = ("average", "reset")
 NONFINITE_POLICIES = ("raise", "skip")
 STATE_TRANSPORTS = ("auto", "spark", "files", "sql")
 AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
+SYNCHRONIZATIONS = ("sync", "stale", "async")
 
 
 class _Same:
@@ -460,6 +461,43 @@ OPTIONS: Tuple[Option, ...] = (
         cli=Flag("--no-slow-warning", action="store_false",
                  help="do not warn when the fit is slower than one process would be"),
         param=SparkParam("slowWarning", "toBoolean"),
+    ),
+    Option(
+        "synchronization", "sync", "str",
+        help="'sync' (every round waits for every worker), 'stale' (a worker may run up to 'staleness' rounds "
+             "ahead of the slowest) or 'async' (no bound)",
+        doc="How workers wait for each other (:mod:`sparkdl_avg.stale`). ``\"sync\"`` (default): rounds, each "
+            "waiting for its slowest worker. ``\"stale\"``: stale-synchronous parallel (Ho et al. 2013); each "
+            "worker trains its own chunks of ``averaging_frequency`` minibatches as small Spark jobs and the "
+            "driver applies each worker's update as it arrives, so a worker gets the current weights and its "
+            "next chunk at once; a chunk of round ``r`` starts only when every round before ``r - staleness`` "
+            "is applied (``staleness=0`` is ``\"sync\"``). ``\"async\"``: no bound. Epochs still end "
+            "together (validation, callbacks and checkpoints see every chunk of the epoch applied); "
+            "``checkpoint_every`` must be ``\"epoch\"``.",
+        check=one_of(SYNCHRONIZATIONS),
+        cli=Flag(choices=SYNCHRONIZATIONS),
+        param=SparkParam("synchronization", "toString"),
+    ),
+    Option(
+        "staleness", 2, "int",
+        help="with synchronization='stale': how many rounds a worker may run ahead of the slowest",
+        doc="With ``synchronization=\"stale\"``, the bound ``s``: rounds a worker's chunk may run ahead of "
+            "the oldest chunk not yet applied, which is also the most rounds the weights a chunk starts from "
+            "can lack. Default 2 (measured in docs/benchmarks.md, \"Stragglers\").",
+        check=ints(0),
+        cli=Flag(type=int),
+        param=SparkParam("staleness", "toInt"),
+    ),
+    Option(
+        "staleness_aware", True, "bool",
+        help="scale each asynchronous update by 1/delay (Zhang et al. 2016)",
+        doc="With ``synchronization=\"stale\"`` or ``\"async\"``, scale each worker's update by "
+            "``1/max(1, τ)`` where ``τ`` is the updates applied since the worker read the weights, in "
+            "rounds (``num_workers`` updates; Zhang, Gupta, Lian & Liu, IJCAI 2016). Default True.",
+        check=boolean,
+        cli=Flag("--no-staleness-aware", action="store_false",
+                 help="apply asynchronous updates unscaled, whatever their delay"),
+        param=SparkParam("stalenessAware", "toBoolean"),
     ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(

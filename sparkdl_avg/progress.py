@@ -64,7 +64,8 @@ class Progress:
                 total=self.steps, desc=f"Epoch {epoch + 1}/{self.epochs}", unit="minibatch", leave=False
             )
 
-    def round_end(self, record: dict, logs: Dict[str, float]) -> None:
+    def round_end(self, record: dict, logs: Dict[str, float], steps: Optional[float] = None) -> None:
+        """Counts a round (or an asynchronous chunk: ``steps`` minibatches per worker, a fraction) on the bar."""
         if not self.verbose:
             return
         self._examples += record.examples
@@ -74,7 +75,7 @@ class Progress:
                 loss=f"{logs.get('loss', float('nan')):.4f}",
                 ex_s=f"{self._examples / elapsed:.0f}" if elapsed > 0 else "-",
             )
-            self._bar.update(record.averaging_frequency)
+            self._bar.update(record.averaging_frequency if steps is None else steps)
 
     def epoch_end(self, epoch: int, rounds_done: int, logs: Dict[str, float]) -> None:
         if not self.verbose:

@@ -115,12 +115,7 @@ class RoundRunner:
         sent = self.rule.to_send(weights, self.rule_state.state, mask)
         state, sink = self.transport.send(f"e{epoch}-r{rnd}", sent, opt_vars)
         t1 = time.time()
-        task = RoundTask(
-            spec=s.spec, fingerprint=s.fingerprint, state=state, results=sink, dataset=s.dataset,
-            epoch=epoch, round=rnd, steps_before=steps_before, steps=steps, num_workers=s.num_workers,
-            batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
-            skip_nonfinite=s.on_nonfinite == "skip",
-        )
+        task = self.task(epoch, rnd, steps_before, steps, state, sink)
         with self.engine.labels(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
             f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})",
@@ -142,24 +137,43 @@ class RoundRunner:
         self.stats.add(record)
         return result
 
+    def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None) -> RoundTask:
+        """The :class:`~sparkdl_avg.worker.RoundTask` of round ``rnd`` of ``epoch`` (``slot``: see its doc)."""
+        s = self.settings
+        return RoundTask(
+            spec=s.spec, fingerprint=s.fingerprint, state=state, results=sink, dataset=s.dataset,
+            epoch=epoch, round=rnd, steps_before=steps_before, steps=steps, num_workers=s.num_workers,
+            batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
+            skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
+        )
+
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:
         """Stops (or, with ``on_nonfinite="skip"``, warns) when replicas' loss or weights are NaN/Inf.
 
         Raised before the driver's model is touched, so it keeps the last good weights.
         """
-        bad = sorted((w for w in result.workers if not w.finite), key=lambda w: w.worker)
-        if not bad:
-            return
-        names = ", ".join(f"{w.worker} (loss {w.loss:.4g})" for w in bad)
-        where = f"epoch {epoch}, round {rnd}"
-        if self.settings.on_nonfinite == "raise" or len(bad) == len(result.workers):
-            raise WorkerError(
-                f"Non-finite loss or weights (NaN/Inf) from worker(s) {names} in {where}. The model "
-                "keeps the weights from before this round (and the last checkpoint is unchanged). "
-                "Lower the learning rate, check the data, or pass on_nonfinite='skip' to leave such "
-                "replicas out of the average."
-            )
-        logger.warning("Left worker(s) %s out of the average of %s: non-finite loss or weights.", names, where)
+        check_finite(result, f"epoch {epoch}, round {rnd}", self.settings.on_nonfinite, whole=True)
+
+
+def check_finite(result: PartialResult, where: str, policy: str, whole: bool) -> None:
+    """Raises ``WorkerError`` for NaN/Inf replicas in ``result`` under ``policy="raise"``, else warns.
+
+    ``whole``: ``result`` is a whole round, and a round whose every replica is
+    bad raises even under ``"skip"`` (nothing would be left to average). An
+    asynchronous chunk is one replica: skipping it leaves the others' updates.
+    """
+    bad = sorted((w for w in result.workers if not w.finite), key=lambda w: w.worker)
+    if not bad:
+        return
+    names = ", ".join(f"{w.worker} (loss {w.loss:.4g})" for w in bad)
+    if policy == "raise" or (whole and len(bad) == len(result.workers)):
+        raise WorkerError(
+            f"Non-finite loss or weights (NaN/Inf) from worker(s) {names} in {where}. The model "
+            "keeps the weights from before this round (and the last checkpoint is unchanged). "
+            "Lower the learning rate, check the data, or pass on_nonfinite='skip' to leave such "
+            "replicas out of the average."
+        )
+    logger.warning("Left worker(s) %s out of the average of %s: non-finite loss or weights.", names, where)
 
 
 def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: PartialResult, rule_name: str,

@@ -110,14 +110,14 @@ class Engine:
             for tag in tags:
                 self.spark.removeTag(tag)
 
-    def run_tasks(self, n: int, body: Callable, schema: str):
-        """Runs ``body`` (a ``mapInArrow`` function) in ``n`` tasks, task ``i`` getting the ids ``[i]``.
+    def run_tasks(self, n: int, body: Callable, schema: str, start: int = 0):
+        """Runs ``body`` (a ``mapInArrow`` function) in ``n`` tasks, task ``i`` getting the ids ``[start + i]``.
 
         Returns the lazy DataFrame of what the tasks yield (``schema``, a
         DDL string), for the caller to transform further or bring back with
         ``toArrow()``.
         """
-        return self.spark.range(n, numPartitions=n).mapInArrow(body, struct_type(schema))
+        return self.spark.range(start, start + n, numPartitions=n).mapInArrow(body, struct_type(schema))
 
     def broadcast(self, value: Any):
         """A Spark broadcast of ``value`` (classic sessions only)."""

@@ -100,6 +100,17 @@ class RoundRecord(_ReadsLikeADict):
     driver received or read; ``None`` on Spark's tree, which does not say)
     and ``driver_sum_s`` (the driver's time decoding and adding them, part
     of ``aggregate_s``).
+
+    Under ``synchronization="stale"`` or ``"async"`` (:mod:`sparkdl_avg.stale`)
+    each record is one worker's *chunk*: ``num_workers`` is 1, ``round`` the
+    round whose data it trained, ``chunk`` its index in the epoch
+    (``round * workers + part``), ``slot`` the driver's worker that ran it
+    (also ``workers[0].worker``), ``staleness`` how many rounds before its own
+    were not yet all applied when it read the weights (at most the
+    ``staleness`` option), ``delay`` the updates applied between its read and
+    its own, in rounds (``num_workers`` updates), and ``update_scale`` the
+    factor its update was applied with. Chunk records overlap in time. All
+    five are ``None`` for synchronous rounds.
     """
 
     epoch: int
@@ -133,6 +144,21 @@ class RoundRecord(_ReadsLikeADict):
     shards: int = 0
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
+    chunk: Optional[int] = None
+    slot: Optional[int] = None
+    staleness: Optional[int] = None
+    delay: Optional[float] = None
+    update_scale: Optional[float] = None
+
+
+def wall_time(records) -> float:
+    """Seconds the records cover: their sum for rounds, first start to last end for (overlapping) chunks."""
+    records = list(records)
+    if not records:
+        return 0.0
+    if records[0].chunk is None:
+        return sum(r.wall_s for r in records)
+    return max(r.t_start + r.wall_s for r in records) - min(r.t_start for r in records)
 
 
 class TrainingStats:
@@ -166,19 +192,30 @@ class TrainingStats:
         wall time, summed over rounds; ``overhead_s_median`` is the median of
         (round wall time − slowest worker's setup, load and compute);
         ``straggler_ratio_median`` is the median slowest/fastest compute ratio.
+        Chunk records (asynchronous modes) count each epoch's span once
+        (:func:`wall_time`), and their compute share is per worker; they add
+        ``staleness_max`` and ``delay_median``.
         """
         records = self.records[first:]
         if not records:
             return {}
-        wall = sum(r.wall_s for r in records)
+        chunks = records[0].chunk is not None
+        epochs = sorted({r.epoch for r in records})
+        wall = sum(wall_time([r for r in records if r.epoch == e]) for e in epochs)
+        slots = len({r.slot for r in records}) if chunks else 1
+        extra = {}
+        if chunks:
+            extra = {"staleness_max": max(r.staleness for r in records),
+                     "delay_median": statistics.median(r.delay for r in records)}
         return {
             "rounds": len(records),
             "wall_s": wall,
             "examples": sum(r.examples for r in records),
-            "compute_share": sum(r.compute_max_s for r in records) / wall if wall else 0.0,
+            "compute_share": sum(r.compute_max_s for r in records) / (wall * slots) if wall else 0.0,
             "overhead_s_median": statistics.median(r.overhead_s for r in records),
             "straggler_ratio_median": statistics.median(
                 r.compute_max_s / r.compute_min_s if r.compute_min_s > 0 else 1.0 for r in records
             ),
             "replicas_built": sum(r.replicas_built for r in records),
+            **extra,
         }

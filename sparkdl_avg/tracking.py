@@ -298,16 +298,19 @@ class MlflowLogger(keras.callbacks.Callback):
         self._guard(what, self._client.log_batch, self.run_id, metrics=items)
 
     def _epoch_timings(self, epoch: int) -> Dict[str, float]:
+        from .stats import wall_time
+
         records = [r for r in self._fit.trainer.stats.records if r.epoch == epoch]
-        wall = sum(r.wall_s for r in records)
+        wall = wall_time(records)
         if not records or wall <= 0:
             return {}
         compute = sum(r.compute_max_s for r in records)
+        slots = len({r.slot for r in records})  # chunk records (asynchronous modes) overlap: per worker
         return {
             "epoch_time_s": wall,
             "examples_per_s": sum(r.examples for r in records) / wall,
-            "compute_share": compute / wall,
-            "overhead_share": sum(r.overhead_s for r in records) / wall,
+            "compute_share": compute / (wall * slots),
+            "overhead_share": sum(r.overhead_s for r in records) / (wall * slots),
         }
 
     def _log_keras_model(self, tmp: str) -> None:

@@ -27,7 +27,7 @@ from . import transport as transport_mod
 from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
 from .options import TRAINER, constructor, document, of, trainer_entries
-from .errors import DataError
+from .errors import ConfigurationError, DataError
 from .fs import join, make_dir, remove_tree
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
 from .plan import steps_per_epoch
@@ -36,6 +36,7 @@ from .round import RoundRunner, RoundSettings, RuleState
 from .dataset import StagedDataset
 from .schedules import AveragingSchedule, FixedPeriod, next_period
 from .session import engine_for
+from .stale import EpochHooks, StaleRunner
 from .stats import TrainingStats
 
 logger = logging.getLogger("sparkdl_avg")
@@ -52,6 +53,7 @@ class _FitContext:
     callbacks: Any
     progress: Progress
     checkpoints: resume_mod.Checkpointing
+    stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
     rounds_in_fit: int = 0
     capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
 
@@ -254,6 +256,12 @@ class ParameterAveragingTrainer:
         verbose = check_fit_args(epochs, initial_epoch, verbose)
         check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
         cfg = self.config
+        if cfg.synchronization != "sync" and checkpoint_dir is not None and checkpoint_every != "epoch":
+            raise ConfigurationError(
+                f"The 'checkpoint_every' parameter must be 'epoch' with synchronization={cfg.synchronization!r}: "
+                "its chunks finish out of order, so only an epoch's end is a point every worker has reached. "
+                f"Got {checkpoint_every!r} instead."
+            )
         engine = engine_for(data)
         num_workers = cfg.num_workers or engine.default_parallelism
         if "://" not in self._staging_root and not engine.one_host:
@@ -313,9 +321,8 @@ class ParameterAveragingTrainer:
         self.stats = TrainingStats()
         self.history = None
         self._fits += 1
-        labels = engine.labels(
-            f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
-        )
+        group = f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
+        labels = engine.labels(f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=group)
         transport = self._transport(engine, f"exchange-{self._fits}", num_workers)
         settings = RoundSettings(
             spec=transport.ship_spec(spec),
@@ -330,8 +337,9 @@ class ParameterAveragingTrainer:
             epochs=epochs,
             epoch_steps=epoch_steps,
         )
+        rounds = RoundRunner(engine, self.model, settings, rule, self._rule_state, transport, self.stats)
         ctx = _FitContext(
-            rounds=RoundRunner(engine, self.model, settings, rule, self._rule_state, transport, self.stats),
+            rounds=rounds,
             epochs=epochs,
             epoch_steps=epoch_steps,
             schedule=schedule,
@@ -341,6 +349,8 @@ class ParameterAveragingTrainer:
                 checkpoint_dir, checkpoint_every, self.model, self._rule_state, schedule, self._seed, run_settings,
                 tracking=dict(restored.meta.tracking) if restored is not None else {},
             ),
+            stale=None if cfg.synchronization == "sync" else StaleRunner(
+                rounds, cfg.staleness if cfg.synchronization == "stale" else None, cfg.staleness_aware, group),
         )
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
         info = FitInfo(
@@ -383,7 +393,7 @@ class ParameterAveragingTrainer:
                     ctx.progress.epoch_begin(epoch)
                     begin = restored if restored is not None and epoch == restored.epoch else None
                     logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
-                    if epoch == start_epoch and cfg.slow_warning:
+                    if epoch == start_epoch and cfg.slow_warning and ctx.stale is None:
                         self._warn_if_slow(epoch, settings)
                     if val is not None:
                         val_logs = self._evaluate_staged(transport, val, settings.spec, spec.fingerprint, num_workers,
@@ -468,14 +478,11 @@ class ParameterAveragingTrainer:
             if begin.meta.epoch_examples:
                 epoch_result = PartialResult(begin.meta.epoch_examples, metric_sums=begin.meta.epoch_metric_sums)
                 logs = epoch_result.metric_means()
+        if ctx.stale is not None:
+            return ctx.stale.run_epoch(epoch, logs, rounds_done, steps_before, epoch_result, self._chunk_hooks(ctx, epoch))
         while steps_before < ctx.epoch_steps:
             rnd = rounds_done
-            k = next_period(ctx.schedule, epoch, rnd, logs, sys.maxsize)  # checked, not yet cut to the epoch
-            if k > ctx.epoch_steps and not ctx.capped_warned:
-                ctx.capped_warned = True
-                s = ctx.rounds.settings
-                _warn_capped(k, ctx.epoch_steps, s.dataset.num_examples, s.num_workers, s.batch_size)
-            steps = min(k, ctx.epoch_steps - steps_before)
+            steps = self._round_steps(ctx, epoch, rnd, steps_before, logs)
             ctx.callbacks.on_train_batch_begin(rnd)
             result = ctx.rounds.run(epoch, rnd, steps_before, steps)
             steps_before += steps
@@ -489,6 +496,31 @@ class ParameterAveragingTrainer:
             if self.model.stop_training:
                 break
         return logs, rounds_done
+
+    @staticmethod
+    def _round_steps(ctx: "_FitContext", epoch: int, rnd: int, steps_before: int, logs: Dict[str, float]) -> int:
+        """Minibatches per worker of round ``rnd``: the schedule's ``k``, cut to what the epoch has left."""
+        k = next_period(ctx.schedule, epoch, rnd, logs, sys.maxsize)  # checked, not yet cut to the epoch
+        if k > ctx.epoch_steps and not ctx.capped_warned:
+            ctx.capped_warned = True
+            s = ctx.rounds.settings
+            _warn_capped(k, ctx.epoch_steps, s.dataset.num_examples, s.num_workers, s.batch_size)
+        return min(k, ctx.epoch_steps - steps_before)
+
+    def _chunk_hooks(self, ctx: "_FitContext", epoch: int) -> EpochHooks:
+        """What an epoch of chunks (:mod:`sparkdl_avg.stale`) calls: the schedule, progress and Keras' batch hooks."""
+
+        def block_end(block: int, logs: Dict[str, float]) -> bool:
+            ctx.rounds_in_fit += 1
+            ctx.callbacks.on_train_batch_end(block, logs)
+            return bool(self.model.stop_training)
+
+        return EpochHooks(
+            next_steps=lambda rnd, steps_before, logs: self._round_steps(ctx, epoch, rnd, steps_before, logs),
+            chunk_end=lambda record, logs, steps: ctx.progress.round_end(record, logs, steps),
+            block_begin=ctx.callbacks.on_train_batch_begin,
+            block_end=block_end,
+        )
 
     # ------------------------------------------------------------- evaluate
 

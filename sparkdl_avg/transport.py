@@ -9,6 +9,10 @@ This module owns the ``state_transport``, ``aggregation`` and
 workers' sums back as one :class:`~sparkdl_avg.aggregation.PartialResult`
 (:meth:`StateTransport.run_round`), evaluate (:meth:`StateTransport.evaluate`)
 and clean up (:meth:`StateTransport.end_round`, :meth:`StateTransport.close`).
+The stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.stale`) run
+one worker's chunk at a time, from several driver threads at once, with
+:meth:`StateTransport.run_chunk`: the same publish, job and sum, with
+nothing kept on the transport between calls.
 What the tasks themselves carry (state sources, result sinks, reducers) and
 the file and row formats live in :mod:`sparkdl_avg.exchange`, the
 executor-visible half.
@@ -33,7 +37,8 @@ import functools
 import logging
 import time
 from functools import partial
-from typing import Any, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -64,18 +69,19 @@ class StateTransport:
         self.engine = engine
         self.depth = depth  # of the classic evaluation's (and SparkTransport's) treeAggregate
         self._spec_bc = None
+        self._published: Optional[Published] = None  # the current round's (send .. end_round)
 
     def ship_spec(self, spec):
         """The handle tasks carry to build the model's replica: a broadcast (classic) or a stored file."""
         self._spec_bc = self.engine.broadcast(spec)
         return self._spec_bc
 
-    def send(self, round_name: str, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> Tuple[Any, Any]:
-        """Publishes a round's state; returns the ``(state source, result sink)`` its tasks carry."""
+    def publish(self, name: str, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> "Published":
+        """Publishes a state under ``name`` for one job's tasks (a round's or a chunk's)."""
         raise NotImplementedError
 
-    def run_round(self, task, entry, epoch: int, rnd: int) -> PartialResult:
-        """Runs round ``rnd`` of ``epoch`` (``task``: its :class:`~sparkdl_avg.worker.RoundTask`) and sums it.
+    def run(self, task, entry, workers: Sequence[int], what: str, published: "Published") -> PartialResult:
+        """Runs one job whose tasks train the contiguous worker ids ``workers`` and sums their results.
 
         ``entry`` is the executor body, ``worker.run_round_partition`` (looked
         up by the caller each round: the tests' fault-injection seam).
@@ -84,6 +90,33 @@ class StateTransport:
             DataError, WorkerError: decoded from the failed job (:mod:`sparkdl_avg.remote`).
         """
         raise NotImplementedError
+
+    def send(self, round_name: str, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> Tuple[Any, Any]:
+        """Publishes a round's state; returns the ``(state source, result sink)`` its tasks carry."""
+        self._published = self.publish(round_name, weights, optimizer)
+        return self._published.state, self._published.sink
+
+    def run_round(self, task, entry, epoch: int, rnd: int) -> PartialResult:
+        """Runs round ``rnd`` of ``epoch`` (``task``: its :class:`~sparkdl_avg.worker.RoundTask`) and sums it."""
+        return self.run(task, entry, range(task.num_workers), _what(epoch, rnd), self._published)
+
+    def run_chunk(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry, worker: int,
+                  what: str) -> Tuple[PartialResult, float]:
+        """Publishes a state, runs one task training ``worker``'s chunk on it; thread-safe.
+
+        ``make_task(state, sink)`` gives the chunk's
+        :class:`~sparkdl_avg.worker.RoundTask`. What was published is
+        released before this returns, however the job ends.
+
+        Returns:
+            The chunk's result and the wall-clock time (``time.time``) at which its state was published.
+        """
+        published = self.publish(name, weights, optimizer)
+        try:
+            at = time.time()
+            return self.run(make_task(published.state, published.sink), entry, [worker], what, published), at
+        finally:
+            published.release()
 
     def evaluate(self, spec, fingerprint: str, staged, parts: int, batch_size: int, state) -> PartialResult:
         """Evaluates ``state`` (``(weights, optimizer variables)``) on ``staged`` data in ``parts`` tasks."""
@@ -101,6 +134,9 @@ class StateTransport:
 
     def end_round(self) -> None:
         """Releases what :meth:`send` published for the round that just ended."""
+        if self._published is not None:
+            self._published.release()
+            self._published = None
 
     def close(self) -> None:
         """Releases everything left at the end of the fit, however it ends."""
@@ -109,8 +145,27 @@ class StateTransport:
             self._spec_bc = None
 
 
-def _rdd_round(engine, task, entry, num_workers: int):
-    return engine.sc.parallelize(range(num_workers), num_workers).mapPartitions(partial(entry, task))
+@dataclass(frozen=True)
+class Published:
+    """What :meth:`StateTransport.publish` made for one job: what its tasks carry and how to take it back.
+
+    Attributes:
+        state: The state source the tasks load (:mod:`sparkdl_avg.exchange`).
+        sink: The result sink they deliver to (``None``: the transport picks it per job).
+        release: Deletes the broadcast or the files.
+        directory: The job's directory under the exchange directory (file-based transports).
+        layouts: The sums' :class:`~sparkdl_avg.exchange.FlatLayout` with and without optimizer variables (sql).
+    """
+
+    state: Any
+    sink: Any
+    release: Callable[[], None]
+    directory: Optional[str] = None
+    layouts: Any = None
+
+
+def _rdd_job(engine, task, entry, workers: Sequence[int]):
+    return engine.sc.parallelize(list(workers), len(workers)).mapPartitions(partial(entry, task))
 
 
 class SparkTransport(StateTransport):
@@ -118,22 +173,13 @@ class SparkTransport(StateTransport):
 
     name = "spark"
 
-    def __init__(self, engine, depth: int) -> None:
-        super().__init__(engine, depth)
-        self._broadcast = None
+    def publish(self, name, weights, optimizer):
+        broadcast = self.engine.broadcast((weights, optimizer))
+        return Published(exchange.BroadcastState(broadcast), exchange.ReturnSums(), broadcast.unpersist)
 
-    def send(self, round_name, weights, optimizer):
-        self._broadcast = self.engine.broadcast((weights, optimizer))
-        return exchange.BroadcastState(self._broadcast), exchange.ReturnSums()
-
-    def run_round(self, task, entry, epoch, rnd):
-        results = _rdd_round(self.engine, task, entry, task.num_workers)
-        return run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), _what(epoch, rnd))
-
-    def end_round(self) -> None:
-        if self._broadcast is not None:
-            self._broadcast.unpersist()
-            self._broadcast = None
+    def run(self, task, entry, workers, what, published):
+        results = _rdd_job(self.engine, task, entry, workers)
+        return run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), what)
 
 
 class FileTransport(StateTransport):
@@ -150,38 +196,32 @@ class FileTransport(StateTransport):
     def __init__(self, engine, directory: str, depth: int = 2) -> None:
         super().__init__(engine, depth)
         self.directory = directory
-        self._round_dir: Optional[str] = None
 
-    def send(self, round_name, weights, optimizer):
-        self._round_dir = join(self.directory, round_name)
-        state = exchange.store_state(self._round_dir, "state", weights, optimizer)
-        return state, exchange.StoreSums(self._round_dir)
+    def publish(self, name, weights, optimizer):
+        directory = join(self.directory, name)
+        state = exchange.store_state(directory, "state", weights, optimizer)
+        return Published(state, exchange.StoreSums(directory), partial(_remove_quietly, directory), directory)
 
-    def run_round(self, task, entry, epoch, rnd):
-        results = _rdd_round(self.engine, task, entry, task.num_workers)
-        return self.add_delivered(run_job(results.collect, _what(epoch, rnd)), epoch, rnd)
+    def run(self, task, entry, workers, what, published):
+        results = _rdd_job(self.engine, task, entry, workers)
+        return self.add_delivered(run_job(results.collect, what), what, published.directory)
 
-    def add_delivered(self, delivered: List[exchange.StoredResult], epoch: int, rnd: int) -> PartialResult:
-        """The round's sum of what the workers' :class:`~sparkdl_avg.exchange.StoreSums` delivered; deletes their files."""
+    def add_delivered(self, delivered: List[exchange.StoredResult], what: str, directory: str) -> PartialResult:
+        """The sum of what the workers' :class:`~sparkdl_avg.exchange.StoreSums` delivered; deletes their files."""
         t0 = time.perf_counter()
         total = functools.reduce(merge, [d.result for d in delivered], None)
         try:
             weight_sums, optimizer_sums = _add_stored([d.sums for d in delivered if d.sums is not None])
         except (OSError, PathError) as exc:  # PathError: the staging URI cannot be opened from here
             raise WorkerError(
-                f"Could not read the workers' results of epoch {epoch}, round {rnd} under {self._round_dir!r}: {exc}. With "
-                "state_transport='files' the driver must read what executors write under staging_dir; use a "
+                f"Could not read the workers' results of {what[0].lower()}{what[1:]} under {directory!r}: {exc}. "
+                "With state_transport='files' the driver must read what executors write under staging_dir; use a "
                 "filesystem both see, or state_transport='sql'."
             ) from exc
         total.weight_sums, total.optimizer_sums = weight_sums, optimizer_sums
         total.received_bytes = sum(_nbytes(d.sums) for d in delivered if d.sums is not None)
         total.driver_sum_s = time.perf_counter() - t0
         return total
-
-    def end_round(self) -> None:
-        if self._round_dir is not None:
-            _remove_quietly(self._round_dir)
-            self._round_dir = None
 
     def close(self) -> None:
         super().close()
@@ -236,7 +276,6 @@ class SqlTransport(StateTransport):
         self.aggregation = aggregation
         self.shards = shards
         self.one_host_files = one_host_files
-        self._round_dir: Optional[str] = None
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
         make_dir(directory)
@@ -246,12 +285,13 @@ class SqlTransport(StateTransport):
             self._spec = exchange.store_spec(self.directory, spec)
         return self._spec
 
-    def send(self, round_name, weights, optimizer):
-        self._round_dir = join(self.directory, round_name)
-        # The sums' layout: with optimizer_state="reset" workers return no optimizer sums (see run_round).
-        self._layouts = (exchange.FlatLayout.of(weights, optimizer), exchange.FlatLayout.of(weights, None))
-        state = exchange.store_state(self._round_dir, "state", weights, optimizer)
-        return state, None  # the sink depends on the round's plan: see run_round
+    def publish(self, name, weights, optimizer):
+        directory = join(self.directory, name)
+        # The sums' layout: with optimizer_state="reset" workers return no optimizer sums (see run).
+        layouts = (exchange.FlatLayout.of(weights, optimizer), exchange.FlatLayout.of(weights, None))
+        state = exchange.store_state(directory, "state", weights, optimizer)
+        # The sink depends on the job's plan: see run.
+        return Published(state, None, partial(_remove_quietly, directory), directory, layouts)
 
     def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
@@ -259,20 +299,21 @@ class SqlTransport(StateTransport):
             return "files", 1
         return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes)
 
-    def run_round(self, task, entry, epoch, rnd):
+    def run(self, task, entry, workers, what, published):
         import dataclasses
 
-        layout = self._layouts[0] if task.average_optimizer else self._layouts[1]
-        how, shards = self.plan(task.num_workers, layout.nbytes)
+        layout = published.layouts[0] if task.average_optimizer else published.layouts[1]
+        how, shards = self.plan(len(workers), layout.nbytes)
         self.last_plan = (how, shards)
         sink = (
-            exchange.StoreFlat(self._round_dir, layout, shards)
+            exchange.StoreFlat(published.directory, layout, shards)
             if how in ("storage", "files")
             else exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
         )
         task = dataclasses.replace(task, results=sink)
         rows = self.engine.run_tasks(
-            task.num_workers, partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA
+            len(workers), partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA,
+            start=workers[0],
         )
         if how in ("shuffle", "storage"):
             from pyspark.sql import functions as F
@@ -284,7 +325,7 @@ class SqlTransport(StateTransport):
             rows = rows.repartition(shards, key).mapInArrow(
                 partial(exchange.reduce_shuffled, layout, shards), struct_type(exchange.ROUND_SCHEMA)
             )
-        table = run_job(rows.toArrow, _what(epoch, rnd))
+        table = run_job(rows.toArrow, what)
         t0 = time.perf_counter()
         results, pieces = _read_rows(table)
         received = table.nbytes
@@ -299,9 +340,9 @@ class SqlTransport(StateTransport):
                     received += layout.nbytes
             except (OSError, PathError) as exc:
                 raise WorkerError(
-                    f"Could not read the workers' results of epoch {epoch}, round {rnd} under {self._round_dir!r}: "
-                    f"{exc}. With aggregation='files' the driver must read what executors write under "
-                    "staging_dir; use a filesystem both see, or aggregation='storage'."
+                    f"Could not read the workers' results of {what[0].lower()}{what[1:]} under "
+                    f"{published.directory!r}: {exc}. With aggregation='files' the driver must read what executors "
+                    "write under staging_dir; use a filesystem both see, or aggregation='storage'."
                 ) from exc
             pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
@@ -322,11 +363,6 @@ class SqlTransport(StateTransport):
         parts_results = sorted((exchange.decode_meta(m) for m in table.column("meta").to_pylist()),
                                key=lambda r: r.workers[0].worker)
         return functools.reduce(merge, parts_results, None)
-
-    def end_round(self) -> None:
-        if self._round_dir is not None:
-            _remove_quietly(self._round_dir)
-            self._round_dir = None
 
     def close(self) -> None:
         _remove_quietly(self.directory)

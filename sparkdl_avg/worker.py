@@ -173,6 +173,10 @@ class RoundTask:
         skip_nonfinite: A worker whose loss or weights are not finite leaves
             itself out of the average (returns no examples) instead of
             returning NaN sums; either way its record says ``finite: False``.
+        slot: In the stale-synchronous and asynchronous modes
+            (:mod:`sparkdl_avg.stale`), the driver's worker that runs this
+            chunk (its data is worker ``i``'s of round ``round``); ``None``
+            in synchronous rounds, where the two are the same.
     """
 
     spec: Any
@@ -190,6 +194,7 @@ class RoundTask:
     shuffle: bool
     average_optimizer: bool
     skip_nonfinite: bool = False
+    slot: Any = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002

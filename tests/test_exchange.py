@@ -92,7 +92,7 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
     delivered = [sink.deliver(p, f"w{i}") for i, p in enumerate(parts)]
     assert all(d.result.weight_sums is None and d.sums is not None for d in delivered)
     assert len(os.listdir(tmp_path / "fit" / "e0-r0")) == 1 + 3  # the round's state and three workers' sums
-    loaded = files.add_delivered(delivered, 0, 0)
+    loaded = files.add_delivered(delivered, "Round 0 of epoch 0", str(tmp_path / "fit" / "e0-r0"))
     assert os.listdir(tmp_path / "fit" / "e0-r0") == [os.path.basename(state.arrays.uri)]
     assert loaded.examples == 16
     assert loaded.metric_sums == {"loss": 8.0} and [w["worker"] for w in loaded.workers] == [0, 1, 2]

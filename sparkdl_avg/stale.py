@@ -1,0 +1,314 @@
+"""Stale-synchronous and asynchronous training: an epoch as chunks each worker trains without waiting.
+
+This module owns ``synchronization="stale"`` and ``"async"`` on the driver.
+An epoch keeps the rounds of synchronous training (the same ``k`` per round,
+the same examples, the same seeds): chunk ``j = r·N + i`` is worker ``i``'s
+part of round ``r``. ``N`` driver threads ("slots") each run one chunk at a
+time as a one-task Spark job (:meth:`~sparkdl_avg.transport.StateTransport.run_chunk`:
+Spark runs concurrent jobs); the main thread gives a free slot the next
+chunk as soon as the bound allows and applies each chunk's update when it
+returns, so a fast worker gets the current weights and its next chunk at
+once instead of waiting for the round's slowest worker. The communication
+is the fit's transport (task results, broadcasts or the staging directory;
+the Spark SQL round under Connect): no socket, no server.
+
+**Bound.** A chunk of round ``r`` starts only when every round before
+``r - s`` is applied (``s``: the ``staleness`` option; ``"async"`` has no
+bound). So a worker is at most ``s`` rounds ahead of the oldest chunk not yet
+applied, and the weights a chunk reads lack at most ``s`` rounds (its
+record's ``staleness``). With ``s = 0`` every chunk of round ``r`` reads the
+weights after round ``r - 1``: synchronous training, up to the order of
+floating-point additions.
+
+**Update.** Worker ``i`` read ``w_read`` (what the update rule sends) and
+returns ``w_i``; the driver applies ``w ← w + g(τ)/N · (w_i − w_read)`` at
+once, and likewise the optimizer's variables (Adam's moments) with
+``optimizer_state="average"``. ``τ`` (the record's ``delay``) is the number of
+updates applied between the read and this one, over ``N``: about one round
+for a worker as fast as the others. With ``staleness_aware`` (Zhang et al.,
+IJCAI 2016) ``g(τ) = 1/max(1, τ)``, else 1; updates of a synchronous round
+have ``τ < 1``, so either way ``s = 0`` is synchronous averaging. The
+optimizer's iteration counter follows the global step: minibatches applied
+over ``N``. Block-momentum rules (BMUF, SlowMo) act once per ``N`` applied
+updates (a "block", the asynchronous round): the block's summed updates are
+their block gradient ``G``, and the rule's step replaces the plain one.
+
+**What differs between runs.** Which slot trains which chunk, and when each
+update is applied relative to the others, follow the workers' timing, so two
+asynchronous runs (``s > 0``) differ in the last bits and, with real
+stragglers, in the weights each chunk starts from. Each chunk itself is
+deterministic: its examples, its dropout seeds and the state it reads are
+fixed when it starts, so a chunk Spark retries gives the same update.
+
+Epochs still end together: validation, ``on_epoch_end``, checkpoints and the
+next epoch see every chunk of the epoch applied. Keras' batch hooks run once
+per block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import worker
+from .aggregation import PartialResult, merge
+from .modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
+from .round import RoundRunner, check_finite, round_record
+from .rules import UpdateRule
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return np.issubdtype(np.asarray(a).dtype, np.floating)
+
+
+class StaleUpdater:
+    """The global state under asynchronous updates: float64 copies, the counters, the rule's blocks.
+
+    Pure numpy (no Spark, no model), so the update arithmetic is tested on
+    its own. See the module docstring for the formulas.
+
+    Args:
+        weights: The model's weights at the epoch's start.
+        optimizer: The optimizer's variables then.
+        rule: The update rule (resolved for ``num_workers``).
+        rule_state: The rule's state (``RuleState.state``), updated in place at each block's end.
+        trainable: Per weight, whether the rule's momentum applies to it.
+        num_workers: ``N``: updates per block, and the ``1/N`` of each update.
+        iterations: Position of the iteration counter among ``optimizer``.
+        average_optimizer: Whether updates move the optimizer's variables too.
+        aware: Scale updates by ``1/max(1, τ)``.
+    """
+
+    def __init__(self, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray], rule: UpdateRule,
+                 rule_state: Dict[str, List[np.ndarray]], trainable: Sequence[bool], num_workers: int,
+                 iterations: int, average_optimizer: bool, aware: bool) -> None:
+        self.dtypes = [np.asarray(w).dtype for w in weights]
+        self.opt_dtypes = [np.asarray(v).dtype for v in optimizer]
+        self.w = [np.array(w, np.float64) if _is_float(w) else np.array(w) for w in weights]
+        self.opt = [np.array(v, np.float64) if _is_float(v) else np.array(v) for v in optimizer]
+        self.rule, self.rule_state, self.trainable = rule, rule_state, list(trainable)
+        self.n = num_workers
+        self.it = iterations
+        self.base_iterations = int(np.asarray(optimizer[iterations]))
+        self.average_optimizer, self.aware = average_optimizer, aware
+        self.applied = 0  # updates applied (skipped non-finite chunks count too)
+        self.steps_applied = 0  # minibatches of the applied chunks
+        self.in_block = 0  # updates applied since the last block's end
+        self.block_start = self.weights()
+
+    def weights(self) -> List[np.ndarray]:
+        """The global weights, in the model's dtypes (copies: in-flight chunks keep what they read)."""
+        return [w.astype(d) if _is_float(w) else w.copy() for w, d in zip(self.w, self.dtypes)]
+
+    def optimizer(self) -> List[np.ndarray]:
+        """The optimizer's variables, in their dtypes, the iteration counter at the global step."""
+        out = [v.astype(d) if _is_float(v) else v.copy() for v, d in zip(self.opt, self.opt_dtypes)]
+        out[self.it] = np.asarray(self.base_iterations + self.steps_applied // self.n, dtype=self.opt_dtypes[self.it])
+        return out
+
+    def read(self) -> Tuple[List[np.ndarray], List[np.ndarray], int]:
+        """What a chunk starts from: ``(sent weights, optimizer variables, version)``."""
+        sent = self.rule.to_send(self.weights(), self.rule_state, self.trainable)
+        return sent, self.optimizer(), self.applied
+
+    def apply(self, result: PartialResult, sent: Sequence[np.ndarray], opt_read: Sequence[np.ndarray], version: int,
+              steps: int) -> Tuple[float, float]:
+        """Applies one chunk's ``result`` read at ``version`` from ``sent``/``opt_read``; returns ``(scale, delay)``.
+
+        A chunk with no examples (a non-finite replica under
+        ``on_nonfinite="skip"``) moves nothing but still counts.
+        """
+        delay = (self.applied - version) / self.n
+        scale = (1.0 / max(1.0, delay) if self.aware else 1.0) / self.n
+        if result.examples:
+            for w, total, s in zip(self.w, result.weight_sums, sent):
+                if _is_float(w):
+                    w += scale * (np.asarray(total, np.float64) / result.examples - s)
+            if self.average_optimizer and result.optimizer_sums is not None:
+                for i, (v, total, r) in enumerate(zip(self.opt, result.optimizer_sums, opt_read)):
+                    if i != self.it and _is_float(v):
+                        v += scale * (np.asarray(total, np.float64) / result.examples - r)
+        else:
+            scale = 0.0
+        self.applied += 1
+        self.steps_applied += steps
+        self.in_block += 1
+        return scale, delay
+
+    @property
+    def block_full(self) -> bool:
+        """Whether ``N`` updates were applied since the last block's end."""
+        return self.in_block >= self.n
+
+    def end_block(self, learning_rate: float) -> List[np.ndarray]:
+        """Ends a block: the update rule turns its summed updates into its step; returns the new weights.
+
+        ``learning_rate``: the optimizer's at the block's start (SlowMo's ``γ``).
+        """
+        new = self.rule.apply(self.block_start, self.block_start, list(self.w), self.rule_state, self.trainable,
+                              learning_rate)
+        self.w = [np.array(w, np.float64) if _is_float(w) else np.array(w) for w in new]
+        self.block_start = self.weights()
+        self.in_block = 0
+        return new
+
+
+@dataclass
+class _InFlight:
+    """A chunk a slot is training."""
+
+    slot: int
+    round: int
+    part: int
+    index: int
+    steps: int
+    sent: List[np.ndarray]
+    optimizer: List[np.ndarray]
+    version: int
+    staleness: int
+    t_read: float
+
+
+@dataclass
+class EpochHooks:
+    """What the trainer's epoch loop does around the chunks (callbacks, progress, the schedule).
+
+    Attributes:
+        next_steps: ``(round, steps_before, logs) -> k`` of a new round, cut to the epoch.
+        chunk_end: ``(record, logs, minibatches per worker)`` after each applied chunk.
+        block_begin: ``(block)`` before a block's first update.
+        block_end: ``(block, logs) -> stop`` after a block's last; ``True`` stops the epoch.
+    """
+
+    next_steps: Callable[[int, int, Dict[str, float]], int]
+    chunk_end: Callable[[Any, Dict[str, float], float], None]
+    block_begin: Callable[[int], None]
+    block_end: Callable[[int, Dict[str, float]], bool]
+
+
+class StaleRunner:
+    """Runs the epochs of one fit as chunks, stale-synchronously (``bound`` rounds) or asynchronously.
+
+    Args:
+        rounds: The fit's :class:`~sparkdl_avg.round.RoundRunner` (its model,
+            settings, rule, transport and stats).
+        bound: The staleness bound ``s``; ``None``: asynchronous.
+        aware: Scale updates by their delay (``staleness_aware``).
+        group: The fit's Spark job group, given to every chunk's job.
+    """
+
+    def __init__(self, rounds: RoundRunner, bound: Optional[int], aware: bool, group: Optional[str]) -> None:
+        self.rounds = rounds
+        self.bound = bound
+        self.aware = aware
+        self.group = group
+
+    def run_epoch(self, epoch: int, logs: Dict[str, float], rounds_done: int, steps_before: int,
+                  epoch_result: Optional[PartialResult], hooks: EpochHooks) -> Tuple[Dict[str, float], int]:
+        """Trains ``epoch`` from round ``rounds_done`` (``steps_before`` minibatches in); returns its logs and rounds."""
+        rr, s = self.rounds, self.rounds.settings
+        n = s.num_workers
+        model = rr.model
+        weights, opt = get_state(model)
+        updater = StaleUpdater(weights, opt, rr.rule, rr.rule_state.state, trainable_mask(model), n,
+                               iterations_index(model), s.average_optimizer, self.aware)
+        learning_rate = current_learning_rate(model)
+        rounds: List[Tuple[int, int]] = []  # (steps_before, steps) of the rounds from rounds_done on
+        complete = rounds_done  # rounds before this one are wholly applied
+        applied = Counter()
+        inflight: Dict[Any, _InFlight] = {}
+        free = list(range(n))
+        chunk = blocks = 0
+        stop = False
+        error: Optional[BaseException] = None
+        pool = ThreadPoolExecutor(n, thread_name_prefix="sparkdl_avg-chunk")
+        try:
+            while True:
+                while free and not stop and error is None:
+                    r = rounds_done + chunk // n
+                    if r - rounds_done == len(rounds):
+                        start = rounds[-1][0] + rounds[-1][1] if rounds else steps_before
+                        if start >= s.epoch_steps:
+                            break
+                        rounds.append((start, hooks.next_steps(r, start, logs)))
+                    if self.bound is not None and complete < r - self.bound:
+                        break
+                    sent, opt_read, version = updater.read()
+                    start, steps = rounds[r - rounds_done]
+                    info = _InFlight(free.pop(0), r, chunk % n, chunk, steps, sent, opt_read, version, r - complete,
+                                     time.time())
+                    inflight[pool.submit(self._train, epoch, start, info)] = info
+                    chunk += 1
+                if not inflight:
+                    break
+                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: inflight[f].index):
+                    info = inflight.pop(future)
+                    free.append(info.slot)
+                    free.sort()
+                    if error is not None:
+                        continue  # after a failure, only wait for the chunks still running
+                    try:
+                        result, t1, t2 = future.result()
+                        check_finite(result, f"epoch {epoch}, round {info.round}", s.on_nonfinite, whole=False)
+                    except BaseException as exc:  # re-raised once every running chunk has returned
+                        error = exc
+                        continue
+                    if updater.in_block == 0:
+                        hooks.block_begin(blocks)
+                    scale, delay = updater.apply(result, info.sent, info.optimizer, info.version, info.steps)
+                    applied[info.round] += 1
+                    while applied[complete] == n:
+                        complete += 1
+                    epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
+                    logs = epoch_result.metric_means()
+                    record = round_record(epoch, info.round, info.steps, 1, result, rr.rule.name, info.t_read, t1, t2,
+                                          time.time())
+                    record.transport = rr.transport.name
+                    record.aggregation, record.shards = rr.transport.last_plan or ("", 0)
+                    record.chunk, record.slot, record.staleness = info.index, info.slot, info.staleness
+                    record.delay, record.update_scale = delay, scale
+                    record.workers[0].worker = info.slot
+                    rr.stats.add(record)
+                    hooks.chunk_end(record, logs, info.steps / n)
+                    if updater.block_full:
+                        learning_rate = self._end_block(updater, learning_rate)
+                        stop = hooks.block_end(blocks, logs) or stop
+                        blocks += 1
+            if error is not None:
+                raise error
+            if updater.in_block:  # a stop or a skipped chunk left a block short
+                self._end_block(updater, learning_rate)
+                hooks.block_end(blocks, logs)
+        finally:
+            pool.shutdown(wait=True)
+        return logs, complete
+
+    def _end_block(self, updater: StaleUpdater, learning_rate: float) -> float:
+        """Ends a block and sets the model's state; returns the learning rate at the next block's start."""
+        model = self.rounds.model
+        set_state(model, updater.end_block(learning_rate), updater.optimizer())
+        return current_learning_rate(model)
+
+    def _train(self, epoch: int, steps_before: int, info: _InFlight):
+        """A slot's thread: one chunk's job; returns ``(result, state published at, job done at)``."""
+        rr, s = self.rounds, self.rounds.settings
+
+        def make_task(state, sink):
+            return rr.task(epoch, info.round, steps_before, info.steps, state, sink, slot=info.slot)
+
+        with rr.engine.labels(
+            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {info.round + 1}, worker {info.part} "
+            f"(slot {info.slot}; minibatches {steps_before + 1}-{steps_before + info.steps} of {s.epoch_steps})",
+            group=self.group,
+        ):
+            result, published = rr.transport.run_chunk(
+                f"e{epoch}-r{info.round}-w{info.part}", info.sent, info.optimizer, make_task,
+                worker.run_round_partition, info.part, f"Worker {info.part}'s chunk of round {info.round} of epoch {epoch}",
+            )
+        return result, published, time.time()
