@@ -18,7 +18,13 @@ Arms (each from the same initial weights, per seed):
 * ``bmuf`` / ``bmuf_nesterov``: block momentum, ``η = 1 − 1/8``, ``ζ = 1``;
 * ``slowmo0.5`` / ``slowmo0.7``: SlowMo, ``β`` ∈ {0.5, 0.7}, ``α = 1``;
 * ``postlocal``: post-local SGD, ``k = 1`` for the first ``--switch-epoch``
-  epochs, then the period.
+  epochs, then the period;
+* ``stale2`` / ``async``: stale-synchronous (bound ``s = 2``) and
+  asynchronous chunks (:mod:`sparkdl_avg.stale`) with the staleness-aware
+  factor ``1/max(1, τ)``, and ``stale2_unscaled`` / ``async_unscaled``
+  without it, plain averaging of each update; at periods
+  ``ASYNC_PERIODS`` only (a chunk is a Spark job: period 1 would be 1,120
+  jobs per run). 8 replicas time-sharing 2 cores make their own staleness.
 
 For averaging periods ``--periods`` (default 1 2 5 10 20). An epoch has
 ``1797 // (8·16) = 14`` minibatches per worker, so period 20 means one
@@ -51,7 +57,15 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "algorithms.jsonl")
 WORKERS, BATCH = 8, 16
-ARMS = ("plain", "bmuf", "bmuf_nesterov", "slowmo0.5", "slowmo0.7", "postlocal")
+ARMS = ("plain", "bmuf", "bmuf_nesterov", "slowmo0.5", "slowmo0.7", "postlocal",
+        "stale2", "stale2_unscaled", "async", "async_unscaled")
+SYNC_OPTIONS = {
+    "stale2": dict(synchronization="stale", staleness=2),
+    "stale2_unscaled": dict(synchronization="stale", staleness=2, staleness_aware=False),
+    "async": dict(synchronization="async"),
+    "async_unscaled": dict(synchronization="async", staleness_aware=False),
+}
+ASYNC_PERIODS = (5, 10, 20)
 
 
 def load_data():
@@ -100,10 +114,11 @@ def run_arm(arm: str, period: int, seed: int, args, x, y) -> dict:
             "slowmo0.5": SlowMo(0.5),
             "slowmo0.7": SlowMo(0.7),
             "postlocal": None,
-        }[arm]
+        }.get(arm)
         k = PostLocalSGD(args.switch_epoch, period) if arm == "postlocal" else period
         trainer = ParameterAveragingTrainer(
-            model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=k, update_rule=rule, seed=seed
+            model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=k, update_rule=rule, seed=seed,
+            slow_warning=False, **SYNC_OPTIONS.get(arm, {}),
         )
         with trainer:
             trainer.fit((x, y), epochs=args.epochs, verbose=0, callbacks=[record])
@@ -135,7 +150,8 @@ def run(args) -> None:
     plan = [("single", 0, s) for s in args.seeds]
     # post-local SGD with period 1 is plain averaging with k=1: not run twice
     plan += [
-        (arm, p, s) for s in args.seeds for p in args.periods for arm in args.arms if not (arm == "postlocal" and p == 1)
+        (arm, p, s) for s in args.seeds for p in args.periods for arm in args.arms
+        if not (arm == "postlocal" and p == 1) and (arm not in SYNC_OPTIONS or p in ASYNC_PERIODS)
     ]
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     try:

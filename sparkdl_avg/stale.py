@@ -223,21 +223,22 @@ class StaleRunner:
         applied = Counter()
         inflight: Dict[Any, _InFlight] = {}
         free = list(range(n))
-        chunk = blocks = 0
+        chunk, blocks = rounds_done * n, rounds_done  # the next chunk's index in the epoch; blocks: Keras batches
         stop = False
         error: Optional[BaseException] = None
         pool = ThreadPoolExecutor(n, thread_name_prefix="sparkdl_avg-chunk")
         try:
             while True:
                 while free and not stop and error is None:
-                    r = rounds_done + chunk // n
+                    r = chunk // n
+                    # The bound first: a schedule asked for round r's k sees the logs of every round before r - s.
+                    if self.bound is not None and complete < r - self.bound:
+                        break
                     if r - rounds_done == len(rounds):
                         start = rounds[-1][0] + rounds[-1][1] if rounds else steps_before
                         if start >= s.epoch_steps:
                             break
                         rounds.append((start, hooks.next_steps(r, start, logs)))
-                    if self.bound is not None and complete < r - self.bound:
-                        break
                     sent, opt_read, version = updater.read()
                     start, steps = rounds[r - rounds_done]
                     info = _InFlight(free.pop(0), r, chunk % n, chunk, steps, sent, opt_read, version, r - complete,

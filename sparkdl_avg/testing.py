@@ -20,17 +20,18 @@ from . import worker
 
 @dataclass(frozen=True)
 class Straggler:
-    """A round entry point under which one worker takes ``factor`` times as long per minibatch.
+    """A round entry point under which one worker takes ``factor`` times as long per chunk.
 
-    The slowed worker sleeps ``(factor - 1)`` times its measured compute
-    after training, and the sleep counts as compute in its
-    :class:`~sparkdl_avg.stats.WorkerRecord`, so the stats show it as a
-    slower worker, not as overhead. Its results are those of the real entry.
+    The slowed worker sleeps ``(factor - 1)`` times what its task took (setup,
+    loading, compute) before handing its result back, like a node that is
+    that much slower (the records' ``compute_s`` do not include the sleep:
+    it shows as the round's waiting). Its results are those of the real
+    entry.
 
     Args:
         slot: The slowed worker: the chunk's ``slot`` under
             ``synchronization="stale"``/``"async"``, the worker id in synchronous rounds.
-        factor: Time per minibatch relative to the others (≥ 1). Default 3.
+        factor: Time per chunk relative to the others (≥ 1). Default 3.
         entry: The real partition body. Default :func:`sparkdl_avg.worker.run_round_partition`.
     """
 
@@ -40,25 +41,9 @@ class Straggler:
 
     def __call__(self, task, workers: Iterable[int]) -> Iterator[Any]:
         ids = list(workers)
-        who = task.slot if task.slot is not None else (ids[0] if len(ids) == 1 else None)
-        if who != self.slot and not (task.slot is None and self.slot in ids):
-            yield from self.entry(task, ids)
-            return
-        real = worker.train_round
-        extra = self.factor - 1.0
-
-        def slow(task, index):
-            result = real(task, index)
-            if task.slot is not None or index == self.slot:
-                record = result.workers[0]
-                pause = extra * record.compute_s
-                time.sleep(pause)
-                record.compute_s += pause
-                record.end += pause
-            return result
-
-        worker.train_round = slow  # this Python worker runs one task at a time
-        try:
-            yield from self.entry(task, ids)
-        finally:
-            worker.train_round = real
+        for index in ids:
+            start = time.perf_counter()
+            results = list(self.entry(task, [index]))
+            if (task.slot if task.slot is not None else index) == self.slot:
+                time.sleep((self.factor - 1.0) * (time.perf_counter() - start))
+            yield from results

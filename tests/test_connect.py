@@ -252,3 +252,27 @@ def test_advise_measures_under_connect(connect):
     m = advice.measurements
     assert m["transport"] == "sql" and m["parallelism"] == N and m["num_examples"] == 256
     assert m["elapsed_s"] <= 30 and advice.summary.startswith(("Stay on one machine", "Use "))
+
+
+def test_stale_synchronous_and_asynchronous_chunks_run_under_connect(connect, reference, monkeypatch):
+    from collections import Counter
+
+    from sparkdl_avg.testing import Straggler
+
+    model = make_model(seed=4)
+    trainer = trainer_for(model, synchronization="stale", staleness=0)
+    history = trainer.fit(frame(connect), epochs=2, verbose=0)
+    # staleness 0 is the synchronous round, up to the order in which the two workers' updates are added
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(history.history["loss"], reference.history["loss"], rtol=0, atol=1e-12)
+    records = trainer.stats.records
+    assert {r.transport for r in records} == {"sql"} and [r.num_workers for r in records] == [1] * len(records)
+    assert sorted(r.chunk for r in records if r.epoch == 1) == list(range(N * 256 // (N * B) // K))
+    assert {r.staleness for r in records} == {0}
+
+    monkeypatch.setattr(worker_module, "run_round_partition", Straggler(slot=0, factor=4.0))
+    trainer = trainer_for(make_model(seed=4), synchronization="async")
+    trainer.fit(frame(connect), epochs=1, verbose=0)
+    chunks = Counter(r.slot for r in trainer.stats.records)
+    assert sum(chunks.values()) == N * 256 // (N * B) // K and chunks[1] > chunks[0]  # no barrier held worker 1 back
