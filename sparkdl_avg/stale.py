@@ -41,8 +41,12 @@ deterministic: its examples, its dropout seeds and the state it reads are
 fixed when it starts, so a chunk Spark retries gives the same update.
 
 Epochs still end together: validation, ``on_epoch_end``, checkpoints and the
-next epoch see every chunk of the epoch applied. Keras' batch hooks run once
-per block.
+next epoch see every chunk of the epoch applied. So that a slow worker does
+not hold an epoch's end back, a free slot takes the next chunk only if the
+other slots, at the pace each has measured, would not train every chunk left
+in the epoch before it trained that one (:meth:`StaleRunner._worth_starting`:
+each slot's latest chunk that built no replica; a slot passed over is
+tried again as its estimate decays); free slots take chunks fastest first. Keras' batch hooks run once per block.
 """
 
 from __future__ import annotations
@@ -207,6 +211,31 @@ class StaleRunner:
         self.bound = bound
         self.aware = aware
         self.group = group
+        self._took: Dict[int, float] = {}  # per slot: seconds its latest chunk took, read to result (no replica build)
+        self._settings_steps = rounds.settings.epoch_steps
+
+    def _chunks_left(self, chunk: int, rounds: List[Tuple[int, int]], rounds_done: int) -> int:
+        """Chunks of the epoch not yet started, from ``chunk`` on (the rounds not yet planned at the latest ``k``)."""
+        n = self.rounds.settings.num_workers
+        planned = (rounds_done + len(rounds)) * n - chunk
+        start, k = rounds[-1]
+        return planned + n * -(-(self._settings_steps - start - k) // k)
+
+    def _worth_starting(self, slot: int, left: int) -> bool:
+        """Whether ``slot`` should take the next chunk, with ``left`` chunks to go in the epoch.
+
+        At an epoch's end a slow slot that takes one of the last chunks holds
+        the whole epoch back: it does not when the other slots, at their
+        measured pace, would train every chunk left before it trained its one.
+        """
+        took = self._took.get(slot)
+        others = [self._took.get(o) for o in range(self.rounds.settings.num_workers) if o != slot]
+        if took is None or not others or any(t is None for t in others):
+            return True
+        if took <= left / sum(1.0 / t for t in others):
+            return True
+        self._took[slot] = 0.8 * took  # a slot passed over is tried again once it might have recovered
+        return False
 
     def run_epoch(self, epoch: int, logs: Dict[str, float], rounds_done: int, steps_before: int,
                   epoch_result: Optional[PartialResult], hooks: EpochHooks) -> Tuple[Dict[str, float], int]:
@@ -222,7 +251,7 @@ class StaleRunner:
         complete = rounds_done  # rounds before this one are wholly applied
         applied = Counter()
         inflight: Dict[Any, _InFlight] = {}
-        free = list(range(n))
+        free = list(range(n))  # idle slots
         chunk, blocks = rounds_done * n, rounds_done  # the next chunk's index in the epoch; blocks: Keras batches
         stop = False
         error: Optional[BaseException] = None
@@ -239,6 +268,9 @@ class StaleRunner:
                         if start >= s.epoch_steps:
                             break
                         rounds.append((start, hooks.next_steps(r, start, logs)))
+                    free.sort(key=lambda o: self._took.get(o, 0.0))  # the fastest free slot first
+                    if inflight and not self._worth_starting(free[0], self._chunks_left(chunk, rounds, rounds_done)):
+                        break
                     sent, opt_read, version = updater.read()
                     start, steps = rounds[r - rounds_done]
                     info = _InFlight(free.pop(0), r, chunk % n, chunk, steps, sent, opt_read, version, r - complete,
@@ -251,11 +283,12 @@ class StaleRunner:
                 for future in sorted(done, key=lambda f: inflight[f].index):
                     info = inflight.pop(future)
                     free.append(info.slot)
-                    free.sort()
                     if error is not None:
                         continue  # after a failure, only wait for the chunks still running
                     try:
                         result, t1, t2 = future.result()
+                        if not any(w.replica_built for w in result.workers):  # a build is past once done
+                            self._took[info.slot] = t2 - info.t_read
                         check_finite(result, f"epoch {epoch}, round {info.round}", s.on_nonfinite, whole=False)
                     except BaseException as exc:  # re-raised once every running chunk has returned
                         error = exc
