@@ -53,6 +53,7 @@ bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py --sweeps aggregation --out benchmarks/results/aggregation.json
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/connect_overhead.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/advisor_check.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/straggler.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/plots.py
 

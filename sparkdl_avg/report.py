@@ -98,9 +98,11 @@ def _curves(fig, history: Dict[str, List[float]], records: Sequence[dict], row: 
     rounds_per_epoch = defaultdict(int)
     for r in records:
         rounds_per_epoch[r.epoch] = max(rounds_per_epoch[r.epoch], r.round + 1)
-    xs = [r.epoch + (r.round + 1) / rounds_per_epoch[r.epoch] for r in records]
+    # sorted: asynchronous chunks (one record each) finish out of their rounds' order
+    points = sorted(((r.epoch + (r.round + 1) / rounds_per_epoch[r.epoch], r.loss) for r in records), key=lambda p: p[0])
     fig.add_trace(
-        go.Scatter(x=xs, y=[r.loss for r in records], mode="lines", name="loss per round", opacity=0.5, legendgroup="curves"),
+        go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines", name="loss per round", opacity=0.5,
+                   legendgroup="curves"),
         row=row,
         col=1,
     )
