@@ -22,7 +22,8 @@ Arms (each from the same initial weights, per seed):
 * ``stale2`` / ``async``: stale-synchronous (bound ``s = 2``) and
   asynchronous chunks (:mod:`sparkdl_avg.stale`) with the staleness-aware
   factor ``1/max(1, τ)``, and ``stale2_unscaled`` / ``async_unscaled``
-  without it, plain averaging of each update; at periods
+  without it, plain averaging of each update, and ``stale2_bmuf`` (``s = 2``
+  with block momentum, ``η = 1 − 1/8``, applied once per 8 updates); at periods
   ``ASYNC_PERIODS`` only (a chunk is a Spark job: period 1 would be 1,120
   jobs per run). 8 replicas time-sharing 2 cores make their own staleness.
 
@@ -58,12 +59,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "algorithms.jsonl")
 WORKERS, BATCH = 8, 16
 ARMS = ("plain", "bmuf", "bmuf_nesterov", "slowmo0.5", "slowmo0.7", "postlocal",
-        "stale2", "stale2_unscaled", "async", "async_unscaled")
+        "stale2", "stale2_unscaled", "async", "async_unscaled", "stale2_bmuf")
 SYNC_OPTIONS = {
     "stale2": dict(synchronization="stale", staleness=2),
     "stale2_unscaled": dict(synchronization="stale", staleness=2, staleness_aware=False),
     "async": dict(synchronization="async"),
     "async_unscaled": dict(synchronization="async", staleness_aware=False),
+    "stale2_bmuf": dict(synchronization="stale", staleness=2),
 }
 ASYNC_PERIODS = (5, 10, 20)
 
@@ -114,6 +116,7 @@ def run_arm(arm: str, period: int, seed: int, args, x, y) -> dict:
             "slowmo0.5": SlowMo(0.5),
             "slowmo0.7": SlowMo(0.7),
             "postlocal": None,
+            "stale2_bmuf": BlockMomentum(),
         }.get(arm)
         k = PostLocalSGD(args.switch_epoch, period) if arm == "postlocal" else period
         trainer = ParameterAveragingTrainer(

@@ -156,9 +156,11 @@ def test_train_job_help_documents_every_trainer_option():
     # every constructor option and the fit options a job needs, derived from the code
     options = [n for n in inspect.signature(ParameterAveragingTrainer).parameters if n != "model"]
     options += ["epochs", "checkpoint_dir", "checkpoint_every", "resume"]
-    aliases = {"check_data": "--no-check-data", "slow_warning": "--no-slow-warning"}
+    from sparkdl_avg.options import flag_names
+
+    flags = flag_names()  # the table's spelling: --no-check-data, --no-staleness-aware, ...
     for name in options:
-        flag = aliases.get(name, "--" + name.replace("_", "-"))
+        flag = flags[name]
         assert flag in proc.stdout, flag
     for flag in ("--data", "--format", "--model", "--model-builder", "--features-col", "--label-col",
                  "--validation-data", "--block-momentum", "--block-lr", "--output-dir", "--overwrite"):

@@ -208,7 +208,7 @@ def test_a_straggler_lets_the_fast_worker_run_ahead_by_at_most_the_bound(spark, 
 # ------------------------------------------------------------------------- async
 
 
-def test_async_trains_every_chunk_of_every_epoch_exactly_once(spark, monkeypatch):
+def test_async_trains_every_chunk_of_every_epoch_exactly_once(spark, monkeypatch, tmp_path):
     sync_trainer = trainer_for(mlp())
     sync_trainer.fit(DATA, epochs=2, verbose=0)
     sync_examples = {e: sum(r.examples for r in sync_trainer.stats.records if r.epoch == e) for e in (0, 1)}
@@ -235,6 +235,17 @@ def test_async_trains_every_chunk_of_every_epoch_exactly_once(spark, monkeypatch
     assert summary["staleness_max"] == max(r.staleness for r in records) >= 1  # no bound held the fast slot
     assert summary["delay_median"] == statistics.median(r.delay for r in records)
     assert "staleness_max" not in sync_trainer.stats.summary()
+    # overlapping chunks: the epoch's span, not the sum of the chunks' times
+    span = max(end(r) for r in records) - min(r.t_start for r in records)
+    assert summary["wall_s"] <= span + 1e-6 < sum(r.wall_s for r in records)
+    # the report and stats.json read the chunk records: one timeline row per slot
+    import json
+
+    report = trainer.write_report(str(tmp_path / "report.html"))
+    text = open(report, encoding="utf-8").read()
+    assert "worker 0" in text and "worker 1" in text and "worker 2" not in text
+    rows = json.loads(trainer.stats.to_json())
+    assert {(row["slot"], row["chunk"]) for row in rows} == {(r.slot, r.chunk) for r in records}
 
 
 # ------------------------------------------------------------------------- retries
@@ -268,6 +279,36 @@ def test_a_chunk_retried_by_spark_gives_the_weights_of_a_clean_run(spark, monkey
     assert_weights_close(retried.get_weights(), clean.get_weights(), atol=1e-12)
     for epoch in (0, 1):
         assert_each_chunk_once(chunk_records(trainer, epoch), EPOCH_STEPS * N * B)  # one record for the retried chunk
+
+
+def _always_fail(task, ids):
+    ids = list(ids)
+    if task.epoch == 1 and task.round == 2 and ids == [1]:
+        raise RuntimeError("injected failure on every attempt")
+    from sparkdl_avg import worker  # the executor's module: not patched there
+
+    return worker.run_round_partition(task, ids)
+
+
+class _LastBlock(keras.callbacks.Callback):
+    """Keeps the model's weights after every block (Keras batch) the fit ends."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights = [w.copy() for w in self.model.get_weights()]
+
+
+def test_a_chunk_failing_for_good_stops_the_fit_with_the_last_blocks_weights(spark, monkeypatch, by_value):
+    from sparkdl_avg import WorkerError
+
+    monkeypatch.setattr(worker_module, "run_round_partition", _always_fail)
+    model = mlp()
+    last = _LastBlock()
+    trainer = trainer_for(model, synchronization="stale", staleness=0)
+    with pytest.raises(WorkerError, match=r"Worker 1's chunk of round 2 of epoch 1.*injected failure on every attempt"):
+        trainer.fit(DATA, epochs=2, verbose=0, callbacks=[last])
+    # Round 2's other chunk may have been applied, but not a block's end: the model is as the last block left it.
+    assert_weights_close(model.get_weights(), last.weights, atol=0)
+    assert not [r for r in trainer.stats.records if r.epoch == 1 and r.chunk == 2 * N + 1]  # never applied
 
 
 # ------------------------------------------------------------------------- bad options
