@@ -231,7 +231,7 @@ def plot(rows, args, single) -> None:
         for arm in args.arms:
             curve = median_curve(arm, period)
             if curve is not None:
-                ax.plot(epochs, curve, label=arm)
+                ax.plot(epochs, curve, label=arm, ls="--" if arm in SYNC_OPTIONS else "-")
         ax.set_yscale("log")
         ax.set_xlabel("epoch")
         ax.set_title(f"8 workers, averaging period k={period}")
