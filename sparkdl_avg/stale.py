@@ -46,7 +46,9 @@ not hold an epoch's end back, a free slot takes the next chunk only if the
 other slots, at the pace each has measured, would not train every chunk left
 in the epoch before it trained that one (:meth:`StaleRunner._worth_starting`:
 each slot's latest chunk that built no replica; a slot passed over is
-tried again as its estimate decays); free slots take chunks fastest first. Keras' batch hooks run once per block.
+tried again as its estimate decays; not with ``staleness=0``, whose chunks
+must all read the state after their previous round); free slots take chunks
+fastest first. Keras' batch hooks run once per block.
 """
 
 from __future__ import annotations
@@ -269,7 +271,10 @@ class StaleRunner:
                             break
                         rounds.append((start, hooks.next_steps(r, start, logs)))
                     free.sort(key=lambda o: self._took.get(o, 0.0))  # the fastest free slot first
-                    if inflight and not self._worth_starting(free[0], self._chunks_left(chunk, rounds, rounds_done)):
+                    # Not at staleness 0: a chunk started later would read another round's updates, and
+                    # staleness 0 must read the state after its previous round, as synchronous training does.
+                    if (inflight and self.bound != 0
+                            and not self._worth_starting(free[0], self._chunks_left(chunk, rounds, rounds_done))):
                         break
                     sent, opt_read, version = updater.read()
                     start, steps = rounds[r - rounds_done]

@@ -137,6 +137,19 @@ def test_staleness_zero_ends_with_the_weights_and_losses_of_sync(spark, rule):
     assert all(r.chunk is None for r in sync_trainer.stats.records)
 
 
+def test_staleness_zero_with_a_straggler_still_reads_whole_rounds(spark, monkeypatch):
+    # A slow slot makes the epoch's-end rule pass it over; at staleness 0 that must not let a chunk start
+    # after part of its own round was applied.
+    install_straggler(monkeypatch, factor=20.0)
+    sync = mlp()
+    trainer_for(sync).fit(DATA, epochs=2, verbose=0)
+    stale = mlp()
+    trainer = trainer_for(stale, synchronization="stale", staleness=0)
+    trainer.fit(DATA, epochs=2, verbose=0)
+    assert_weights_close(stale.get_weights(), sync.get_weights(), atol=1e-12)
+    assert all(r.delay < 1 for r in trainer.stats.records)
+
+
 def test_staleness_zero_shows_the_schedule_the_logs_of_sync(spark):
     seen = {}
     for synchronization in ("sync", "stale"):

@@ -76,6 +76,8 @@ def _bad_flag_values():
     for row in options.OPTIONS:
         if row.cli is None or row.check is None or bad.get(row.name, "") is None:
             continue
+        if row.cli.choices is not None or row.cli.action is not None:
+            continue  # argparse checks choices and switches itself
         yield row, bad.get(row.name, "-1")
 
 
