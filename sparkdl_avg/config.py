@@ -41,6 +41,12 @@ def _rule(self, num_workers: int) -> UpdateRule:
 def _post_init(self) -> None:
     for row in options.of(options.TRAINER):
         options.check(row.name, getattr(self, row.name))
+    if self.reproducible and self.synchronization != "stale":
+        raise ConfigurationError(
+            "The 'reproducible' parameter needs synchronization='stale' (a bound: its chunks read the weights "
+            "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
+            f"Got reproducible=True with synchronization={self.synchronization!r} instead."
+        )
 
 
 _DOC = """Validated options of a parameter-averaging run (the constructor options of the trainer).

@@ -499,6 +499,19 @@ OPTIONS: Tuple[Option, ...] = (
                  help="apply asynchronous updates unscaled, whatever their delay"),
         param=SparkParam("stalenessAware", "toBoolean"),
     ),
+    Option(
+        "reproducible", False, "bool",
+        help="with synchronization='stale': apply updates in chunk order, each chunk reading the weights after "
+             "exactly the rounds before its own minus 'staleness', so runs repeat bitwise",
+        doc="With ``synchronization=\"stale\"``: apply the workers' updates in chunk order and have a chunk of "
+            "round ``r`` read the weights after exactly the rounds before ``r - staleness``, so the run does not "
+            "depend on the workers' timing and repeats bitwise. The workers still run ahead; each chunk reads "
+            "weights ``staleness`` rounds old even when newer ones exist. Default False (updates applied as they "
+            "arrive, each chunk reading the newest weights).",
+        check=boolean,
+        cli=Flag(action="store_true"),
+        param=SparkParam("reproducible", "toBoolean"),
+    ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(
         "epochs", 1, "int", scope=FIT,

@@ -39,6 +39,13 @@ asynchronous runs (``s > 0``) differ in the last bits and, with real
 stragglers, in the weights each chunk starts from. Each chunk itself is
 deterministic: its examples, its dropout seeds and the state it reads are
 fixed when it starts, so a chunk Spark retries gives the same update.
+``reproducible=True`` (with ``"stale"``) removes the timing: updates are
+applied in chunk order (a chunk that returns early waits for those before
+it) and a chunk of round ``r`` reads the state after exactly the rounds
+before ``r - s`` (a snapshot kept for it), so its staleness is always
+``min(s, r)`` and two runs give bitwise the same weights. The workers still
+run ahead as far as the bound lets them; what it costs is freshness: every
+chunk reads weights ``s`` rounds old, even when newer ones exist.
 
 Epochs still end together: validation, ``on_epoch_end``, checkpoints and the
 next epoch see every chunk of the epoch applied. So that a slow worker does
@@ -206,11 +213,15 @@ class StaleRunner:
         bound: The staleness bound ``s``; ``None``: asynchronous.
         aware: Scale updates by their delay (``staleness_aware``).
         group: The fit's Spark job group, given to every chunk's job.
+        reproducible: Apply updates in chunk order, each chunk reading the state after exactly
+            the rounds before ``r - bound`` (needs a bound).
     """
 
-    def __init__(self, rounds: RoundRunner, bound: Optional[int], aware: bool, group: Optional[str]) -> None:
+    def __init__(self, rounds: RoundRunner, bound: Optional[int], aware: bool, group: Optional[str],
+                 reproducible: bool = False) -> None:
         self.rounds = rounds
         self.bound = bound
+        self.reproducible = reproducible
         self.aware = aware
         self.group = group
         self._took: Dict[int, float] = {}  # per slot: seconds its latest chunk took, read to result (no replica build)
@@ -257,6 +268,9 @@ class StaleRunner:
         chunk, blocks = rounds_done * n, rounds_done  # the next chunk's index in the epoch; blocks: Keras batches
         stop = False
         error: Optional[BaseException] = None
+        arrived: Dict[int, tuple] = {}  # chunk index -> (info, result, t1, t2), returned but not yet applied
+        committed = chunk  # reproducible: the next chunk to apply
+        snapshots = {rounds_done: updater.read()} if self.reproducible else {}  # rounds applied -> state read
         pool = ThreadPoolExecutor(n, thread_name_prefix="sparkdl_avg-chunk")
         try:
             while True:
@@ -272,13 +286,19 @@ class StaleRunner:
                         rounds.append((start, hooks.next_steps(r, start, logs)))
                     free.sort(key=lambda o: self._took.get(o, 0.0))  # the fastest free slot first
                     # Not at staleness 0: a chunk started later would read another round's updates, and
-                    # staleness 0 must read the state after its previous round, as synchronous training does.
-                    if (inflight and self.bound != 0
+                    # staleness 0 must read the state after its previous round, as synchronous training does
+                    # (reproducible chunks read a round's snapshot, whenever they start).
+                    if (inflight and (self.bound != 0 or self.reproducible)
                             and not self._worth_starting(free[0], self._chunks_left(chunk, rounds, rounds_done))):
                         break
-                    sent, opt_read, version = updater.read()
+                    if self.reproducible:  # the state after exactly the rounds before r - s
+                        seen = max(rounds_done, r - self.bound)
+                        sent, opt_read, version = snapshots[seen]
+                    else:
+                        seen = complete
+                        sent, opt_read, version = updater.read()
                     start, steps = rounds[r - rounds_done]
-                    info = _InFlight(free.pop(0), r, chunk % n, chunk, steps, sent, opt_read, version, r - complete,
+                    info = _InFlight(free.pop(0), r, chunk % n, chunk, steps, sent, opt_read, version, r - seen,
                                      time.time())
                     inflight[pool.submit(self._train, epoch, start, info)] = info
                     chunk += 1
@@ -298,6 +318,14 @@ class StaleRunner:
                     except BaseException as exc:  # re-raised once every running chunk has returned
                         error = exc
                         continue
+                    arrived[info.index] = (info, result, t1, t2)
+                while arrived and error is None:
+                    # In arrival order; reproducible: in chunk order, a chunk waiting for those before it.
+                    index = committed if self.reproducible else min(arrived)
+                    if index not in arrived:
+                        break
+                    info, result, t1, t2 = arrived.pop(index)
+                    committed += 1
                     if updater.in_block == 0:
                         hooks.block_begin(blocks)
                     scale, delay = updater.apply(result, info.sent, info.optimizer, info.version, info.steps)
@@ -319,6 +347,10 @@ class StaleRunner:
                         learning_rate = self._end_block(updater, learning_rate)
                         stop = hooks.block_end(blocks, logs) or stop
                         blocks += 1
+                    if self.reproducible and complete not in snapshots:  # in chunk order a round ends a block
+                        snapshots[complete] = updater.read()
+                        for m in [m for m in snapshots if m < chunk // n - self.bound]:
+                            del snapshots[m]  # no chunk still to start reads it
             if error is not None:
                 raise error
             if updater.in_block:  # a stop or a skipped chunk left a block short

@@ -350,7 +350,8 @@ class ParameterAveragingTrainer:
                 tracking=dict(restored.meta.tracking) if restored is not None else {},
             ),
             stale=None if cfg.synchronization == "sync" else StaleRunner(
-                rounds, cfg.staleness if cfg.synchronization == "stale" else None, cfg.staleness_aware, group),
+                rounds, cfg.staleness if cfg.synchronization == "stale" else None, cfg.staleness_aware, group,
+                reproducible=cfg.reproducible),
         )
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
         info = FitInfo(

@@ -150,6 +150,34 @@ def test_staleness_zero_with_a_straggler_still_reads_whole_rounds(spark, monkeyp
     assert all(r.delay < 1 for r in trainer.stats.records)
 
 
+@pytest.mark.parametrize("bound", [1, 2])
+def test_reproducible_runs_repeat_bitwise_whatever_the_timing(spark, monkeypatch, bound):
+    runs = []
+    for factor in (20.0, 1.0, 40.0):  # slot 0 much slower, as fast, slower still: other arrival orders
+        install_straggler(monkeypatch, factor=factor)
+        model = mlp()
+        trainer = trainer_for(model, synchronization="stale", staleness=bound, reproducible=True)
+        history = trainer.fit(DATA, epochs=2, verbose=0)
+        runs.append((model.get_weights(), history.history["loss"], trainer.stats.records))
+    for weights, losses, records in runs[1:]:
+        assert_weights_close(weights, runs[0][0], atol=0)
+        assert losses == runs[0][1]
+    for _, _, records in runs:
+        assert all(r.staleness == min(bound, r.round) for r in records)  # read exactly `bound` rounds back
+        # applied in chunk order: the delay and the scale follow from the chunk alone
+        assert [(r.epoch, r.chunk) for r in records] == sorted((r.epoch, r.chunk) for r in records)
+    delays = [sorted((r.epoch, r.chunk, r.delay, r.update_scale) for r in records) for _, _, records in runs]
+    assert delays[0] == delays[1] == delays[2]
+    slow = collections.Counter(r.slot for r in runs[2][2])
+    assert slow[1] > slow[0]  # the fast slot still ran ahead: the order is fixed, not the pace
+
+
+@pytest.mark.parametrize("synchronization", ["sync", "async"])
+def test_reproducible_needs_the_stale_bound(spark, synchronization):
+    with pytest.raises(ConfigurationError, match=r"The 'reproducible' parameter needs synchronization='stale'"):
+        trainer_for(mlp(), synchronization=synchronization, reproducible=True)
+
+
 def test_staleness_zero_shows_the_schedule_the_logs_of_sync(spark):
     seen = {}
     for synchronization in ("sync", "stale"):
