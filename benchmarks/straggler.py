@@ -5,8 +5,9 @@ synthetic 28×28 images, Adam 1e-3, batch 32, the same initial weights for
 every arm), 2 and 4 workers on ``local[N]``, (a) with no straggler and (b)
 with worker 0 three times slower per minibatch (:class:`sparkdl_avg.testing.Straggler`:
 it sleeps twice its compute after each chunk, which shows as compute in its
-records). Arms: ``sync`` (rounds), ``stale`` at several bounds ``s`` and
-``async``, all with the staleness-aware factor (the default). They run
+records). Arms: ``sync`` (rounds), ``stale`` at several bounds ``s``,
+``reproducible s=2`` (``reproducible=True``) and ``async``, all with the
+staleness-aware factor (the default) unless the arm says ``unscaled``. They run
 interleaved within each repeat, each after an untimed one-round warm-up fit,
 so the Python workers are warm alike.
 
@@ -70,7 +71,10 @@ def _arm_options(arm: str):
         return {"synchronization": "sync"}
     if arm == "async":
         return {"synchronization": "async"}
-    return {"synchronization": "stale", "staleness": int(arm.split("=")[1])}
+    # "stale s=2", or "reproducible s=2": the same bound, updates in chunk order
+    # ... with " unscaled": staleness_aware=False
+    return {"synchronization": "stale", "staleness": int(arm.split("=")[1].split()[0]),
+            "reproducible": arm.startswith("repro"), "staleness_aware": "unscaled" not in arm}
 
 
 def run_arm(d, arm: str, workers: int, straggler: bool, epochs: int, k: int, batch: int, extra: int = 0):
