@@ -18,7 +18,8 @@ bound). So a worker is at most ``s`` rounds ahead of the oldest chunk not yet
 applied, and the weights a chunk reads lack at most ``s`` rounds (its
 record's ``staleness``). With ``s = 0`` every chunk of round ``r`` reads the
 weights after round ``r - 1``: synchronous training, up to the order of
-floating-point additions.
+floating-point additions (except under ``on_nonfinite="skip"``: a skipped
+replica's share is left out, where a synchronous round averages the others).
 
 **Update.** Worker ``i`` read ``w_read`` (what the update rule sends) and
 returns ``w_i``; the driver applies ``w ← w + g(τ)/N · (w_i − w_read)`` at
@@ -42,13 +43,17 @@ fixed when it starts, so a chunk Spark retries gives the same update.
 ``reproducible=True`` (with ``"stale"``) removes the timing: updates are
 applied in chunk order (a chunk that returns early waits for those before
 it) and a chunk of round ``r`` reads the state after exactly the rounds
-before ``r - s`` (a snapshot kept for it), so its staleness is always
-``min(s, r)`` and two runs give bitwise the same weights. The workers still
+before ``r - s`` (a snapshot kept for it; a schedule asked for round
+``r``'s ``k`` sees that state's logs), so its staleness is always ``s``
+(fewer in an epoch's first rounds) and two runs give bitwise the same
+weights. The workers still
 run ahead as far as the bound lets them; what it costs is freshness: every
 chunk reads weights ``s`` rounds old, even when newer ones exist.
 
 Epochs still end together: validation, ``on_epoch_end``, checkpoints and the
-next epoch see every chunk of the epoch applied. So that a slow worker does
+next epoch see every chunk of the epoch applied; after a callback sets
+``stop_training`` at a block's end, the chunks still running are waited
+for and dropped, as a synchronous fit stops after that round. So that a slow worker does
 not hold an epoch's end back, a free slot takes the next chunk only if the
 other slots, at the pace each has measured, would not train every chunk left
 in the epoch before it trained that one (:meth:`StaleRunner._worth_starting`:
@@ -76,7 +81,9 @@ from .rules import UpdateRule
 
 
 def _is_float(a: np.ndarray) -> bool:
-    return np.issubdtype(np.asarray(a).dtype, np.floating)
+    """Whether updates move ``a``: any non-integer, non-bool dtype (``bfloat16`` is not a numpy ``floating``)."""
+    dtype = np.asarray(a).dtype
+    return not (np.issubdtype(dtype, np.integer) or dtype == np.bool_)
 
 
 class StaleUpdater:
@@ -271,6 +278,7 @@ class StaleRunner:
         arrived: Dict[int, tuple] = {}  # chunk index -> (info, result, t1, t2), returned but not yet applied
         committed = chunk  # reproducible: the next chunk to apply
         snapshots = {rounds_done: updater.read()} if self.reproducible else {}  # rounds applied -> state read
+        snapshot_logs = {rounds_done: dict(logs)}  # rounds applied -> the epoch's logs then
         pool = ThreadPoolExecutor(n, thread_name_prefix="sparkdl_avg-chunk")
         try:
             while True:
@@ -283,7 +291,9 @@ class StaleRunner:
                         start = rounds[-1][0] + rounds[-1][1] if rounds else steps_before
                         if start >= s.epoch_steps:
                             break
-                        rounds.append((start, hooks.next_steps(r, start, logs)))
+                        # reproducible: the logs of the state its chunks read, not of whatever has returned
+                        seen_logs = snapshot_logs[max(rounds_done, r - self.bound)] if self.reproducible else logs
+                        rounds.append((start, hooks.next_steps(r, start, seen_logs)))
                     free.sort(key=lambda o: self._took.get(o, 0.0))  # the fastest free slot first
                     # Not at staleness 0: a chunk started later would read another round's updates, and
                     # staleness 0 must read the state after its previous round, as synchronous training does
@@ -308,8 +318,8 @@ class StaleRunner:
                 for future in sorted(done, key=lambda f: inflight[f].index):
                     info = inflight.pop(future)
                     free.append(info.slot)
-                    if error is not None:
-                        continue  # after a failure, only wait for the chunks still running
+                    if error is not None or stop:
+                        continue  # after a failure or a stop, only wait for the chunks still running
                     try:
                         result, t1, t2 = future.result()
                         if not any(w.replica_built for w in result.workers):  # a build is past once done
@@ -319,7 +329,7 @@ class StaleRunner:
                         error = exc
                         continue
                     arrived[info.index] = (info, result, t1, t2)
-                while arrived and error is None:
+                while arrived and error is None and not stop:
                     # In arrival order; reproducible: in chunk order, a chunk waiting for those before it.
                     index = committed if self.reproducible else min(arrived)
                     if index not in arrived:
@@ -348,12 +358,12 @@ class StaleRunner:
                         stop = hooks.block_end(blocks, logs) or stop
                         blocks += 1
                     if self.reproducible and complete not in snapshots:  # in chunk order a round ends a block
-                        snapshots[complete] = updater.read()
+                        snapshots[complete], snapshot_logs[complete] = updater.read(), dict(logs)
                         for m in [m for m in snapshots if m < chunk // n - self.bound]:
-                            del snapshots[m]  # no chunk still to start reads it
+                            del snapshots[m], snapshot_logs[m]  # no chunk still to start reads it
             if error is not None:
                 raise error
-            if updater.in_block:  # a stop or a skipped chunk left a block short
+            if updater.in_block:  # a stop left a block short
                 self._end_block(updater, learning_rate)
                 hooks.block_end(blocks, logs)
         finally:

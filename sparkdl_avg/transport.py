@@ -11,8 +11,9 @@ workers' sums back as one :class:`~sparkdl_avg.aggregation.PartialResult`
 and clean up (:meth:`StateTransport.end_round`, :meth:`StateTransport.close`).
 The stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.stale`) run
 one worker's chunk at a time, from several driver threads at once, with
-:meth:`StateTransport.run_chunk`: the same publish, job and sum, with
-nothing kept on the transport between calls.
+:meth:`StateTransport.run_chunk`: the same publish, job and sum, with what
+it publishes kept in the call (the only state a call leaves on the
+transport is ``last_plan``, which is the same for every chunk of a fit).
 What the tasks themselves carry (state sources, result sinks, reducers) and
 the file and row formats live in :mod:`sparkdl_avg.exchange`, the
 executor-visible half.
@@ -140,6 +141,7 @@ class StateTransport:
 
     def close(self) -> None:
         """Releases everything left at the end of the fit, however it ends."""
+        self.end_round()  # a round that failed never reached its end_round
         if self._spec_bc is not None:
             self._spec_bc.unpersist()
             self._spec_bc = None

@@ -289,6 +289,52 @@ def test_async_trains_every_chunk_of_every_epoch_exactly_once(spark, monkeypatch
     assert {(row["slot"], row["chunk"]) for row in rows} == {(r.slot, r.chunk) for r in records}
 
 
+class _StopAfterBlocks(keras.callbacks.Callback):
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks, self.ends = blocks, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends += 1
+        if self.ends == self.blocks:
+            self.model.stop_training = True
+            self.weights = [w.copy() for w in self.model.get_weights()]
+
+
+def test_stop_training_at_a_block_end_applies_nothing_after_it(spark, monkeypatch):
+    install_straggler(monkeypatch, factor=20.0)  # slot 1 has chunks of later rounds in flight at the stop
+    model = mlp()
+    stop = _StopAfterBlocks(2)
+    trainer = trainer_for(model, synchronization="stale", staleness=2)
+    history = trainer.fit(DATA, epochs=2, verbose=0, callbacks=[stop])
+    assert stop.ends == 2 and len(history.history["loss"]) == 1
+    assert len(trainer.stats.records) == 2 * N  # two blocks of N updates, nothing applied after the stop
+    assert_weights_close(model.get_weights(), stop.weights, atol=0)
+
+
+def test_a_bfloat16_model_trains_stale_synchronously_like_sync(spark):
+    def bf16_model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((4,), name="x")
+        h = keras.layers.Dense(8, activation="tanh", dtype="bfloat16", name="hidden")(inputs)
+        out = keras.layers.Dense(1, dtype="float32", name="out")(h)
+        model = keras.Model(inputs, out, name="stale_bf16")
+        model.compile(keras.optimizers.SGD(0.2, name="sgd"), "mse")  # steps bfloat16 can resolve
+        return model
+
+    x, y = DATA
+    data = (x.astype("float32"), y.astype("float32"))
+    sync, stale = bf16_model(), bf16_model()
+    before = [np.asarray(w, np.float32) for w in stale.get_weights()]
+    trainer_for(sync).fit(data, epochs=1, verbose=0)
+    trainer_for(stale, synchronization="stale", staleness=0).fit(data, epochs=1, verbose=0)
+    assert str(stale.get_weights()[0].dtype) == "bfloat16"
+    for got, want, start in zip(stale.get_weights(), sync.get_weights(), before):
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        assert not np.array_equal(got, start)  # the bfloat16 layer's weights move too
+        np.testing.assert_allclose(got, want, atol=2e-2, rtol=0)  # bfloat16's resolution near 1: 2^-7
+
+
 # ------------------------------------------------------------------------- retries
 
 
