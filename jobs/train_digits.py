@@ -70,14 +70,15 @@ def main(argv=None) -> int:
         print(f"error: {model_path} already exists; pass --overwrite to replace it.", file=sys.stderr)
         return 2
 
-    from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     from sparkdl_avg import ParameterAveragingTrainer
+    from sparkdl_avg.cli import spark_session
     from sparkdl_avg.fs import replace_atomically
 
-    spark = SparkSession.builder.appName("sparkdl_avg train_digits").getOrCreate()
+    # Warm executors: their workers import TensorFlow while this driver loads the data.
+    spark = spark_session("sparkdl_avg train_digits")
     spark.sparkContext.setLogLevel("WARN")
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")

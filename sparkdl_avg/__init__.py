@@ -9,11 +9,14 @@ from .config import TrainerConfig
 from .errors import ConfigurationError, DataError, WorkerError
 from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule
 from .schedules import AdaComm, AveragingSchedule, PostLocalSGD
+from .session import DAEMON_MODULE, warm_up
 from .trainer import ParameterAveragingTrainer
 
 __all__ = [
     "ParameterAveragingTrainer",
     "advise",
+    "warm_up",
+    "DAEMON_MODULE",
     "Advice",
     "TrainerConfig",
     "UpdateRule",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -189,10 +190,31 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
 
 
 def spark_session(app_name: str):
+    """The job's session, with executors that fork TensorFlow-ready workers, warming up in the background.
+
+    ``spark.python.daemon.module`` is set to :data:`~sparkdl_avg.session.DAEMON_MODULE`
+    unless the job sets it itself or ships sparkdl_avg with ``--py-files``
+    (the daemon starts before any task puts those files on the path, so it
+    could not import the package).
+    """
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    from .session import DAEMON_MODULE, warm_up
+
+    builder = SparkSession.builder.appName(app_name)
+    conf = SparkConf()
+    if daemon_applies(conf.get("spark.python.daemon.module", None), conf.get("spark.submit.pyFiles", "")):
+        builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
+    spark = builder.getOrCreate()
+    warm_up(spark)
     return spark
+
+
+def daemon_applies(configured: Optional[str], py_files: str) -> bool:
+    """Whether a job may set ``spark.python.daemon.module``: not set already, and sparkdl_avg is installed, not shipped."""
+    shipped = any(os.path.basename(f.strip()).startswith("sparkdl_avg") for f in py_files.split(",") if f.strip())
+    return configured is None and not shipped
 
 
 def check_executors(spark, enabled: bool = True) -> List[dict]:

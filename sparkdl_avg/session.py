@@ -12,14 +12,31 @@ everything a fit needs goes through DataFrame APIs
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
+import logging
 import re
-from typing import Any, Callable, Optional
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .errors import DataError
 
 _TAG = re.compile(r"[^A-Za-z0-9_.-]+")
+logger = logging.getLogger(__name__)
+
+DAEMON_MODULE = "sparkdl_avg.daemon"
+"""The value of ``spark.python.daemon.module`` that makes executors fork Python
+workers with TensorFlow already imported (:mod:`sparkdl_avg.daemon`). A static
+setting: give it to the session's builder or the cluster's Spark config."""
+
+WARM_UP_REUSE_S = 20.0
+"""A warm-up started less than this many seconds ago is not repeated: its
+workers are still in their pools (PySpark drops them after a minute idle)."""
+
+_warm_ups: Dict[str, Tuple[float, concurrent.futures.Future]] = {}
+_warm_lock = threading.Lock()
 
 
 def is_connect(spark) -> bool:
@@ -41,6 +58,8 @@ class Engine:
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
         self._parallelism: Optional[int] = None
+        if self.sc is not None:
+            _share_python_workers(spark)
 
     @property
     def master(self) -> str:
@@ -119,11 +138,95 @@ class Engine:
         """
         return self.spark.range(start, start + n, numPartitions=n).mapInArrow(body, struct_type(schema))
 
+    @property
+    def key(self) -> str:
+        """What identifies the Spark application across ``Engine`` objects: its id, or the Connect session's."""
+        if self.sc is not None:
+            return f"app:{self.sc.applicationId}"
+        return f"connect:{self.spark.session_id}"
+
+    def warm_up(self) -> concurrent.futures.Future:
+        """Starts making the executors' Python workers ready to train, in the background; returns its future.
+
+        A new Python worker spends seconds importing TensorFlow before its
+        first task (about 3 s on a 2-core host; with ``spark.python.daemon.module``
+        set to :data:`DAEMON_MODULE` the daemon imports it once and a worker
+        then costs a fork). One small job of ``default_parallelism`` tasks
+        starts those workers while the caller goes on with driver-side work
+        and leaves them in the pool that the fit's jobs, RDD rounds and
+        Spark SQL jobs alike, take workers from (see :func:`_share_python_workers`). The future's result is
+        the workers' pids; a failure is logged at DEBUG and left to the real
+        jobs to report. Repeated within :data:`WARM_UP_REUSE_S` seconds, the
+        earlier warm-up's future is returned.
+        """
+        with _warm_lock:
+            started = _warm_ups.get(self.key)
+            if started is not None and time.monotonic() - started[0] < WARM_UP_REUSE_S:
+                return started[1]
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            _warm_ups[self.key] = (time.monotonic(), future)
+        threading.Thread(target=self._warm_up, args=(future,), name="sparkdl_avg-warm-up", daemon=True).start()
+        return future
+
+    def _warm_up(self, future: concurrent.futures.Future) -> None:
+        from . import worker
+
+        try:
+            n = self.default_parallelism
+            with self.labels("sparkdl_avg warm-up: executors import TensorFlow", group="sparkdl_avg-warm-up"):
+                rows = self.run_tasks(n, worker.warm_up_batches, "pid long").collect()
+            future.set_result(sorted({r.pid for r in rows}))
+        except BaseException as exc:  # noqa: BLE001 - the fit's own jobs report what is wrong
+            logger.debug("warming up the executors failed: %s", exc)
+            future.set_exception(exc)
+
     def broadcast(self, value: Any):
         """A Spark broadcast of ``value`` (classic sessions only)."""
         if self.sc is None:
             raise RuntimeError("Spark Connect has no broadcasts; ship the value through the staging directory.")
         return self.sc.broadcast(value)
+
+
+def warm_up(spark=None) -> concurrent.futures.Future:
+    """Starts warming the executors' Python workers of ``spark`` (default: the active session) in the background.
+
+    Call it right after creating the session: the seconds a new worker
+    spends importing TensorFlow then pass while the notebook's or job's
+    driver reads data and builds the model, not in the first fit. See :meth:`Engine.warm_up`; returns its future (the workers' pids).
+    """
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise DataError("warm_up() needs a SparkSession; create one with SparkSession.builder.getOrCreate() first.")
+    return Engine(spark).warm_up()
+
+
+#: What Spark's SQL runner adds to a Python worker's environment and its RDD runner does not (Spark 4.x).
+_SQL_WORKER_ENV = {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
+
+
+def _share_python_workers(spark) -> None:
+    """Lets RDD jobs (the classic rounds) reuse the Python workers of SQL jobs (predict, staging), and back.
+
+    PySpark pools Python workers by their environment, and its SQL runner
+    adds ``SPARK_SIMPLIFIED_TRACEBACK=1`` (while
+    ``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on,
+    the default) where the RDD runner does not. So a fit's workers, with
+    TensorFlow imported, were of no use to the ``predict`` that follows: its
+    first call started and warmed new ones, and each pool had a daemon of
+    its own (docs/benchmarks.md, "Cold start"). Adding the variable to the
+    context's worker environment (``SparkContext.environment``, what every
+    Python function of the context ships with) makes the two pools one. The
+    only other effect: tracebacks of the context's RDD tasks leave out
+    PySpark's own frames, as its SQL tasks' do.
+    """
+    sc = spark.sparkContext
+    if spark.conf.get("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true").lower() != "true":
+        return
+    for key, value in _SQL_WORKER_ENV.items():
+        sc.environment.setdefault(key, value)
 
 
 @functools.lru_cache(maxsize=64)

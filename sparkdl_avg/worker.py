@@ -383,3 +383,24 @@ def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[Partial
                 WorkerError, f"Worker {part} failed in the evaluation: {type(exc).__name__}: {remote.one_line(str(exc))}"
             ) from exc
         yield result
+
+
+def warm_up_partition(ids: Iterable) -> Iterator[int]:
+    """``mapPartitions`` (and, through :func:`warm_up_batches`, ``mapInArrow``) body of a warm-up task.
+
+    Makes this Python worker ready to train: imports TensorFlow (a no-op
+    where the daemon, :mod:`sparkdl_avg.daemon`, already has) and sizes its
+    thread pools, then returns the worker to its pool for the fit's tasks.
+    Yields the worker's pid.
+    """
+    list(ids)  # consume the whole input so PySpark reuses this worker
+    configure_threads()
+    yield os.getpid()
+
+
+def warm_up_batches(batches) -> Iterator:
+    """``mapInArrow`` body of a warm-up task: :func:`warm_up_partition`, one ``pid`` row."""
+    import pyarrow as pa
+
+    pids = list(warm_up_partition(_task_ids(batches)))
+    yield pa.RecordBatch.from_pydict({"pid": pa.array(pids, pa.int64())})

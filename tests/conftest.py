@@ -45,6 +45,9 @@ def make_session(master: str, app_name: str, local_dir: str, **conf):
         .config("spark.driver.memory", "1g")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+        # As README recommends: workers fork from a daemon that has TensorFlow imported
+        # (test_daemon.py also runs PySpark's own daemon).
+        .config("spark.python.daemon.module", "sparkdl_avg.daemon")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)

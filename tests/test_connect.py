@@ -62,6 +62,7 @@ def connect(reference, tmp_path_factory):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.local.dir", local_dir)
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.python.daemon.module", "sparkdl_avg.daemon")  # a static setting: the server's
         .getOrCreate()
     )
     try:
@@ -217,6 +218,28 @@ def test_classic_only_transports_and_rdds_are_refused_under_connect_before_any_j
     with pytest.raises(DataError, match=r"The data must be a Spark DataFrame or a tuple \(x, y\) of numpy arrays "
                                         r"under Spark Connect, which has no RDDs .* Got an RDD instead"):
         trainer_for(make_model(seed=4)).fit(fake_rdd, verbose=0)
+
+
+def test_warm_up_runs_under_connect_and_workers_start_with_tensorflow(connect):
+    import sparkdl_avg
+
+    warm = sparkdl_avg.warm_up(connect)
+    pids = warm.result(timeout=120)
+    assert pids and all(isinstance(p, int) for p in pids)
+    assert sparkdl_avg.warm_up(connect) is warm  # within WARM_UP_REUSE_S: not repeated
+
+    def probe(batches):
+        import os
+        import sys
+
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"pid": [os.getpid()] * batch.num_rows,
+                                              "tf": ["tensorflow" in sys.modules] * batch.num_rows})
+
+    rows = connect.range(2, numPartitions=2).mapInArrow(probe, "pid long, tf boolean").collect()
+    assert all(r.tf for r in rows)  # the server's daemon (sparkdl_avg.daemon) imported it before forking
 
 
 def test_the_executor_check_runs_under_connect(connect):

@@ -175,3 +175,23 @@ def test_refused_staging_data_is_reported_in_the_tasks_row_not_by_failing_it():
     assert consumed == [0, 1, 2]  # the whole input, so PySpark reuses the worker
     error = row.column("error")[0].as_py()
     assert row.column("rows")[0].as_py() == 0 and "Column 'x0'" in error and "NaN" in error, error
+
+
+def test_a_sql_job_after_a_fit_reuses_the_fits_python_workers(spark):
+    """Training (RDD rounds) and predict/staging (SQL jobs) share one pool of Python workers (session.py)."""
+    import os
+
+    x, y = np.random.default_rng(0).normal(size=(64, 4)), np.zeros((64, 1))
+    trainer = ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2, seed=0,
+                                        state_transport="files", slow_warning=False)
+    trainer.fit((x, y), epochs=1, verbose=0)
+    fit_pids = {w.pid for r in trainer.stats.records for w in r.workers}
+
+    def pids(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"pid": [os.getpid()] * batch.num_rows})
+
+    sql_pids = {r.pid for r in spark.range(4, numPartitions=2).mapInArrow(pids, "pid long").collect()}
+    assert sql_pids <= fit_pids, (sql_pids, fit_pids)

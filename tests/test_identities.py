@@ -449,11 +449,16 @@ def test_replicas_are_reused_across_rounds_and_fits(spark):
     trainer.fit((x, y), epochs=1, verbose=0)
     records = first.records + trainer.stats.records
     assert len(first) == len(trainer.stats) == 4  # 4 rounds per fit, 2 workers each
-    built = sum(r["replicas_built"] for r in records)
-    assert 1 <= built <= 2, [r["replicas_built"] for r in records]
+    # Each Python worker builds the replica once, in the first round it runs. Training and SQL jobs share
+    # one pool of workers (session._share_python_workers), which staging may have left with more workers
+    # than task slots; every worker in it builds at most once.
+    workers = [w for r in records for w in r["workers"]]
+    builds = {}
+    for w in workers:
+        builds[w["pid"]] = builds.get(w["pid"], 0) + int(w["replica_built"])
+    assert all(n <= 1 for n in builds.values()), builds
+    assert sum(r["replicas_built"] for r in first) >= 1
     assert sum(r["replicas_built"] for r in trainer.stats) == 0  # the second fit reuses the replicas
-    pids = {w["pid"] for r in records for w in r["workers"]}
-    assert 1 <= len(pids) <= 2
     summary = trainer.stats.summary()
     assert summary["rounds"] == 4 and summary["examples"] == 4 * 16
     assert summary["replicas_built"] == 0

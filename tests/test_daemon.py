@@ -1,0 +1,117 @@
+"""Warm Python workers (issue 16's cold start): the daemon that imports TensorFlow, warm_up, one pool.
+
+Two sessions, one after the other: PySpark's own daemon (what a user's
+existing session has), and ``sparkdl_avg.daemon`` with worker reuse off, so
+that every task runs in a freshly forked worker, as after PySpark drops idle
+workers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import make_model, regression_data, spark_session
+from sparkdl_avg import DAEMON_MODULE, ParameterAveragingTrainer, warm_up
+from sparkdl_avg.cli import daemon_applies
+from sparkdl_avg.errors import DataError
+
+
+def _rdd_probe(spark, n=2):
+    """(pid, TensorFlow imported, Keras imported) of each of ``n`` RDD tasks (the classic rounds' kind of job)."""
+
+    def probe(ids):  # nested: shipped by value (executors cannot import this test module)
+        import os
+        import sys
+
+        list(ids)
+        yield os.getpid(), "tensorflow" in sys.modules, "keras" in sys.modules
+
+    return spark.sparkContext.parallelize(range(n), n).mapPartitions(probe).collect()
+
+
+def _sql_probe(spark, n=2):
+    """The same for ``n`` ``mapInArrow`` tasks (staging's, predict's and the SQL round's kind of job)."""
+
+    def probe(batches):
+        import os
+        import sys
+
+        import pyarrow as pa
+
+        list(batches)
+        yield pa.RecordBatch.from_pylist([{"pid": os.getpid(), "tf": "tensorflow" in sys.modules,
+                                           "keras": "keras" in sys.modules}])
+
+    rows = spark.range(n, numPartitions=n).mapInArrow(probe, "pid long, tf boolean, keras boolean").collect()
+    return [tuple(r) for r in rows]
+
+
+def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reuse():
+    with spark_session("local[2]", "sparkdl_avg-plain-daemon", **{"spark.python.daemon.module": "pyspark.daemon"}) as spark:
+        # PySpark's own daemon imports nothing: a worker that ran no training has no TensorFlow.
+        assert not any(tf for _, tf, _ in _sql_probe(spark))
+        warm = warm_up(spark)
+        assert warm_up(spark) is warm  # not repeated within WARM_UP_REUSE_S
+        pids = set(warm.result(timeout=180))
+        assert 1 <= len(pids) <= 2
+        # The warmed workers serve the RDD rounds and the SQL jobs (predict, staging) alike: one pool.
+        rdd, sql = _rdd_probe(spark), _sql_probe(spark)
+        assert {p for p, _, _ in rdd} <= pids and {p for p, _, _ in sql} <= pids, (pids, rdd, sql)
+        assert all(tf and k for _, tf, k in rdd + sql)
+
+
+def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path):
+    conf = {"spark.python.daemon.module": DAEMON_MODULE, "spark.python.worker.reuse": "false"}
+    with spark_session("local[2]", "sparkdl_avg-daemon", **conf) as spark:
+        first, second = _rdd_probe(spark), _sql_probe(spark)
+        # Every task a fresh fork (reuse is off), each with TensorFlow and Keras imported before it started.
+        assert len({p for p, _, _ in first + second}) == 4
+        assert all(tf and k for _, tf, k in first + second), first + second
+        x, y = regression_data(64, seed=3)
+        trainer = ParameterAveragingTrainer(make_model(seed=3), num_workers=2, batch_size=8, averaging_frequency=2,
+                                            seed=0, slow_warning=False)
+        history = trainer.fit((x, y), epochs=3, verbose=0)
+        assert history.history["loss"][-1] < history.history["loss"][0]
+        predictions = trainer.predict(spark.createDataFrame([(row.tolist(),) for row in x], "features array<double>"))
+        got = np.array([r.prediction for r in predictions.collect()]).reshape(-1)
+        np.testing.assert_allclose(got, trainer.model.predict(x, verbose=0).reshape(-1), rtol=1e-5, atol=1e-6)
+
+
+def _preload(code: str) -> subprocess.CompletedProcess:
+    script = "from sparkdl_avg import daemon\n" + code + "\ndaemon.preload()\nprint('after preload', flush=True)\n"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_the_daemon_keeps_its_stdout_for_the_jvm_and_survives_a_failed_import():
+    # stdout carries the daemon's port to the JVM: what an import prints there goes to stderr.
+    noisy = _preload("import builtins, sparkdl_avg.quiet as q\n"
+                     "q.import_tensorflow = lambda: print('printed while importing')")
+    assert noisy.returncode == 0, noisy.stderr
+    assert noisy.stdout == "after preload\n" and "printed while importing" in noisy.stderr
+    # A missing package is reported and the daemon goes on (its workers then report the error themselves).
+    broken = _preload("sys = __import__('sys'); sys.modules['keras'] = None")
+    assert broken.returncode == 0, broken.stderr
+    assert broken.stdout == "after preload\n"
+    assert "sparkdl_avg.daemon: preloading failed; workers will import on their own" in broken.stderr
+    assert "ImportError" in broken.stderr or "ModuleNotFoundError" in broken.stderr
+
+
+def test_jobs_set_the_daemon_unless_the_user_did_or_ships_sparkdl_avg_with_py_files():
+    assert daemon_applies(None, "")
+    assert daemon_applies(None, "file:/work/mymodels.py")
+    assert not daemon_applies("pyspark.daemon", "")  # the user's own choice stands
+    assert not daemon_applies(None, "file:/work/mymodels.py, /work/dist/sparkdl_avg-0.1.0.zip")
+
+
+def test_warm_up_without_a_session_names_what_to_do(monkeypatch):
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    with pytest.raises(DataError, match=r"warm_up\(\) needs a SparkSession; create one with SparkSession.builder"):
+        warm_up()
