@@ -1,21 +1,26 @@
 """Cold start: how much slower is a session's first fit than a warm one, after an idle gap, and the first predict?
 
 Issue 16's target: a first fit ≤ 1.5 s slower than a warm one, likewise a fit
-after 2 idle minutes and the first predict after a fit. One fresh ``local[2]``
-session (fresh Python workers), scikit-learn's digits as numpy arrays, the
-suite's small CNN, 3 epochs, 2 workers, k=8. Arms, in order:
+after 2 idle minutes and the first predict after a fit. Each configuration
+runs in a fresh ``local[2]`` application of its own (``spark.python.daemon.module``
+is a static setting), one after the other: scikit-learn's digits as numpy
+arrays, the suite's small CNN, 3 epochs, 2 workers, k=8. Configurations:
 
-1. ``cold``: the session's first fit (Python workers start, TensorFlow
-   imports, replicas build);
-2. ``warm``: the same fit again (new trainer and model, same architecture);
-3. ``warm2``: once more (a second warm sample);
-4. ``idle``: after ``--idle`` seconds (default 130) without jobs (PySpark
-   drops Python workers idle for a minute);
-5. ``predict_first`` / ``predict_again``: ``trainer.predict(df)`` collected,
-   right after the last fit, then again.
+* ``plain``: PySpark's own daemon, no warm-up (a user's existing session);
+* ``daemon``: ``spark.python.daemon.module=sparkdl_avg.daemon``, no warm-up;
+* ``daemon_warm_up``: the daemon, and ``sparkdl_avg.warm_up(spark)`` right
+  after the session starts, the first fit right away (a job that fits at once);
+* ``daemon_warmed``: the same, the first fit once the warm-up is done (a
+  notebook's next cell, or a job that reads its data meanwhile; the
+  warm-up's own time is recorded).
 
-Also the first round's wall time of each fit. Prints a table and writes JSON
-(``--out``). Run: ``PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/cold_start.py``.
+Arms of each, in order: ``cold`` (the application's first fit), ``warm`` and
+``warm2`` (the same fit again, new trainer and model), ``idle`` (after
+``--idle`` seconds, default 130, without jobs: PySpark drops Python workers
+idle for a minute), ``predict_first`` / ``predict_again`` (``trainer.predict(df)``
+collected right after the last fit, then again). Prints a table and writes
+JSON (``--out``). Run:
+``PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/cold_start.py`` (≈ 12 min).
 """
 
 from __future__ import annotations
@@ -23,41 +28,45 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+CONFIGS = {
+    "plain": {"daemon": None, "warm_up": None},
+    "daemon": {"daemon": "sparkdl_avg.daemon", "warm_up": None},
+    "daemon_warm_up": {"daemon": "sparkdl_avg.daemon", "warm_up": "start"},
+    "daemon_warmed": {"daemon": "sparkdl_avg.daemon", "warm_up": "wait"},
+}
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--idle", type=float, default=130.0, help="seconds without jobs before the 'idle' arm")
-    p.add_argument("--out", default="benchmarks/results/cold_start.json")
-    p.add_argument("--daemon", default=None, help="spark.python.daemon.module (default: PySpark's own)")
-    p.add_argument("--warm-up-gap", type=float, default=None,
-                   help="call sparkdl_avg.warm_up(spark) right after creating the session and wait this many "
-                        "seconds (a notebook's next cell) before the first fit; default: no explicit warm-up")
-    args = p.parse_args()
 
+def run_config(name: str, idle: float) -> dict:
+    """One configuration in this process: its arms' wall times and the summary against the target."""
     import keras
     import numpy as np
     from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
 
+    import sparkdl_avg
     from sparkdl_avg import ParameterAveragingTrainer
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false"))
-    if args.daemon:
-        spark = spark.config("spark.python.daemon.module", args.daemon)
-    spark = spark.getOrCreate()
+    config = CONFIGS[name]
+    builder = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if config["daemon"]:
+        builder = builder.config("spark.python.daemon.module", config["daemon"])
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    if args.warm_up_gap is not None:
-        import sparkdl_avg
-
-        sparkdl_avg.warm_up(spark)
-        time.sleep(args.warm_up_gap)
+    results = {}
+    if config["warm_up"]:
+        t = time.perf_counter()
+        warm = sparkdl_avg.warm_up(spark)
+        if config["warm_up"] == "wait":
+            warm.result()
+            results["warm_up"] = {"wall_s": time.perf_counter() - t}
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype("float32").reshape(-1, 8, 8, 1)
     y = y.astype("int64")
@@ -70,10 +79,9 @@ def main() -> None:
         m.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
         return m
 
-    results = {}
     trainer = None
 
-    def fit(name):
+    def fit(arm):
         nonlocal trainer
         if trainer is not None:
             trainer.close()
@@ -81,23 +89,22 @@ def main() -> None:
                                             slow_warning=False)
         t = time.perf_counter()
         trainer.fit((x, y), epochs=3, verbose=0)
-        results[name] = {"wall_s": time.perf_counter() - t, "first_round_s": trainer.stats.records[0].wall_s,
-                         "replicas_built": sum(r.replicas_built for r in trainer.stats.records)}
-        print(f"{name:>14}: {results[name]['wall_s']:.2f} s (first round {results[name]['first_round_s']:.2f} s, "
-              f"replicas built {results[name]['replicas_built']})", flush=True)
+        results[arm] = {"wall_s": time.perf_counter() - t, "first_round_s": trainer.stats.records[0].wall_s,
+                        "replicas_built": sum(r.replicas_built for r in trainer.stats.records)}
+        print(f"{name:>15} {arm:>14}: {results[arm]['wall_s']:.2f} s (first round {results[arm]['first_round_s']:.2f} s, "
+              f"replicas built {results[arm]['replicas_built']})", flush=True)
 
     fit("cold")
     fit("warm")
     fit("warm2")
-    print(f"idle for {args.idle:.0f} s ...", flush=True)
-    time.sleep(args.idle)
+    time.sleep(idle)
     fit("idle")
     df = spark.createDataFrame([(row.reshape(-1).tolist(),) for row in x], "features array<float>")
-    for name in ("predict_first", "predict_again"):
+    for arm in ("predict_first", "predict_again"):
         t = time.perf_counter()
         trainer.predict(df).select("prediction").collect()
-        results[name] = {"wall_s": time.perf_counter() - t}
-        print(f"{name:>14}: {results[name]['wall_s']:.2f} s", flush=True)
+        results[arm] = {"wall_s": time.perf_counter() - t}
+        print(f"{name:>15} {arm:>14}: {results[arm]['wall_s']:.2f} s", flush=True)
     warm = float(np.median([results["warm"]["wall_s"], results["warm2"]["wall_s"]]))
     summary = {
         "first_fit_minus_warm_s": results["cold"]["wall_s"] - warm,
@@ -105,13 +112,42 @@ def main() -> None:
         "first_predict_minus_second_s": results["predict_first"]["wall_s"] - results["predict_again"]["wall_s"],
         "load_1min": os.getloadavg()[0],
     }
-    print(json.dumps(summary, indent=1))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"arms": results, "summary": summary, "idle_s": args.idle, "daemon": args.daemon,
-                   "warm_up_gap_s": args.warm_up_gap}, f, indent=1)
     trainer.close()
     spark.stop()
+    return {"arms": results, "summary": summary, **config}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--idle", type=float, default=130.0, help="seconds without jobs before the 'idle' arm")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {sorted(CONFIGS)}")
+    p.add_argument("--out", default="benchmarks/results/cold_start.json")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one configuration here
+    args = p.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(run_config(args.one, args.idle)), flush=True)
+        return
+
+    runs = {}
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            p.error(f"--configs: unknown configuration {name!r}; expected some of {sorted(CONFIGS)}")
+        proc = subprocess.run([sys.executable, __file__, "--one", name, "--idle", str(args.idle)],
+                              capture_output=True, text=True)
+        lines = proc.stdout.splitlines()
+        sys.stdout.write("".join(line + "\n" for line in lines if not line.startswith("RESULT ")))
+        result = [line for line in lines if line.startswith("RESULT ")]
+        if proc.returncode or not result:
+            raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+        runs[name] = json.loads(result[-1][len("RESULT "):])
+    print(f"\n{'configuration':>15} | first fit − warm | idle fit − warm | first predict − second | load")
+    for name, run in runs.items():
+        s = run["summary"]
+        print(f"{name:>15} | {s['first_fit_minus_warm_s']:+15.2f} s | {s['idle_fit_minus_warm_s']:+13.2f} s | "
+              f"{s['first_predict_minus_second_s']:+19.2f} s | {s['load_1min']:.2f}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"configs": runs, "idle_s": args.idle}, f, indent=1)
 
 
 if __name__ == "__main__":

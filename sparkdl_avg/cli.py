@@ -197,18 +197,31 @@ def spark_session(app_name: str):
     (the daemon starts before any task puts those files on the path, so it
     could not import the package).
     """
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    from .session import DAEMON_MODULE, warm_up
+    from .session import warm_up
 
     builder = SparkSession.builder.appName(app_name)
-    conf = SparkConf()
-    if daemon_applies(conf.get("spark.python.daemon.module", None), conf.get("spark.submit.pyFiles", "")):
-        builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
+    daemon = daemon_setting()
+    if daemon:
+        builder = builder.config("spark.python.daemon.module", daemon)
     spark = builder.getOrCreate()
     warm_up(spark)
     return spark
+
+
+def daemon_setting() -> Optional[str]:
+    """The ``spark.python.daemon.module`` a job should set (see :func:`daemon_applies`), or ``None``."""
+    from pyspark import SparkConf, SparkContext
+
+    from .session import DAEMON_MODULE
+
+    # Connects to spark-submit's JVM (or starts one), without which SparkConf cannot see its settings.
+    SparkContext._ensure_initialized()
+    conf = SparkConf()
+    if daemon_applies(conf.get("spark.python.daemon.module", None), conf.get("spark.submit.pyFiles", "")):
+        return DAEMON_MODULE
+    return None
 
 
 def daemon_applies(configured: Optional[str], py_files: str) -> bool:

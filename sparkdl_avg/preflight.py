@@ -105,7 +105,14 @@ def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
         # a task that fails anyway could not load sparkdl_avg to mark its error; the text is all there is.
         text = str(exc)
         if "No module named 'sparkdl_avg'" in text:
-            raise ExecutorEnvironmentError(f"Executors cannot import sparkdl_avg: {SHIP_HINT}.") from None
+            daemon = (
+                " The session's spark.python.daemon.module=sparkdl_avg.daemon needs it installed in the "
+                "executors' Python (files shipped with --py-files come too late for the daemon); otherwise "
+                "leave that setting out."
+                if "sparkdl_avg.daemon" in text
+                else ""
+            )
+            raise ExecutorEnvironmentError(f"Executors cannot import sparkdl_avg: {SHIP_HINT}.{daemon}") from None
         cause = (last_line(text, containing="Error") or type(exc).__name__).strip()
         raise ExecutorEnvironmentError(f"Executors failed to start the trainer's code: {cause}") from exc
     broken = [i for i in infos if "import_error" in i]

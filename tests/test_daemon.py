@@ -109,9 +109,57 @@ def test_jobs_set_the_daemon_unless_the_user_did_or_ships_sparkdl_avg_with_py_fi
     assert not daemon_applies(None, "file:/work/mymodels.py, /work/dist/sparkdl_avg-0.1.0.zip")
 
 
+def test_a_job_submitted_with_sparkdl_avg_in_py_files_keeps_pysparks_daemon(tmp_path):
+    import zipfile
+
+    shipped = tmp_path / "sparkdl_avg-0.1.0.zip"
+    zipfile.ZipFile(shipped, "w").close()
+    script = tmp_path / "probe.py"
+    script.write_text("from sparkdl_avg import cli\nprint('DAEMON', cli.daemon_setting())\n")
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+
+    def setting(*args):
+        proc = subprocess.run([submit, "--master", "local[1]", *args, str(script)], capture_output=True, text=True,
+                              timeout=180, env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return [line for line in proc.stdout.splitlines() if line.startswith("DAEMON ")]
+
+    assert setting() == [f"DAEMON {DAEMON_MODULE}"]
+    assert setting("--py-files", str(shipped)) == ["DAEMON None"]  # the daemon could not import the zip
+    assert setting("--conf", "spark.python.daemon.module=pyspark.daemon") == ["DAEMON None"]
+
+
 def test_warm_up_without_a_session_names_what_to_do(monkeypatch):
     from pyspark.sql import SparkSession
 
     monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
     with pytest.raises(DataError, match=r"warm_up\(\) needs a SparkSession; create one with SparkSession.builder"):
         warm_up()
+
+
+def test_executors_without_sparkdl_avg_under_its_daemon_get_the_fix_named(monkeypatch):
+    from sparkdl_avg import preflight
+    from sparkdl_avg.preflight import ExecutorEnvironmentError
+    from sparkdl_avg.session import Engine
+
+    # What Spark reports when the daemon module cannot be imported (its text, abridged).
+    text = ("Error from python worker:\n  /opt/env/bin/python: Error while finding module specification for "
+            "'sparkdl_avg.daemon' (ModuleNotFoundError: No module named 'sparkdl_avg')\nPYTHONPATH was: ...")
+
+    class Broken(Engine):
+        def __init__(self):
+            self.connect, self.sc, self._parallelism = True, None, 1
+
+        def run_tasks(self, *args, **kwargs):
+            raise RuntimeError(text)
+
+        def labels(self, *args, **kwargs):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    with pytest.raises(ExecutorEnvironmentError) as info:
+        preflight.check_executors(Broken())
+    message = str(info.value)
+    assert message.startswith("Executors cannot import sparkdl_avg: ship it with spark-submit --py-files")
+    assert "spark.python.daemon.module=sparkdl_avg.daemon needs it installed in the executors' Python" in message
