@@ -10,7 +10,7 @@ once, in the daemon: workers forked from it start with the modules loaded
 (shared copy-on-write), so a new worker costs a fork.
 
 Use it with ``spark.python.daemon.module=sparkdl_avg.daemon`` (what
-:func:`sparkdl_avg.session.builder` and the jobs set). Only imports happen
+:func:`sparkdl_avg.cli.spark_session`, so the jobs, and the notebooks set). Only imports happen
 here: TensorFlow's runtime (thread pools, devices) starts in each worker at
 its first operation, after the fork, as it does today; a failed import is
 reported on stderr and the daemon serves workers as ``pyspark.daemon`` would.

@@ -33,7 +33,7 @@ setting: give it to the session's builder or the cluster's Spark config."""
 
 WARM_UP_REUSE_S = 20.0
 """A warm-up started less than this many seconds ago is not repeated: its
-workers are still in their pools (PySpark drops them after a minute idle)."""
+workers are still in the pool (PySpark drops them after a minute idle)."""
 
 _warm_ups: Dict[str, Tuple[float, concurrent.futures.Future]] = {}
 _warm_lock = threading.Lock()
@@ -151,13 +151,15 @@ class Engine:
         A new Python worker spends seconds importing TensorFlow before its
         first task (about 3 s on a 2-core host; with ``spark.python.daemon.module``
         set to :data:`DAEMON_MODULE` the daemon imports it once and a worker
-        then costs a fork). One small job of ``default_parallelism`` tasks
-        starts those workers while the caller goes on with driver-side work
-        and leaves them in the pool that the fit's jobs, RDD rounds and
-        Spark SQL jobs alike, take workers from (see :func:`_share_python_workers`). The future's result is
-        the workers' pids; a failure is logged at DEBUG and left to the real
-        jobs to report. Repeated within :data:`WARM_UP_REUSE_S` seconds, the
-        earlier warm-up's future is returned.
+        then costs a fork). Small jobs of ``default_parallelism`` tasks (an
+        RDD job, then a Spark SQL one; under Connect only the latter) start
+        those workers while the caller goes on with driver-side work, and
+        leave them in the one pool that the fit's RDD rounds and Spark SQL
+        jobs take workers from (see :func:`_share_python_workers`). The
+        future's result is the workers' pids; a failure is logged at DEBUG
+        and left to the real jobs to report. Repeated within
+        :data:`WARM_UP_REUSE_S` seconds, the earlier warm-up's future is
+        returned.
         """
         with _warm_lock:
             started = _warm_ups.get(self.key)
@@ -173,9 +175,15 @@ class Engine:
 
         try:
             n = self.default_parallelism
+            pids = set()
             with self.labels("sparkdl_avg warm-up: executors import TensorFlow", group="sparkdl_avg-warm-up"):
-                rows = self.run_tasks(n, worker.warm_up_batches, "pid long").collect()
-            future.set_result(sorted({r.pid for r in rows}))
+                if self.sc is not None:
+                    # An RDD job first: it starts the workers sooner than a SQL job, whose first run in an
+                    # application also compiles Spark's Arrow path (about 2 s on 2 cores), needed by predict
+                    # and staging but not by a fit on numpy arrays that may start meanwhile.
+                    pids.update(self.sc.parallelize(range(n), n).mapPartitions(worker.warm_up_partition).collect())
+                pids.update(r.pid for r in self.run_tasks(n, worker.warm_up_batches, "pid long").collect())
+            future.set_result(sorted(pids))
         except BaseException as exc:  # noqa: BLE001 - the fit's own jobs report what is wrong
             logger.debug("warming up the executors failed: %s", exc)
             future.set_exception(exc)
@@ -192,7 +200,9 @@ def warm_up(spark=None) -> concurrent.futures.Future:
 
     Call it right after creating the session: the seconds a new worker
     spends importing TensorFlow then pass while the notebook's or job's
-    driver reads data and builds the model, not in the first fit. See :meth:`Engine.warm_up`; returns its future (the workers' pids).
+    driver reads data and builds the model, not in the first fit (a fit
+    that starts before the warm-up ends waits for it). See
+    :meth:`Engine.warm_up`; returns its future (the workers' pids).
     """
     if spark is None:
         from pyspark.sql import SparkSession
