@@ -115,6 +115,11 @@ def plan(quick: bool):
 AGGREGATION_PATHS = ("spark@1", "spark@2", "files", "sql:driver", "sql:shuffle", "sql:storage")
 
 
+def _path_name(transport: str, depth: int) -> str:
+    """A configuration's name in :data:`AGGREGATION_PATHS`."""
+    return f"{transport}@{depth}" if transport == "spark" else transport
+
+
 # ------------------------------------------------------------------ child
 
 def run_config(sc, sweep, size, k, workers, depth, transport, rounds, batch, optimizer_state="average"):
@@ -138,6 +143,7 @@ def run_config(sc, sweep, size, k, workers, depth, transport, rounds, batch, opt
     med["round_overhead_s"] = statistics.median(r["wall_s"] - r["compute_max_s"] for r in records)
     med["driver_sum_s"] = statistics.median(r["driver_sum_s"] for r in records)
     med["driver_own_s"] = statistics.median(r["driver_sum_s"] + r["update_s"] for r in records)
+    med["driver_cpu_s"] = statistics.median(r.get("driver_cpu_s", float("nan")) for r in records)
     received = [r["received_bytes"] for r in records if r["received_bytes"] is not None]
     med["received_bytes"] = statistics.median(received) if received else None
     med["shards"] = records[-1]["shards"]
@@ -375,6 +381,9 @@ def main() -> None:
     p.add_argument("--probe-mb", type=float, nargs="*", default=[1, 8, 24, 48],
                    help="payload sizes (MB per task) of the bare Spark probes (8 tasks: only those ≤ 8)")
     p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth, transport)")
+    p.add_argument("--paths", nargs="*", default=None,
+                   help=f"only these paths of the aggregation sweep (of {', '.join(AGGREGATION_PATHS)})")
+    p.add_argument("--sizes", nargs="*", default=None, help="only these model sizes of the aggregation sweep")
     p.add_argument("--optimizer-state", default="average", choices=["average", "reset"])
     p.add_argument("--no-probes", action="store_true", help="skip the bare Spark probes")
     p.add_argument("--tables-only", action="store_true", help="print the tables of the existing --out file")
@@ -403,6 +412,10 @@ def main() -> None:
     for n, cfgs in plan(args.quick).items():
         # The aggregation sweep (≈ 20 min, up to 16 workers) runs only when asked for.
         cfgs = [c for c in cfgs if (c[0] in args.sweeps if args.sweeps else c[0] != "aggregation")]
+        if args.paths:
+            cfgs = [c for c in cfgs if c[0] != "aggregation" or _path_name(c[5], c[4]) in args.paths]
+        if args.sizes:
+            cfgs = [c for c in cfgs if c[0] != "aggregation" or c[1] in args.sizes]
         if (args.only and n not in args.only) or not cfgs:
             continue
         print(f"local[{n}]: {len(cfgs)} configurations", flush=True)
@@ -457,12 +470,12 @@ def print_aggregation_table(results, probes=()):
     if not rows:
         return
     print("\n| workers | params | path | shards | aggregate ms | job ms | empty job ms | round overhead ms | "
-          "driver MB received | × one model | driver own ms (sum + update) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "driver MB received | × one model | driver own ms (sum + update) | driver CPU ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "failed" in r:
             path = r["transport"] + (f"@{r['depth']}" if r["transport"] == "spark" else "")
-            print(f"| {r['workers']} | {r['params']:,} | {path} | | {r['failed']} | | | | | | |")
+            print(f"| {r['workers']} | {r['params']:,} | {path} | | {r['failed']} | | | | | | | |")
             continue
         m = r["median"]
         model_mb = r["model_sum_bytes"] / 1e6
@@ -471,7 +484,8 @@ def print_aggregation_table(results, probes=()):
         print(f"| {r['workers']} | {r['params']:,} | {path} | {m.get('shards') or ''} | {1000 * m['aggregate_s']:.0f} | "
               f"{1000 * (m['schedule_s'] + m['workers_s'] + m['aggregate_s']):.0f} | {1000 * floor.get(r['workers'], float('nan')):.0f} | "
               f"{1000 * m['round_overhead_s']:.0f} | {'' if got is None else f'{got / 1e6:.1f}'} | "
-              f"{'' if got is None else f'{got / 1e6 / model_mb:.2f}'} | {1000 * m['driver_own_s']:.0f} |")
+              f"{'' if got is None else f'{got / 1e6 / model_mb:.2f}'} | {1000 * m['driver_own_s']:.0f} | "
+              f"{1000 * m.get('driver_cpu_s', float('nan')):.0f} |")
 
 
 def print_tables(results, profiles, probes=()):

@@ -37,6 +37,7 @@ class PartialResult:
         received_bytes: Bytes of sums the driver received for this result
             (set by the transport that gathered it; ``None``: not known).
         driver_sum_s: The driver's seconds decoding and adding them.
+        driver_sum_cpu_s: The CPU seconds of the driver's Python process in that time.
     """
 
     examples: int
@@ -46,6 +47,7 @@ class PartialResult:
     workers: List[WorkerRecord] = field(default_factory=list)
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
+    driver_sum_cpu_s: float = 0.0
 
     def average(self, arrays: List[np.ndarray], like: List[np.ndarray]) -> List[np.ndarray]:
         """Divides sums by :attr:`examples`, cast to the dtypes of ``like``."""

@@ -121,21 +121,31 @@ class RoundRunner:
             f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})",
         ):
             result = self.transport.run_round(task, worker.run_round_partition, epoch, rnd)
-        t2 = time.time()
+        t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
-        average = [x / result.examples for x in result.weight_sums]  # float64
-        new_weights = self.rule.apply(weights, sent, average, self.rule_state.state, mask, learning_rate)
-        new_opt = result.average(result.optimizer_sums, opt_vars) if s.average_optimizer else list(opt_vars)
-        it = iterations_index(self.model)
-        new_opt[it] = np.asarray(int(opt_vars[it]) + steps, dtype=opt_vars[it].dtype)
-        set_state(self.model, new_weights, new_opt)
+        self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
         self.transport.end_round()
-        t3 = time.time()
+        t3, cpu3 = time.time(), time.process_time()
         record = round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3)
         record.transport = self.transport.name
         record.aggregation, record.shards = self.transport.last_plan or ("", 0)
+        record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
         self.stats.add(record)
         return result
+
+    def update(self, result: PartialResult, weights, sent, opt_vars, mask, learning_rate: float, steps: int) -> None:
+        """Sets the model's state from a round's sums: the update rule on the averaged weights, the optimizer's average.
+
+        ``weights``/``opt_vars``: the state the round started from; ``sent``:
+        what the workers started from (:meth:`UpdateRule.to_send`); the
+        optimizer's iteration counter advances by ``steps``.
+        """
+        average = [x / result.examples for x in result.weight_sums]  # float64
+        new_weights = self.rule.apply(weights, sent, average, self.rule_state.state, mask, learning_rate)
+        new_opt = result.average(result.optimizer_sums, opt_vars) if self.settings.average_optimizer else list(opt_vars)
+        it = iterations_index(self.model)
+        new_opt[it] = np.asarray(int(opt_vars[it]) + steps, dtype=opt_vars[it].dtype)
+        set_state(self.model, new_weights, new_opt)
 
     def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None) -> RoundTask:
         """The :class:`~sparkdl_avg.worker.RoundTask` of round ``rnd`` of ``epoch`` (``slot``: see its doc)."""

@@ -58,6 +58,7 @@ class Engine:
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
         self._parallelism: Optional[int] = None
+        self._ranges: Dict[Tuple[int, int], Any] = {}
         if self.sc is not None:
             _share_python_workers(spark)
 
@@ -135,8 +136,17 @@ class Engine:
         Returns the lazy DataFrame of what the tasks yield (``schema``, a
         DDL string), for the caller to transform further or bring back with
         ``toArrow()``.
+
+        The ``spark.range`` DataFrame is made once per ``(start, n)`` and
+        reused: ``mapInArrow`` asks for its input's columns, which under
+        Spark Connect is an ``AnalyzePlan`` round trip (about 10 ms a round
+        on one host) unless the DataFrame already knows its schema.
         """
-        return self.spark.range(start, start + n, numPartitions=n).mapInArrow(body, struct_type(schema))
+        ids = self._ranges.get((start, n))
+        if ids is None:
+            ids = self._ranges[(start, n)] = self.spark.range(start, start + n, numPartitions=n)
+            ids.columns  # noqa: B018 - resolves the schema once; later mapInArrow calls reuse it
+        return ids.mapInArrow(body, struct_type(schema))
 
     @property
     def key(self) -> str:

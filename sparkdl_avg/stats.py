@@ -98,8 +98,11 @@ class RoundRecord(_ReadsLikeADict):
     ``aggregation`` and ``shards`` (the Spark SQL round's plan, see
     :mod:`sparkdl_avg.transport`), ``received_bytes`` (bytes of sums the
     driver received or read; ``None`` on Spark's tree, which does not say)
-    and ``driver_sum_s`` (the driver's time decoding and adding them, part
-    of ``aggregate_s``).
+    ``driver_sum_s`` (the driver's time decoding and adding them, part
+    of ``aggregate_s``) and ``driver_cpu_s`` (the CPU seconds the driver's
+    Python process spent on that and on the update: its own work per
+    round, which unlike the wall times does not grow when other processes
+    share its cores).
 
     Under ``synchronization="stale"`` or ``"async"`` (:mod:`sparkdl_avg.stale`)
     each record is one worker's *chunk*: ``num_workers`` is 1, ``round`` the
@@ -144,6 +147,7 @@ class RoundRecord(_ReadsLikeADict):
     shards: int = 0
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
+    driver_cpu_s: float = 0.0
     chunk: Optional[int] = None
     slot: Optional[int] = None
     staleness: Optional[int] = None

@@ -210,7 +210,7 @@ class FileTransport(StateTransport):
 
     def add_delivered(self, delivered: List[exchange.StoredResult], what: str, directory: str) -> PartialResult:
         """The sum of what the workers' :class:`~sparkdl_avg.exchange.StoreSums` delivered; deletes their files."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         total = functools.reduce(merge, [d.result for d in delivered], None)
         try:
             weight_sums, optimizer_sums = _add_stored([d.sums for d in delivered if d.sums is not None])
@@ -222,7 +222,7 @@ class FileTransport(StateTransport):
             ) from exc
         total.weight_sums, total.optimizer_sums = weight_sums, optimizer_sums
         total.received_bytes = sum(_nbytes(d.sums) for d in delivered if d.sums is not None)
-        total.driver_sum_s = time.perf_counter() - t0
+        total.driver_sum_s, total.driver_sum_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         return total
 
     def close(self) -> None:
@@ -328,7 +328,7 @@ class SqlTransport(StateTransport):
                 partial(exchange.reduce_shuffled, layout, shards), struct_type(exchange.ROUND_SCHEMA)
             )
         table = run_job(rows.toArrow, what)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         results, pieces = _read_rows(table)
         received = table.nbytes
         if how == "files":  # the workers' files, read here in worker order (one host: the page cache)
@@ -349,6 +349,7 @@ class SqlTransport(StateTransport):
             pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
         total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
+        total.driver_sum_cpu_s = time.process_time() - c0
         return total
 
     def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):

@@ -108,6 +108,9 @@ def test_every_path_trains_bitwise_the_same_weights_at_three_workers(spark):
         assert history == ref_history
         record = trainer.stats.records[-1]
         assert record.transport == options["state_transport"]
+        # The driver's own CPU: its summing (none on Spark's tree) and the update, within the round's wall time.
+        assert 0 < record.driver_cpu_s < 2 * record.wall_s
+        assert (record.driver_sum_s > 0) == (options["state_transport"] != "spark")
         if options["state_transport"] == "sql":
             layout_bytes = 8 * sum(w.size for w in make_model(seed=6).get_weights())
             assert record.aggregation == options["aggregation"]
