@@ -9,7 +9,8 @@ records). Arms: ``sync`` (rounds), ``stale`` at several bounds ``s``,
 ``reproducible s=2`` (``reproducible=True``) and ``async``, all with the
 staleness-aware factor (the default) unless the arm says ``unscaled``. They run
 interleaved within each repeat, each after an untimed one-round warm-up fit,
-so the Python workers are warm alike.
+so the Python workers are warm alike. The sessions use README's recommended
+settings (``sparkdl_avg.RECOMMENDED_CONF``), as users are told to run.
 
 Per arm it records the time of ``--epochs`` epochs (held-out evaluation
 excluded), throughput (training examples per second over them), the
@@ -51,6 +52,8 @@ from bench_cnn import build_model, make_data  # noqa: E402
 def _session(workers: int):
     from pyspark.sql import SparkSession
 
+    from sparkdl_avg import RECOMMENDED_CONF
+
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
@@ -60,6 +63,7 @@ def _session(workers: int):
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "2g")
+        .config(map=RECOMMENDED_CONF)  # as README recommends: the daemon, Unix sockets (one job per chunk)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

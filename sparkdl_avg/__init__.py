@@ -9,7 +9,7 @@ from .config import TrainerConfig
 from .errors import ConfigurationError, DataError, WorkerError
 from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule
 from .schedules import AdaComm, AveragingSchedule, PostLocalSGD
-from .session import DAEMON_MODULE, warm_up
+from .session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up
 from .trainer import ParameterAveragingTrainer
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "advise",
     "warm_up",
     "DAEMON_MODULE",
+    "RECOMMENDED_CONF",
     "Advice",
     "TrainerConfig",
     "UpdateRule",

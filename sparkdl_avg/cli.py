@@ -190,38 +190,33 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
 
 
 def spark_session(app_name: str):
-    """The job's session, with executors that fork TensorFlow-ready workers, warming up in the background.
-
-    ``spark.python.daemon.module`` is set to :data:`~sparkdl_avg.session.DAEMON_MODULE`
-    unless the job sets it itself or ships sparkdl_avg with ``--py-files``
-    (the daemon starts before any task puts those files on the path, so it
-    could not import the package).
-    """
+    """The job's session, with the recommended settings (:func:`recommended_settings`), warming up in the background."""
     from pyspark.sql import SparkSession
 
     from .session import warm_up
 
-    builder = SparkSession.builder.appName(app_name)
-    daemon = daemon_setting()
-    if daemon:
-        builder = builder.config("spark.python.daemon.module", daemon)
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.appName(app_name).config(map=recommended_settings()).getOrCreate()
     warm_up(spark)
     return spark
 
 
-def daemon_setting() -> Optional[str]:
-    """The ``spark.python.daemon.module`` a job should set (see :func:`daemon_applies`), or ``None``."""
+def recommended_settings() -> Dict[str, str]:
+    """Which of :data:`~sparkdl_avg.session.RECOMMENDED_CONF` a job should set: those it has not set itself.
+
+    The daemon is also left out when the job ships sparkdl_avg with
+    ``--py-files`` (see :func:`daemon_applies`).
+    """
     from pyspark import SparkConf, SparkContext
 
-    from .session import DAEMON_MODULE
+    from .session import RECOMMENDED_CONF
 
     # Connects to spark-submit's JVM (or starts one), without which SparkConf cannot see its settings.
     SparkContext._ensure_initialized()
     conf = SparkConf()
-    if daemon_applies(conf.get("spark.python.daemon.module", None), conf.get("spark.submit.pyFiles", "")):
-        return DAEMON_MODULE
-    return None
+    settings = {key: value for key, value in RECOMMENDED_CONF.items() if conf.get(key, None) is None}
+    if not daemon_applies(conf.get("spark.python.daemon.module", None), conf.get("spark.submit.pyFiles", "")):
+        settings.pop("spark.python.daemon.module", None)
+    return settings
 
 
 def daemon_applies(configured: Optional[str], py_files: str) -> bool:

@@ -31,6 +31,26 @@ DAEMON_MODULE = "sparkdl_avg.daemon"
 workers with TensorFlow already imported (:mod:`sparkdl_avg.daemon`). A static
 setting: give it to the session's builder or the cluster's Spark config."""
 
+UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+"""The Spark setting (Spark >= 4.1, static) that, set to ``"true"``, has each JVM
+talk to its Python processes (the executors' workers, the driver's result
+streams) over Unix domain sockets instead of loopback TCP. Over TCP each
+Python task measured here waited about 40 ms for its input (the signature of
+Nagle's algorithm meeting delayed acknowledgements): once per round, a third
+of a small round's overhead (docs/benchmarks.md, "Unix domain sockets")."""
+
+RECOMMENDED_CONF: Dict[str, str] = {
+    "spark.python.daemon.module": DAEMON_MODULE,
+    UNIX_SOCKETS: "true",
+}
+"""The static Spark settings we recommend for sessions that train with
+sparkdl_avg, and that its jobs, notebooks and tests use: executors fork
+TensorFlow-ready workers (:data:`DAEMON_MODULE`), and the JVMs talk to
+Python over Unix domain sockets (:data:`UNIX_SOCKETS`). Give them to the
+session's builder (``SparkSession.builder.config(map=RECOMMENDED_CONF)``),
+``spark-submit --conf`` or the cluster's Spark config; they cannot change
+once the session exists."""
+
 WARM_UP_REUSE_S = 20.0
 """A warm-up started less than this many seconds ago is not repeated: its
 workers are still in the pool (PySpark drops them after a minute idle)."""

@@ -22,6 +22,8 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from sparkdl_avg.session import RECOMMENDED_CONF  # noqa: E402
+
 
 def pytest_configure(config):
     config.addinivalue_line(
@@ -45,9 +47,9 @@ def make_session(master: str, app_name: str, local_dir: str, **conf):
         .config("spark.driver.memory", "1g")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-        # As README recommends: workers fork from a daemon that has TensorFlow imported
-        # (test_daemon.py also runs PySpark's own daemon).
-        .config("spark.python.daemon.module", "sparkdl_avg.daemon")
+        # As README recommends (sparkdl_avg.RECOMMENDED_CONF): workers fork from a daemon that has TensorFlow
+        # imported, and talk to the JVM over Unix domain sockets (test_daemon.py also runs PySpark's own daemon).
+        .config(map=RECOMMENDED_CONF)
     )
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
-from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
+from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg import worker as worker_module
 
 N, B, K = 2, 8, 4
@@ -62,7 +62,7 @@ def connect(reference, tmp_path_factory):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.local.dir", local_dir)
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.python.daemon.module", "sparkdl_avg.daemon")  # a static setting: the server's
+        .config(map=RECOMMENDED_CONF)  # static settings: the server's
         .getOrCreate()
     )
     try:

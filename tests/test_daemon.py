@@ -115,7 +115,8 @@ def test_a_job_submitted_with_sparkdl_avg_in_py_files_keeps_pysparks_daemon(tmp_
     shipped = tmp_path / "sparkdl_avg-0.1.0.zip"
     zipfile.ZipFile(shipped, "w").close()
     script = tmp_path / "probe.py"
-    script.write_text("from sparkdl_avg import cli\nprint('DAEMON', cli.daemon_setting())\n")
+    script.write_text("from sparkdl_avg import cli\ns = cli.recommended_settings()\n"
+                      "print('DAEMON', s.get('spark.python.daemon.module'), s.get('spark.python.unix.domain.socket.enabled'))\n")
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 
     def setting(*args):
@@ -124,9 +125,11 @@ def test_a_job_submitted_with_sparkdl_avg_in_py_files_keeps_pysparks_daemon(tmp_
         assert proc.returncode == 0, proc.stderr[-2000:]
         return [line for line in proc.stdout.splitlines() if line.startswith("DAEMON ")]
 
-    assert setting() == [f"DAEMON {DAEMON_MODULE}"]
-    assert setting("--py-files", str(shipped)) == ["DAEMON None"]  # the daemon could not import the zip
-    assert setting("--conf", "spark.python.daemon.module=pyspark.daemon") == ["DAEMON None"]
+    assert setting() == [f"DAEMON {DAEMON_MODULE} true"]
+    assert setting("--py-files", str(shipped)) == ["DAEMON None true"]  # the daemon could not import the zip
+    assert setting("--conf", "spark.python.daemon.module=pyspark.daemon") == ["DAEMON None true"]
+    # The user's own choice stands.
+    assert setting("--conf", "spark.python.unix.domain.socket.enabled=false") == [f"DAEMON {DAEMON_MODULE} None"]
 
 
 def test_warm_up_without_a_session_names_what_to_do(monkeypatch):
