@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -37,6 +36,7 @@ os.environ["PYSPARK_PYTHON"] = os.path.abspath(os.environ["PYSPARK_PYTHON"])
 
 import numpy as np  # noqa: E402
 
+from arms import run_alternating  # noqa: E402
 from overhead import WIDTHS, build_mlp, params_of  # noqa: E402
 
 SIZES = ("1e5", "1e6")
@@ -104,18 +104,8 @@ def main() -> None:
         with open(args.out) as f:
             saved = json.load(f)
         return print_tables(saved["results"], saved["load_avg_1min"], saved["args"]["repeats"])
-    load, results = [os.getloadavg()[0]], []
-    for rep in range(args.repeats):
-        arms = ("classic", "connect", "classic-plain", "connect-plain")
-        for arm in (arms if rep % 2 == 0 else arms[::-1]):
-            tmp = os.path.join(os.path.dirname(args.out), f".connect-{arm}.tmp")
-            subprocess.run([sys.executable, __file__, "--arm", arm, "--child-out", tmp, "--rounds", str(args.rounds)],
-                           check=True)
-            with open(tmp) as f:
-                for r in json.load(f):
-                    results.append({**r, "repeat": rep})
-            os.remove(tmp)
-            load.append(os.getloadavg()[0])
+    arms = ("classic", "connect", "classic-plain", "connect-plain")
+    results, load = run_alternating(__file__, arms, args.repeats, args.rounds, args.out)
     with open(args.out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_1min": load, "args": vars(args),
                    "results": results}, f, indent=1)

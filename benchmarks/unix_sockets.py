@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -38,6 +37,7 @@ os.environ["PYSPARK_PYTHON"] = os.path.abspath(os.environ["PYSPARK_PYTHON"])
 
 import numpy as np  # noqa: E402
 
+from arms import run_alternating  # noqa: E402
 from overhead import WIDTHS, build_mlp  # noqa: E402
 
 ARMS = ("classic tcp", "classic uds", "connect tcp", "connect uds")
@@ -142,16 +142,7 @@ def main() -> None:
         with open(args.out) as f:
             saved = json.load(f)
         return print_tables(saved["results"], saved["load_avg_1min"])
-    load, results = [os.getloadavg()[0]], []
-    for rep in range(args.repeats):
-        for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
-            tmp = os.path.join(os.path.dirname(args.out), ".unix-sockets.tmp")
-            subprocess.run([sys.executable, __file__, "--arm", arm, "--child-out", tmp, "--rounds", str(args.rounds)],
-                           check=True)
-            with open(tmp) as f:
-                results += [{**r, "repeat": rep} for r in json.load(f)]
-            os.remove(tmp)
-            load.append(os.getloadavg()[0])
+    results, load = run_alternating(__file__, ARMS, args.repeats, args.rounds, args.out)
     with open(args.out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_1min": load, "args": vars(args),
                    "results": results}, f, indent=1)
