@@ -53,6 +53,7 @@ bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py --sweeps aggregation --out benchmarks/results/aggregation.json
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/connect_overhead.py --repeats 3 --rounds 16
 	$(PY) benchmarks/driver_scaling.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/unix_sockets.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/advisor_check.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/straggler.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/cold_start.py
