@@ -44,7 +44,7 @@ test: env
 test-fast: env
 	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests -m "not slow"
 
-## Benchmark suite of docs/benchmarks.md (~70 min on 2 cores): the trainer against plain Keras,
+## Benchmark suite of docs/benchmarks.md (~85 min on 2 cores): the trainer against plain Keras,
 ## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round
 ## overhead vs model size, k, workers and depth; the scaling projection of docs/scaling.md; plots.
 bench: env
