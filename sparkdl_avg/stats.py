@@ -101,8 +101,8 @@ class RoundRecord(_ReadsLikeADict):
     ``driver_sum_s`` (the driver's time decoding and adding them, part
     of ``aggregate_s``) and ``driver_cpu_s`` (the CPU seconds the driver's
     Python process spent on that and on the update: its own work per
-    round, which unlike the wall times does not grow when other processes
-    share its cores).
+    round, without the time it waits for a core, though memory-bound work
+    still costs more CPU time when other processes share the cores).
 
     Under ``synchronization="stale"`` or ``"async"`` (:mod:`sparkdl_avg.stale`)
     each record is one worker's *chunk*: ``num_workers`` is 1, ``round`` the
