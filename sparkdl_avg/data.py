@@ -337,3 +337,56 @@ def data_key(data: Any, features_col: str, label_col: str) -> Optional[tuple]:
             digest.update(a.data)
         return ("arrays", digest.hexdigest())
     return None
+
+
+def check_shared_root(engine, root: str, tasks: int, default: bool) -> None:
+    """Refuses a local staging root that the executors cannot see, before anything is staged there.
+
+    On a master whose executors may run on other hosts (anything but
+    ``local[N]``/``local-cluster``) a local path is shared only if it is a
+    shared mount: the driver writes a marker file under ``root`` and one
+    small job of ``tasks`` tasks (:func:`sparkdl_avg.worker.probe_path_batches`)
+    asks each executor whether it sees it. URIs (``s3://``, ``hdfs://``) and
+    one-host masters are not checked. About one Spark job's time (0.1-0.3 s),
+    once per trainer and session.
+
+    Args:
+        engine: The session's :class:`~sparkdl_avg.session.Engine`.
+        root: The trainer's staging root (already created).
+        tasks: Tasks of the probe job (the fit's workers, at least the
+            cluster's slots, so that most executors answer).
+        default: Whether ``root`` is the default (``staging_dir=None``: the
+            driver's temp dir), for the message.
+
+    Raises:
+        ConfigurationError: some executor does not see the marker; names
+            ``staging_dir``, the hosts and what to pass instead.
+    """
+    from . import worker
+    from .errors import ConfigurationError
+
+    if "://" in root and not root.startswith("file://"):
+        return
+    import os
+
+    marker = os.path.join(root.replace("file://", "", 1), f".shared-{uuid.uuid4().hex[:12]}")
+    with open(marker, "w") as f:
+        f.write("sparkdl_avg: executors that see this file share the staging directory\n")
+    try:
+        rows = run_job(
+            lambda: engine.run_tasks(tasks, partial(worker.probe_path_batches, marker),
+                                     "task long, host string, seen boolean").collect(),
+            "The staging directory check",
+        )
+    finally:
+        os.remove(marker)
+    blind = sorted({r.host for r in rows if not r.seen})
+    if blind:
+        where = (f"the default, {os.path.dirname(root)!r} (the driver's temp dir)" if default
+                 else f"{os.path.dirname(root)!r}")
+        raise ConfigurationError(
+            f"The 'staging_dir' parameter must be a directory the driver and every executor share; "
+            f"got {where}, which executors on {', '.join(blind)} cannot see (master {engine.master}). "
+            "Pass staging_dir= a filesystem every host reaches: an s3:// or hdfs:// URI, or a shared mount "
+            "(NFS) at the same path on every host."
+        )

