@@ -15,7 +15,9 @@ ParameterAveragingTrainer, evaluates on the validation data, and writes
 model.keras, stats.json (per-round timings), metrics.json (history, final
 validation metrics, time summary, executors' Python, flags) and report.html
 to --output-dir, all at once (an existing directory is only replaced with
---overwrite). With --mlflow-experiment (or --mlflow, --mlflow-tracking-uri,
+--overwrite; one that cannot be written is refused before training, and if
+writing fails anyway at the end, the files are kept in a temporary directory
+that the error names). With --mlflow-experiment (or --mlflow, --mlflow-tracking-uri,
 --mlflow-run-name) the fit is logged to MLflow: params, per-epoch metrics,
 the model and the reports, and the final validation metrics as final_val_*;
 --resume continues the checkpoint's run. Bad flags or data: one line on
@@ -72,7 +74,9 @@ def main(argv=None) -> int:
     labels = cli.columns(args.label_col, "label")
     options = cli.read_options(args.read_option)
     out = fs.OutputDir(args.output_dir, overwrite=args.overwrite)
-    out.check()  # before any work
+    out.check()  # before any work: refuses an existing or unwritable --output-dir
+    if args.checkpoint_dir:
+        fs.check_writable(args.checkpoint_dir, "The --checkpoint-dir flag")
 
     from sparkdl_avg import ParameterAveragingTrainer
     from sparkdl_avg.config import check_checkpoint_args, check_fit_args
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
                 "flags": cli.flags_dict(args),
             },
         )
-        out.commit()
+        out.commit(keep_on_error=True)  # the trained model is not lost: the error says where it is
     finally:
         out.cleanup()
         spark.stop()

@@ -2,22 +2,30 @@
 
 A checkpoint directory (``fit(checkpoint_dir=...)``, a local path or any
 ``pyarrow.fs`` URI: HDFS, S3, ...) holds complete checkpoints in
-subdirectories ``ckpt-<sequence>`` and a ``LATEST`` file naming the newest.
-A checkpoint is two files:
+subdirectories ``ckpt-<sequence>`` and a ``LATEST`` file naming the newest
+(a name of that form only: a pointer that would lead elsewhere, such as
+``../../etc``, is ignored). A checkpoint is two files:
 
 - ``arrays.npz``: the global weights, the optimizer's variables and the
   update rule's state (e.g. BMUF's ``Δ``), read with ``allow_pickle=False``;
 - ``meta.json``: format version, position (epoch, rounds and minibatches
   done in it), the partial epoch's metric sums, the history of finished
   epochs, the seed, the configuration, the update rule and schedule (with
-  AdaComm's state), the model's fingerprint and the number of examples.
+  AdaComm's state), the model's fingerprint, the number of examples and the
+  SHA-256 of ``arrays.npz``.
+
+Reading: :func:`load` verifies a checkpoint (the checksum, the JSON, every
+array the meta names) and raises :class:`~sparkdl_avg.errors.CheckpointError`
+naming it and the remedy when it is damaged; :func:`candidates` lists the
+complete checkpoints newest first, for a resume to fall back to the previous
+one (:mod:`sparkdl_avg.resume` keeps two).
 
 Writing: the new checkpoint is written completely under its own name, then
 ``LATEST`` is replaced (every file is written with
 :func:`sparkdl_avg.fs.write_atomically`: to a temporary name, then moved; on
 object stores such as S3 in one upload, which appears whole, and ``LATEST``
-still only after the checkpoint is complete), and only then are older
-checkpoints deleted. A crash
+still only after the checkpoint is complete), and only then are the
+checkpoints beyond the newest ``keep`` deleted. A crash
 at any moment leaves ``LATEST`` naming a complete checkpoint, except on HDFS,
 where replacing a file is delete + rename: a crash in between leaves no
 ``LATEST``, and :func:`latest` then takes the newest checkpoint whose
@@ -27,8 +35,11 @@ where replacing a file is delete + rename: a crash in between leaves no
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
+import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -37,14 +48,17 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from . import fs
-from .errors import ConfigurationError
+from .errors import CheckpointError, ConfigurationError
 from .fs import join
+
+logger = logging.getLogger("sparkdl_avg")
 
 FORMAT_VERSION = 1
 LATEST = "LATEST"
 ARRAYS = "arrays.npz"
 META = "meta.json"
 PREFIX = "ckpt-"
+_NAME = re.compile(r"ckpt-[0-9]+")  # a checkpoint's name: what LATEST may hold
 
 
 @dataclass
@@ -116,8 +130,28 @@ def _entries(directory: str) -> List[str]:
     return [i.base_name for i in filesystem.get_file_info(pafs.FileSelector(path))]
 
 
-def latest(directory: str) -> Optional[str]:
-    """The URI of the newest complete checkpoint in ``directory``, or ``None`` if it holds none.
+def _names(entries: List[str]) -> List[str]:
+    """The checkpoints' names among a directory's ``entries``, oldest first."""
+    return sorted(n for n in entries if _NAME.fullmatch(n))
+
+
+def _pointer(directory: str) -> Optional[str]:
+    """The checkpoint name ``LATEST`` holds, or ``None`` when it holds anything but a name of this directory's."""
+    raw = fs.read_bytes(join(directory, LATEST)).decode("utf-8", errors="replace").strip()
+    if _NAME.fullmatch(raw):
+        return raw
+    logger.warning(
+        "Ignoring %s: it holds %r, not the name of a checkpoint in that directory (ckpt-<number>); "
+        "taking the newest complete checkpoint there instead.", join(directory, LATEST), raw[:100],
+    )
+    return None
+
+
+def candidates(directory: str) -> List[str]:
+    """The URIs of the complete checkpoints in ``directory``, newest first (``LATEST``'s first).
+
+    Complete: its ``meta.json`` (written last) exists. Whether it reads back
+    is :func:`load`'s to say; a resume takes the first that does.
 
     Raises:
         ConfigurationError: ``directory`` is a file, or holds files that are
@@ -125,7 +159,7 @@ def latest(directory: str) -> Optional[str]:
     """
     names = _entries(directory)
     if not names:
-        return None
+        return []
     if LATEST not in names:
         foreign = sorted(n for n in names if not n.startswith((PREFIX, fs.TEMP_PREFIX)))
         if foreign:
@@ -133,14 +167,31 @@ def latest(directory: str) -> Optional[str]:
                 f"The 'checkpoint_dir' parameter must be an empty or new directory, or one holding "
                 f"sparkdl_avg checkpoints. Got {directory!r}, which holds {foreign[:5]}, instead."
             )
-        # LATEST can be missing for a moment where replacing a file is delete + rename (HDFS):
-        # the newest checkpoint whose meta.json (written last) exists is complete.
-        for name in sorted((n for n in names if n.startswith(PREFIX)), reverse=True):
-            if fs.exists(join(join(directory, name), META)):
-                return join(directory, name)
-        return None
-    name = fs.read_bytes(join(directory, LATEST)).decode().strip()
-    return join(directory, name)
+    # LATEST can be missing for a moment where replacing a file is delete + rename (HDFS):
+    # the newest checkpoint whose meta.json (written last) exists is complete.
+    ordered = _names(names)[::-1]
+    pointed = _pointer(directory) if LATEST in names else None
+    if pointed in ordered:
+        ordered.remove(pointed)
+        ordered.insert(0, pointed)
+    elif pointed is not None:
+        logger.warning("%s names %s, which is not there; taking the newest complete checkpoint instead.",
+                       join(directory, LATEST), pointed)
+    return [join(directory, n) for n in ordered if fs.exists(join(join(directory, n), META))]
+
+
+def latest(directory: str) -> Optional[str]:
+    """The URI of the newest complete checkpoint in ``directory``, or ``None`` if it holds none.
+
+    ``LATEST``'s checkpoint; without a usable ``LATEST`` (missing, or holding
+    anything but a checkpoint's name), the newest whose ``meta.json`` exists.
+
+    Raises:
+        ConfigurationError: ``directory`` is a file, or holds files that are
+            not checkpoints (so it is not ours to write into).
+    """
+    found = candidates(directory)
+    return found[0] if found else None
 
 
 def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
@@ -149,9 +200,11 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
     Args:
         directory: Checkpoint directory (local path or ``pyarrow.fs`` URI).
         checkpoint: What to write.
-        keep: Complete checkpoints to keep (the newest ``keep``). Default 1.
+        keep: Complete checkpoints to keep, the new one included (the newest
+            ``keep``); older ones, and incomplete ones a crash left, are
+            deleted once ``LATEST`` names the new one. Default 1.
     """
-    existing = sorted(n for n in _entries(directory) if n.startswith(PREFIX))
+    existing = _names(_entries(directory))
     sequence = int(existing[-1][len(PREFIX) :]) + 1 if existing else 0
     name = f"{PREFIX}{sequence:06d}"
     target = join(directory, name)
@@ -166,7 +219,8 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
             arrays[f"rule/{key}/{i}"] = np.asarray(v)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    fs.write_atomically(join(target, ARRAYS), buffer.getvalue())
+    data = buffer.getvalue()
+    fs.write_atomically(join(target, ARRAYS), data)
     meta = {
         **dataclasses.asdict(checkpoint.meta),
         "format_version": FORMAT_VERSION,
@@ -177,47 +231,83 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         "num_weights": len(checkpoint.weights),
         "num_optimizer_variables": len(checkpoint.optimizer),
         "rule_state_sizes": {k: len(v) for k, v in checkpoint.rule_state.items()},
+        "arrays_sha256": hashlib.sha256(data).hexdigest(),
     }
     # meta.json last: latest() takes a checkpoint whose meta.json exists as complete.
     fs.write_atomically(join(target, META), json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
 
     # The commit point: LATEST names the new checkpoint only once it is complete.
     fs.write_atomically(join(directory, LATEST), name.encode())
-    for old in existing[: max(0, len(existing) + 1 - keep)]:
-        fs.remove_tree(join(directory, old))
+    kept = []  # the newest keep - 1 complete ones before the new one
+    if keep > 1:
+        complete = [n for n in existing if fs.exists(join(join(directory, n), META))]
+        kept = complete[max(0, len(complete) - (keep - 1)) :]
+    for old in existing:
+        if old not in kept:
+            fs.remove_tree(join(directory, old))
     return target
 
 
+def _damaged(uri: str, what: str) -> CheckpointError:
+    """The error for the checkpoint at ``uri`` that cannot be read back because of ``what``."""
+    return CheckpointError(
+        f"The checkpoint at {uri!r} is damaged: {what}. It cannot be resumed from; fit(resume=True) takes "
+        "the previous checkpoint in its directory when one reads back (delete this one to make that the "
+        "latest), or pass resume='<an earlier checkpoint>', or start a new run in an empty checkpoint_dir."
+    )
+
+
 def load(uri: str) -> Checkpoint:
-    """Reads the checkpoint at ``uri`` (a ``ckpt-*`` directory, as :func:`latest` returns).
+    """Reads and verifies the checkpoint at ``uri`` (a ``ckpt-*`` directory, as :func:`latest` returns).
 
     Raises:
-        ConfigurationError: missing files or another format version.
+        CheckpointError: a file is missing, ``meta.json`` is not a
+            checkpoint's, or ``arrays.npz`` does not match its checksum or
+            lacks an array (truncated, emptied, altered).
+        ConfigurationError: another format version.
     """
     try:
-        meta = json.loads(fs.read_bytes(join(uri, META)))
+        raw_meta = fs.read_bytes(join(uri, META))
         data = fs.read_bytes(join(uri, ARRAYS))
     except (FileNotFoundError, OSError) as exc:
-        raise ConfigurationError(f"No complete sparkdl_avg checkpoint at {uri!r}: {exc}") from None
+        raise CheckpointError(
+            f"No complete sparkdl_avg checkpoint at {uri!r}: {exc}. Resume from another checkpoint, or start "
+            "a new run in an empty checkpoint_dir."
+        ) from None
+    try:
+        meta = json.loads(raw_meta)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise _damaged(uri, f"{META} is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise _damaged(uri, f"{META} holds a {type(meta).__name__}, not a checkpoint's metadata")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ConfigurationError(
             f"The checkpoint at {uri!r} has format version {meta.get('format_version')!r}; this "
             f"version of sparkdl_avg reads version {FORMAT_VERSION}."
         )
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    rule_state = {
-        key: [arrays[f"rule/{key}/{i}"] for i in range(n)] for key, n in meta["rule_state_sizes"].items()
-    }
-    return Checkpoint(
-        epoch=meta["epoch"],
-        rounds_done=meta["rounds_done"],
-        steps_done=meta["steps_done"],
-        weights=[arrays[f"weights/{i}"] for i in range(meta["num_weights"])],
-        optimizer=[arrays[f"optimizer/{i}"] for i in range(meta["num_optimizer_variables"])],
-        rule_state=rule_state,
-        meta=RunMeta(**{f.name: meta[f.name] for f in dataclasses.fields(RunMeta) if f.name in meta}),
-    )
+    expected = meta.get("arrays_sha256")  # absent in checkpoints written before it was recorded
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise _damaged(uri, f"{ARRAYS} ({len(data)} bytes) does not match the SHA-256 recorded in {META} "
+                            "(truncated or altered)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        rule_state = {
+            key: [arrays[f"rule/{key}/{i}"] for i in range(n)] for key, n in meta["rule_state_sizes"].items()
+        }
+        return Checkpoint(
+            epoch=meta["epoch"],
+            rounds_done=meta["rounds_done"],
+            steps_done=meta["steps_done"],
+            weights=[arrays[f"weights/{i}"] for i in range(meta["num_weights"])],
+            optimizer=[arrays[f"optimizer/{i}"] for i in range(meta["num_optimizer_variables"])],
+            rule_state=rule_state,
+            meta=RunMeta(**{f.name: meta[f.name] for f in dataclasses.fields(RunMeta) if f.name in meta}),
+        )
+    except KeyError as exc:
+        raise _damaged(uri, f"{META} or {ARRAYS} lacks the entry {exc}") from None
+    except Exception as exc:  # BadZipFile, EOFError, ValueError, TypeError from np.load and the meta's values
+        raise _damaged(uri, f"{ARRAYS} or {META} cannot be read ({type(exc).__name__}: {exc})") from None
 
 
 def check_compatible(uri: str, saved: Dict[str, Any], current: Dict[str, Any]) -> None:

@@ -26,3 +26,11 @@ class PathError(ValueError):
 
     The message names the path.
     """
+
+
+class CheckpointError(PathError):
+    """A checkpoint cannot be read back: a file of it is missing, truncated or altered.
+
+    The message names the checkpoint and what to do (resume from the previous
+    one, which ``fit(resume=True)`` does by itself when one verifies).
+    """

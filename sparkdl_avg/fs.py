@@ -3,7 +3,9 @@
 This module owns how a local path or URI becomes a ``pyarrow.fs`` filesystem
 and a path on it (:func:`resolve`), the package's whole-file operations on
 any such filesystem (:func:`read_bytes`, :func:`exists`, :func:`remove_tree`,
-:func:`download`, :func:`local_copy`), its two ways of replacing a file
+:func:`download`, :func:`local_copy`), the check that an output location
+can be written, run before the work whose results go there
+(:func:`check_writable`, :func:`make_writable_dir`), its two ways of replacing a file
 atomically (:func:`replace_atomically` for local files written by a library
 that wants a path, such as Keras' ``model.save``; :func:`open_atomically` and
 :func:`write_atomically` for any filesystem), the jobs' all-or-nothing output
@@ -104,6 +106,110 @@ def make_dir(uri: str, private: bool = False) -> None:
         os.chmod(path, 0o700)
         return
     filesystem.create_dir(path, recursive=True)
+
+
+def check_writable(uri: str, subject: str, in_parent: bool = False) -> None:
+    """Raises ``PathError`` unless this process can make ``uri`` a directory and write a file in it.
+
+    The check for an output location, run before any work that writing there
+    at the end would lose: it creates the directory (with its missing
+    parents), writes and deletes a small probe file in it, then removes the
+    directories it created, so a location that passes is left as it was.
+
+    Args:
+        uri: Local path or URI of the directory.
+        subject: What the message calls it, e.g. ``"The 'checkpoint_dir'
+            parameter"`` or ``"The --output-dir flag"``.
+        in_parent: Probe the directory that holds ``uri`` instead (where an
+            output written to a sibling and renamed into place is written).
+
+    Raises:
+        PathError: "<subject> must be a directory this process can write.
+            Got '<uri>' instead: <cause>." (a file is in the way, no
+            filesystem opens the URI, the write was refused, ...).
+    """
+    try:
+        filesystem, path = resolve(uri)
+    except PathError as exc:
+        raise not_writable(subject, uri, str(exc)) from None
+    if in_parent:
+        path = posixpath.dirname(path.rstrip("/")) or path
+    created = []  # the directories the probe makes, the deepest first
+    try:
+        info = filesystem.get_file_info(path)
+        if info.type not in (pafs.FileType.NotFound, pafs.FileType.Directory):
+            raise not_writable(subject, uri, _file_in_the_way(filesystem, path, uri, in_parent))
+        if info.type == pafs.FileType.NotFound:
+            cause = _file_in_the_way(filesystem, path, uri, in_parent)
+            if cause:
+                raise not_writable(subject, uri, cause)
+            parent = path.rstrip("/")
+            while parent and filesystem.get_file_info(parent).type == pafs.FileType.NotFound:
+                created.append(parent)
+                up = posixpath.dirname(parent)
+                parent = "" if up == parent else up
+            filesystem.create_dir(path, recursive=True)
+        probe = f"{path.rstrip('/')}/{TEMP_PREFIX}probe-{uuid.uuid4().hex[:12]}"
+        try:
+            with filesystem.open_output_stream(probe) as out:
+                out.write(b"sparkdl_avg")
+        finally:
+            with contextlib.suppress(Exception):
+                filesystem.delete_file(probe)
+    except PathError:
+        raise
+    except Exception as exc:  # OSError from the filesystem, ArrowInvalid, ...
+        raise not_writable(subject, uri, str(exc)) from None
+    finally:
+        if created:
+            with contextlib.suppress(Exception):
+                filesystem.delete_dir(created[-1])  # the topmost one the probe made, and what it holds
+
+
+def not_writable(subject: str, uri: str, cause: str) -> PathError:
+    """The ``PathError`` of an output location that cannot be written, in the package's words."""
+    cause = " ".join(str(cause).split()).rstrip(".") or "the write failed"
+    return PathError(f"{subject} must be a directory this process can write. Got {uri!r} instead: {cause}.")
+
+
+def _file_in_the_way(filesystem: pafs.FileSystem, path: str, uri: str, in_parent: bool = False) -> str:
+    """Why ``path`` cannot become a directory if a file is in the way (at it or above it), else ``""``."""
+    current = path.rstrip("/")
+    while current:
+        info = filesystem.get_file_info(current)
+        if info.type == pafs.FileType.File:
+            if current == path.rstrip("/") and not in_parent:
+                return "it is a file, not a directory"
+            return f"{current!r} is a file, not a directory"
+        if info.type == pafs.FileType.Directory:
+            return ""
+        up = posixpath.dirname(current)
+        current = "" if up == current else up
+    return ""
+
+
+def make_writable_dir(uri: str, subject: str, given: str, private: bool = False) -> None:
+    """:func:`make_dir`, raising ``PathError`` in the package's words when the directory cannot be made.
+
+    Args:
+        uri: The directory to make.
+        subject: What the message calls the location the user gave (``"The 'staging_dir' parameter"``).
+        given: The location the user gave (``uri`` or a directory above it), shown in the message.
+        private: See :func:`make_dir`.
+
+    Raises:
+        PathError: "<subject> must be a directory this process can write. Got '<given>' instead: <cause>."
+    """
+    try:
+        make_dir(uri, private=private)
+    except PathError as exc:
+        raise not_writable(subject, given, str(exc)) from None
+    except OSError as exc:
+        cause = str(exc)
+        with contextlib.suppress(Exception):
+            filesystem, path = resolve(given)
+            cause = _file_in_the_way(filesystem, path, given) or cause
+        raise not_writable(subject, given, cause) from None
 
 
 def _umask() -> int:
@@ -273,7 +379,8 @@ class OutputDir:
     """An output directory written all at once: files go to a local temporary directory, then into place.
 
     :meth:`check` fails early (before any training) when the directory exists,
-    is not empty and ``overwrite`` is off. :meth:`commit` uploads the files to
+    is not empty and ``overwrite`` is off, or cannot be written (probed with
+    :func:`check_writable`: where :meth:`commit` writes). :meth:`commit` uploads the files to
     a hidden sibling and renames it into place; with ``overwrite`` an
     existing directory is renamed away first and deleted after. On
     filesystems without directory renames (object stores) the files are
@@ -282,25 +389,33 @@ class OutputDir:
     files the new output lacks before the new ``_SUCCESS``. The local
     temporary directory is made on the first :meth:`file` (so a run that
     fails before writing leaves none) and deleted by :meth:`commit` and
-    :meth:`cleanup`. Committed local directories and files get the usual
+    :meth:`cleanup`, except when ``commit(keep_on_error=True)`` fails: then it
+    stays, and the error says where. Committed local directories and files get the usual
     modes (``0o777`` and ``0o666`` less the umask), not the temporary
     directory's ``0o700``.
 
     Args:
         uri: Local path or URI of the directory.
         overwrite: Replace an existing non-empty directory. Default ``False``.
+        flag: What the messages call the directory. Default ``"--output-dir"`` (the jobs' flag).
 
     Raises:
         PathError: from :meth:`check` and :meth:`commit`, when the directory
-            exists and ``overwrite`` is off; from the constructor, when
-            ``pyarrow.fs`` cannot open ``uri``.
+            exists and ``overwrite`` is off, or cannot be written; from the
+            constructor, when ``pyarrow.fs`` cannot open ``uri``.
     """
 
-    def __init__(self, uri: str, overwrite: bool = False) -> None:
+    def __init__(self, uri: str, overwrite: bool = False, flag: str = "--output-dir") -> None:
         self.uri = uri
         self.overwrite = overwrite
+        self.flag = flag
         self.fs, self.path = resolve(uri)
         self._local: Optional[str] = None
+
+    @property
+    def _renames(self) -> bool:
+        """Whether directories are renamed atomically here (local filesystems and HDFS; not object stores)."""
+        return isinstance(self.fs, pafs.LocalFileSystem) or type(self.fs).__name__ == "HadoopFileSystem"
 
     @property
     def local(self) -> str:
@@ -310,8 +425,11 @@ class OutputDir:
         return self._local
 
     def check(self) -> None:
+        """Raises ``PathError`` if :meth:`commit` would refuse or fail to write the directory (run it before any work)."""
         if not self.overwrite and exists(self.uri, empty_dir=False):
             raise PathError(f"Output directory {self.uri!r} already exists; pass --overwrite to replace it")
+        # Where commit writes: a sibling renamed into place, or the directory itself on object stores.
+        check_writable(self.uri, f"The {self.flag} flag", in_parent=self._renames)
 
     def file(self, name: str) -> str:
         """The local path to write ``name`` to before :meth:`commit`."""
@@ -321,13 +439,32 @@ class OutputDir:
         with open(self.file(name), "w") as f:
             json.dump(data, f, indent=1, default=str)
 
-    def commit(self) -> str:
-        """Puts the files in place; returns the directory's URI."""
+    def commit(self, keep_on_error: bool = False) -> str:
+        """Puts the files in place; returns the directory's URI.
+
+        Args:
+            keep_on_error: When putting them in place fails, keep the local
+                temporary directory (:meth:`cleanup` then leaves it) and raise
+                a ``PathError`` that says where it is: for outputs that took
+                long to make, such as a trained model. Default ``False``.
+        """
+        try:
+            return self._commit()
+        except Exception as exc:
+            if not keep_on_error or self._local is None:
+                raise
+            kept, self._local = self._local, None
+            cause = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+            raise PathError(
+                f"Cannot write the {self.flag} {self.uri!r}: {cause}. Its files ({', '.join(sorted(os.listdir(kept)))}) "
+                f"were saved to {kept} instead; copy them from there."
+            ) from exc
+
+    def _commit(self) -> str:
         self.check()
         fs, path = self.fs, self.path
         # Directory renames are atomic only on local filesystems and HDFS.
-        renames = isinstance(fs, pafs.LocalFileSystem) or type(fs).__name__ == "HadoopFileSystem"
-        if not renames:
+        if not self._renames:
             names = sorted(os.listdir(self.local))
             # Overwriting in place: the old _SUCCESS goes first, so that no reader takes the
             # directory for complete while it mixes old and new files, and files of the old

@@ -15,6 +15,7 @@ from typing import Iterator, Optional, Tuple
 import pyarrow as pa
 
 from .data import column_list, feature_column
+from . import remote
 from .errors import DataError
 from .session import Engine
 from .modelspec import ModelSpec, input_shapes, inputs_dtype
@@ -110,7 +111,9 @@ def add_predictions(
 
     Raises:
         DataError: a missing or mistyped features column, or an output column
-            that already exists.
+            that already exists; from the action that computes the
+            predictions (``collect()``, ...), a row of the wrong width or a
+            null one (see :func:`sparkdl_avg.remote.decode_user_actions`).
     """
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
@@ -133,6 +136,7 @@ def add_predictions(
 
     spec = spec or ModelSpec.from_model(model)
     engine = Engine(df.sparkSession)
+    remote.decode_user_actions()  # a ragged row fails the user's action as a DataError, not a PythonException
     # Connect has no broadcasts: the model and weights travel in the UDF itself (once per query plan).
     ship = (lambda value: value) if engine.connect else engine.broadcast
     task = PredictTask(

@@ -11,15 +11,20 @@ On the driver, :func:`run_job` runs a Spark action and :func:`decode` turns
 its failure back into the typed error with the executor's message, or, for
 a failure that carries no marker (a lost executor, a crashed Python worker,
 an executor that cannot import the package), into a ``WorkerError`` that
-says which job failed and quotes the failure's last line. The markers are
-private to this module.
+says which job failed and quotes the failure's last line. Actions the user
+runs (``trainer.predict(df).collect()``) do not pass through
+:func:`run_job`: :func:`decode_user_actions` makes PySpark raise a marked
+``DataError`` from them as a ``DataError`` too. The markers are private to
+this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
+import sys
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
 
 from .errors import DataError, WorkerError
 
@@ -128,8 +133,8 @@ def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] =
         ``WorkerError`` with the executor's message (its first line) when
         ``exc``'s text carries a marker; else a ``WorkerError`` as above.
     """
-    text = str(exc)
-    if isinstance(exc, DataError) and not text.startswith(_MARKERS[DataError]):
+    text = getattr(exc, "spark_text", None) or str(exc)  # a user action's DataError keeps PySpark's text
+    if isinstance(exc, DataError) and not text.startswith(_MARKERS[DataError]) and not hasattr(exc, "spark_text"):
         return exc
     for kind, marker in _MARKERS.items():
         at = text.find(marker)
@@ -176,3 +181,65 @@ def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]
         if error is exc:
             raise
         raise error from (None if isinstance(error, DataError) else exc)
+
+
+# ------------------------------------------------- actions the user runs
+
+
+@functools.lru_cache(maxsize=None)
+def _data_error_type(base: type) -> type:
+    """A ``DataError`` that is also PySpark's ``base`` (``PythonException``), so both ``except`` clauses catch it."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""
+
+    return type("DataError", (DataError, base), {"__str__": __str__, "__module__": DataError.__module__})
+
+
+def _as_data_error(converted: Any) -> Any:
+    """PySpark's converted exception, as a ``DataError`` with the executor's message when it carries the marker."""
+    if not isinstance(converted, BaseException):
+        return converted
+    text = str(converted)
+    at = text.find(_MARKERS[DataError])
+    if at < 0 or isinstance(converted, DataError):
+        return converted
+    try:
+        error = _data_error_type(type(converted)).__new__(_data_error_type(type(converted)))
+    except TypeError:  # a type that cannot be combined: a plain DataError
+        error = DataError.__new__(DataError)
+    error.__dict__.update(getattr(converted, "__dict__", {}))
+    error.args = (text[at + len(_MARKERS[DataError]) :].splitlines()[0],)
+    error.spark_text = text  # for decode(), under run_job
+    return error
+
+
+def _decoding(convert: Callable[..., Any]) -> Callable[..., Any]:
+    """``convert`` (PySpark's JVM/server error → Python exception), also turning a marked ``DataError`` into one."""
+    if getattr(convert, "_sparkdl_avg", False):
+        return convert
+
+    @functools.wraps(convert)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return _as_data_error(convert(*args, **kwargs))
+
+    wrapper._sparkdl_avg = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def decode_user_actions() -> None:
+    """Driver side: a marked ``DataError`` from a Spark action the user runs reaches them as a ``DataError``.
+
+    For lazy results such as ``trainer.predict(df)``, whose tasks run when the
+    user calls ``collect()``, ``show()`` or a writer, outside :func:`run_job`.
+    Wraps PySpark's conversion of a failed action into a Python exception
+    (classic: ``pyspark.errors.exceptions.captured.convert_exception``;
+    Connect: its client's) so that a failure carrying the marker becomes a
+    ``DataError`` that is also the exception PySpark raised
+    (``PythonException``), with the executor's message; every other failure
+    is left exactly as PySpark makes it. Idempotent.
+    """
+    for name in ("pyspark.errors.exceptions.captured", "pyspark.sql.connect.client.core"):
+        module = sys.modules.get(name)
+        if module is not None and callable(getattr(module, "convert_exception", None)):
+            module.convert_exception = _decoding(module.convert_exception)

@@ -5,7 +5,9 @@ checkpoint_every=..., resume=...)``: refusing to write over another run's
 checkpoints (:func:`find`), checking that a checkpoint belongs to this run and
 putting its state back into the model, the update rule and the schedule
 (:func:`restore`), and saving after the rounds or epochs the user asked for
-(:class:`Checkpointing`). The files themselves (format, atomic writes) are
+(:class:`Checkpointing`), keeping the previous checkpoint too (:data:`KEEP`),
+so that ``resume=True`` can fall back to it when the latest does not read
+back (:func:`locate`). The files themselves (format, atomic writes) are
 :mod:`sparkdl_avg.checkpoint`'s.
 """
 
@@ -13,11 +15,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import checkpoint
 from .aggregation import PartialResult
-from .errors import ConfigurationError
+from .errors import CheckpointError, ConfigurationError
 from .modelspec import get_state, set_state, trainable_mask
 from .round import RuleState
 from .rules import UpdateRule
@@ -25,9 +27,14 @@ from .schedules import AveragingSchedule
 
 logger = logging.getLogger("sparkdl_avg")
 
+KEEP = 2  # complete checkpoints a fit keeps: the latest and the one before, to fall back to
+
 
 def find(checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
-    """The checkpoint to resume from, if any; refuses to write over another run's checkpoints."""
+    """The checkpoint to resume from, if any; refuses to write over another run's checkpoints.
+
+    With ``resume=True`` that is the latest; :func:`locate` also checks that it reads back.
+    """
     if checkpoint_dir is None:
         return resume if isinstance(resume, str) else None
     found = checkpoint.latest(checkpoint_dir)
@@ -47,11 +54,47 @@ def find(checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
     return found
 
 
+def locate(checkpoint_dir: Optional[str], resume: Any) -> Tuple[Optional[str], Optional[checkpoint.Checkpoint]]:
+    """The checkpoint to resume from and its contents, read and verified; ``(None, None)`` for none.
+
+    As :func:`find`, but with ``resume=True`` the newest checkpoint in
+    ``checkpoint_dir`` that reads back (:func:`checkpoint.load`): a damaged
+    latest one is skipped with a warning naming it, for the previous one
+    (a fit keeps :data:`KEEP`).
+
+    Raises:
+        CheckpointError: the checkpoint asked for (``resume=<path>``) is
+            damaged, or, with ``resume=True``, none in the directory reads back.
+        ConfigurationError: as :func:`find`.
+    """
+    uri = find(checkpoint_dir, resume)
+    if uri is None:
+        return None, None
+    if resume is not True:
+        return uri, checkpoint.load(uri)
+    first: Optional[CheckpointError] = None
+    for candidate in checkpoint.candidates(checkpoint_dir):
+        try:
+            saved = checkpoint.load(candidate)
+        except CheckpointError as exc:
+            logger.warning("Skipping the checkpoint %s: %s", candidate, exc)
+            first = first or exc
+            continue
+        if first is not None:
+            logger.warning("Resuming from %s, the newest checkpoint in %s that reads back.", candidate, checkpoint_dir)
+        return candidate, saved
+    if first is None:  # the latest vanished in between
+        return uri, checkpoint.load(uri)
+    raise CheckpointError(f"{first} No other checkpoint in {checkpoint_dir!r} reads back either.") from None
+
+
 def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], rule: UpdateRule,
-            rule_state: RuleState, schedule: AveragingSchedule, initial_epoch: int = 0) -> checkpoint.Checkpoint:
+            rule_state: RuleState, schedule: AveragingSchedule, initial_epoch: int = 0,
+            saved: Optional[checkpoint.Checkpoint] = None) -> checkpoint.Checkpoint:
     """Loads the checkpoint at ``uri`` into ``model``, ``rule_state`` and ``schedule``.
 
     Args:
+        saved: The checkpoint's contents if already read (:func:`locate`); else it is read from ``uri``.
         seed: The trainer's own ``seed`` option (``None``: not given; the
             checkpoint's seed is taken without comparing).
         initial_epoch: ``fit``'s; the checkpoint must not be of an earlier epoch.
@@ -60,7 +103,7 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
         ConfigurationError: the checkpoint is of another run, model or trainable weights, or
             of an epoch before ``initial_epoch``; the model is not touched then.
     """
-    saved = checkpoint.load(uri)
+    saved = saved if saved is not None else checkpoint.load(uri)
     if saved.epoch < initial_epoch:
         raise ConfigurationError(
             f"The checkpoint at {uri!r} is at epoch {saved.epoch}, before initial_epoch={initial_epoch}: it "
@@ -92,6 +135,8 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
 @dataclass
 class Checkpointing:
     """Saves one fit's checkpoints after every ``every`` rounds or after every epoch (and at its end).
+
+    The newest :data:`KEEP` complete checkpoints stay in ``directory``.
 
     Args:
         directory: ``fit``'s ``checkpoint_dir``, or ``None``: never saves.
@@ -145,4 +190,5 @@ class Checkpointing:
                     tracking=dict(self.tracking),
                 ),
             ),
+            keep=KEEP,
         )

@@ -28,7 +28,7 @@ from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
 from .options import TRAINER, constructor, document, of, trainer_entries
 from .errors import ConfigurationError, DataError
-from .fs import join, make_dir, remove_tree
+from .fs import check_writable, join, make_writable_dir, remove_tree
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
 from .plan import steps_per_epoch
 from .progress import Progress
@@ -40,6 +40,41 @@ from .stale import EpochHooks, StaleRunner
 from .stats import TrainingStats
 
 logger = logging.getLogger("sparkdl_avg")
+
+
+class _StagingRoot:
+    """A trainer's own directory under ``staging_dir``: made on first use, deleted only if it was made.
+
+    :meth:`remove` runs from ``close()`` and from the trainer's finalizer at
+    exit; a root that was never made (its ``staging_dir`` unwritable or
+    unreachable) is not touched, so neither raises the fit's error again.
+
+    Args:
+        uri: The root (``<staging_dir>/sparkdl_avg-<time>-<id>``).
+        staging_dir: The trainer's ``staging_dir`` option (``None``: the system temp dir), for messages.
+    """
+
+    def __init__(self, uri: str, staging_dir: Optional[str]) -> None:
+        self.uri = uri
+        self.staging_dir = staging_dir
+        self.made = False
+
+    def make(self, private: bool) -> None:
+        """Creates the root (see :func:`sparkdl_avg.fs.make_dir`).
+
+        Raises:
+            PathError: naming ``staging_dir`` and why it cannot hold the root.
+        """
+        given = self.staging_dir or tempfile.gettempdir()
+        subject = "The 'staging_dir' parameter" if self.staging_dir else "The system temp dir (staging_dir=None)"
+        make_writable_dir(self.uri, subject, given, private=private)
+        self.made = True
+
+    def remove(self) -> None:
+        """Deletes the root and what it holds, if it was made."""
+        if self.made:
+            remove_tree(self.uri)
+            self.made = False
 
 
 @dataclass
@@ -121,7 +156,8 @@ class ParameterAveragingTrainer:
         self._fits = 0
         self.history = None  # the History of the latest completed fit
         self._rule_state = RuleState()  # carried over to the next fit of this trainer
-        self._finalizer = weakref.finalize(self, remove_tree, self._staging_root)
+        self._root = _StagingRoot(self._staging_root, staging_dir)
+        self._finalizer = weakref.finalize(self, self._root.remove)
 
     # ------------------------------------------------------------------ data
 
@@ -155,12 +191,12 @@ class ParameterAveragingTrainer:
         (YARN's, a standalone worker's) and would be locked out. URIs keep
         their filesystem's permissions. See docs/reliability.md.
         """
-        make_dir(self._staging_root, private=engine.one_host)
+        self._root.make(private=engine.one_host)
 
     def close(self) -> None:
         """Deletes the staged data. The trainer can still be used; data is staged again."""
         self._staged.clear()
-        remove_tree(self._staging_root)
+        self._root.remove()
 
     def __enter__(self) -> "ParameterAveragingTrainer":
         return self
@@ -255,6 +291,8 @@ class ParameterAveragingTrainer:
 
         verbose = check_fit_args(epochs, initial_epoch, verbose)
         check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
+        if checkpoint_dir is not None:  # before any job: not after an epoch of training
+            check_writable(checkpoint_dir, "The 'checkpoint_dir' parameter")
         cfg = self.config
         if cfg.synchronization != "sync" and checkpoint_dir is not None and checkpoint_every != "epoch":
             raise ConfigurationError(
@@ -272,7 +310,7 @@ class ParameterAveragingTrainer:
                 self._staging_root,
                 engine.master,
             )
-        checkpoint_uri = resume_mod.find(checkpoint_dir, resume)
+        checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)
         train = self._stage(data, features_col, label_col, "training")
@@ -304,7 +342,8 @@ class ParameterAveragingTrainer:
         restored = None
         if checkpoint_uri:
             restored = resume_mod.restore(
-                checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule, initial_epoch
+                checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule, initial_epoch,
+                saved=saved,
             )
             self._seed = restored.meta.seed
         callback_list = keras.callbacks.CallbackList(

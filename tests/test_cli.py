@@ -182,3 +182,50 @@ def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_pat
     assert (tmp_path / "out" / "model.keras").read_text() == "old"
     # argparse's own errors also exit 2
     assert _job("jobs/train.py", "--data", "x").returncode == 2
+
+
+def test_train_job_refuses_unwritable_output_and_checkpoint_dirs_before_starting_spark(tmp_path):
+    common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--model-builder", "digits_model:build"]
+    proc = _job(*common, "--output-dir", "/proc/x/out")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert _error_line(proc).startswith(
+        "error: The --output-dir flag must be a directory this process can write. Got '/proc/x/out' instead: "
+    )
+    proc = _job(*common, "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", "/sys/x")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert _error_line(proc).startswith(
+        "error: The --checkpoint-dir flag must be a directory this process can write. Got '/sys/x' instead: "
+    )
+    assert "SparkContext" not in proc.stderr and os.listdir(tmp_path) == []  # no Spark, nothing left behind
+
+
+def test_output_dir_that_cannot_be_written_is_refused_by_check(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PathError, match=r"The --output-dir flag must be a directory this process can write\. "
+                                        r"Got '.*/file/out' instead: '.*/file' is a file, not a directory\."):
+        fs.OutputDir(str(tmp_path / "file" / "out")).check()
+
+
+def test_a_failed_commit_keeps_the_outputs_and_says_where(tmp_path, monkeypatch):
+    import shutil
+
+    out = fs.OutputDir(str(tmp_path / "out"))
+    out.check()
+    with open(out.file("model.keras"), "w") as f:
+        f.write("trained")
+    out.write_json("metrics.json", {"loss": 0.1})
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copytree", disk_full)
+    with pytest.raises(PathError) as err:
+        out.commit(keep_on_error=True)
+    kept = str(err.value).split(" were saved to ")[1].split(" instead")[0]
+    assert str(err.value).startswith(f"Cannot write the --output-dir '{tmp_path / 'out'}': [Errno 28] No space left on device.")
+    assert "(metrics.json, model.keras)" in str(err.value)
+    out.cleanup()  # what the job's finally does: the kept files stay
+    assert open(os.path.join(kept, "model.keras")).read() == "trained"
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    shutil.rmtree(kept)

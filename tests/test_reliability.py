@@ -4,7 +4,9 @@ The module runs on ``local[2,3]`` (2 cores, up to 3 attempts per task), so a
 task that fails on its first attempt is retried by Spark.
 """
 
+import logging
 import os
+import shutil
 
 from pyspark import cloudpickle
 import numpy as np
@@ -16,6 +18,8 @@ from conftest import assert_weights_close, make_model, record_jobs, regression_d
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg import checkpoint as ckpt
 from sparkdl_avg import fs
+from sparkdl_avg import resume as resume_mod
+from sparkdl_avg.errors import CheckpointError, PathError
 from sparkdl_avg import worker as worker_module
 
 B, N = 8, 2
@@ -82,7 +86,7 @@ def test_resume_after_a_crash_ends_with_the_weights_of_an_uninterrupted_run(spar
     # 4 rounds per epoch; the last checkpoint is after round 6 = epoch 1, round 2
     saved = ckpt.load(ckpt.latest(directory))
     assert (saved.epoch, saved.rounds_done, saved.steps_done) == (1, 2, 6)
-    assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000002"]
+    assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000001", "ckpt-000002"]  # the previous one is kept
 
     fresh = dropout_model(seed=99)  # other initial weights: the checkpoint's must win
     trainer = trainer_for(fresh, seed=None)  # the seed comes from the checkpoint
@@ -140,6 +144,91 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp, monkeypatch):
     np.testing.assert_array_equal(loaded.weights[0], np.ones(3))
     np.testing.assert_array_equal(loaded.rule_state["delta"][0], np.full(3, 0.5))
     assert loaded.meta.seed == 1
+
+
+# ------------------------------------------------------ damaged checkpoints
+
+
+def _two_checkpoints(directory):
+    """Two checkpoints (epochs 1 and 2) kept in ``directory``, as a fit keeps them."""
+    first = ckpt.save(directory, ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)),
+                      keep=resume_mod.KEEP)
+    second = ckpt.save(directory, ckpt.Checkpoint(2, 0, 0, [np.full(3, 2.0)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)),
+                       keep=resume_mod.KEEP)
+    return first, second
+
+
+DAMAGES = {  # the file, what happens to its bytes, what the message says
+    "arrays.npz truncated": (ckpt.ARRAYS, lambda b: b[: len(b) // 2], "does not match the SHA-256 recorded in meta.json"),
+    "arrays.npz emptied": (ckpt.ARRAYS, lambda b: b"", "arrays.npz (0 bytes) does not match the SHA-256"),
+    "meta.json overwritten": (ckpt.META, lambda b: b"garbage{", "meta.json is not JSON"),
+    "meta.json not an object": (ckpt.META, lambda b: b"[1, 2]", "meta.json holds a list, not a checkpoint's metadata"),
+}
+
+
+def _damage(uri, kind):
+    name, change, _ = DAMAGES[kind]
+    path = os.path.join(uri, name)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(change(data))
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_a_checkpoint_error_naming_it_and_the_remedy(tmp, kind):
+    _, second = _two_checkpoints(tmp)
+    _damage(second, kind)
+    with pytest.raises(CheckpointError) as err:
+        ckpt.load(second)
+    message = str(err.value)
+    assert message.startswith(f"The checkpoint at '{second}' is damaged: "), message
+    assert DAMAGES[kind][2] in message
+    assert "fit(resume=True) takes the previous checkpoint in its directory when one reads back" in message
+    assert isinstance(err.value, PathError) and isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize("kind", ["arrays.npz truncated", "meta.json overwritten"])
+def test_resume_takes_the_newest_checkpoint_that_reads_back_with_a_warning(tmp, caplog, kind):
+    first, second = _two_checkpoints(tmp)
+    assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000000", "ckpt-000001"]
+    _damage(second, kind)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        uri, saved = resume_mod.locate(tmp, resume=True)
+    assert uri == first and saved.epoch == 1
+    np.testing.assert_array_equal(saved.weights[0], np.ones(3))
+    assert f"Skipping the checkpoint {second}: The checkpoint at '{second}' is damaged" in caplog.text
+    assert f"Resuming from {first}, the newest checkpoint in {tmp} that reads back." in caplog.text
+    with pytest.raises(CheckpointError):  # the one asked for by path is not replaced by another
+        resume_mod.locate(tmp, resume=second)
+    _damage(first, "arrays.npz emptied")
+    with pytest.raises(CheckpointError, match=r"No other checkpoint in '.*' reads back either\."):
+        resume_mod.locate(tmp, resume=True)
+
+
+@pytest.mark.parametrize("pointer", ["../outside", "../../etc", "/etc", "ckpt-000000/../../outside", "sub/ckpt-1"])
+def test_a_latest_pointer_that_leads_out_of_the_directory_is_ignored(tmp_path, caplog, pointer):
+    directory = str(tmp_path / "ckpt")
+    inside = ckpt.save(directory, ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)))
+    shutil.copytree(inside, tmp_path / "outside")  # a complete checkpoint outside the directory
+    with open(os.path.join(directory, ckpt.LATEST), "w") as f:
+        f.write(pointer)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        assert ckpt.latest(directory) == inside
+    assert f"Ignoring {directory}/LATEST: it holds {pointer!r}, not the name of a checkpoint" in caplog.text
+
+
+def test_a_fit_keeps_the_previous_checkpoint_and_resumes_from_it_when_the_latest_is_damaged(spark, tmp, caplog):
+    directory = os.path.join(tmp, "ckpt")
+    trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
+    assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000000", "ckpt-000001"]
+    _damage(os.path.join(directory, "ckpt-000001"), "arrays.npz truncated")
+    trainer = trainer_for(make_model())
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        history = trainer.fit(DATA, epochs=3, verbose=0, checkpoint_dir=directory, resume=True)
+    assert f"Skipping the checkpoint {directory}/ckpt-000001" in caplog.text
+    assert sorted({r.epoch for r in trainer.stats.records}) == [1, 2]  # from the epoch-1 checkpoint on
+    assert history.epoch == [0, 1, 2] and len(history.history["loss"]) == 3
+    assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000002", "ckpt-000003"]  # the damaged one is gone
 
 
 # ---------------------------------------------------------------- retries

@@ -6,6 +6,7 @@ can be found on the driver must be raised before any Spark job starts; the
 jobs it started.
 """
 
+import os
 import re
 
 import numpy as np
@@ -363,3 +364,83 @@ def test_worker_error_names_the_worker(spark):
 
 def test_worker_error_keeps_the_cause(spark):
     assert "label value of 7" in _worker_error_message(spark)
+
+
+# ------------------------------------------------------------ output locations
+
+
+@pytest.mark.parametrize("path", ["/proc/x", "/sys/x"])
+def test_unwritable_checkpoint_dir_is_refused_naming_it_before_any_job(spark, model, xy, path):
+    from sparkdl_avg.errors import PathError
+
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(PathError) as err:
+            trainer.fit(xy, verbose=0, checkpoint_dir=path)
+    assert str(err.value).startswith(
+        f"The 'checkpoint_dir' parameter must be a directory this process can write. Got '{path}' instead: "
+    )
+    assert jobs.job_ids == [] and len(trainer.stats) == 0
+
+
+def test_checkpoint_dir_that_is_a_file_is_refused_and_kept(spark, model, xy, tmp_path):
+    from sparkdl_avg.errors import PathError
+
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(PathError, match=re.escape(f"Got '{path}' instead: it is a file, not a directory.")):
+        ParameterAveragingTrainer(model, num_workers=2, batch_size=8).fit(xy, verbose=0, checkpoint_dir=str(path))
+    assert path.read_text() == "mine"
+
+
+def test_the_writability_probe_leaves_nothing_behind(tmp_path):
+    from sparkdl_avg import fs
+
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "f").write_text("x")
+    fs.check_writable(str(tmp_path / "existing"), "The 'checkpoint_dir' parameter")
+    fs.check_writable(str(tmp_path / "new" / "deeper"), "The 'checkpoint_dir' parameter")
+    assert sorted(os.listdir(tmp_path)) == ["existing"]  # the directories the probe made are gone
+    assert os.listdir(tmp_path / "existing") == ["f"]
+
+
+@pytest.mark.parametrize("kind", ["file", "/proc/x"])
+def test_unusable_staging_dir_names_it_and_close_does_not_raise_it_again(spark, model, xy, tmp_path, kind):
+    from sparkdl_avg.errors import PathError
+
+    if kind == "file":
+        path = tmp_path / "staging"
+        path.write_text("mine")
+        why = "it is a file, not a directory."
+    else:
+        path, why = kind, "[Errno 2]"
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, staging_dir=str(path))
+    with record_jobs(spark) as jobs:
+        with pytest.raises(PathError) as err:
+            trainer.fit(xy, verbose=0)
+    message = str(err.value)
+    assert message.startswith(
+        f"The 'staging_dir' parameter must be a directory this process can write. Got '{path}' instead: {why}"
+    ), message
+    assert "delete" not in message and jobs.job_ids == []
+    trainer.close()  # the root was never made: nothing to delete, no second error
+    trainer._finalizer()  # what runs at exit: silent too
+    if kind == "file":
+        assert path.read_text() == "mine"
+
+
+# ------------------------------------------------------------------- predict
+
+
+def test_predict_on_a_ragged_row_is_a_data_error_on_the_driver(spark, model, frames):
+    from pyspark.errors import PythonException
+
+    df = frames["good"].selectExpr("IF(label > 0, slice(features, 1, 3), features) AS features")
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with pytest.raises(DataError) as err:
+        trainer.predict(df).collect()
+    assert str(err.value) == (
+        "Column 'features' has a row of 3 values; expected 4 values per row (the model's input or label size)."
+    )
+    assert isinstance(err.value, PythonException)  # except clauses written for PySpark's error still catch it
+    assert trainer.predict(frames["good"]).count() == 64  # other actions are unaffected
