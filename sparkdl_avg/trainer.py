@@ -253,12 +253,14 @@ class ParameterAveragingTrainer:
             checkpoint_dir: Directory (local path or ``pyarrow.fs`` URI) where
                 checkpoints are written atomically (see
                 :mod:`sparkdl_avg.checkpoint`); it must be new, empty, or hold
-                this run's checkpoints (then pass ``resume=True``). Default
-                ``None``: no checkpoints.
+                this run's checkpoints (then pass ``resume=True``), and be
+                writable (probed before any Spark job). The latest checkpoint
+                and the one before are kept. Default ``None``: no checkpoints.
             checkpoint_every: ``"epoch"`` (default: after every epoch) or a
                 number of rounds.
             resume: ``True`` continues from the latest checkpoint in
-                ``checkpoint_dir`` if there is one (else starts afresh); a
+                ``checkpoint_dir`` that reads back, if there is one (else
+                starts afresh; a damaged one is skipped with a warning); a
                 checkpoint path continues from that one. The model, data and
                 settings must be those of the run that wrote it.
             initial_epoch: The epoch to start at, to continue an earlier fit
@@ -284,6 +286,10 @@ class ParameterAveragingTrainer:
 
         Raises:
             ConfigurationError, DataError: before any training round runs.
+            PathError: before any Spark job, ``checkpoint_dir`` or
+                ``staging_dir`` cannot be written;
+                :class:`~sparkdl_avg.errors.CheckpointError`, the checkpoint
+                to resume from (or, with ``resume=True``, every one) is damaged.
             WorkerError: a round's Spark job failed, or a replica's loss or
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
