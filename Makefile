@@ -9,7 +9,7 @@ MASTER ?= local[2]
 # Executors and the driver must run the venv's Python (it has TensorFlow).
 SPARK_ENV := PYSPARK_PYTHON=$(PY) PYSPARK_DRIVER_PYTHON=$(PY)
 
-.PHONY: env check-java train test test-fast bench clean dist dist-env cluster-up cluster-down
+.PHONY: env check-java train test test-fast bench bench-network clean dist dist-env cluster-up cluster-down hosts-up hosts-down
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -74,6 +74,20 @@ cluster-up: env
 
 cluster-down:
 	PYTHON=$(PY) scripts/cluster.sh down
+
+## Hosts that share only a network (as root): HOSTS network+mount namespaces on 1 Gbit/s links (RATE),
+## a standalone master and the driver on host 0, a worker per other host, an S3 store (scripts/hosts.py).
+HOSTS ?= 4
+RATE  ?= 1gbit
+hosts-up: env
+	$(PY) scripts/hosts.py up --hosts $(HOSTS) --rate $(RATE)
+
+hosts-down:
+	$(PYTHON) scripts/hosts.py down
+
+## Aggregation paths on the shaped-network cluster (docs/benchmarks.md "On a shaped network", ~30 min, root).
+bench-network: env
+	$(PY) benchmarks/network.py
 
 clean:
 	rm -rf output build dist *.egg-info .pytest_cache

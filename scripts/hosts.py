@@ -205,9 +205,12 @@ class Cluster:
         return env
 
     def driver_env(self, **extra: str) -> Dict[str, str]:
-        """The environment for a driver on host 0: :meth:`host_env` plus ``MASTER`` and ``SPARK_CONNECT`` URLs."""
-        return {**self.host_env(self.hosts[0]), "MASTER": self.master_url, "SPARK_CONNECT": self.connect_url,
-                **extra}
+        """The environment for a driver on host 0: :meth:`host_env` plus the URLs, ``SPARKDL_AVG_MASTER`` and ``..._CONNECT``.
+
+        (Not ``MASTER``: PySpark reads that one, and refuses it beside a Connect URL.)
+        """
+        return {**self.host_env(self.hosts[0]), "SPARKDL_AVG_MASTER": self.master_url,
+                "SPARKDL_AVG_CONNECT": self.connect_url, **extra}
 
     # --------------------------------------------------------------- up
 
@@ -289,7 +292,8 @@ class Cluster:
         shutil.rmtree(directory, ignore_errors=True)
         cmd = s3server.weed_command(weed, directory, self.store.address,
                                     dict(s3=S3_PORT, s3_grpc=18333, master=9333, master_grpc=19333,
-                                         volume=8080, volume_grpc=18080, filer=8888, filer_grpc=18888))
+                                         volume=8080, volume_grpc=18080, filer=8888, filer_grpc=18888),
+                                    volumes=512)
         self.store.pids["weed"] = self.spawn(self.store, cmd, "store", cwd=directory)
         probe = ("import os, sys, pyarrow.fs as f; s = f.S3FileSystem(endpoint_override=os.environ['AWS_ENDPOINT_URL'], "
                  "allow_bucket_creation=True); s.create_dir(sys.argv[1]); "
@@ -339,11 +343,13 @@ class Cluster:
                 "--conf", "spark.ui.enabled=false"]
         for key, value in conf.items():
             argv += ["--conf", f"{key}={value}"]
-        driver.pids["connect"] = self.spawn(driver, argv + ["spark-internal"], "connect")
+        # spark-submit sizes the Connect server's JVM (a "daemon" to it) by SPARK_DAEMON_MEMORY.
+        driver.pids["connect"] = self.spawn(driver, argv + ["spark-internal"], "connect",
+                                            env={"SPARK_DAEMON_MEMORY": "2g"})
         self._save()
         log = os.path.join(self.state_dir, "logs", "connect.log")
         self._wait(lambda: _count(log, "Spark Connect server started") > 0, timeout_s,
-                   "the Spark Connect server to start", "connect")
+                   "the Spark Connect server to start", "connect", driver.pids["connect"])
         return self.connect_url
 
     def stop_connect(self) -> None:
@@ -352,17 +358,22 @@ class Cluster:
             _kill_tree(pid)
             self._save()
 
-    def _wait(self, ready, timeout_s: float, what: str, log: str) -> None:
+    def _wait(self, ready, timeout_s: float, what: str, log: str, pid: int = 0) -> None:
+        """Polls ``ready()`` until ``timeout_s``; fails at once if ``pid`` (the awaited process) exits."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if ready():
                 return
+            if pid and (not os.path.exists(f"/proc/{pid}") or _zombie(pid)):
+                timeout_s = time.monotonic() - deadline + timeout_s
+                what += f" (it exited after {timeout_s:.0f} s)"
+                break
             time.sleep(0.5)
         tail = ""
         with contextlib.suppress(OSError):
             with open(os.path.join(self.state_dir, "logs", f"{log}.log"), errors="replace") as f:
                 tail = f.read()[-3000:]
-        raise HostsError(f"Timed out after {timeout_s:.0f} s waiting for {what}; {log}.log ends:\n{tail}")
+        raise HostsError(f"Gave up after {timeout_s:.0f} s waiting for {what}; {log}.log ends:\n{tail}")
 
     # ------------------------------------------------------- on a host
 

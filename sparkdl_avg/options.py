@@ -367,6 +367,10 @@ OPTIONS: Tuple[Option, ...] = (
         unset="the system temp dir",
         doc="Where the data is staged once per fit (a local path or a ``pyarrow.fs`` URI every "
             "executor can read: HDFS, S3, NFS on a multi-host cluster). Default: the system temp dir. "
+            "On a master other than ``local[N]``/``local-cluster`` a local path is checked once with a "
+            "small job (:func:`sparkdl_avg.data.check_shared_root`): executors that cannot see it (hosts "
+            "with their own ``/tmp``) make the fit fail at once with a ``ConfigurationError`` naming "
+            "``staging_dir``, before anything is staged. "
             "The trainer writes into a new subdirectory and deletes it on :meth:`close` or when the "
             "trainer is garbage-collected.",
         check=optional_uri,

@@ -153,6 +153,8 @@ class ParameterAveragingTrainer:
         base = staging_dir or tempfile.gettempdir()
         self._staging_root = join(base, f"sparkdl_avg-{time.strftime('%Y%m%d-%H%M%S')}-{id(self):x}")
         self._staged: Dict[tuple, tuple] = {}
+        self._default_staging = staging_dir is None
+        self._shared_checked: set = set()  # the engines (Engine.key) whose executors were seen to share the root
         self._fits = 0
         self.history = None  # the History of the latest completed fit
         self._rule_state = RuleState()  # carried over to the next fit of this trainer
@@ -182,16 +184,25 @@ class ParameterAveragingTrainer:
         return staged
 
     def _make_staging_root(self, engine) -> None:
-        """Creates this trainer's staging root; private (``0o700``) when local and the master is local.
+        """Creates this trainer's staging root (private when local and the master is local) and checks it is shared.
 
         With ``local[N]`` or ``local-cluster`` every executor runs as this
         user on this host, so nobody else needs the staged data or the
         exchanged weights under it. On other masters a local path (a shared
         mount) keeps the umask's modes: executors may run as another user
         (YARN's, a standalone worker's) and would be locked out. URIs keep
-        their filesystem's permissions. See docs/reliability.md.
+        their filesystem's permissions. See docs/reliability.md. On such
+        masters a local root must be one the executors see
+        (:func:`sparkdl_avg.data.check_shared_root`): a fit on hosts whose
+        ``/tmp`` differ otherwise failed late, reading staged data that was
+        written on another host.
         """
         self._root.make(private=engine.one_host)
+        if not engine.one_host and engine.key not in self._shared_checked:
+            data_mod.check_shared_root(engine, self._staging_root, max(self.config.num_workers or 0,
+                                                                       engine.default_parallelism),
+                                       default=self._default_staging)
+            self._shared_checked.add(engine.key)
 
     def close(self) -> None:
         """Deletes the staged data. The trainer can still be used; data is staged again."""
@@ -308,14 +319,6 @@ class ParameterAveragingTrainer:
             )
         engine = engine_for(data)
         num_workers = cfg.num_workers or engine.default_parallelism
-        if "://" not in self._staging_root and not engine.one_host:
-            logger.warning(
-                "Staging data under the local path %s while the master is %s: every executor "
-                "must be able to read it. On a multi-host cluster pass staging_dir= a shared "
-                "filesystem URI (hdfs://..., s3://...).",
-                self._staging_root,
-                engine.master,
-            )
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)

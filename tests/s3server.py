@@ -136,10 +136,12 @@ class S3ServerError(RuntimeError):
     """The server did not come up; the message holds its log's tail."""
 
 
-def weed_command(weed: str, directory: str, ip: str, ports: Dict[str, int]) -> List[str]:
+def weed_command(weed: str, directory: str, ip: str, ports: Dict[str, int], volumes: int = 32) -> List[str]:
     """The ``weed server -s3`` command line: one process, data and sockets under ``directory``, bound to ``ip``.
 
-    ``ports``: ``s3``, ``master``, ``volume``, ``filer`` and each one's ``*_grpc``.
+    ``ports``: ``s3``, ``master``, ``volume``, ``filer`` and each one's ``*_grpc``; ``volumes``:
+    how many 64 MB volumes it may grow (deleted objects free space only when a volume is vacuumed,
+    so a store that takes every round's sums needs more than the tests' 32).
     Also what scripts/hosts.py runs on its store host. Creates ``directory``,
     its ``data`` folder and the gateway's identity file (:data:`ACCESS_KEY`).
     """
@@ -168,7 +170,7 @@ def weed_command(weed: str, directory: str, ip: str, ports: Dict[str, int]) -> L
         f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
         "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
         "-s3.port.iceberg=0", "-s3.port.lance=0",  # extra listeners, on fixed default ports otherwise
-        "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=32",
+        "-master.telemetry=false", "-master.volumeSizeLimitMB=64", f"-volume.max={volumes}",
         "-volume.preStopSeconds=0",  # else a SIGTERM waits 10 s before the volume server stops
         # The unix sockets default to /tmp/seaweedfs-<kind>-<port>.sock; keep them with the data.
         f"-filer.localSocket={directory}/filer.sock", f"-s3.localSocket={directory}/s3.sock",

@@ -1,0 +1,205 @@
+"""Aggregation paths on hosts that share only a network: shaped links, per-link bytes against the wire floor.
+
+Starts scripts/hosts.py's cluster (one worker host per worker, 1 core each,
+every link shaped with ``tc tbf``, the driver's included; the S3 store on a
+host of its own, unshaped) for each (workers, rate), and runs this file
+again on host 0 as the driver (``--driver``), with the README's settings
+(``RECOMMENDED_CONF``, staging on the store). For each model size (an MLP
+of about 1e5, 1e6, 3e6 parameters, Adam, ``optimizer_state="average"``) and
+each path (``spark`` at depth 1 and 2; ``sql`` with ``driver``,
+``shuffle``, ``storage``; ``auto``), one unrecorded fit warms the replicas,
+then a fit of ``--rounds`` rounds at ``k=1`` is measured. Per round it
+records the aggregate phase (``aggregate_s``), the round's wall time, and
+the bytes through the driver's link (rx, tx) and through the busiest
+worker link, read from the hosts' kernel counters before and after each
+round (a Keras callback: ``on_train_batch_begin``/``end``); and each against
+its wire floor, bytes ÷ link rate. Medians over the measured rounds.
+
+    .venv/bin/python benchmarks/network.py [--workers 4 8] [--rates 1gbit] [--params 1e5 1e6 3e6] [--rounds 6]
+
+Needs root (namespaces). Results: benchmarks/results/network.json, and the
+table printed for docs/benchmarks.md ("On a shaped network").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import hosts  # noqa: E402
+
+PATHS = {
+    "spark d1": dict(state_transport="spark", aggregation_depth=1),
+    "spark d2": dict(state_transport="spark", aggregation_depth=2),
+    "sql driver": dict(state_transport="sql", aggregation="driver"),
+    "sql shuffle": dict(state_transport="sql", aggregation="shuffle"),
+    "sql storage": dict(state_transport="sql", aggregation="storage"),
+    "auto": dict(),
+}
+BATCH = 32
+
+
+def mlp(params: float):
+    import keras
+
+    hidden = max(8, int(params / 75))  # 64 inputs -> hidden -> 10: about 75 * hidden parameters
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+def drive(args) -> None:
+    """On host 0: every (params, path) arm on the running cluster; appends rows to ``args.out``."""
+    import keras
+    import numpy as np
+    from pyspark.sql import SparkSession
+
+    import sparkdl_avg
+    from sparkdl_avg import ParameterAveragingTrainer
+
+    cluster = hosts.Cluster.attach()
+    rate = hosts.rate_bytes(cluster.rate)
+    spark = (SparkSession.builder.master(cluster.master_url).config(map=sparkdl_avg.RECOMMENDED_CONF)
+             .config("spark.executor.memory", "768m").config("spark.driver.memory", "2g")
+             .config("spark.driver.maxResultSize", "0").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    workers = len(cluster.workers)
+    rng = np.random.default_rng(0)
+    n = workers * BATCH * (args.rounds + 1)
+    x = rng.random((n, 64), dtype=np.float32)
+    y = rng.integers(0, 10, n)
+    df = spark.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)], "features array<float>, label int")
+    store = f"s3://{hosts.BUCKET}/network-{workers}-{cluster.rate}"
+    driver_ns = cluster.hosts[0].ns
+    worker_ns = [h.ns for h in cluster.workers]
+
+    class Bytes(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.rounds, self.before = [], None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.before = cluster.counters()
+
+        def on_train_batch_end(self, batch, logs=None):
+            after = cluster.counters()
+            d = {ns: {k: after[ns][k] - self.before[ns][k] for k in ("rx", "tx")} for ns in after}
+            self.rounds.append(d)
+
+    rows = []
+    for params in args.params:
+        for name in args.paths:
+            options = PATHS[name]
+            row = {"workers": workers, "rate": cluster.rate, "params": None, "path": name}
+            try:
+                with ParameterAveragingTrainer(mlp(params), num_workers=workers, batch_size=BATCH,
+                                               averaging_frequency=1, seed=0, slow_warning=False,
+                                               staging_dir=f"{store}/staging", **options) as trainer:
+                    trainer.fit(df, epochs=1, verbose=0)  # warm: replicas built, data staged
+                    model = trainer.model
+                    row["params"] = int(model.count_params())
+                    counter = Bytes()
+                    trainer.fit(df, epochs=1, verbose=0, callbacks=[counter])
+                    records = trainer.stats.records[1:]  # the first round of a fit also ships the model
+                    bytes_ = counter.rounds[1:]
+            except Exception as exc:  # noqa: BLE001 - recorded: a path that fails at a size is a result
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                continue
+            state = sum(np.asarray(v).nbytes for v in list(model.weights) + list(model.optimizer.variables))
+            med = statistics.median
+            row.update(
+                state_bytes=state,
+                transport=records[-1].transport, aggregation=records[-1].aggregation, shards=records[-1].shards,
+                aggregate_ms=1000 * med(r.aggregate_s for r in records),
+                round_ms=1000 * med(r.wall_s for r in records),
+                compute_ms=1000 * med(r.compute_max_s for r in records),
+                driver_rx=med(b[driver_ns]["rx"] for b in bytes_),
+                driver_tx=med(b[driver_ns]["tx"] for b in bytes_),
+                busiest_worker=med(max(max(b[ns]["rx"], b[ns]["tx"]) for ns in worker_ns) for b in bytes_),
+                store_rx=med(b[cluster.store.ns]["rx"] for b in bytes_) if cluster.store else 0,
+                rounds=len(records),
+            )
+            row["driver_in_floor_ms"] = 1000 * row["driver_rx"] / rate
+            row["driver_out_floor_ms"] = 1000 * row["driver_tx"] / rate
+            row["busiest_floor_ms"] = 1000 * row["busiest_worker"] / rate
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    spark.stop()
+
+
+def table(rows) -> str:
+    lines = ["| workers | rate | params | path (took) | aggregate ms | round ms | driver in / out per round "
+             "(× state) | in / out floor ms | busiest worker link (floor ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['workers']} | {r['rate']} | | {r['path']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        took = r["aggregation"] if r["transport"] == "sql" else r["transport"]
+        s = r["state_bytes"]
+        lines.append(
+            f"| {r['workers']} | {r['rate']} | {r['params']:,} | {r['path']} ({took}{', ' + str(r['shards']) if r['shards'] else ''}) | "
+            f"{r['aggregate_ms']:.0f} | {r['round_ms']:.0f} | {r['driver_rx'] / 1e6:.1f} / {r['driver_tx'] / 1e6:.1f} MB "
+            f"({r['driver_rx'] / s:.2f} / {r['driver_tx'] / s:.2f}) | {r['driver_in_floor_ms']:.0f} / "
+            f"{r['driver_out_floor_ms']:.0f} | {r['busiest_worker'] / 1e6:.1f} MB ({r['busiest_floor_ms']:.0f}) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--rates", nargs="+", default=["1gbit"])
+    p.add_argument("--params", type=float, nargs="+", default=[1e5, 1e6, 3e6])
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    p.add_argument("--rounds", type=int, default=6, help="measured rounds per arm (the first is left out)")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "network.json"))
+    p.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
+    args = p.parse_args()
+    if args.driver:
+        drive(args)
+        return
+    if not args.table_only:
+        partial = args.out + ".tmp"
+        with open(partial, "w"):
+            pass
+        load = os.getloadavg()
+        for workers in args.workers:
+            for rate in args.rates:
+                t0 = time.monotonic()
+                with hosts.Cluster(hosts=workers + 1, rate=rate, worker_memory="1200m").running() as cluster:
+                    cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--out", partial,
+                           "--rounds", str(args.rounds), "--params", *map(str, args.params), "--paths", *args.paths]
+                    proc = cluster.run(0, cmd, env=cluster.driver_env(), timeout=3600, check=False)
+                    if proc.returncode:
+                        print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
+                print(f"{workers} workers at {rate}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        with open(partial) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "load_before": load, "load_after": os.getloadavg(),
+                       "command": " ".join(sys.argv)}, f, indent=1)
+        os.remove(partial)
+    with open(args.out) as f:
+        data = json.load(f)
+    print(table(data["rows"]))
+    print(f"load average before {data['load_before']}, after {data['load_after']}")
+
+
+if __name__ == "__main__":
+    main()
