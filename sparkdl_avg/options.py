@@ -138,6 +138,40 @@ def optional_uri(name: str, value: Any) -> None:
         )
 
 
+def parse_rate(rate: Any) -> float:
+    """Bytes per second of a link rate: a positive number (bytes/s) or a string such as ``"1gbit"``, ``"800mbit"``.
+
+    Raises:
+        ConfigurationError: anything else, naming ``network_rate``.
+    """
+    if isinstance(rate, numbers.Real) and not isinstance(rate, bool) and rate > 0:
+        return float(rate)
+    if isinstance(rate, str):
+        text = rate.strip().lower()
+        try:
+            return parse_rate(float(text))  # a number of bytes/s, as a Spark ML Param holds it
+        except ValueError:
+            pass
+        for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+            if text.endswith(unit):
+                try:
+                    value = float(text[: -len(unit)])
+                except ValueError:
+                    break
+                if value > 0:
+                    return value * scale / 8
+                break
+    raise ConfigurationError(
+        f"The 'network_rate' parameter must be a link rate such as '1gbit', '10gbit' or '800mbit', or a positive "
+        f"number of bytes per second. Got {rate!r} instead."
+    )
+
+
+def _rate(name: str, value: Any) -> None:
+    if value is not None:
+        parse_rate(value)
+
+
 def _schedule(name: str, value: Any) -> None:
     as_schedule(value)
 
@@ -405,7 +439,8 @@ OPTIONS: Tuple[Option, ...] = (
         help="how each round's weights reach workers and their sums the driver: 'sql' (a DataFrame job, "
              "state as a staging file, sums as Arrow rows; the only one under Spark Connect), 'spark' "
              "(broadcast + treeAggregate), 'files' (files under the staging dir), 'auto' (files when all "
-             "executors run on the driver's host, else spark for small rounds and sql above)",
+             "executors run on the driver's host, else spark while the driver's link is cheaper than sharding, "
+             "sql above)",
         doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.transport`). "
             "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a "
             "file under the staging directory, the workers' sums raw bytes in Arrow rows, summed as "
@@ -415,9 +450,10 @@ OPTIONS: Tuple[Option, ...] = (
             "directions as files under the staging directory, summed by the driver (classic sessions "
             "whose driver and executors share a fast filesystem). ``\"auto\"`` (default): files when "
             "every executor runs on the driver's host (``local[N]``, ``local-cluster``) and the staging "
-            "directory is local; else Spark's tree for rounds of at most 64 MB of sums in all (workers × "
-            "one model's state), else sql; always sql under Connect. Measured in docs/benchmarks.md "
-            "(\"Aggregation paths\").",
+            "directory is local; on hosts of their own Spark's tree while bringing every worker's sums "
+            "through the driver's link (``network_rate``) costs less than a sharded round, else sql (which "
+            "then shards through the shuffle); always sql under Connect. Measured in docs/benchmarks.md "
+            "(\"On a shaped network\", \"Aggregation paths\").",
         check=one_of(STATE_TRANSPORTS),
         cli=Flag(choices=STATE_TRANSPORTS),
         param=SparkParam("stateTransport", "toString"),
@@ -437,9 +473,10 @@ OPTIONS: Tuple[Option, ...] = (
             "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
             "(default): files under Spark Connect when its master is local (``local[N]``, "
             "``local-cluster``) and the staging directory is local, so client and executors share its "
-            "files; else the driver when all workers' sums together are at most 48 MB, else storage "
-            "(:func:`sparkdl_avg.transport.plan_aggregation`; why in docs/benchmarks.md). All give "
-            "bitwise the same sums.",
+            "files; on hosts of their own the driver while that costs less than sharding (``network_rate``), "
+            "else shuffle; with every executor on the driver's host the driver when all workers' sums together "
+            "are at most 48 MB, else storage (:func:`sparkdl_avg.transport.plan_aggregation`; why in "
+            "docs/benchmarks.md, \"On a shaped network\"). All give bitwise the same sums.",
         check=one_of(AGGREGATIONS),
         cli=Flag(choices=AGGREGATIONS),
         param=SparkParam("aggregation", "toString"),
@@ -515,6 +552,24 @@ OPTIONS: Tuple[Option, ...] = (
         check=boolean,
         cli=Flag(action="store_true"),
         param=SparkParam("reproducible", "toBoolean"),
+    ),
+    Option(
+        "network_rate", None, "Any",
+        help="the driver's network link rate (e.g. '1gbit', '10gbit'), which state_transport='auto' and "
+             "aggregation='auto' weigh on hosts of their own",
+        unset="1 Gbit/s",
+        doc="The rate of the driver's network link on a cluster of several hosts: a string such as "
+            "``\"1gbit\"``, ``\"10gbit\"`` or ``\"800mbit\"``, or bytes per second. ``\"auto\"`` "
+            "brings every worker's sums straight to the driver while that costs less than sharding "
+            "them: while ``(num_workers - 2) × one model's sums ÷ network_rate`` is at most 0.3 s, the "
+            "second stage a sharded round pays whatever the size "
+            "(:func:`sparkdl_avg.transport.driver_bound_pays`, measured on links shaped to 1 Gbit/s in "
+            "docs/benchmarks.md, \"On a shaped network\"); above, it shards through the shuffle, so the "
+            "driver's link carries about one model's bytes each way per round. Default ``None``: 1 Gbit/s. "
+            "Not used when every executor runs on the driver's host (``local[N]``, ``local-cluster``).",
+        check=_rate,
+        cli=Flag(metavar="RATE"),
+        param=SparkParam("networkRate", "toString"),
     ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(

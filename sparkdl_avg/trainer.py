@@ -579,9 +579,10 @@ class ParameterAveragingTrainer:
 
         cfg = self.config
         weights, opt = get_state(self.model)
-        round_bytes = num_workers * FlatLayout.of(weights, opt if cfg.optimizer_state == "average" else None).nbytes
+        model_bytes = FlatLayout.of(weights, opt if cfg.optimizer_state == "average" else None).nbytes
         return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
-                                    cfg.aggregation, cfg.aggregation_shards, round_bytes)
+                                    cfg.aggregation, cfg.aggregation_shards, num_workers, model_bytes,
+                                    cfg.network_rate)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

@@ -48,6 +48,7 @@ from . import worker as worker_mod
 from .aggregation import PartialResult, merge
 from .errors import ConfigurationError, PathError, WorkerError
 from .fs import join, make_dir, remove_tree
+from .options import parse_rate
 from .remote import run_job
 from .session import struct_type
 
@@ -267,17 +268,21 @@ class SqlTransport(StateTransport):
         directory: The fit's exchange directory under the staging root.
         aggregation: One of :data:`sparkdl_avg.options.AGGREGATIONS` (``"auto"``: see :func:`plan_aggregation`).
         shards: Slices ``S`` for ``"shuffle"``/``"storage"``; ``None``: :func:`plan_aggregation`'s.
+        one_host_files: ``"auto"`` sums the workers' files on the driver (Connect, one host, local staging).
+        network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s
+            choice, :func:`plan_aggregation`); ``None`` when they share its host.
     """
 
     name = "sql"
 
     def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None,
-                 one_host_files: bool = False) -> None:
+                 one_host_files: bool = False, network_rate: Optional[float] = None) -> None:
         super().__init__(engine)
         self.directory = directory
         self.aggregation = aggregation
         self.shards = shards
         self.one_host_files = one_host_files
+        self.network_rate = network_rate  # bytes/s of the driver's link on hosts of their own; None: one host
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
         make_dir(directory)
@@ -299,7 +304,7 @@ class SqlTransport(StateTransport):
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
         if self.aggregation == "auto" and self.one_host_files:
             return "files", 1
-        return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes)
+        return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes, self.network_rate)
 
     def run(self, task, entry, workers, what, published):
         import dataclasses
@@ -412,31 +417,62 @@ def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
 
 
 #: At most this many bytes of sums per round in all (workers × one model's sums) go straight to the driver
-#: under ``aggregation="auto"``; above, reducers sum them from the staging storage. Measured on one host
-#: (docs/benchmarks.md, "Aggregation paths"): the driver path is faster up to 24 MB (2 workers × 1e6
-#: parameters: 238 against 313 ms per round), even at 48 MB, and 0.23-0.37 s slower from 96 MB on.
+#: under ``aggregation="auto"`` when every executor shares the driver's host; above, reducers sum them from the
+#: staging storage. Measured on one host (docs/benchmarks.md, "Aggregation paths"): the driver path is faster
+#: up to 24 MB (2 workers × 1e6 parameters: 238 against 313 ms per round), even at 48 MB, and 0.23-0.37 s
+#: slower from 96 MB on.
 DRIVER_SUM_BYTES = 48 << 20
 
-#: On a classic multi-host session, ``state_transport="auto"`` keeps Spark's broadcast + ``treeAggregate``
-#: for rounds of at most this many bytes of sums in all, where it measured faster than the Spark SQL round
-#: (4 workers × 1e6 parameters, 48 MB: 256 against 327 ms), and takes the SQL round with storage reducers
-#: above (8 × 1e6, 96 MB: 425 against 450 ms; 16 × 1e6: 698 against 941 ms; ibid.).
+#: On a classic session whose executors share the driver's host but not its files (a local master with a URI
+#: staging directory), ``state_transport="auto"`` keeps Spark's broadcast + ``treeAggregate`` for rounds of at
+#: most this many bytes of sums in all, where it measured faster than the Spark SQL round on one host.
 SPARK_TREE_BYTES = 64 << 20
 
+#: The driver's link rate ``auto`` assumes on a multi-host cluster when ``network_rate`` is not given: 1 Gbit/s.
+DEFAULT_NETWORK_RATE = "1gbit"
 
-def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int) -> Tuple[str, int]:
+#: Seconds a sharded round (a second stage of reducer tasks after a shuffle) costs beyond a driver-bound one
+#: whatever the model's size: measured on the shaped-network cluster at 10^5 parameters, where the bytes take
+#: ~10 ms, as 280 against 73 ms (4 workers) and 395 against 96 ms (8 workers) of aggregate phase
+#: (docs/benchmarks.md, "On a shaped network").
+SHARDED_STAGE_S = 0.3
+
+
+def driver_bound_pays(num_workers: int, nbytes: int, rate_bytes_s: float) -> bool:
+    """Whether bringing every worker's sums through the driver's link beats sharding them, on hosts of their own.
+
+    A driver-bound round (Spark's tree at depth 1, the SQL round's ``"driver"``)
+    moves ``N × S`` bytes through the driver's link; a sharded one
+    (``"shuffle"``) about ``S`` in and ``S`` out of every link, plus a second
+    stage (:data:`SHARDED_STAGE_S`). So the driver path pays while
+    ``(N - 2) · S / rate <= SHARDED_STAGE_S``: at 1 Gbit/s up to about 37 MB
+    of sums beyond two models' (8 workers × 10^5 parameters with Adam: yes;
+    8 × 10^6: no, 72 MB beyond).
+    """
+    return (num_workers - 2) * nbytes / rate_bytes_s <= SHARDED_STAGE_S
+
+
+def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int,
+                     network_rate: Optional[float] = None) -> Tuple[str, int]:
     """``(aggregation, shards)`` the Spark SQL round uses (see :class:`SqlTransport`).
 
-    ``"auto"`` sums on the driver when all the workers' sums together are
-    at most :data:`DRIVER_SUM_BYTES` (no second stage to pay for), else
-    through the staging storage, which measured faster than the shuffle at
-    every size (docs/benchmarks.md, "Aggregation paths"). ``shards=None``
-    gives one shard per worker, each at least 256 kB, and enough shards that
-    none exceeds 64 MB.
+    ``"auto"`` on hosts of their own (``network_rate``: the driver's link,
+    bytes/s) sums on the driver while :func:`driver_bound_pays`, else through
+    the shuffle, which measured 2-3× faster than the storage reducers on the
+    shaped-network cluster at every size (the store's HTTP requests, its one
+    link and its CPU; docs/benchmarks.md, "On a shaped network"). With
+    ``network_rate=None`` (every executor on the driver's host) it sums on
+    the driver when all the workers' sums together are at most
+    :data:`DRIVER_SUM_BYTES`, else through the staging storage, which
+    measured faster than the shuffle there. ``shards=None`` gives one shard
+    per worker, each at least 256 kB, and enough shards that none exceeds 64 MB.
     """
     how = aggregation
     if how == "auto":
-        how = "driver" if num_workers * nbytes <= DRIVER_SUM_BYTES else "storage"
+        if network_rate is not None:
+            how = "driver" if driver_bound_pays(num_workers, nbytes, network_rate) else "shuffle"
+        else:
+            how = "driver" if num_workers * nbytes <= DRIVER_SUM_BYTES else "storage"
     if how in ("driver", "files"):
         return how, 1
     if shards is None:
@@ -525,40 +561,51 @@ def _remove_quietly(uri: str) -> None:
 
 
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
-           shards: Optional[int] = None, round_bytes: Optional[int] = None) -> StateTransport:
+           shards: Optional[int] = None, num_workers: Optional[int] = None, model_bytes: Optional[int] = None,
+           network_rate: Any = None) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
     summing the workers' files on the client when the server's executors
     share its host and the staging directory is local, see :class:`SqlTransport`);
     on a classic session files when every executor runs on the driver's host
-    (``local[N]``, ``local-cluster``) and the staging directory is local;
-    else Spark's tree when a round's sums in all (``round_bytes``: workers ×
-    one model's sums) are at most :data:`SPARK_TREE_BYTES`, and the Spark SQL
-    round above. ``fit_name`` names the fit's directory under ``staging_root``.
+    (``local[N]``, ``local-cluster``) and the staging directory is local.
+    On hosts of their own (any other master) Spark's tree while
+    :func:`driver_bound_pays` for ``num_workers`` sums of ``model_bytes``
+    each through a link of ``network_rate`` (default
+    :data:`DEFAULT_NETWORK_RATE`), else the Spark SQL round, which then
+    shards through the shuffle (:func:`plan_aggregation`); with a local
+    master and a URI staging directory, the tree up to
+    :data:`SPARK_TREE_BYTES` of sums in all. ``fit_name`` names the fit's
+    directory under ``staging_root``.
 
     Raises:
-        ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect.
+        ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect; a bad ``network_rate``.
     """
     directory = join(staging_root, fit_name)
     # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
     local_fs = "://" not in staging_root or staging_root.startswith("file://")
     one_host = engine.one_host
+    rate = None if one_host else parse_rate(network_rate if network_rate is not None else DEFAULT_NETWORK_RATE)
     if engine.connect:
         if mode in ("spark", "files"):
             raise ConfigurationError(
                 f"The 'state_transport' parameter must be 'auto' or 'sql' under Spark Connect (it has no "
                 f"broadcasts or RDDs). Got {mode!r} instead."
             )
-        return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host)
+        return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host,
+                            network_rate=rate)
     if mode == "spark":
         return SparkTransport(engine, depth)
     if mode == "sql":
-        return SqlTransport(engine, directory, aggregation, shards)
+        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate)
     if mode == "auto" and not (local_fs and one_host):
-        if round_bytes is not None and round_bytes <= SPARK_TREE_BYTES:
-            return SparkTransport(engine, depth)
-        return SqlTransport(engine, directory, aggregation, shards)
+        if num_workers is not None and model_bytes is not None:
+            tree = (driver_bound_pays(num_workers, model_bytes, rate) if rate is not None
+                    else num_workers * model_bytes <= SPARK_TREE_BYTES)
+            if tree:
+                return SparkTransport(engine, depth)
+        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate)
     if local_fs and not one_host:
         logger.warning(
             "state_transport='files' with the local staging directory %s while the master is %s: "

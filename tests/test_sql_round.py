@@ -73,6 +73,45 @@ def test_plan_aggregation_sums_small_rounds_on_the_driver_and_shards_large_ones(
     assert transport.plan_aggregation("storage", None, 2, 300 << 20) == ("storage", 5)  # slices of at most 64 MB
 
 
+def test_on_hosts_of_their_own_auto_weighs_the_drivers_link_against_a_sharded_round():
+    gbit = 125e6  # bytes/s
+    # (N - 2) · S / rate against the sharded round's 0.3 s (measured, docs/benchmarks.md "On a shaped network")
+    assert transport.plan_aggregation("auto", None, 8, 1_200_000, gbit) == ("driver", 1)  # 8 × 1e5 Adam: 58 ms
+    assert transport.plan_aggregation("auto", None, 4, 12_000_000, gbit) == ("driver", 1)  # 4 × 1e6: 0.19 s
+    assert transport.plan_aggregation("auto", None, 8, 12_000_000, gbit) == ("shuffle", 8)  # 8 × 1e6: 0.58 s
+    assert transport.plan_aggregation("auto", None, 8, 12_000_000, 10 * gbit) == ("driver", 1)  # at 10 Gbit/s
+    assert transport.plan_aggregation("auto", None, 4, 36_000_000, gbit) == ("shuffle", 4)  # 4 × 3e6
+    assert transport.plan_aggregation("storage", None, 8, 12_000_000, gbit) == ("storage", 8)  # asked for: kept
+
+
+class _Engine:
+    """What :func:`transport.choose` reads of an engine: a classic session whose executors are elsewhere."""
+
+    connect = False
+    one_host = False
+    master = "spark://elsewhere:7077"
+
+
+def test_auto_on_a_multi_host_master_keeps_the_tree_for_small_rounds_and_shards_large_ones(tmp_path):
+    root = f"s3://bucket/{tmp_path.name}"  # a URI: no directory is made for the tree
+    small = transport.choose("auto", _Engine(), root, "fit-1", 1, num_workers=8, model_bytes=1_200_000)
+    assert isinstance(small, transport.SparkTransport)
+    big = transport.choose("auto", _Engine(), str(tmp_path), "fit-2", 1, num_workers=8, model_bytes=12_000_000)
+    assert isinstance(big, transport.SqlTransport) and big.plan(8, 12_000_000) == ("shuffle", 8)
+    fast = transport.choose("auto", _Engine(), root, "fit-3", 1, num_workers=8, model_bytes=12_000_000,
+                            network_rate="10gbit")
+    assert isinstance(fast, transport.SparkTransport)
+
+
+def test_a_bad_network_rate_is_refused_naming_it():
+    from sparkdl_avg.errors import ConfigurationError
+
+    for bad in ("fast", "0gbit", -1, True):
+        with pytest.raises(ConfigurationError, match=r"The 'network_rate' parameter must be a link rate .* Got "):
+            ParameterAveragingTrainer(make_model(), network_rate=bad)
+    assert ParameterAveragingTrainer(make_model(), network_rate="800mbit").config.network_rate == "800mbit"
+
+
 def test_shard_keys_send_shard_j_to_spark_partition_j(spark):
     from pyspark.sql import functions as F
 
