@@ -7,7 +7,8 @@ again on host 0 as the driver (``--driver``), with the README's settings
 (``RECOMMENDED_CONF``, staging on the store). For each model size (an MLP
 of about 1e5, 1e6, 3e6 parameters, Adam, ``optimizer_state="average"``) and
 each path (``spark`` at depth 1 and 2; ``sql`` with ``driver``,
-``shuffle``, ``storage``; ``auto``), one unrecorded fit warms the replicas,
+``shuffle``, ``storage``; ``auto``, and ``auto+rate``: ``auto`` given
+``network_rate`` = the links' rate), one unrecorded fit warms the replicas,
 then a fit of ``--rounds`` rounds at ``k=1`` is measured. Per round it
 records the aggregate phase (``aggregate_s``), the round's wall time, and
 the bytes through the driver's link (rx, tx) and through the busiest
@@ -41,6 +42,7 @@ PATHS = {
     "sql shuffle": dict(state_transport="sql", aggregation="shuffle"),
     "sql storage": dict(state_transport="sql", aggregation="storage"),
     "auto": dict(),
+    "auto+rate": dict(network_rate=None),  # auto told the links' rate (network_rate=the cluster's)
 }
 BATCH = 32
 
@@ -98,7 +100,9 @@ def drive(args) -> None:
     rows = []
     for params in args.params:
         for name in args.paths:
-            options = PATHS[name]
+            options = dict(PATHS[name])
+            if "network_rate" in options:
+                options["network_rate"] = cluster.rate
             row = {"workers": workers, "rate": cluster.rate, "params": None, "path": name}
             try:
                 with ParameterAveragingTrainer(mlp(params), num_workers=workers, batch_size=BATCH,
