@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -51,6 +52,8 @@ SUBNET = "10.213.0"
 BRIDGE_NS = f"{PREFIX}-br"
 STORE_NS = f"{PREFIX}-s3"
 STATE_ENV = "SPARKDL_AVG_HOSTS"
+# The running cluster's run id, watchdog pid and state dir: in /run (root's tmpfs), so a reboot forgets it.
+CURRENT = "/run/sparkdl_avg-hosts.json"
 MASTER_PORT = 7077
 CONNECT_PORT = 15002
 S3_PORT = 8333
@@ -132,6 +135,10 @@ class Cluster:
         if store_rate:
             rate_bytes(store_rate)
         self.state_dir = os.path.abspath(state_dir or os.path.join(ROOT, "output", "hosts"))
+        for what, path in (("the repository", ROOT), ("the interpreter", os.path.abspath(python or sys.executable))):
+            if path == "/tmp" or path.startswith("/tmp/"):
+                raise ValueError(f"Expected {what} outside /tmp: each host has a private /tmp and would not see "
+                                 f"it. Received: {path!r}")
         if self.state_dir == "/tmp" or self.state_dir.startswith("/tmp/"):
             raise ValueError(f"Expected a state_dir outside /tmp: each host has a private /tmp, so drivers on the "
                              f"hosts could not read the state file there. Received: state_dir={self.state_dir!r}")
@@ -263,23 +270,32 @@ class Cluster:
             os.remove(ready)
         script = (f"mount -t tmpfs -o size=8g,mode=1777 {PREFIX}-tmp /tmp && mkdir -p /tmp/spark-local /tmp/spark-work "
                   f"&& echo $$ > {ready} && exec sleep {int(self.ttl_s) + 600}")
-        subprocess.Popen(["ip", "netns", "exec", host.ns, "unshare", "--mount", "--propagation", "private", "--",
-                          "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        log = os.path.join(self.state_dir, "logs", f"anchor-{host.ns}.log")
+        with open(log, "wb") as err:
+            subprocess.Popen(["ip", "netns", "exec", host.ns, "unshare", "--mount", "--propagation", "private", "--",
+                              "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=err, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(FileNotFoundError, ValueError):
                 with open(ready) as f:
                     return int(f.read().strip())
             time.sleep(0.05)
-        raise HostsError(f"{host.ns}: could not mount a private /tmp (unshare --mount) within 10 s")
+        with open(log, errors="replace") as f:
+            cause = f.read()[-2000:].strip() or "no output"
+        raise HostsError(f"{host.ns}: could not mount a private /tmp (unshare --mount, mount -t tmpfs) within 10 s: "
+                         f"{cause}")
 
     def _watchdog(self) -> None:
+        """Arms a process that runs ``down --run-id`` after ``ttl_s``; it tears down only this run (see :func:`down`)."""
+        self.run_id = uuid.uuid4().hex
         proc = subprocess.Popen(
             ["sh", "-c", f"sleep {int(self.ttl_s)}; exec {self.python} {os.path.abspath(__file__)} down "
-                         f"--state-dir {self.state_dir}"],
+                         f"--state-dir {self.state_dir} --run-id {self.run_id}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.watchdog = proc.pid
+        with open(CURRENT, "w") as f:  # the one cluster these namespace names allow, whoever started it
+            json.dump({"run_id": self.run_id, "watchdog": self.watchdog, "state_dir": self.state_dir}, f)
 
     def _start_store(self, timeout_s: float) -> None:
         sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -505,19 +521,27 @@ def _our_namespaces() -> List[str]:
     return [n for n in names if n.startswith(PREFIX + "-")]
 
 
-def down(state_dir: Optional[str] = None) -> List[str]:
+def down(state_dir: Optional[str] = None, run_id: Optional[str] = None) -> List[str]:
     """Removes every ``sdla-*`` namespace and kills its processes (also what a crashed run left); returns the names.
 
     Safe to call when nothing runs. The private ``/tmp`` mounts go with the
     last process of each host's mount namespace; nothing is mounted outside.
+    Also stops the running cluster's watchdog (from :data:`CURRENT`) and
+    deletes ``state_dir``'s store data. With ``run_id`` (a watchdog's call)
+    it does nothing unless that run is still the current one.
     """
     state_dir = os.path.abspath(state_dir or os.path.join(ROOT, "output", "hosts"))
-    watchdog = 0
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        with open(os.path.join(state_dir, "state.json")) as f:
-            watchdog = int(json.load(f)["watchdog"])
-    if watchdog and watchdog not in (os.getpid(), os.getppid()):
+    current: Dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError):
+        with open(CURRENT) as f:
+            current = json.load(f)
+    if run_id is not None and current.get("run_id") != run_id:
+        return []  # a later run replaced the one this watchdog was armed for
+    watchdog = int(current.get("watchdog") or 0)
+    if watchdog and watchdog not in (os.getpid(), os.getppid()) and _is_watchdog(watchdog):
         _kill_tree(watchdog)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(CURRENT)
     names = _our_namespaces()
     for _ in range(3):  # a process may fork while we kill (a Spark worker launching an executor)
         pids = [p for ns in names for p in _netns_pids(ns)]
@@ -533,7 +557,17 @@ def down(state_dir: Optional[str] = None) -> List[str]:
         _sh("ip", "netns", "del", ns, check=False)
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(state_dir, "state.json"))
+    shutil.rmtree(os.path.join(state_dir, "store"), ignore_errors=True)
     return names
+
+
+def _is_watchdog(pid: int) -> bool:
+    """Whether ``pid`` is still a watchdog of this script (not a pid reused by another process)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"hosts.py" in f.read()
+    except OSError:
+        return False
 
 
 def _zombie(pid: int) -> bool:
@@ -562,19 +596,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_p.add_argument("argv", nargs=argparse.REMAINDER)
     for p in sub.choices.values():
         p.add_argument("--state-dir", default=None)
+    sub.choices["down"].add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
             cluster = Cluster(args.hosts, args.rate, not args.no_store, args.store_rate, args.worker_memory,
                               args.state_dir, args.ttl_s).up()
             if args.connect:
-                cluster.start_connect()
+                try:
+                    cluster.start_connect()
+                except BaseException:
+                    cluster.down()
+                    raise
             print(f"master {cluster.master_url}" + (f"  connect {cluster.connect_url}" if args.connect else ""))
             if cluster.store:
                 print(f"store  s3:// at {cluster.store_env()['AWS_ENDPOINT_URL']}")
             print(f"state  {cluster.state_path}  (python scripts/hosts.py run 0 -- CMD; ... down)")
         elif args.command == "down":
-            print("removed " + (" ".join(down(args.state_dir)) or "nothing"))
+            print("removed " + (" ".join(down(args.state_dir, args.run_id)) or "nothing"))
         elif args.command in ("status", "counters"):
             cluster = Cluster.attach(os.path.join(args.state_dir, "state.json") if args.state_dir else None)
             if args.command == "status":

@@ -452,7 +452,8 @@ OPTIONS: Tuple[Option, ...] = (
             "every executor runs on the driver's host (``local[N]``, ``local-cluster``) and the staging "
             "directory is local; on hosts of their own Spark's tree while bringing every worker's sums "
             "through the driver's link (``network_rate``) costs less than a sharded round, else sql (which "
-            "then shards through the shuffle); always sql under Connect. Measured in docs/benchmarks.md "
+            "then shards through the shuffle); with a local master and a URI staging directory the tree up to "
+            "64 MB of sums in all; always sql under Connect. Measured in docs/benchmarks.md "
             "(\"On a shaped network\", \"Aggregation paths\").",
         check=one_of(STATE_TRANSPORTS),
         cli=Flag(choices=STATE_TRANSPORTS),
@@ -561,8 +562,8 @@ OPTIONS: Tuple[Option, ...] = (
         doc="The rate of the driver's network link on a cluster of several hosts: a string such as "
             "``\"1gbit\"``, ``\"10gbit\"`` or ``\"800mbit\"``, or bytes per second. ``\"auto\"`` "
             "brings every worker's sums straight to the driver while that costs less than sharding "
-            "them: while ``(num_workers - 2) × one model's sums ÷ network_rate`` is at most 0.3 s, the "
-            "second stage a sharded round pays whatever the size "
+            "them: while ``(num_workers - 1) × one model's sums ÷ network_rate`` is at most 0.3 s (the "
+            "second stage a sharded round pays whatever the size) and all of them together at most 64 MB "
             "(:func:`sparkdl_avg.transport.driver_bound_pays`, measured on links shaped to 1 Gbit/s in "
             "docs/benchmarks.md, \"On a shaped network\"); above, it shards through the shuffle, so the "
             "driver's link carries about one model's bytes each way per round. Default ``None``: 1 Gbit/s. "

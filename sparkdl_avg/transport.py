@@ -442,14 +442,16 @@ def driver_bound_pays(num_workers: int, nbytes: int, rate_bytes_s: float) -> boo
     """Whether bringing every worker's sums through the driver's link beats sharding them, on hosts of their own.
 
     A driver-bound round (Spark's tree at depth 1, the SQL round's ``"driver"``)
-    moves ``N × S`` bytes through the driver's link; a sharded one
-    (``"shuffle"``) about ``S`` in and ``S`` out of every link, plus a second
-    stage (:data:`SHARDED_STAGE_S`). So the driver path pays while
-    ``(N - 2) · S / rate <= SHARDED_STAGE_S``: at 1 Gbit/s up to about 37 MB
-    of sums beyond two models' (8 workers × 10^5 parameters with Adam: yes;
-    8 × 10^6: no, 72 MB beyond).
+    moves ``N × S`` bytes in through the driver's link; a sharded one
+    (``"shuffle"``) about ``S`` in (and ``S`` through every other link), plus
+    a second stage (:data:`SHARDED_STAGE_S`). So the driver path pays while
+    ``(N - 1) · S / rate <= SHARDED_STAGE_S`` — at 1 Gbit/s up to about
+    37 MB of sums beyond one model's (8 workers × 10^5 parameters with Adam
+    and 4 × 10^6: yes; 8 × 10^6: no, 84 MB beyond) — and the ``N`` sums
+    together stay within :data:`SPARK_TREE_BYTES`, which the driver holds at
+    once (however fast the link: ``spark.driver.maxResultSize`` and its memory).
     """
-    return (num_workers - 2) * nbytes / rate_bytes_s <= SHARDED_STAGE_S
+    return (num_workers - 1) * nbytes / rate_bytes_s <= SHARDED_STAGE_S and num_workers * nbytes <= SPARK_TREE_BYTES
 
 
 def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int,

@@ -426,4 +426,7 @@ def probe_path_batches(marker: str, batches) -> Iterator:
 
 def _address() -> str:
     """The address this executor's Spark binds to (``SPARK_LOCAL_IP``), else its host name's."""
-    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
+    try:
+        return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
+    except OSError:  # a host name that does not resolve (some containers): the name alone says enough
+        return ""

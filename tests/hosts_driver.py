@@ -15,7 +15,8 @@ run with a ``local[3]`` one. Scenarios:
 - ``stale``: ``synchronization="stale"``, ``reproducible=True``.
 - ``kill``: the ``fit`` scenario's first fit while host 2's processes are
   killed during round 2 (:meth:`hosts.Cluster.kill_host`).
-- ``store_blip``: the same fit with the store's link down for 2 s during round 2.
+- ``store_blip``: the same fit through the store (``aggregation="storage"``) with the store's link down
+  for 2 s during round 2.
 """
 
 from __future__ import annotations
@@ -134,9 +135,13 @@ def run(name: str, spark, df, test, store: str) -> dict:
 
             cluster = hosts.Cluster.attach()
             if name == "kill":
-                callbacks = [During(2, 0.3, lambda: out.setdefault("killed", cluster.kill_host(2)))]
+                def kill():
+                    out["killed_at"] = time.time()
+                    out["killed"] = cluster.kill_host(2)
+                callbacks = [During(2, 0.3, kill)]
             else:
                 def blip():
+                    out["blip_at"] = time.time()
                     cluster.set_link(-1, False)
                     time.sleep(2.0)
                     cluster.set_link(-1, True)
@@ -144,10 +149,19 @@ def run(name: str, spark, df, test, store: str) -> dict:
                 callbacks = [During(2, 0.1, blip)]
         m = model()
         ckpt = f"{store}/{name}-ckpt"
-        with trainer(m, f"{store}/{name}-staging") as t:
+        # The blip's rounds go through the store both ways (state out, sums to the storage reducers): the
+        # same sums as the tree's, bitwise, so the clean fit's weights are what it must end with.
+        options = dict(state_transport="sql", aggregation="storage") if name == "store_blip" else {}
+        with trainer(m, f"{store}/{name}-staging", **options) as t:
             history = t.fit(df, epochs=2, verbose=0, callbacks=callbacks, checkpoint_dir=ckpt)
+            out["fit_end"] = time.time()
+            for cb in callbacks:
+                if cb.done is not None:
+                    cb.done.join()  # the action ran to its end (the store's link is up again)
             out["loss"] = history.history["loss"]
             out["digest"] = digest(m)
+            out["longest_round_s"] = max(r.wall_s for r in t.stats.records)
+            out["aggregations"] = sorted({r.aggregation or r.transport for r in t.stats.records})
             if name == "fit":
                 out["evaluate"] = t.evaluate(test, return_dict=True)
                 rows = t.predict(test).select("prediction").collect()

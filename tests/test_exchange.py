@@ -128,7 +128,8 @@ def test_an_unknown_transport_is_refused_naming_the_parameter():
         ("auto", "local-cluster[2,1,1024]", None, "files"),
         ("auto", "spark://10.0.0.1:7077", None, "sql"),
         ("auto", "yarn", None, "sql"),
-        ("auto", "yarn", 32 << 20, "spark"),  # small rounds keep Spark's tree on a classic cluster
+        ("auto", "yarn", 32 << 20, "spark"),  # small rounds keep Spark's tree on a classic cluster (4 workers)
+        ("auto", "yarn", 96 << 20, "sql"),  # large ones shard: 3 × 24 MB through a 1 Gbit/s link is 0.6 s
         ("auto", "local[2]", "hdfs://namenode/tmp", "sql"),
         ("spark", "local[2]", None, "spark"),
         ("sql", "local[2]", None, "sql"),
@@ -140,12 +141,13 @@ def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
     mode, master, staging, chosen_name, tmp_path, caplog
 ):
     # No HDFS here, and none is contacted: the choice goes by the URI's scheme.
-    round_bytes = staging if isinstance(staging, int) else None
+    round_bytes = staging if isinstance(staging, int) else None  # the sums of 4 workers in all
     staging = None if isinstance(staging, int) else staging
     root = staging or str(tmp_path)
     engine = types.SimpleNamespace(master=master, one_host=master.startswith("local"), connect=False)
     with caplog.at_level("WARNING", logger="sparkdl_avg"), mock.patch.object(transport, "make_dir"):
-        chosen = transport.choose(mode, engine, root, "exchange-1", 2, round_bytes=round_bytes)
+        chosen = transport.choose(mode, engine, root, "exchange-1", 2, num_workers=4 if round_bytes else None,
+                                  model_bytes=round_bytes // 4 if round_bytes else None)
     assert chosen.name == chosen_name
     if chosen_name != "spark":
         assert chosen.directory == root + "/exchange-1"
