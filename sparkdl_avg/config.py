@@ -47,6 +47,26 @@ def _post_init(self) -> None:
             "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
             f"Got reproducible=True with synchronization={self.synchronization!r} instead."
         )
+    staleness = options.option("staleness").default
+    if self.synchronization == "sync" and self.staleness != staleness:
+        raise ConfigurationError(
+            "The 'staleness' parameter applies only when 'synchronization' is 'stale' (the bound of its chunks; "
+            "'sync' rounds wait for every worker): set 'synchronization' to 'stale' or leave 'staleness' at its "
+            f"default ({staleness}). Got staleness={self.staleness!r} with synchronization='sync' instead."
+        )
+    if self.aggregation_shards is not None and self.aggregation in ("driver", "files"):
+        raise ConfigurationError(
+            "The 'aggregation_shards' parameter applies only when 'aggregation' is 'shuffle', 'storage' or 'auto' "
+            "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
+            f"Got aggregation_shards={self.aggregation_shards!r} with aggregation={self.aggregation!r} instead."
+        )
+    if self.aggregation != "auto" and self.state_transport in ("spark", "files"):
+        raise ConfigurationError(
+            "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
+            f"round sums; {self.state_transport!r} has its own): set 'state_transport' to 'sql' or leave "
+            f"'aggregation' at 'auto'. Got aggregation={self.aggregation!r} with "
+            f"state_transport={self.state_transport!r} instead."
+        )
 
 
 _DOC = """Validated options of a parameter-averaging run (the constructor options of the trainer).

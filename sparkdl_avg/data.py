@@ -254,6 +254,22 @@ def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what, checks=None
     return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, x_dtype)
 
 
+def refuse_pandas(data: Any, what: str = "training") -> None:
+    """Raises a ``DataError`` saying how to convert ``data`` if it is a pandas DataFrame; else nothing.
+
+    ``fit`` and ``evaluate`` call it before looking for the data's Spark session.
+    """
+    import sys
+
+    pandas = sys.modules.get("pandas")  # a pandas DataFrame means pandas is imported
+    if pandas is not None and isinstance(data, pandas.DataFrame):
+        raise DataError(
+            f"The {what} data must be a Spark DataFrame, an RDD of (x, y) pairs or a tuple (x, y) of numpy "
+            "arrays. Got a pandas DataFrame instead; convert it with spark.createDataFrame(pdf), or pass "
+            "(pdf[features].to_numpy(), pdf[label].to_numpy())."
+        )
+
+
 def stage(
     data: Any,
     *,
@@ -294,6 +310,7 @@ def stage(
     elif isinstance(data, (tuple, list)) and len(data) == 2:
         write = partial(_stage_arrays, data)
     else:
+        refuse_pandas(data, what)
         raise DataError(
             f"The {what} data must be a Spark DataFrame, an RDD of (x, y) pairs or "
             f"a tuple (x, y) of numpy arrays. Got {type(data).__name__} instead."

@@ -308,7 +308,8 @@ OPTIONS: Tuple[Option, ...] = (
         unset="Spark's defaultParallelism",
         doc="Replicas trained in parallel per round, one Spark task each. Default ``None``: Spark's "
             "``defaultParallelism``, resolved when the trainer first needs it (under Spark Connect from the master URL or "
-            "a one-off small job).",
+            "a one-off small job). More than the task slots: ``fit`` warns that only that many run at once, "
+            "so the rounds take proportionally longer.",
         check=ints(1, allow_none=True),
         cli=Flag(type=int),
         param=SparkParam("numWorkers", "toInt"),
@@ -477,7 +478,8 @@ OPTIONS: Tuple[Option, ...] = (
             "files; on hosts of their own the driver while that costs less than sharding (``network_rate``), "
             "else shuffle; with every executor on the driver's host the driver when all workers' sums together "
             "are at most 48 MB, else storage (:func:`sparkdl_avg.transport.plan_aggregation`; why in "
-            "docs/benchmarks.md, \"On a shaped network\"). All give bitwise the same sums.",
+            "docs/benchmarks.md, \"On a shaped network\"). All give bitwise the same sums. Anything but ``\"auto\"`` "
+            "is refused with ``state_transport=\"spark\"`` or ``\"files\"``, which sum on the driver.",
         check=one_of(AGGREGATIONS),
         cli=Flag(choices=AGGREGATIONS),
         param=SparkParam("aggregation", "toString"),
@@ -487,7 +489,8 @@ OPTIONS: Tuple[Option, ...] = (
         help="slices S the sql round's sharded aggregation cuts the sums into",
         unset="one per worker, each at least 256 kB",
         doc="Slices (reducer tasks) of the sharded aggregations (``aggregation=\"shuffle\"`` or "
-            "``\"storage\"``). Default ``None``: one per worker, each slice at least 256 kB.",
+            "``\"storage\"``; refused with ``\"driver\"`` or ``\"files\"``). Default ``None``: one per worker, each "
+            "slice at least 256 kB.",
         check=ints(1, allow_none=True),
         cli=Flag(type=int),
         param=SparkParam("aggregationShards", "toInt"),
@@ -525,7 +528,8 @@ OPTIONS: Tuple[Option, ...] = (
         help="with synchronization='stale': how many rounds a worker may run ahead of the slowest",
         doc="With ``synchronization=\"stale\"``, the bound ``s``: rounds a worker's chunk may run ahead of "
             "the oldest chunk not yet applied, which is also the most rounds the weights a chunk starts from "
-            "can lack. Default 2 (measured in docs/benchmarks.md, \"Stragglers\").",
+            "can lack; another value than the default is refused with ``\"sync\"``. Default 2 (measured in "
+            "docs/benchmarks.md, \"Stragglers\").",
         check=ints(0),
         cli=Flag(type=int),
         param=SparkParam("staleness", "toInt"),

@@ -317,8 +317,16 @@ class ParameterAveragingTrainer:
                 "its chunks finish out of order, so only an epoch's end is a point every worker has reached. "
                 f"Got {checkpoint_every!r} instead."
             )
+        data_mod.refuse_pandas(data, "training")
         engine = engine_for(data)
         num_workers = cfg.num_workers or engine.default_parallelism
+        if num_workers > engine.default_parallelism:
+            logger.warning(
+                "num_workers=%d but the cluster has %d task slots (spark.default.parallelism): only %d workers "
+                "run at once, so each round takes about %.1fx as long.",
+                num_workers, engine.default_parallelism, engine.default_parallelism,
+                num_workers / engine.default_parallelism,
+            )
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)
@@ -617,6 +625,7 @@ class ParameterAveragingTrainer:
         """
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
+        data_mod.refuse_pandas(data, "evaluation")
         engine = engine_for(data)
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
         staged = self._stage(data, features_col, label_col, "evaluation")

@@ -72,6 +72,51 @@ def test_trainer_config_is_the_single_validator(kwargs):
     assert str(trainer_error.value) == str(config_error.value)
 
 
+@pytest.mark.parametrize(
+    "kwargs,needles",
+    [
+        (dict(staleness=5), ["'staleness'", "'synchronization'", "'stale'",
+                             "Got staleness=5 with synchronization='sync' instead."]),
+        (dict(staleness=0, synchronization="sync"), ["'staleness'", "Got staleness=0 with synchronization='sync'"]),
+        (dict(aggregation="driver", aggregation_shards=4),
+         ["'aggregation_shards'", "'aggregation'", "'shuffle', 'storage' or 'auto'",
+          "Got aggregation_shards=4 with aggregation='driver' instead."]),
+        (dict(state_transport="sql", aggregation="files", aggregation_shards=2),
+         ["'aggregation_shards'", "Got aggregation_shards=2 with aggregation='files' instead."]),
+        (dict(state_transport="spark", aggregation="shuffle"),
+         ["'aggregation'", "'state_transport'", "'sql'",
+          "Got aggregation='shuffle' with state_transport='spark' instead."]),
+        (dict(state_transport="files", aggregation="driver"),
+         ["'aggregation'", "Got aggregation='driver' with state_transport='files' instead."]),
+    ],
+)
+def test_options_that_would_be_ignored_are_refused_at_construction(kwargs, needles):
+    with pytest.raises(ConfigurationError) as err:
+        TrainerConfig(**kwargs)
+    for needle in needles:
+        assert needle in str(err.value), str(err.value)
+    with pytest.raises(ConfigurationError) as trainer_err:
+        ParameterAveragingTrainer(make_model(seed=1), **kwargs)
+    assert str(trainer_err.value) == str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(synchronization="stale", staleness=5),
+        dict(synchronization="async", staleness=2),
+        dict(aggregation="shuffle", aggregation_shards=4),
+        dict(aggregation="storage", aggregation_shards=4),
+        dict(aggregation="auto", aggregation_shards=4),
+        dict(state_transport="sql", aggregation="driver"),
+        dict(state_transport="auto", aggregation="storage"),
+        dict(state_transport="spark", aggregation="auto"),
+    ],
+)
+def test_options_that_apply_are_accepted(kwargs):
+    TrainerConfig(**kwargs)
+
+
 def test_valid_arguments_are_stored_unchanged(model):
     trainer = ParameterAveragingTrainer(
         model, num_workers=3, batch_size=4, averaging_frequency=2, aggregation_depth=3, optimizer_state="reset", seed=5
@@ -210,6 +255,43 @@ def test_unsupported_data_kind(spark, model, data):
     message, jobs = fit_error(spark, model, data)
     assert "Spark DataFrame" in message and f"Got {type(data).__name__} instead" in message
     assert jobs == []
+
+
+def test_pandas_dataframe_is_refused_with_how_to_convert(spark, model, xy):
+    import pandas as pd
+
+    x, y = xy
+    pdf = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "d": x[:, 3], "label": y})
+    message, jobs = fit_error(spark, model, pdf)
+    assert "Got a pandas DataFrame instead" in message
+    assert "spark.createDataFrame(pdf)" in message
+    assert "(pdf[features].to_numpy(), pdf[label].to_numpy())" in message
+    assert jobs == []
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
+    with pytest.raises(DataError, match=r"The validation data .* Got a pandas DataFrame instead"):
+        trainer.fit((x, y), validation_data=pdf, epochs=1, verbose=0)
+    with pytest.raises(DataError, match=r"The evaluation data .* Got a pandas DataFrame instead"):
+        trainer.evaluate(pdf)
+
+
+def test_more_workers_than_task_slots_warns_once(spark, xy, caplog):
+    import logging
+
+    slots = spark.sparkContext.defaultParallelism
+    x, y = xy
+    trainer = ParameterAveragingTrainer(make_model(seed=3), num_workers=slots * 2, batch_size=4,
+                                        averaging_frequency=2, slow_warning=False)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer.fit((x, y), epochs=1, verbose=0)
+    warned = [r.getMessage() for r in caplog.records if r.name == "sparkdl_avg" and "task slots" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"num_workers={slots * 2}" in warned[0] and f"only {slots} workers run at once" in warned[0]
+    assert "2.0x as long" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        ParameterAveragingTrainer(make_model(seed=3), num_workers=slots, batch_size=4, averaging_frequency=2,
+                                  slow_warning=False).fit((x, y), epochs=1, verbose=0)
+    assert not [r for r in caplog.records if "task slots" in r.getMessage()]
 
 
 # ------------------------------------------------------------------ DataFrames
