@@ -71,7 +71,8 @@ def run_arm(arm, store, local_root, k, rounds, batch, workers=2):
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with ParameterAveragingTrainer(model, num_workers=workers, batch_size=batch, averaging_frequency=k, seed=1,
-                                   staging_dir=staging, state_transport=transport, aggregation="storage") as tr:
+                                   staging_dir=staging, state_transport=transport,
+                                   aggregation="storage" if transport == "sql" else "auto") as tr:
         tr.fit((x, y), epochs=1, verbose=0)
         records = [{f: r[f] for f in FIELDS} for r in tr.stats.records[1:]]  # the first round builds the replicas
     return {"arm": arm, "fit_s": time.perf_counter() - t0, "load_before": load_before,

@@ -187,7 +187,8 @@ def test_staleness_zero_shows_the_schedule_the_logs_of_sync(spark):
             asked.append((epoch, rnd, logs.get("loss")))
             return K
 
-        trainer_for(mlp(), averaging_frequency=schedule, synchronization=synchronization, staleness=0).fit(
+        bound = {"staleness": 0} if synchronization == "stale" else {}  # staleness with "sync" is refused
+        trainer_for(mlp(), averaging_frequency=schedule, synchronization=synchronization, **bound).fit(
             DATA, epochs=1, verbose=0)
     rounds = [(0, r) for r in range(ROUNDS)]
     assert [(e, r) for e, r, _ in seen["stale"]] == [(e, r) for e, r, _ in seen["sync"]] == rounds
