@@ -33,8 +33,9 @@ class ModelSpec:
 
     Attributes:
         keras_bytes: The model saved as a ``.keras`` archive.
-        fingerprint: Hash of the architecture, compile config, Keras version
-            and ``custom_objects``.
+        fingerprint: Hash of the architecture (layer names aside, see
+            :func:`architecture`), compile config, Keras version and
+            ``custom_objects``.
         optimizer_shapes: Shapes of the optimizer's variables, in order, to
             check that a replica's optimizer matches the driver's.
         floatx: The driver's ``keras.config.floatx()``; losses and metrics
@@ -64,7 +65,7 @@ class ModelSpec:
         shipped = pack_custom_objects(data)
         try:
             description = json.dumps(
-                [model.get_config(), model.get_compile_config(), keras.__version__, keras.config.floatx()],
+                [architecture(model), compile_settings(model), keras.__version__, keras.config.floatx()],
                 sort_keys=True,
                 default=str,
             ).encode()
@@ -161,6 +162,69 @@ def keras_from_bytes(data: bytes):
         with open(path, "wb") as f:
             f.write(data)
         return keras.saving.load_model(path, compile=True, safe_mode=True)
+
+
+def architecture(model) -> dict:
+    """``model.get_config()`` with its layer and model names replaced by their order of appearance.
+
+    Keras names layers by a process-wide counter (``dense``, ``dense_1``,
+    ...), so each run of a notebook cell that builds "the same" model gave
+    another config, another fingerprint, and executors built and kept one
+    more replica per fit (issue 28). Weights move by position, so a replica
+    of the same layers under other names trains the same. The names of a
+    multi-output model's outputs stay: its metric names carry them.
+    """
+    keep = {layer.name for layer in _output_layers(model)} if len(model.outputs) > 1 else set()
+    names: dict = {}
+
+    def collect(config: dict) -> None:
+        names.setdefault(config.get("name"), f"#{len(names)}")
+        for layer in config.get("layers") or []:
+            if isinstance(layer, dict) and isinstance(layer.get("config"), dict):
+                collect(layer["config"])  # a nested model's layers too
+
+    def new(name):
+        return names.get(name, name) if isinstance(name, str) and name not in keep else name
+
+    def refs(node):  # [name, node_index, tensor_index] references, possibly nested in lists
+        if isinstance(node, (list, tuple)):
+            return [new(node[0]), *node[1:]] if node and isinstance(node[0], str) else [refs(n) for n in node]
+        return node
+
+    def rename(node, parent_key=None):
+        if isinstance(node, (list, tuple)):
+            return [rename(value, parent_key) for value in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "name" and parent_key in ("layers", "config", None):
+                out[key] = new(value)
+            elif key in ("keras_history", "input_layers", "output_layers"):
+                out[key] = refs(value)
+            else:
+                out[key] = rename(value, key)
+        return out
+
+    config = model.get_config()
+    collect(config)
+    return rename(config)
+
+
+def compile_settings(model) -> dict:
+    """``model.get_compile_config()`` without the optimizer's name (``adam``, ``adam_1``, ...: another counter)."""
+    config = model.get_compile_config() or {}
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
+        config = {**config, "optimizer": {**optimizer, "config": {**optimizer["config"], "name": None}}}
+    return config
+
+
+def _output_layers(model) -> list:
+    try:
+        return [tensor._keras_history[0] for tensor in model.outputs]
+    except (AttributeError, TypeError):
+        return []
 
 
 def ensure_optimizer_built(model) -> None:

@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator
 
@@ -41,7 +42,13 @@ from .dataset import StagedDataset, read_examples, structure, unflatten
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-_REPLICAS: Dict[str, Any] = {}
+MAX_REPLICAS = 2
+"""Compiled replicas a Python worker keeps (the most recently used). A
+notebook that re-runs its model cell builds a new model, a new fingerprint,
+each time; kept forever, each cost the worker ~12 MB more per fit (issue 28).
+Two let a session alternate between two models without rebuilding."""
+
+_REPLICAS: "OrderedDict[str, Any]" = OrderedDict()
 _STEP_FUNCTIONS: Dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 _THREADS_CONFIGURED = False
@@ -83,17 +90,24 @@ def configure_threads() -> None:
 
 
 def get_replica(spec_handle, fingerprint: str):
-    """Returns ``(model, built_now)``, building and caching the replica on first use."""
+    """Returns ``(model, built_now)``, building and caching the replica on first use.
+
+    Keeps the :data:`MAX_REPLICAS` most recently used replicas; building
+    another first frees the least recently used one (:func:`_evict`).
+    """
     global BUILD_COUNT
     with _LOCK:
         # The task's Spark-assigned GPUs, before TensorFlow's GPU runtime starts.
         configure_task_devices()
         model = _REPLICAS.get(fingerprint)
         if model is not None:
+            _REPLICAS.move_to_end(fingerprint)
             return model, False
         configure_threads()
         spec: ModelSpec = _value(spec_handle)
         import_custom_modules(spec.keras_bytes)  # the user's custom layers (shipped with --py-files)
+        while len(_REPLICAS) >= MAX_REPLICAS:
+            _evict(next(iter(_REPLICAS)))
         with quiet.filtered_stderr():  # the first model starts TensorFlow's devices (cuInit on CPU-only hosts)
             model = spec.build()  # registers those from the driver's __main__ (shipped in the spec) first
         _REPLICAS[fingerprint] = model
@@ -104,6 +118,21 @@ def get_replica(spec_handle, fingerprint: str):
         # the replica) keeps those collections cheap.
         gc.freeze()
         return model, True
+
+
+def _evict(fingerprint: str) -> None:
+    """Frees a cached replica and its compiled step functions (under ``_LOCK``).
+
+    The replica was frozen out of the collector's reach (:func:`get_replica`),
+    and a Keras model is full of reference cycles: only unfreezing before a
+    collection frees it. (Not ``keras.backend.clear_session``: it also
+    resets the global settings the other cached replica was built under.)
+    """
+    del _REPLICAS[fingerprint]
+    for key in [k for k in _STEP_FUNCTIONS if k[0] == fingerprint]:
+        del _STEP_FUNCTIONS[key]
+    gc.unfreeze()
+    gc.collect()
 
 
 def _steps_function(model, fingerprint: str, dataset: StagedDataset):
@@ -143,6 +172,10 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
             logs = model.train_step(minibatch(i * batch))
         return logs
 
+    # TensorFlow's retracing warning counts traces per code object, across
+    # the closures of every replica this process built: one trace each, by
+    # design, which after five models read as a retracing bug (issue 28).
+    train_steps._omit_frequent_tracing_warning = True
     _STEP_FUNCTIONS[key] = train_steps
     return train_steps
 

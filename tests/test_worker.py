@@ -182,6 +182,37 @@ def test_model_spec_round_trip_and_fingerprint():
     assert ModelSpec.from_model(other).fingerprint != spec.fingerprint
 
 
+def test_a_rebuilt_model_of_the_same_architecture_keeps_its_fingerprint():
+    """A notebook cell re-run builds the same layers under new names (dense_3, adam_1): one replica, not one per fit."""
+    first, again = make_model(seed=1), make_model(seed=2)
+    assert {l.name for l in first.layers} != {l.name for l in again.layers}
+    assert ModelSpec.from_model(again).fingerprint == ModelSpec.from_model(first).fingerprint
+    assert ModelSpec.from_model(make_model(hidden=9)).fingerprint != ModelSpec.from_model(first).fingerprint
+
+    def two_outputs():
+        inputs = keras.Input((3,))
+        hidden = keras.layers.Dense(4)(inputs)
+        model = keras.Model(inputs, [keras.layers.Dense(2)(hidden), keras.layers.Dense(1)(hidden)])
+        model.compile("sgd", ["mse", "mse"])
+        return model
+
+    # A multi-output model's metric names carry its output layers' names: those still count.
+    assert ModelSpec.from_model(two_outputs()).fingerprint != ModelSpec.from_model(two_outputs()).fingerprint
+
+
+def test_the_replica_cache_keeps_the_most_recently_used(arrays, staged, monkeypatch):
+    monkeypatch.setattr(worker, "_REPLICAS", type(worker._REPLICAS)())
+    monkeypatch.setattr(worker, "_STEP_FUNCTIONS", {})
+    tasks = [make_task(make_model(hidden=h), staged) for h in (5, 6, 7)]
+    worker.train_round(tasks[0], 0)
+    worker.train_round(tasks[1], 0)
+    worker.train_round(tasks[0], 0)  # now the most recent: the next build evicts tasks[1]'s
+    worker.train_round(tasks[2], 0)
+    assert list(worker._REPLICAS) == [tasks[0].fingerprint, tasks[2].fingerprint]
+    assert {key[0] for key in worker._STEP_FUNCTIONS} == {tasks[0].fingerprint, tasks[2].fingerprint}
+    assert worker.train_round(tasks[1], 0).workers[0].replica_built
+
+
 def test_evaluate_parts_add_up_to_keras_evaluate(arrays, staged):
     x, y = arrays
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
