@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         data = cli.read_data(spark, args.data, args.format, options, needed)
         validation = None
         if args.validation_data:
-            validation = cli.read_data(spark, args.validation_data, args.format, options, needed)
+            validation = cli.read_data(spark, args.validation_data, args.format, options, needed, "--validation-data")
         elif args.validation_split:
             data, validation = data.randomSplit([1 - args.validation_split, args.validation_split], seed=args.seed)
         executors = cli.check_executors(spark, args.check_executors)

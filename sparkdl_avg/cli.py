@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import io
 import os
 import re
 import sys
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import fs
@@ -175,11 +177,14 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
     """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2.
 
     Options in the messages are named by their flags (:func:`flag_message`).
-    TensorFlow is imported first, with its start-up notices filtered
+    Under spark-submit, ``sys.stderr`` is pointed at spark-submit's own
+    stderr before anything else (:func:`stderr_past_spark_submit`). Then
+    TensorFlow is imported, with its start-up notices filtered
     (:mod:`sparkdl_avg.quiet`), so a job's output starts with its own lines.
     """
     from .quiet import import_tensorflow
 
+    stderr_past_spark_submit()
     import_tensorflow(devices=True)
     try:
         return main(argv)
@@ -187,6 +192,74 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
         message = flag_message(" ".join(str(exc).split()))
         print(f"error: {message}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+
+
+class _JvmStderr(io.TextIOBase):
+    """A text stream written to a Java ``PrintStream`` (the JVM's ``System.err``) through py4j.
+
+    Writes that cannot go there (the gateway is gone, or a write from inside
+    a py4j call: its own logging) go to ``fallback``, the previous stderr.
+    """
+
+    encoding = "utf-8"
+
+    def __init__(self, stream, fallback) -> None:
+        self._stream = stream
+        self._fallback = fallback
+        self._inside = threading.local()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        self._send(lambda stream: stream.print(text), lambda: self._fallback.write(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._send(lambda stream: stream.flush(), self._fallback.flush)
+
+    def _send(self, call, fallback) -> None:
+        if getattr(self._inside, "call", False):  # py4j writing to stderr while we wait on it
+            fallback()
+            return
+        self._inside.call = True
+        try:
+            call(self._stream)
+        except Exception:
+            fallback()
+        finally:
+            self._inside.call = False
+
+
+def stderr_past_spark_submit() -> None:
+    """Under spark-submit, makes ``sys.stderr`` reach spark-submit's stderr rather than its stdout.
+
+    spark-submit starts a Python application with the process's stderr
+    merged into its stdout (Spark's ``PythonRunner`` sets
+    ``redirectErrorStream``), so a job's ``error: ...`` line, argparse's
+    usage errors and tracebacks landed on stdout. The JVM that started this
+    process still has its own stderr, ``System.err``, reached through the py4j
+    gateway it opened for us (``PYSPARK_GATEWAY_PORT``); Python's writes to
+    ``sys.stderr`` go there from now on, between Spark's own log lines.
+    Native writes to file descriptor 2 (TensorFlow's C++ logging) still
+    reach stdout. Does nothing elsewhere (``python job.py``, where stderr is
+    its own) or when the gateway cannot be reached.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ or isinstance(sys.stderr, _JvmStderr):
+        return
+    try:
+        if not os.path.samestat(os.fstat(1), os.fstat(2)):
+            return
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()  # connects to spark-submit's JVM, as the session will
+        err = SparkContext._jvm.java.lang.System.err
+    except Exception:
+        return
+    sys.stderr = _JvmStderr(err, sys.stderr)
 
 
 def spark_session(app_name: str):
@@ -237,17 +310,56 @@ def check_executors(spark, enabled: bool = True) -> List[dict]:
 # ------------------------------------------------------------------- data
 
 
-def read_data(spark, path: str, fmt: str, options: Dict[str, str], needed: Sequence[str]):
-    """Reads a DataFrame with Spark and checks that the ``needed`` columns exist."""
+def read_data(spark, path: str, fmt: str, options: Dict[str, str], needed: Sequence[str], flag: str = "--data"):
+    """Reads a DataFrame with Spark and checks that the ``needed`` columns exist.
+
+    Args:
+        spark: The job's session.
+        path: What ``flag`` gave: a local path or any URI Spark reads.
+        fmt: The Spark data source (``--format``).
+        options: The reader's options (``--read-option``).
+        needed: Columns the job uses.
+        flag: The flag that gave ``path``, for the messages. Default ``"--data"``.
+
+    Raises:
+        UsageError: Spark cannot read ``path``; names the cause (the
+            innermost Java exception, not the call that failed) and, for a
+            filesystem Spark lacks, the package that brings it.
+        DataError: a ``needed`` column is missing.
+    """
+    from .remote import root_cause
+
     try:
         df = spark.read.format(fmt).options(**options).load(path)
     except Exception as exc:
-        first = next((line for line in str(exc).strip().splitlines() if line.strip()), type(exc).__name__)
-        raise UsageError(f"Cannot read --data {path!r} as {fmt}: {first}") from None
+        cause = root_cause(exc)
+        raise UsageError(f"Cannot read {flag} {path!r} as {fmt}: {cause}{_missing_filesystem_hint(spark, cause)}") from None
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise DataError(f"Column(s) {missing} not found in {path!r}; its columns are {df.columns}.")
     return df
+
+
+def _missing_filesystem_hint(spark, cause: str) -> str:
+    """What to add when ``cause`` says Spark has no Hadoop filesystem for S3 (else ``""``).
+
+    Spark reads S3 as ``s3a://`` through hadoop-aws, which pyspark does not
+    ship, and open-source Hadoop has no ``s3://`` at all. hadoop-aws's
+    version must be the Hadoop version Spark runs on (asked of the driver's
+    JVM; unknown under Spark Connect, whose client has none).
+    """
+    if "S3AFileSystem" not in cause and 'scheme "s3"' not in cause:
+        return ""
+    try:
+        version = spark.sparkContext._jvm.org.apache.hadoop.util.VersionInfo.getVersion()
+    except Exception:  # Spark Connect: no JVM here
+        version = "<the cluster's Hadoop version>"
+    return (
+        f". Spark reads S3 data as s3a:// through the hadoop-aws package, which this Spark does not have: pass "
+        f"--packages org.apache.hadoop:hadoop-aws:{version} to spark-submit (or put its jar on the classpath) "
+        "and give credentials in spark.hadoop.fs.s3a.* settings or the AWS_* variables (--model, --staging-dir, "
+        "--checkpoint-dir and --output-dir need none of this: sparkdl_avg opens s3:// and s3a:// there with pyarrow)"
+    )
 
 
 def as_list(cols: Union[str, List[str]]) -> List[str]:

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .checks import DataChecks, check_values
+from .checks import DataChecks, LabelShape, check_label_shape, check_values
 from .dataset import StagedDataset, StagedFile, write_examples
 from .errors import DataError
 from .export import export_arrow_batches, export_pairs
@@ -35,41 +35,54 @@ def _as_list(value, count: int) -> list:
 
 
 def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
-    """The staging checks for ``model`` (``check_data``): finite values, and label ranges its losses imply.
+    """The staging checks for ``model`` (``check_data``): finite values, and label ranges and shapes its losses imply.
 
-    Sparse categorical cross-entropy needs class indices ``0 .. classes-1``
-    (``classes``: the output's last dimension); binary cross-entropy labels
-    in ``[0, 1]``. Other losses get no range check.
+    Sparse categorical cross-entropy needs one class index ``0 .. classes-1``
+    per row (``classes``: the output's last dimension); categorical
+    cross-entropy a vector of ``classes`` values per row; binary
+    cross-entropy labels in ``[0, 1]``, as many per row as the output has
+    units. Shapes are checked only for outputs of shape ``(batch, units)``,
+    and nothing of the labels when the losses are a dict (which output a
+    loss belongs to is then Keras' business). Other losses get no check.
     """
     if not enabled:
         return None
     if isinstance(model.loss, dict):
         return DataChecks(finite=True)
     losses = model.loss if isinstance(model.loss, (list, tuple)) else [model.loss] * len(model.outputs)
-    ranges = []
+    ranges, shapes = [], []
     for loss, output in zip(losses, model.outputs):
-        name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
-        name = name.lower().replace("_", "")
+        given = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+        name = given.lower().replace("_", "")
+        units = output.shape[-1] if len(output.shape) == 2 else None
+        kind = None
         if name == "sparsecategoricalcrossentropy":
+            kind = "sparse"
             classes = int(output.shape[-1])
             ranges.append(
                 (0, classes - 1, True, f"a class index in 0..{classes - 1} (the model's output has {classes} "
                  "classes and the loss is a sparse categorical cross-entropy)")
             )
         elif name in ("binarycrossentropy", "binaryfocalcrossentropy"):
+            kind = "binary"
             ranges.append((0, 1, False, "a value in [0, 1] (the loss is a binary cross-entropy)"))
         else:
+            if name in ("categoricalcrossentropy", "categoricalfocalcrossentropy"):
+                kind = "categorical"
             ranges.append(None)
-    return DataChecks(finite=True, label_ranges=tuple(ranges))
+        shapes.append(LabelShape(given, kind, int(units)) if kind and units is not None else None)
+    return DataChecks(finite=True, label_ranges=tuple(ranges), label_shapes=tuple(shapes))
 
 
 def _check_arrays(xs, ys, checks: Optional[DataChecks], what: str) -> None:
-    """:func:`check_values` on the driver for numpy data."""
+    """:func:`check_label_shape` and :func:`check_values` on the driver for numpy data."""
     for k, x in enumerate(xs):
         name = f"The {what} array x" + (f"[{k}]" if len(xs) > 1 else "")
         check_values(np.asarray(x).reshape(len(x), -1), name, checks, partition=False)
     for k, y in enumerate(ys):
-        name = f"The {what} array y" + (f"[{k}]" if len(ys) > 1 else "")
+        array = f"{what} array y" + (f"[{k}]" if len(ys) > 1 else "")
+        check_label_shape(np.shape(y)[1:], f"the {array}", checks, k)
+        name = f"The {array}"
         check_values(np.asarray(y).reshape(len(y), -1), name, checks, k, partition=False)
 
 
@@ -196,9 +209,14 @@ def _label_column(df, name: str, fields: dict, float_name: str, x_dtype: str):
 
 
 def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outputs, x_dtype, what, checks=None) -> StagedDataset:
+    from pyspark.sql import types as T
+
     feature_names = column_list(features_col, len(x_shapes), "features_col", "input")
     label_names = column_list(label_col, num_outputs, "label_col", "output")
     fields = _check_columns(df, what, features_col=feature_names, label_col=label_names)
+    for k, c in enumerate(label_names):  # one number per row is known from the schema; arrays' lengths after staging
+        scalar = isinstance(fields[c].dataType, T.NumericType)
+        check_label_shape(() if scalar else None, f"label column '{c}'", checks, k)
     float_name = "float" if x_dtype == "float32" else "double"
     features = [feature_column(df, c, shape, x_dtype, what) for c, shape in zip(feature_names, x_shapes)]
     labels = [_label_column(df, c, fields, float_name, x_dtype) for c in label_names]
@@ -230,6 +248,9 @@ def _stage_dataframe(df, features_col, label_col, directory, x_shapes, num_outpu
     if len(widths) > 1:
         raise DataError(f"Label column(s) {label_names} hold arrays of different lengths: {sorted(widths)}.")
     y_shapes = tuple(() if w == 0 else (w,) for w in (widths.pop() if widths else [0] * num_outputs))
+    if any(r.rows for r in rows):  # empty data is refused by stage(), not as a misfit
+        for k, (c, shape) in enumerate(zip(label_names, y_shapes)):
+            check_label_shape(shape, f"label column '{c}'", checks, k)
     files = tuple(StagedFile(r.uri, r.rows) for r in rows if r.rows)
     return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, y_dtype)
 
@@ -251,6 +272,10 @@ def _stage_rdd(rdd, directory, x_shapes, num_outputs, x_dtype, what, checks=None
         raise DataError(f"The {what} RDD has labels of different shapes: {sorted(shapes)}.")
     files = tuple(StagedFile(uri, n) for uri, n, _, _ in rows if n)
     y_shapes = shapes.pop() if shapes else ((),) * num_outputs
+    if files:  # empty data is refused by stage(), not as a misfit
+        for k, shape in enumerate(y_shapes):
+            name = f"the labels of the {what} RDD" + (f" (output {k})" if num_outputs > 1 else "")
+            check_label_shape(shape, name, checks, k)
     return StagedDataset(files, tuple(map(tuple, x_shapes)), y_shapes, x_dtype, x_dtype)
 
 

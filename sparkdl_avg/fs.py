@@ -5,7 +5,8 @@ and a path on it (:func:`resolve`), the package's whole-file operations on
 any such filesystem (:func:`read_bytes`, :func:`exists`, :func:`remove_tree`,
 :func:`download`, :func:`local_copy`), the check that an output location
 can be written, run before the work whose results go there
-(:func:`check_writable`, :func:`make_writable_dir`), its two ways of replacing a file
+(:func:`check_writable`, :func:`make_writable_dir`; on a remote filesystem
+bounded by :func:`path_check_time_limit`), its two ways of replacing a file
 atomically (:func:`replace_atomically` for local files written by a library
 that wants a path, such as Keras' ``model.save``; :func:`open_atomically` and
 :func:`write_atomically` for any filesystem), the jobs' all-or-nothing output
@@ -24,12 +25,14 @@ import os
 import posixpath
 import shutil
 import tempfile
+import threading
+import time
 import uuid
-from typing import Any, BinaryIO, Iterator, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Tuple
 
 import pyarrow.fs as pafs
 
-from .errors import PathError
+from .errors import ConfigurationError, PathError
 
 # Names of temporary files (and directories) written next to their target;
 # readers that list a directory (checkpoint.latest) skip them by this prefix.
@@ -39,28 +42,73 @@ TEMP_PREFIX = ".tmp-"
 # a multipart upload's completion) has finished, and a "move" is a copy.
 _OBJECT_STORES = ("S3FileSystem", "GcsFileSystem", "AzureFileSystem")
 
+# The longest a check of a remote location may take, in seconds (see path_check_time_limit): without a
+# limit a gs:// bucket that does not exist, with no credentials, kept pyarrow's GCS client retrying in
+# silence for about ten minutes before the fit could say anything.
+PATH_CHECK_TIME_LIMIT_S = 30.0
+PATH_CHECK_TIME_LIMIT_ENV = "SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S"
 
-def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
+
+def path_check_time_limit() -> float:
+    """How long a check of a remote location may take before it fails, in seconds.
+
+    The environment variable ``SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S`` when set
+    (read at each check), else :data:`PATH_CHECK_TIME_LIMIT_S` (30 s).
+
+    Raises:
+        ConfigurationError: the variable is not a number of seconds above 0.
+    """
+    given = os.environ.get(PATH_CHECK_TIME_LIMIT_ENV)
+    if given is None:
+        return PATH_CHECK_TIME_LIMIT_S
+    try:
+        limit = float(given)
+    except ValueError:
+        limit = float("nan")
+    if not limit > 0 or limit == float("inf"):
+        raise ConfigurationError(
+            f"The {PATH_CHECK_TIME_LIMIT_ENV} environment variable must be a number of seconds above 0. "
+            f"Got {given!r} instead."
+        )
+    return limit
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` is a local path or a ``file://`` URI (else a remote filesystem's URI)."""
+    return "://" not in uri or uri.startswith("file://")
+
+def resolve(uri: str, retry_limit_s: Optional[float] = None) -> Tuple[pafs.FileSystem, str]:
     """The ``pyarrow.fs`` filesystem and the path on it for a local path or URI.
 
     Accepts local paths (made absolute), ``file://`` URIs and every URI
     ``pyarrow.fs.FileSystem.from_uri`` opens (``hdfs://``, ``s3://``,
     ``gs://``, ...); Hadoop's ``s3a://`` and ``s3n://`` are read as ``s3://``.
 
+    Args:
+        uri: Local path or URI.
+        retry_limit_s: For ``gs://`` (``gcs://``) URIs without a
+            ``retry_limit_seconds`` of their own: how long the GCS client may
+            retry a request, in seconds (its default is many minutes). Other
+            filesystems take no such option from a URI. Default ``None``: the
+            filesystem's own.
+
     Raises:
         PathError: ``pyarrow.fs`` cannot open the URI (an unknown scheme, a
             missing ``libhdfs``, an unreachable name node, ...).
     """
+    given = uri
     if uri.startswith(("s3a://", "s3n://")):
         uri = "s3://" + uri.split("://", 1)[1]
     if uri.startswith("file://"):
         uri = uri[len("file://") :]
     if "://" not in uri:
         return pafs.LocalFileSystem(), os.path.abspath(uri)
+    if retry_limit_s is not None and uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in uri:
+        uri += ("&" if "?" in uri else "?") + f"retry_limit_seconds={retry_limit_s:g}"
     try:
         return pafs.FileSystem.from_uri(uri)
     except Exception as exc:  # ArrowInvalid for the URI itself, OSError for the connection
-        raise PathError(f"Cannot open {uri!r} with pyarrow.fs: {exc}") from None
+        raise PathError(f"Cannot open {given!r} with pyarrow.fs: {exc}") from None
 
 
 def join(base: str, name: str) -> str:
@@ -76,6 +124,10 @@ def exists(uri: str, empty_dir: bool = True) -> bool:
         empty_dir: Whether an empty directory counts. Default ``True``.
     """
     filesystem, path = resolve(uri)
+    return _exists(filesystem, path, empty_dir)
+
+
+def _exists(filesystem: pafs.FileSystem, path: str, empty_dir: bool = True) -> bool:
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return False
@@ -101,11 +153,110 @@ def make_dir(uri: str, private: bool = False) -> None:
             Ignored on other filesystems, whose own permissions apply.
     """
     filesystem, path = resolve(uri)
-    if private and isinstance(filesystem, pafs.LocalFileSystem):
+    _make_dir(filesystem, path, private)
+
+
+def _make_dir(filesystem: pafs.FileSystem, path: str, private: bool) -> None:
+    if private and filesystem.type_name == "local":
         os.makedirs(path, mode=0o700, exist_ok=True)
         os.chmod(path, 0o700)
         return
     filesystem.create_dir(path, recursive=True)
+
+
+class _Traced:
+    """A ``pyarrow.fs`` filesystem that remembers its latest call: what a remote path check was doing at its end."""
+
+    def __init__(self, filesystem: pafs.FileSystem) -> None:
+        self._filesystem = filesystem
+        self.operation = f"opening {type(filesystem).__name__}"
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._filesystem, name)
+        if not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            target = getattr(args[0], "base_dir", args[0]) if args else ""  # a FileSelector: its directory
+            self.operation = f"{type(self._filesystem).__name__}.{name}({target!r})"
+            return value(*args, **kwargs)
+
+        return call
+
+
+def _bounded_check(uri: str, subject: str, shown: str, what: str,
+                   check: Callable[[pafs.FileSystem, str], None]) -> None:
+    """Runs ``check(filesystem, path)`` on ``uri``'s filesystem; on a remote one within :func:`path_check_time_limit`.
+
+    A local check runs here: the operating system answers at once. A remote
+    one (opening the filesystem included: ``hdfs://`` connects there) runs
+    in a daemon thread that the caller waits for at most the limit, with the
+    GCS client's retries limited to a sixth of it (its backoff overshoots
+    that up to twice, and a check makes several requests) so that its own
+    error (no credentials, no such bucket) usually comes first. A check still
+    waiting at the limit is left to end by itself (removing, as always, the
+    directories it made).
+
+    Args:
+        uri: The location checked.
+        subject: What the messages call it (``"The 'checkpoint_dir' parameter"``).
+        shown: The location the messages show: the one the user gave (``uri``, or a directory above it).
+        what: What the check does, for the messages (``"checking that a file can be written there"``).
+        check: The check: raises ``PathError`` in the package's words, or any
+            other exception, which becomes :func:`not_writable`'s.
+
+    Raises:
+        PathError: from ``check``, or "<subject> must be a directory this
+            process can write. Got '<shown>' instead: <cause>.", where for a
+            remote location the cause names the filesystem's operation, how
+            long it took and the time limit.
+        ConfigurationError: ``$SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S`` is not a number of seconds above 0.
+    """
+    if is_local(uri):
+        filesystem, path = resolve(uri)
+        try:
+            check(filesystem, path)
+        except PathError:
+            raise
+        except Exception as exc:  # OSError from the filesystem, ArrowInvalid, ...
+            raise not_writable(subject, shown, str(exc)) from None
+        return
+    limit = path_check_time_limit()
+    traced: list = []  # the opened filesystem, once from_uri returned
+    outcome: list = []  # None, or what the check raised
+
+    def run() -> None:
+        try:
+            filesystem, path = resolve(uri, retry_limit_s=limit / 6)
+            traced.append(_Traced(filesystem))
+            check(traced[0], path)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="sparkdl_avg-path-check", daemon=True)
+    thread.start()
+    thread.join(limit)
+    doing = traced[0].operation if traced else f"pyarrow.fs.FileSystem.from_uri({uri!r})"
+    if not outcome:
+        raise not_writable(
+            subject, shown,
+            f"{doing} gave no answer within {limit:g} s, the time limit of a path check ({what}; "
+            f"{PATH_CHECK_TIME_LIMIT_ENV} sets it). Check the URI, the network and the filesystem's credentials",
+        )
+    error = outcome[0]
+    if error is None:
+        return
+    if isinstance(error, PathError) and traced:  # the check's own words
+        raise error
+    if isinstance(error, PathError):  # from_uri refused the URI
+        raise not_writable(subject, shown, str(error)) from None
+    raise not_writable(
+        subject, shown,
+        f"{doing} failed after {time.monotonic() - started:.1f} s ({what}; path checks give up after {limit:g} s): "
+        f"{error}",
+    ) from None
 
 
 def check_writable(uri: str, subject: str, in_parent: bool = False) -> None:
@@ -115,6 +266,8 @@ def check_writable(uri: str, subject: str, in_parent: bool = False) -> None:
     at the end would lose: it creates the directory (with its missing
     parents), writes and deletes a small probe file in it, then removes the
     directories it created, so a location that passes is left as it was.
+    On a remote filesystem it gives up after :func:`path_check_time_limit`
+    (30 s by default).
 
     Args:
         uri: Local path or URI of the directory.
@@ -126,12 +279,15 @@ def check_writable(uri: str, subject: str, in_parent: bool = False) -> None:
     Raises:
         PathError: "<subject> must be a directory this process can write.
             Got '<uri>' instead: <cause>." (a file is in the way, no
-            filesystem opens the URI, the write was refused, ...).
+            filesystem opens the URI, the write was refused, no answer
+            within the time limit, ...).
     """
-    try:
-        filesystem, path = resolve(uri)
-    except PathError as exc:
-        raise not_writable(subject, uri, str(exc)) from None
+    _bounded_check(uri, subject, uri, "checking that a file can be written there",
+                   lambda filesystem, path: _probe_writable(filesystem, path, subject, uri, in_parent))
+
+
+def _probe_writable(filesystem: pafs.FileSystem, path: str, subject: str, uri: str, in_parent: bool) -> None:
+    """:func:`check_writable`'s probe of ``path`` on ``filesystem``; the filesystem's errors propagate as they are."""
     if in_parent:
         path = posixpath.dirname(path.rstrip("/")) or path
     created = []  # the directories the probe makes, the deepest first
@@ -156,10 +312,6 @@ def check_writable(uri: str, subject: str, in_parent: bool = False) -> None:
         finally:
             with contextlib.suppress(Exception):
                 filesystem.delete_file(probe)
-    except PathError:
-        raise
-    except Exception as exc:  # OSError from the filesystem, ArrowInvalid, ...
-        raise not_writable(subject, uri, str(exc)) from None
     finally:
         if created:
             with contextlib.suppress(Exception):
@@ -191,6 +343,8 @@ def _file_in_the_way(filesystem: pafs.FileSystem, path: str, uri: str, in_parent
 def make_writable_dir(uri: str, subject: str, given: str, private: bool = False) -> None:
     """:func:`make_dir`, raising ``PathError`` in the package's words when the directory cannot be made.
 
+    On a remote filesystem it gives up after :func:`path_check_time_limit` (30 s by default).
+
     Args:
         uri: The directory to make.
         subject: What the message calls the location the user gave (``"The 'staging_dir' parameter"``).
@@ -200,16 +354,19 @@ def make_writable_dir(uri: str, subject: str, given: str, private: bool = False)
     Raises:
         PathError: "<subject> must be a directory this process can write. Got '<given>' instead: <cause>."
     """
-    try:
-        make_dir(uri, private=private)
-    except PathError as exc:
-        raise not_writable(subject, given, str(exc)) from None
-    except OSError as exc:
-        cause = str(exc)
-        with contextlib.suppress(Exception):
-            filesystem, path = resolve(given)
-            cause = _file_in_the_way(filesystem, path, given) or cause
-        raise not_writable(subject, given, cause) from None
+
+    def make(filesystem: pafs.FileSystem, path: str) -> None:
+        try:
+            _make_dir(filesystem, path, private)
+        except OSError:
+            in_the_way = ""
+            with contextlib.suppress(Exception):
+                in_the_way = _file_in_the_way(filesystem, resolve(given)[1], given)
+            if in_the_way:
+                raise not_writable(subject, given, in_the_way) from None
+            raise  # the filesystem's own words, which _bounded_check completes
+
+    _bounded_check(uri, subject, given, "creating a directory there", make)
 
 
 def _umask() -> int:
@@ -379,8 +536,9 @@ class OutputDir:
     """An output directory written all at once: files go to a local temporary directory, then into place.
 
     :meth:`check` fails early (before any training) when the directory exists,
-    is not empty and ``overwrite`` is off, or cannot be written (probed with
-    :func:`check_writable`: where :meth:`commit` writes). :meth:`commit` uploads the files to
+    is not empty and ``overwrite`` is off, or cannot be written (probed as
+    :func:`check_writable` does, where :meth:`commit` writes; on a remote
+    filesystem within :func:`path_check_time_limit`). :meth:`commit` uploads the files to
     a hidden sibling and renames it into place; with ``overwrite`` an
     existing directory is renamed away first and deleted after. On
     filesystems without directory renames (object stores) the files are
@@ -401,21 +559,38 @@ class OutputDir:
 
     Raises:
         PathError: from :meth:`check` and :meth:`commit`, when the directory
-            exists and ``overwrite`` is off, or cannot be written; from the
-            constructor, when ``pyarrow.fs`` cannot open ``uri``.
+            exists and ``overwrite`` is off, cannot be written, or
+            ``pyarrow.fs`` cannot open ``uri``. The constructor reaches no
+            storage (opening an ``hdfs://`` or ``s3://`` filesystem can wait
+            on the network: :meth:`check` does it, within its time limit).
     """
 
     def __init__(self, uri: str, overwrite: bool = False, flag: str = "--output-dir") -> None:
         self.uri = uri
         self.overwrite = overwrite
         self.flag = flag
-        self.fs, self.path = resolve(uri)
+        self._resolved: Optional[Tuple[pafs.FileSystem, str]] = None
         self._local: Optional[str] = None
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        """The directory's filesystem (:func:`resolve`), opened on first use."""
+        return self._open()[0]
+
+    @property
+    def path(self) -> str:
+        """The directory's path on :attr:`fs`."""
+        return self._open()[1]
+
+    def _open(self) -> Tuple[pafs.FileSystem, str]:
+        if self._resolved is None:
+            self._resolved = resolve(self.uri)
+        return self._resolved
 
     @property
     def _renames(self) -> bool:
         """Whether directories are renamed atomically here (local filesystems and HDFS; not object stores)."""
-        return isinstance(self.fs, pafs.LocalFileSystem) or type(self.fs).__name__ == "HadoopFileSystem"
+        return _renames_dirs(self.fs)
 
     @property
     def local(self) -> str:
@@ -426,10 +601,15 @@ class OutputDir:
 
     def check(self) -> None:
         """Raises ``PathError`` if :meth:`commit` would refuse or fail to write the directory (run it before any work)."""
-        if not self.overwrite and exists(self.uri, empty_dir=False):
-            raise PathError(f"Output directory {self.uri!r} already exists; pass --overwrite to replace it")
-        # Where commit writes: a sibling renamed into place, or the directory itself on object stores.
-        check_writable(self.uri, f"The {self.flag} flag", in_parent=self._renames)
+        subject = f"The {self.flag} flag"
+
+        def check(filesystem: pafs.FileSystem, path: str) -> None:
+            if not self.overwrite and _exists(filesystem, path, empty_dir=False):
+                raise PathError(f"Output directory {self.uri!r} already exists; pass --overwrite to replace it")
+            # Where commit writes: a sibling renamed into place, or the directory itself on object stores.
+            _probe_writable(filesystem, path, subject, self.uri, in_parent=_renames_dirs(filesystem))
+
+        _bounded_check(self.uri, subject, self.uri, "checking that the output can be written there", check)
 
     def file(self, name: str) -> str:
         """The local path to write ``name`` to before :meth:`commit`."""
@@ -515,6 +695,11 @@ class OutputDir:
         """Deletes the local temporary directory (after :meth:`commit`, or instead of it)."""
         if self._local is not None:
             shutil.rmtree(self._local, ignore_errors=True)
+
+
+def _renames_dirs(filesystem: pafs.FileSystem) -> bool:
+    """Whether ``filesystem`` renames directories atomically (local filesystems and HDFS; not object stores)."""
+    return filesystem.type_name in ("local", "hdfs")
 
 
 def _set_default_modes(root: str) -> None:

@@ -6,7 +6,9 @@ whose text holds the executor's traceback. This module owns both ends of
 carrying a typed error across anyway. On executors, :func:`failure` makes the
 exception to raise (its text starts with a marker naming the type) and
 :func:`reporting_data_errors` turns a ``DataError`` raised inside a Spark
-body into one; :func:`one_line` flattens a message such as TensorFlow's.
+body into one; :func:`one_line` flattens a message such as TensorFlow's,
+and :func:`root_cause` finds the innermost cause of a failed driver-side
+Spark call (a read) under its Java stack trace.
 On the driver, :func:`run_job` runs a Spark action and :func:`decode` turns
 its failure back into the typed error with the executor's message, or, for
 a failure that carries no marker (a lost executor, a crashed Python worker,
@@ -115,6 +117,36 @@ def last_line(text: str, containing: str = "") -> Optional[str]:
     if containing:
         lines = [line for line in lines if containing in line] or lines
     return lines[-1] if lines else None
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of a failed Spark call on the driver, on one line: ``JavaClass: message``.
+
+    A ``Py4JJavaError`` and PySpark's captured exceptions (``AnalysisException``,
+    ...) hold the Java exception, whose ``getCause`` chain ends at the cause
+    (``ClassNotFoundException: Class ...S3AFileSystem not found``, ``... is
+    not a Parquet file``) under pages of stack frames. Spark Connect's errors
+    carry the server's chain as text (``getStackTrace``: ``Caused by:``
+    lines). Anything else: its message's first line.
+    """
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    if java is not None:
+        try:
+            while java.getCause() is not None:
+                java = java.getCause()
+            message = java.getMessage()
+            name = java.getClass().getName()
+            return one_line(f"{name}: {message}" if message else name)
+        except Exception:  # the gateway is gone: fall back to the text
+            pass
+    trace = exc.getStackTrace() if callable(getattr(exc, "getStackTrace", None)) else None
+    causes = [line.strip()[len("Caused by: "):] for line in (trace or "").splitlines()
+              if line.strip().startswith("Caused by: ")]
+    if causes:
+        return one_line(causes[-1])
+    message = exc.getMessage() if callable(getattr(exc, "getMessage", None)) else str(exc)
+    first = next((line for line in str(message).strip().splitlines() if line.strip()), None)
+    return one_line(first) if first else type(exc).__name__
 
 
 def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] = None) -> Exception:

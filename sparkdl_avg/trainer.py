@@ -14,8 +14,6 @@ import json
 import logging
 import random
 import sys
-import tempfile
-import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
 from .options import TRAINER, constructor, document, of, trainer_entries
 from .errors import ConfigurationError, DataError
-from .fs import check_writable, join, make_writable_dir, remove_tree
+from .fs import check_writable
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
 from .plan import steps_per_epoch
 from .progress import Progress
@@ -36,45 +34,11 @@ from .round import RoundRunner, RoundSettings, RuleState
 from .dataset import StagedDataset
 from .schedules import AveragingSchedule, FixedPeriod, next_period
 from .session import engine_for
+from .staging import StagingRoot
 from .stale import EpochHooks, StaleRunner
 from .stats import TrainingStats
 
 logger = logging.getLogger("sparkdl_avg")
-
-
-class _StagingRoot:
-    """A trainer's own directory under ``staging_dir``: made on first use, deleted only if it was made.
-
-    :meth:`remove` runs from ``close()`` and from the trainer's finalizer at
-    exit; a root that was never made (its ``staging_dir`` unwritable or
-    unreachable) is not touched, so neither raises the fit's error again.
-
-    Args:
-        uri: The root (``<staging_dir>/sparkdl_avg-<time>-<id>``).
-        staging_dir: The trainer's ``staging_dir`` option (``None``: the system temp dir), for messages.
-    """
-
-    def __init__(self, uri: str, staging_dir: Optional[str]) -> None:
-        self.uri = uri
-        self.staging_dir = staging_dir
-        self.made = False
-
-    def make(self, private: bool) -> None:
-        """Creates the root (see :func:`sparkdl_avg.fs.make_dir`).
-
-        Raises:
-            PathError: naming ``staging_dir`` and why it cannot hold the root.
-        """
-        given = self.staging_dir or tempfile.gettempdir()
-        subject = "The 'staging_dir' parameter" if self.staging_dir else "The system temp dir (staging_dir=None)"
-        make_writable_dir(self.uri, subject, given, private=private)
-        self.made = True
-
-    def remove(self) -> None:
-        """Deletes the root and what it holds, if it was made."""
-        if self.made:
-            remove_tree(self.uri)
-            self.made = False
 
 
 @dataclass
@@ -150,15 +114,14 @@ class ParameterAveragingTrainer:
         self.model = model
         self.stats = TrainingStats()  # the round records of the latest fit (a new one per fit)
         self._seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
-        base = staging_dir or tempfile.gettempdir()
-        self._staging_root = join(base, f"sparkdl_avg-{time.strftime('%Y%m%d-%H%M%S')}-{id(self):x}")
         self._staged: Dict[tuple, tuple] = {}
         self._default_staging = staging_dir is None
         self._shared_checked: set = set()  # the engines (Engine.key) whose executors were seen to share the root
         self._fits = 0
         self.history = None  # the History of the latest completed fit
         self._rule_state = RuleState()  # carried over to the next fit of this trainer
-        self._root = _StagingRoot(self._staging_root, staging_dir)
+        self._root = StagingRoot.new(staging_dir, id(self))
+        self._staging_root = self._root.uri
         self._finalizer = weakref.finalize(self, self._root.remove)
 
     # ------------------------------------------------------------------ data
@@ -195,7 +158,8 @@ class ParameterAveragingTrainer:
         masters a local root must be one the executors see
         (:func:`sparkdl_avg.data.check_shared_root`): a fit on hosts whose
         ``/tmp`` differ otherwise failed late, reading staged data that was
-        written on another host.
+        written on another host. Making a local root also removes the roots
+        that killed drivers left beside it (:mod:`sparkdl_avg.staging`).
         """
         self._root.make(private=engine.one_host)
         if not engine.one_host and engine.key not in self._shared_checked:

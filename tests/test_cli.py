@@ -123,6 +123,62 @@ def test_run_turns_user_errors_into_one_line_and_exit_2(capsys):
         cli.run(failing(RuntimeError("a bug stays a traceback")))
 
 
+class _FailingReader:
+    """``spark.read.format(...).options(...).load(...)`` that raises ``error``; a session without a JVM (Connect)."""
+
+    def __init__(self, error):
+        self.error = error
+        self.read = self
+
+    def format(self, fmt):
+        return self
+
+    def options(self, **options):
+        return self
+
+    def load(self, path):
+        raise self.error
+
+
+def test_read_errors_name_the_root_cause_under_spark_connect():
+    """Spark Connect's errors carry the server's cause chain as text (issue #29 item 9); classic: test_jobs.py."""
+    from pyspark.errors.exceptions.connect import AnalysisException, SparkException
+
+    footer = SparkException(
+        "[FAILED_READ_FILE.CANNOT_READ_FILE_FOOTER] Encountered error while reading file file:/d/x.txt.\n"
+        "If not, please convert it to a valid format.",
+        server_stacktrace="org.apache.spark.SparkException\n\tat a.B.c(B.scala:1)\n"
+                          "Caused by: java.lang.RuntimeException: file:/d/x.txt is not a Parquet file. Expected magic\n"
+                          "\tat d.E.f(E.java:2)",
+    )
+    with pytest.raises(cli.UsageError) as err:
+        cli.read_data(_FailingReader(footer), "/d/x.txt", "parquet", {}, [], "--validation-data")
+    assert str(err.value) == ("Cannot read --validation-data '/d/x.txt' as parquet: java.lang.RuntimeException: "
+                              "file:/d/x.txt is not a Parquet file. Expected magic")
+    missing = AnalysisException("[PATH_NOT_FOUND] Path does not exist: file:/nope. SQLSTATE: 42K03\nmore")
+    with pytest.raises(cli.UsageError, match=r"^Cannot read --data '/nope' as parquet: \[PATH_NOT_FOUND\] Path does "
+                                             r"not exist: file:/nope. SQLSTATE: 42K03$"):
+        cli.read_data(_FailingReader(missing), "/nope", "parquet", {}, [])
+    s3a = SparkException("(java.lang.ClassNotFoundException) Class org.apache.hadoop.fs.s3a.S3AFileSystem not found")
+    with pytest.raises(cli.UsageError) as err:
+        cli.read_data(_FailingReader(s3a), "s3a://b/x", "parquet", {}, [])
+    assert "S3AFileSystem not found. Spark reads S3 data as s3a:// through the hadoop-aws package" in str(err.value)
+    assert "--packages org.apache.hadoop:hadoop-aws:<the cluster's Hadoop version>" in str(err.value)
+
+
+def test_stderr_through_the_jvm_falls_back_when_the_gateway_is_gone(capsys):
+    class Gone:
+        def print(self, text):
+            raise ConnectionError("py4j gateway closed")
+
+        def flush(self):
+            raise ConnectionError("py4j gateway closed")
+
+    stream = cli._JvmStderr(Gone(), sys.stderr)
+    print("error: still seen", file=stream, flush=True)
+    assert capsys.readouterr().err == "error: still seen\n"
+
+
 def test_load_model_errors():
     with pytest.raises(cli.UsageError, match="MODULE:FUNCTION"):
         cli.load_model(builder="nocolon")

@@ -342,6 +342,73 @@ def test_labels_out_of_range_for_the_loss(spark):
     trainer_for(classifier(), check_data=False)._stage((x, labels), "features", "label", "training")
 
 
+@pytest.mark.parametrize("sparse_loss", ["sparse_categorical_crossentropy", keras.losses.sparse_categorical_crossentropy,
+                                         keras.losses.SparseCategoricalCrossentropy()], ids=["string", "function", "object"])
+def test_one_hot_labels_with_a_sparse_loss_are_refused_before_any_round(spark, sparse_loss):
+    """Keras would fail in round 0 on the executors, about the rank of target and output (issue #29 item 8)."""
+    x = DATA[0]
+    one_hot = np.eye(3)[np.arange(len(x)) % 3]
+    name = sparse_loss if isinstance(sparse_loss, str) else getattr(sparse_loss, "__name__", type(sparse_loss).__name__)
+    expected = (rf"{name} expects one integer class index per row; {{}} holds vectors of length 3: "
+                r"use categorical_crossentropy or argmax the labels")
+    trainer = trainer_for(classifier(sparse_loss))
+    with record_jobs(spark) as jobs:
+        with pytest.raises(DataError, match=expected.format("the training array y")):
+            trainer.fit((x, one_hot), verbose=0)
+    assert jobs.job_ids == []
+    df = spark.createDataFrame([(list(map(float, r)), list(map(float, t))) for r, t in zip(x, one_hot)],
+                               "features array<double>, onehot array<float>")
+    with pytest.raises(DataError, match=expected.format("label column 'onehot'")):
+        trainer.fit(df, label_col="onehot", verbose=0)  # known once the staging job has read the arrays
+    with pytest.raises(DataError, match=expected.format("the validation array y")):
+        trainer.fit((x, np.arange(len(x)) % 3), validation_data=(x, one_hot), verbose=0)
+    assert len(trainer.stats) == 0  # no round ran
+    # (n, 1) class indices are what Keras takes too
+    trainer_for(classifier(sparse_loss))._stage((x, (np.arange(len(x)) % 3)[:, None]), "features", "label", "training")
+
+
+@pytest.mark.parametrize("loss", ["categorical_crossentropy", keras.losses.categorical_crossentropy,
+                                  keras.losses.CategoricalCrossentropy()], ids=["string", "function", "object"])
+def test_class_indices_with_a_categorical_loss_are_refused_before_any_job(spark, loss):
+    x = DATA[0]
+    labels = np.arange(len(x)) % 3
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+    expected = (rf"{name} expects a one-hot vector of 3 values per row \(the model's output has 3 classes\); "
+                r"{} holds one number per row: use sparse_categorical_crossentropy for class indices or one-hot "
+                r"encode the labels")
+    df = spark.createDataFrame([(list(map(float, r)), int(t)) for r, t in zip(x, labels)],
+                               "features array<double>, label int")
+    trainer = trainer_for(classifier(loss))
+    with record_jobs(spark) as jobs:
+        with pytest.raises(DataError, match=expected.format("the training array y")):
+            trainer.fit((x, labels), verbose=0)
+        with pytest.raises(DataError, match=expected.format("label column 'label'")):
+            trainer.fit(df, verbose=0)  # from the schema: an int column holds one number per row
+        with pytest.raises(DataError, match=expected.format("the evaluation array y")):
+            trainer.evaluate((x, labels[:, None]))
+    assert jobs.job_ids == []
+    with pytest.raises(DataError, match=rf"{name} expects a one-hot vector of 3 values per row.*"
+                                        r"the training array y holds vectors of length 4: give 3 values per row or "
+                                        r"change the output layer to 4 units"):
+        trainer.fit((x, np.eye(4)[labels]), verbose=0)
+    pairs = [(r, t) for r, t in zip(x, labels.astype(float))]
+    with pytest.raises(DataError, match=expected.format("the labels of the training RDD")):
+        trainer.fit(spark.sparkContext.parallelize(pairs, 2), verbose=0)
+    assert len(trainer.stats) == 0
+    # check_data=False stages them anyway (Keras then fails in the first round)
+    trainer_for(classifier(loss), check_data=False)._stage((x, labels), "features", "label", "training")
+
+
+def test_binary_labels_must_match_the_outputs_units(spark):
+    x = DATA[0]
+    multi_label = classifier("binary_crossentropy", units=3, activation="sigmoid")
+    with pytest.raises(DataError, match=r"binary_crossentropy expects 3 value\(s\) in \[0, 1\] per row \(one per unit "
+                                        r"of the model's output\); the training array y holds one number per row"):
+        trainer_for(multi_label).fit((x, np.arange(len(x)) % 2), verbose=0)
+    one = classifier("binary_crossentropy", units=1, activation="sigmoid")
+    trainer_for(one)._stage((x, np.arange(len(x)) % 2), "features", "label", "training")  # (n,) fits a 1-unit output
+
+
 def test_nan_in_rdd_labels(spark):
     x, y = DATA
     pairs = [(r, float("inf") if i == 2 else float(t)) for i, (r, t) in enumerate(zip(x, y))]
