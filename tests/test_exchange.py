@@ -18,6 +18,7 @@ import pytest
 import keras
 
 from conftest import make_model, regression_data
+from sparkdl_avg import staging
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, exchange, transport
 from sparkdl_avg.aggregation import PartialResult, merge
 
@@ -183,12 +184,13 @@ def test_bfloat16_and_float16_arrays_round_trip(tmp_path):
 
 
 def _files_under(staging_dir):
-    """Paths of the files under the trainer's directory in ``staging_dir``, relative to that directory."""
+    """Paths of the files under the trainer's directory in ``staging_dir``, relative to that directory (its owner marker aside)."""
     (root,) = os.listdir(staging_dir) or [None]  # the trainer makes one directory of its own there
     if root is None:
         return []
     root = os.path.join(staging_dir, root)
-    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    files = (os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    return sorted(f for f in files if f != staging.MARKER)
 
 
 class _ExchangeWatcher(keras.callbacks.Callback):
