@@ -18,18 +18,31 @@ Reading: :func:`load` verifies a checkpoint (the checksum, the JSON, every
 array the meta names) and raises :class:`~sparkdl_avg.errors.CheckpointError`
 naming it and the remedy when it is damaged; :func:`candidates` lists the
 complete checkpoints newest first, for a resume to fall back to the previous
-one (:mod:`sparkdl_avg.resume` keeps two).
+one (:mod:`sparkdl_avg.resume` keeps two: the latest and the newest earlier
+one that verifies).
 
-Writing: the new checkpoint is written completely under its own name, then
+Writing: the new checkpoint is written completely under its own name and
+read back (:func:`load`: a checkpoint that does not verify raises
+:class:`~sparkdl_avg.errors.CheckpointError`, and nothing else changes), then
 ``LATEST`` is replaced (every file is written with
 :func:`sparkdl_avg.fs.write_atomically`: to a temporary name, then moved; on
 object stores such as S3 in one upload, which appears whole, and ``LATEST``
-still only after the checkpoint is complete), and only then are the
-checkpoints beyond the newest ``keep`` deleted. A crash
-at any moment leaves ``LATEST`` naming a complete checkpoint, except on HDFS,
-where replacing a file is delete + rename: a crash in between leaves no
-``LATEST``, and :func:`latest` then takes the newest checkpoint whose
-``meta.json`` (written last) exists. No pickle anywhere.
+still only after the checkpoint is complete), and only then are older
+checkpoints deleted. A crash at any moment leaves ``LATEST`` naming a complete
+checkpoint, except on HDFS, where replacing a file is delete + rename: a crash
+in between leaves no ``LATEST``, and :func:`latest` then takes the newest
+checkpoint whose ``meta.json`` (written last) exists. No pickle anywhere.
+
+Pruning (``save(..., keep=k)``) keeps the new checkpoint and the newest
+``k - 1`` earlier ones *that verify* (:func:`load`), not merely the newest
+by name: after a resume that skipped a damaged checkpoint, the good one it
+resumed from is kept, never the damaged one in its place. Deleted: older
+checkpoints, incomplete ones a crash left (no ``meta.json``), and the
+damaged ones newer than the kept ones, each with a warning. When fewer than
+``k - 1`` earlier checkpoints verify, no complete checkpoint is deleted (one
+whose read failed for a moment may still be the only fallback); the next
+save with a verified predecessor removes them. With ``k > 1`` this reads
+each kept checkpoint back (the new one and usually one more) at every save.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -195,14 +208,20 @@ def latest(directory: str) -> Optional[str]:
 
 
 def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
-    """Writes ``checkpoint`` into ``directory`` atomically; returns its URI.
+    """Writes ``checkpoint`` into ``directory`` atomically, reads it back; returns its URI.
 
     Args:
         directory: Checkpoint directory (local path or ``pyarrow.fs`` URI).
         checkpoint: What to write.
-        keep: Complete checkpoints to keep, the new one included (the newest
-            ``keep``); older ones, and incomplete ones a crash left, are
-            deleted once ``LATEST`` names the new one. Default 1.
+        keep: Complete checkpoints to keep, the new one included: the new one
+            and the newest ``keep - 1`` earlier ones that verify (see the
+            module's "Pruning"); the others, and incomplete ones a crash left,
+            are deleted once ``LATEST`` names the new one. Default 1.
+
+    Raises:
+        CheckpointError: the new checkpoint does not read back as written;
+            ``LATEST`` still names the previous one and nothing was deleted.
+        OSError: writing failed (``LATEST`` unchanged, nothing deleted).
     """
     existing = _names(_entries(directory))
     sequence = int(existing[-1][len(PREFIX) :]) + 1 if existing else 0
@@ -236,16 +255,62 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
     # meta.json last: latest() takes a checkpoint whose meta.json exists as complete.
     fs.write_atomically(join(target, META), json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
 
+    # Verified before the commit point: LATEST never names a checkpoint that was written damaged,
+    # and no earlier checkpoint is deleted for one that does not read back.
+    error = _verify(target)
+    if error is not None:
+        raise CheckpointError(
+            f"The checkpoint just written to {target!r} does not read back: {error} {LATEST} still names "
+            "the previous checkpoint and none was deleted; check the storage of the checkpoint_dir."
+        ) from None
+
     # The commit point: LATEST names the new checkpoint only once it is complete.
     fs.write_atomically(join(directory, LATEST), name.encode())
-    kept = []  # the newest keep - 1 complete ones before the new one
-    if keep > 1:
-        complete = [n for n in existing if fs.exists(join(join(directory, n), META))]
-        kept = complete[max(0, len(complete) - (keep - 1)) :]
-    for old in existing:
-        if old not in kept:
-            fs.remove_tree(join(directory, old))
+    for old in _to_prune(directory, existing, keep):
+        fs.remove_tree(join(directory, old))
     return target
+
+
+def _verify(uri: str) -> Optional[Exception]:
+    """Why the checkpoint at ``uri`` cannot be resumed from (what :func:`load` raises), or ``None`` if it can."""
+    try:
+        load(uri)
+    except (CheckpointError, ConfigurationError) as exc:
+        return exc
+    return None
+
+
+def _to_prune(directory: str, existing: List[str], keep: int) -> List[str]:
+    """Which of ``existing`` (the checkpoints before the new one, oldest first) to delete, keeping ``keep`` in all.
+
+    Kept: the newest ``keep - 1`` that verify. Deleted: the others, incomplete
+    ones, and the damaged ones newer than the oldest kept, with a warning;
+    when fewer than ``keep - 1`` verify, the complete ones that do not are
+    kept too (a read may have failed for a moment; the next save removes them
+    once it has a verified predecessor).
+    """
+    wanted = keep - 1
+    complete = [n for n in existing if fs.exists(join(join(directory, n), META))]
+    kept: List[str] = []
+    unverified: List[Tuple[str, Exception]] = []
+    for name in reversed(complete):
+        if len(kept) >= wanted:
+            break
+        error = _verify(join(directory, name))
+        if error is None:
+            kept.append(name)
+        else:
+            unverified.append((name, error))
+    for name, error in unverified:
+        if len(kept) >= wanted:
+            logger.warning("Deleting the checkpoint %s, which does not read back (%s); keeping %s, the newest "
+                           "earlier one that does.", join(directory, name), error, join(directory, kept[0]))
+        else:
+            logger.warning("Keeping the checkpoint %s, which does not read back (%s): no earlier checkpoint in %s "
+                           "reads back to keep instead.", join(directory, name), error, directory)
+    if len(kept) < wanted:
+        kept += [name for name, _ in unverified]
+    return [n for n in existing if n not in kept]
 
 
 def _damaged(uri: str, what: str) -> CheckpointError:

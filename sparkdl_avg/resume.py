@@ -5,10 +5,11 @@ checkpoint_every=..., resume=...)``: refusing to write over another run's
 checkpoints (:func:`find`), checking that a checkpoint belongs to this run and
 putting its state back into the model, the update rule and the schedule
 (:func:`restore`), and saving after the rounds or epochs the user asked for
-(:class:`Checkpointing`), keeping the previous checkpoint too (:data:`KEEP`),
-so that ``resume=True`` can fall back to it when the latest does not read
-back (:func:`locate`). The files themselves (format, atomic writes) are
-:mod:`sparkdl_avg.checkpoint`'s.
+(:class:`Checkpointing`), keeping the newest earlier checkpoint that verifies
+too (:data:`KEEP`), so that ``resume=True`` can fall back to it when the
+latest does not read back (:func:`locate`), also after a resume that skipped a
+damaged one (see :mod:`sparkdl_avg.checkpoint`'s "Pruning"). The files
+themselves (format, atomic writes) are :mod:`sparkdl_avg.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .schedules import AveragingSchedule
 
 logger = logging.getLogger("sparkdl_avg")
 
-KEEP = 2  # complete checkpoints a fit keeps: the latest and the one before, to fall back to
+KEEP = 2  # checkpoints a fit keeps: the latest and the newest earlier one that verifies, to fall back to
 
 
 def find(checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
@@ -136,7 +137,9 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
 class Checkpointing:
     """Saves one fit's checkpoints after every ``every`` rounds or after every epoch (and at its end).
 
-    The newest :data:`KEEP` complete checkpoints stay in ``directory``.
+    The new checkpoint (read back before ``LATEST`` names it) and the newest
+    earlier one that verifies stay in ``directory`` (:data:`KEEP`); damaged
+    ones newer than that are deleted with a warning.
 
     Args:
         directory: ``fit``'s ``checkpoint_dir``, or ``None``: never saves.

@@ -231,6 +231,83 @@ def test_a_fit_keeps_the_previous_checkpoint_and_resumes_from_it_when_the_latest
     assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000002", "ckpt-000003"]  # the damaged one is gone
 
 
+def _checkpoint(epoch):
+    return ckpt.Checkpoint(epoch, 0, 0, [np.full(3, float(epoch))], [np.zeros(1)], {}, ckpt.RunMeta(seed=1))
+
+
+@pytest.mark.parametrize("kind", ["arrays.npz truncated", "meta.json overwritten"])
+def test_the_save_after_a_skipped_damaged_checkpoint_keeps_the_one_that_verifies(tmp, caplog, kind):
+    # A resume skipped the damaged latest (ckpt-000001) for ckpt-000000; the next save must keep
+    # ckpt-000000, the newest earlier checkpoint that verifies, not the damaged one by its name.
+    first, second = _two_checkpoints(tmp)
+    _damage(second, kind)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        third = ckpt.save(tmp, _checkpoint(3), keep=resume_mod.KEEP)
+    assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000000", "ckpt-000002"]
+    assert f"Deleting the checkpoint {second}, which does not read back" in caplog.text
+    assert ckpt.latest(tmp) == third and ckpt.load(third).epoch == 3
+    np.testing.assert_array_equal(ckpt.load(first).weights[0], np.ones(3))
+    _damage(third, "arrays.npz truncated")  # the new one damaged in turn: the fit can still resume
+    uri, saved = resume_mod.locate(tmp, resume=True)
+    assert uri == first and saved.epoch == 1
+
+
+def test_pruning_keeps_checkpoints_that_do_not_verify_while_none_earlier_does(tmp, caplog):
+    first, second = _two_checkpoints(tmp)
+    _damage(first, "arrays.npz emptied")
+    _damage(second, "arrays.npz truncated")
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        third = ckpt.save(tmp, _checkpoint(3), keep=resume_mod.KEEP)
+    assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000000", "ckpt-000001", "ckpt-000002"]
+    assert f"Keeping the checkpoint {second}, which does not read back" in caplog.text
+    fourth = ckpt.save(tmp, _checkpoint(4), keep=resume_mod.KEEP)  # third verifies: the rest goes
+    assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000002", "ckpt-000003"]
+    assert ckpt.load(third).epoch == 3 and ckpt.load(fourth).epoch == 4
+    # keep=1 deletes every earlier one without reading it
+    ckpt.save(tmp, _checkpoint(5))
+    assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000004"]
+
+
+def test_a_checkpoint_that_does_not_read_back_as_written_is_not_committed(tmp, monkeypatch):
+    first, second = _two_checkpoints(tmp)
+    real = fs.write_atomically
+
+    def truncating(uri, data, overwrite=True):  # a storage that loses the end of arrays.npz
+        real(uri, data[: len(data) // 2] if uri.endswith(ckpt.ARRAYS) else data, overwrite)
+
+    monkeypatch.setattr(fs, "write_atomically", truncating)
+    with pytest.raises(CheckpointError, match=r"The checkpoint just written to '.*ckpt-000002' does not read back: .*"
+                                              r"LATEST still names the previous checkpoint and none was deleted"):
+        ckpt.save(tmp, _checkpoint(3), keep=resume_mod.KEEP)
+    assert ckpt.latest(tmp) == second
+    assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000000", "ckpt-000001", "ckpt-000002"]
+    uri, saved = resume_mod.locate(tmp, resume=True)
+    assert uri == second and saved.epoch == 2
+    np.testing.assert_array_equal(ckpt.load(first).weights[0], np.ones(3))
+
+
+def test_a_fit_resumed_past_a_damaged_checkpoint_keeps_the_good_one_after_its_next_save(spark, tmp, caplog):
+    directory = os.path.join(tmp, "ckpt")
+    trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
+    good, damaged = os.path.join(directory, "ckpt-000000"), os.path.join(directory, "ckpt-000001")
+    before = ckpt.load(good)
+    _damage(damaged, "arrays.npz truncated")
+    trainer = trainer_for(make_model())
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer.fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory, resume=True)  # one more epoch: one save
+    assert f"Skipping the checkpoint {damaged}" in caplog.text
+    assert sorted({r.epoch for r in trainer.stats.records}) == [1]
+    # the new checkpoint and the good one it resumed from; the damaged one is gone
+    assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000000", "ckpt-000002"]
+    new = os.path.join(directory, "ckpt-000002")
+    assert ckpt.latest(directory) == new and ckpt.load(new).epoch == 2
+    kept = ckpt.load(good)
+    assert kept.epoch == before.epoch == 1
+    assert_weights_close(kept.weights, before.weights, atol=0)
+    _damage(new, "arrays.npz truncated")  # should the new one be damaged too, the fit can still resume
+    assert resume_mod.locate(directory, resume=True)[0] == good
+
+
 # ---------------------------------------------------------------- retries
 
 
