@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Iterator, Pattern, Sequence
 
 _NOISE: Sequence[str] = (
@@ -25,6 +26,8 @@ _NOISE: Sequence[str] = (
     r"^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.$",
     r"^E\d{4} .*\] Unable to register cu(DNN|FFT|BLAS) factory",
     r"^W\d{4} .*computation_placer\.cc:\d+\] computation placer already registered",
+    r"^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU instructions",
+    r"^To enable the following instructions: .*, rebuild TensorFlow with the appropriate compiler flags\.$",
 )
 _NO_GPU_NOISE = r"^E\d{4} .*cuda_platform\.cc:\d+\] failed call to cuInit: "
 
@@ -73,17 +76,49 @@ def filtered_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+IMPORT_S = 0.0
+"""Seconds spent importing TensorFlow through :func:`import_tensorflow` (0 where
+it was already imported), by the process :data:`IMPORT_PID`: a worker forked from
+a daemon inherits the daemon's, and :func:`take_import_s` tells them apart."""
+IMPORT_PID = 0
+
+_devices_listed = False
+
+
 def import_tensorflow(devices: bool = False):
     """``import tensorflow`` with its start-up notices filtered (see :func:`filtered_stderr`); returns the module.
 
+    The first import's seconds are kept in :data:`IMPORT_S`.
+
     Args:
         devices: Also list the physical devices (which initialises CUDA, the
-            cuInit notice), for a process that will not pin devices later:
-            the driver. Executors pin the task's GPUs first (:mod:`sparkdl_avg.devices`).
+            cuInit notice), once per process, for a process that will not pin
+            devices later: the driver. Executors pin the task's GPUs first
+            (:mod:`sparkdl_avg.devices`).
     """
+    global IMPORT_S, IMPORT_PID, _devices_listed
+    if "tensorflow" in sys.modules and (_devices_listed or not devices):
+        return sys.modules["tensorflow"]
+    start = time.perf_counter()
     with filtered_stderr():
+        fresh = "tensorflow" not in sys.modules
         import tensorflow
 
+        if fresh:
+            IMPORT_S, IMPORT_PID = time.perf_counter() - start, os.getpid()
         if devices:
             tensorflow.config.list_physical_devices()
+            _devices_listed = True
     return tensorflow
+
+
+def take_import_s() -> float:
+    """The seconds this process spent importing TensorFlow itself, the first time it is asked; then 0.
+
+    0 also in a process forked after the import (a worker of
+    :mod:`sparkdl_avg.daemon`): the import was the daemon's, paid once.
+    """
+    global IMPORT_S
+    seconds = IMPORT_S if IMPORT_PID == os.getpid() else 0.0
+    IMPORT_S = 0.0
+    return seconds

@@ -39,14 +39,22 @@ Python task measured here waited about 40 ms for its input (the signature of
 Nagle's algorithm meeting delayed acknowledgements): once per round, a third
 of a small round's overhead (docs/benchmarks.md, "Unix domain sockets")."""
 
+CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
+"""The Spark setting (static) for Spark's console progress bars. Its bars
+(``[Stage 7:>  (0 + 2) / 2]``) are redrawn on stderr over a fit's own
+progress bar and epoch lines, one per round's job; ``"false"`` leaves the
+fit's progress (:mod:`sparkdl_avg.progress`) alone on the console."""
+
 RECOMMENDED_CONF: Dict[str, str] = {
     "spark.python.daemon.module": DAEMON_MODULE,
     UNIX_SOCKETS: "true",
+    CONSOLE_PROGRESS: "false",
 }
 """The static Spark settings we recommend for sessions that train with
 sparkdl_avg, and that its jobs, notebooks and tests use: executors fork
-TensorFlow-ready workers (:data:`DAEMON_MODULE`), and the JVMs talk to
-Python over Unix domain sockets (:data:`UNIX_SOCKETS`). Give them to the
+TensorFlow-ready workers (:data:`DAEMON_MODULE`), the JVMs talk to
+Python over Unix domain sockets (:data:`UNIX_SOCKETS`), and Spark's console
+progress bars stay off the fit's output (:data:`CONSOLE_PROGRESS`). Give them to the
 session's builder (``SparkSession.builder.config(map=RECOMMENDED_CONF)``),
 ``spark-submit --conf`` or the cluster's Spark config; they cannot change
 once the session exists."""
