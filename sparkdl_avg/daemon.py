@@ -56,8 +56,30 @@ def preload() -> None:
     gc.freeze()
 
 
+def quiet_when_killed(worker):
+    """PySpark's ``daemon.worker``, returning 1 where the JVM had closed the worker's socket (its task was killed).
+
+    A cancelled job (a Ctrl-C during a fit, :mod:`sparkdl_avg.interrupt`)
+    kills its running tasks: the JVM closes their workers' sockets, and each
+    worker's last flush then fails. PySpark's daemon printed that
+    ``BrokenPipeError`` with a traceback on the executor's stderr (the
+    user's console under ``local[N]``) and ended the worker, which is all it
+    can do; this ends it the same way (the daemon's "no reuse" path),
+    without the traceback.
+    """
+
+    def quiet(sock, authenticated):
+        try:
+            return worker(sock, authenticated)
+        except (BrokenPipeError, ConnectionResetError):
+            return 1
+
+    return quiet
+
+
 if __name__ == "__main__":
     preload()
     from pyspark import daemon
 
+    daemon.worker = quiet_when_killed(daemon.worker)
     daemon.manager()

@@ -28,6 +28,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
 
+from . import interrupt
 from .errors import DataError, WorkerError
 
 T = TypeVar("T")
@@ -199,20 +200,23 @@ def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]
 
     A ``DataError`` (raised on the driver, or decoded) propagates with its
     own message and no chained cause; a ``WorkerError`` is chained to the
-    Spark exception, which holds the executors' tracebacks.
+    Spark exception, which holds the executors' tracebacks. A Ctrl-C in the
+    job, or a failure it caused, is a ``KeyboardInterrupt``
+    (:func:`sparkdl_avg.interrupt.spark_call`).
 
     Args:
         job: The action, e.g. ``lambda: rdd.mapPartitions(body).collect()``.
         what: The job in error messages, e.g. ``f"Round {round} of epoch {epoch}"``.
         columns: See :func:`decode`.
     """
-    try:
-        return job()
-    except Exception as exc:  # Py4JJavaError / PythonException carry the executors' text
-        error = decode(exc, what, columns)
-        if error is exc:
-            raise
-        raise error from (None if isinstance(error, DataError) else exc)
+    with interrupt.spark_call():  # a Ctrl-C in the job: its jobs cancelled, KeyboardInterrupt when it returns
+        try:
+            return job()
+        except Exception as exc:  # Py4JJavaError / PythonException carry the executors' text
+            error = decode(exc, what, columns)
+            if error is exc:
+                raise
+            raise error from (None if isinstance(error, DataError) else exc)
 
 
 # ------------------------------------------------- actions the user runs
