@@ -25,12 +25,6 @@ import pytest  # noqa: E402
 from sparkdl_avg.session import RECOMMENDED_CONF  # noqa: E402
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "slow: starts a local-cluster Spark (separate executor JVMs); deselect with -m 'not slow'"
-    )
-
-
 # --------------------------------------------------------------------- Spark
 
 
@@ -211,6 +205,20 @@ def make_model(
             loss=loss,
             metrics=list(metrics) if metrics else None,
         )
+    return model
+
+
+def dropout_model(seed=0):
+    """A float64 MLP with dropout: its replicas draw random numbers every step."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,), dtype="float64")
+    h = keras.layers.Dense(16, activation="tanh", dtype="float64")(inputs)
+    h = keras.layers.Dropout(0.3, dtype="float64")(h)
+    out = keras.layers.Dense(1, dtype="float64")(h)
+    model = keras.Model(inputs, out)
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "mse", metrics=["mae"])
     return model
 
 

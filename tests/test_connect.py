@@ -6,6 +6,9 @@ client: no SparkContext, no RDDs, no broadcasts. ``[2, 2]``: two cores and
 two attempts per task, so a failed task is retried as on a cluster. The
 references are computed first on a classic ``local[2]`` session (one JVM
 runs one of the two at a time), with the same data and seeds.
+
+The ``Test*`` classes run tests/parity.py's tests, whose bodies the classic
+modules run too, on this module's Connect session (``session``).
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import os
 import sys
 import types
 
-from pyspark import cloudpickle
 import numpy as np
 import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
+from parity import EstimatorPathMixin, ExecutorCheckMixin, TaskRetryMixin
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg import worker as worker_module
 
@@ -69,6 +72,24 @@ def connect(reference, tmp_path_factory):
         yield spark
     finally:
         spark.stop()
+
+
+@pytest.fixture(scope="module")
+def session(connect):
+    """The session of tests/parity.py's tests: their bodies run here under Connect as in their classic modules."""
+    return connect
+
+
+class TestTaskRetry(TaskRetryMixin):
+    """A failed first attempt retried by Spark (classic: test_reliability.py)."""
+
+
+class TestEstimatorPath(EstimatorPathMixin):
+    """``kerasModel`` as a ``.keras`` path (classic: test_ml.py)."""
+
+
+class TestExecutorCheck(ExecutorCheckMixin):
+    """``preflight.check_executors`` (classic: test_first_hour.py)."""
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):
@@ -150,32 +171,6 @@ def test_a_checkpointed_fit_resumes_under_connect_to_the_uninterrupted_weights(c
     assert history.history["loss"] == reference.history["loss"]
 
 
-def test_a_task_retried_under_connect_gives_the_weights_of_a_clean_run(connect, reference, tmp_path, monkeypatch):
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    real = worker_module.run_round_partition
-    marker = str(tmp_path / "failed-once")
-    monkeypatch.setattr(worker_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker))
-    try:
-        model = make_model(seed=4)
-        trainer_for(model).fit(frame(connect), epochs=2, verbose=0)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    assert os.path.exists(marker)  # the first attempt failed and Spark retried it
-    for got, want in zip(model.get_weights(), reference.weights):
-        np.testing.assert_array_equal(got, want)
-
-
-def _fail_first_attempt(real, task, iterator, marker):
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    if task.epoch == 1 and task.round == 1 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
-        list(iterator)
-        open(marker, "w").close()
-        raise RuntimeError("injected failure on the first attempt")
-    return real(task, iterator)
-
-
 def test_the_estimator_in_a_pipeline_fits_saves_and_loads_under_connect(connect, reference, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
 
@@ -195,17 +190,6 @@ def test_the_estimator_in_a_pipeline_fits_saves_and_loads_under_connect(connect,
     np.testing.assert_allclose(predictions, reference.predictions, rtol=1e-12)
     fitted.write().overwrite().save(path)  # overwrite has no JVM to ask under Connect
     assert PipelineModel.load(path).stages[0].kerasModel.get_weights()[0].shape == reference.weights[0].shape
-
-
-def test_the_estimator_reads_a_keras_path_under_connect_and_names_a_missing_one(connect, tmp_path):
-    from sparkdl_avg.ml import KerasAveragingEstimator
-
-    path = str(tmp_path / "m.keras")
-    make_model(seed=4).save(path)
-    estimator = KerasAveragingEstimator(kerasModel=path)
-    assert estimator.getKerasModel().count_params() == make_model(seed=4).count_params()
-    with pytest.raises(ConfigurationError, match=r"'kerasModel' parameter must be .* Got '.*nothing.keras' instead"):
-        KerasAveragingEstimator(kerasModel=str(tmp_path / "nothing.keras"))
 
 
 def test_classic_only_transports_and_rdds_are_refused_under_connect_before_any_job(connect):
@@ -240,14 +224,6 @@ def test_warm_up_runs_under_connect_and_workers_start_with_tensorflow(connect):
 
     rows = connect.range(2, numPartitions=2).mapInArrow(probe, "pid long, tf boolean").collect()
     assert all(r.tf for r in rows)  # the server's daemon (sparkdl_avg.daemon) imported it before forking
-
-
-def test_the_executor_check_runs_under_connect(connect):
-    from sparkdl_avg.preflight import check_executors
-
-    infos = check_executors(connect)
-    assert len(infos) == 2
-    assert all(info["python"] and "import_error" not in info for info in infos)
 
 
 def test_a_fit_under_connect_is_tracked_in_mlflow(connect, reference, tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model
+from parity import ExecutorCheckMixin
 from sparkdl_avg import DataError, ParameterAveragingTrainer, fs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,3 +196,13 @@ def test_a_sql_job_after_a_fit_reuses_the_fits_python_workers(spark):
 
     sql_pids = {r.pid for r in spark.range(4, numPartitions=2).mapInArrow(pids, "pid long").collect()}
     assert sql_pids <= fit_pids, (sql_pids, fit_pids)
+
+
+@pytest.fixture(scope="module")
+def session(spark):
+    """The session of tests/parity.py's tests."""
+    return spark
+
+
+class TestExecutorCheck(ExecutorCheckMixin):
+    """tests/parity.py: the check a user runs first, on a classic session; test_connect.py runs it under Connect."""

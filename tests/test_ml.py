@@ -18,6 +18,7 @@ import pytest
 import keras
 
 from conftest import make_model, record_jobs, regression_data
+from parity import EstimatorPathMixin
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg import remote
 from sparkdl_avg.ml import KERAS_FILE, KerasAveragingEstimator, KerasAveragingModel
@@ -632,5 +633,12 @@ def test_keras_model_given_as_path(spark, tmp_path):
         as_vector(rows, "prediction"), fitted.kerasModel.predict(x, verbose=0)[:, 0], atol=1e-5
     )
 
-    with pytest.raises(Exception):
-        KerasAveragingEstimator(kerasModel=str(tmp_path / "missing.keras"))
+
+@pytest.fixture(scope="module")
+def session(spark):
+    """The session of tests/parity.py's tests."""
+    return spark
+
+
+class TestEstimatorPath(EstimatorPathMixin):
+    """tests/parity.py (a missing path's error, the weights read): the same test runs under Spark Connect too."""

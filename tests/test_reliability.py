@@ -8,19 +8,18 @@ import logging
 import os
 import shutil
 
-from pyspark import cloudpickle
 import numpy as np
 import pytest
 
 import keras
 
-from conftest import assert_weights_close, make_model, record_jobs, regression_data, spark_session
+from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, spark_session
+from parity import TaskRetryMixin
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg import checkpoint as ckpt
 from sparkdl_avg import fs
 from sparkdl_avg import resume as resume_mod
 from sparkdl_avg.errors import CheckpointError, PathError
-from sparkdl_avg import worker as worker_module
 
 B, N = 8, 2
 
@@ -31,21 +30,15 @@ def spark():
         yield session
 
 
+@pytest.fixture(scope="module")
+def session(spark):
+    """The session of tests/parity.py's tests."""
+    return spark
+
+
 @pytest.fixture
 def tmp(tmp_path):
     return str(tmp_path)
-
-
-def dropout_model(seed=0):
-    """A float64 MLP with dropout: its replicas draw random numbers every step."""
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((4,), dtype="float64")
-    h = keras.layers.Dense(16, activation="tanh", dtype="float64")(inputs)
-    h = keras.layers.Dropout(0.3, dtype="float64")(h)
-    out = keras.layers.Dense(1, dtype="float64")(h)
-    model = keras.Model(inputs, out)
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "mse", metrics=["mae"])
-    return model
 
 
 DATA = regression_data(12 * N * B, seed=11)  # 12 minibatches per worker per epoch
@@ -311,38 +304,8 @@ def test_a_fit_resumed_past_a_damaged_checkpoint_keeps_the_good_one_after_its_ne
 # ---------------------------------------------------------------- retries
 
 
-def test_a_task_retried_by_spark_gives_exactly_the_weights_of_a_clean_run(spark, monkeypatch, tmp):
-    clean = dropout_model()
-    trainer_for(clean).fit(DATA, epochs=2, verbose=0)
-
-    import sys
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    real = worker_module.run_round_partition
-    marker = os.path.join(tmp, "failed-once")
-    monkeypatch.setattr(
-        worker_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker)
-    )
-    try:
-        retried = dropout_model()
-        trainer = trainer_for(retried)
-        trainer.fit(DATA, epochs=2, verbose=0)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    assert os.path.exists(marker)  # the first attempt did fail, and Spark retried it
-    assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
-    assert np.isfinite(trainer.stats.records[-1]["loss"])
-
-
-def _fail_first_attempt(real, task, iterator, marker):
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    if task.epoch == 1 and task.round == 1 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
-        list(iterator)
-        open(marker, "w").close()
-        raise RuntimeError("injected failure on the first attempt")
-    return real(task, iterator)
+class TestTaskRetry(TaskRetryMixin):
+    """tests/parity.py: the same test runs under Spark Connect in test_connect.py."""
 
 
 # ------------------------------------------------------------ bad numbers
