@@ -43,10 +43,10 @@ PACKAGE = "sparkdl_avg"
 
 
 def version() -> str:
-    with open(os.path.join(ROOT, PACKAGE, "__init__.py"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, PACKAGE, "version.py"), encoding="utf-8") as f:
         match = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
     if not match:
-        raise RuntimeError("no __version__ in sparkdl_avg/__init__.py")
+        raise RuntimeError("no __version__ in sparkdl_avg/version.py")
     return match.group(1)
 
 

@@ -32,6 +32,7 @@ from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule  # noqa: E4
 from .schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
 from .session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
 from .trainer import ParameterAveragingTrainer  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = [
     "ParameterAveragingTrainer",
@@ -52,4 +53,3 @@ __all__ = [
     "DataError",
     "WorkerError",
 ]
-__version__ = "0.1.0"

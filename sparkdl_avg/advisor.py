@@ -1,36 +1,38 @@
 """Should this model be distributed? :func:`advise` measures the user's model, data and cluster, and predicts.
 
-This module owns the answer to "does parameter averaging pay here": the
-cost model of an epoch (:class:`CostModel`: one worker's time per minibatch
-and the fixed cost of a round, by worker count, against one process's time
-per minibatch), the measurement that feeds it on the user's own session and
-data within a time budget (:func:`advise`), and the answer in words, as a
-table and as a figure (:class:`Advice`). ``fit``'s warning that a run is
-slower than one process (``slow_warning``) uses the same model, fed by the
-fit's own first epoch (:func:`slower_than_one_process`).
+This module owns the measurement and the answer: :func:`advise` measures,
+on the user's own session and data and within a time budget, one process's
+time per minibatch and, by short fits of copies of the model at a few worker
+counts, one worker's time per minibatch and a round's fixed cost; it feeds
+them to the cost model (:mod:`sparkdl_avg.costmodel`, which ``fit``'s slow
+warning shares) and returns the answer in words, as a table and as a figure
+(:class:`Advice`). It measures through the trainer's public API only: one
+:class:`~sparkdl_avg.ParameterAveragingTrainer` per worker count, its
+``fit`` and ``trainer.stats``. What it measures and how close its
+predictions come to real fits: docs/advisor.md.
 
-The model, as in docs/scaling.md: with ``W`` workers, batch ``B``,
-averaging frequency ``k`` and ``D`` examples, each worker trains
-``S = D // (W·B)`` minibatches an epoch in ``R = ⌈S/k⌉`` rounds, and
-
-    epoch(W, k) = S · t_step(W) + R · fixed(W)
-    one process = (D / B) · t_single
-
-``t_step`` (compute and loading of one minibatch on one worker) and
-``fixed`` (the rest of a round: launching the job, moving the state,
-aggregating, the update) are measured at a few worker counts and
-interpolated linearly between them (extrapolated beyond, marked so).
+The cost model's names (:class:`CostModel`, :func:`predict`,
+:func:`recommend`, :func:`is_cold`, :func:`steady_costs`,
+:func:`slower_than_one_process`, :data:`WARM_ROUNDS`) are importable from
+here too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
+from .costmodel import (  # noqa: F401  (the cost model's public names, importable from here too)
+    WARM_ROUNDS,
+    CostModel,
+    is_cold,
+    predict,
+    recommend,
+    slower_than_one_process,
+    steady_costs,
+)
 from .errors import ConfigurationError, DataError
 from .options import check_int
 
@@ -39,64 +41,7 @@ FREQUENCIES = (1, 4, 16, 64, 256)
 MIN_BUDGET_S = 10.0  #: below this not even one short distributed fit can be measured
 _ROUNDS = 10  #: rounds per measuring fit at the largest worker count (if the data has them)
 _FIT_BUDGET_SHARE = 0.75  #: of the budget left after staging and the baseline, what the distributed fits may use
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Epoch time of parameter averaging and of one process, from measured constants.
-
-    Attributes:
-        t_single: One process's time per minibatch of ``batch_size`` (s):
-            ``keras.Model.fit`` on the driver, the best of plain and
-            ``steps_per_execution``.
-        t_step: Worker count → one worker's compute and loading time per minibatch (s).
-        fixed: Worker count → a round's time besides the slowest worker's
-            compute and loading (s): the job, the state out and the sums
-            back, the update.
-        measured_workers: The largest worker count measured; beyond it the
-            prediction is an extrapolation.
-    """
-
-    t_single: float
-    t_step: Dict[int, float]
-    fixed: Dict[int, float]
-
-    @property
-    def measured_workers(self) -> int:
-        return max(self.t_step)
-
-    def step_s(self, workers: int) -> float:
-        """One worker's time per minibatch at ``workers`` (constant beyond the largest measured count)."""
-        return _interpolate(self.t_step, workers, extend=False)
-
-    def fixed_s(self, workers: int) -> float:
-        """A round's fixed cost at ``workers`` (the last measured slope beyond, never below the largest)."""
-        return _interpolate(self.fixed, workers, extend=True)
-
-    def epoch_s(self, num_examples: int, workers: int, batch_size: int, k: int) -> float:
-        """Predicted time of one epoch with ``workers`` and averaging frequency ``k``; ``inf`` if no round fits."""
-        steps = num_examples // (workers * batch_size)
-        if steps == 0:
-            return math.inf
-        return steps * self.step_s(workers) + math.ceil(steps / min(k, steps)) * self.fixed_s(workers)
-
-    def single_epoch_s(self, num_examples: int, batch_size: int) -> float:
-        """Predicted time of one epoch of ``keras.Model.fit`` in one process."""
-        return num_examples / batch_size * self.t_single
-
-
-def _interpolate(points: Dict[int, float], x: int, extend: bool) -> float:
-    xs = sorted(points)
-    if x <= xs[0]:
-        return points[xs[0]]
-    for lo, hi in zip(xs, xs[1:]):
-        if x <= hi:
-            return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
-    if not extend or len(xs) == 1:
-        return points[xs[-1]]
-    lo, hi = xs[-2], xs[-1]
-    slope = max(0.0, (points[hi] - points[lo]) / (hi - lo))
-    return points[hi] + slope * (x - hi)
+_SINGLE_STEPS = 64  #: minibatches of one process's measurement (at most)
 
 
 @dataclass
@@ -136,9 +81,12 @@ class Advice:
         """The predictions as a text table."""
         head = f"{'workers':>8} {'k':>6} {'epoch s':>9} {'total s':>9} {'speed-up':>9} {'efficiency':>10}"
         lines = [head]
+        slots = self.measurements.get("parallelism")
         for r in self.rows:
             k = "-" if r["averaging_frequency"] is None else str(r["averaging_frequency"])
             mark = " (extrapolated)" if r["extrapolated"] else ""
+            if slots and r["workers"] > slots:
+                mark = f" (extrapolated; a bigger cluster: {slots} task slots here)"
             lines.append(f"{r['workers']:>8} {k:>6} {r['epoch_s']:>9.3f} {r['total_s']:>9.2f} "
                          f"{r['speedup']:>8.2f}x {r['efficiency']:>10.0%}{mark}")
         return "\n".join(lines)
@@ -205,70 +153,6 @@ def _measurements_text(m: Dict[str, Any]) -> str:
     return "\n".join(f"{k}: {v}" for k, v in m.items())
 
 
-def predict(cost: CostModel, num_examples: int, batch_size: int, epochs: int, one_off_s: float,
-            workers: Sequence[int], frequencies: Sequence[int]) -> List[Dict[str, Any]]:
-    """The prediction rows of :attr:`Advice.rows` for ``workers`` × ``frequencies`` (one process first)."""
-    single = cost.single_epoch_s(num_examples, batch_size)
-    rows = [dict(workers=1, averaging_frequency=None, epoch_s=single, total_s=single * epochs, speedup=1.0,
-                 efficiency=1.0, extrapolated=False)]
-    for w in workers:
-        steps = num_examples // (w * batch_size)
-        if steps == 0:
-            continue
-        for k in sorted({min(k, steps) for k in frequencies}):
-            epoch = cost.epoch_s(num_examples, w, batch_size, k)
-            total = one_off_s + epochs * epoch
-            rows.append(dict(workers=w, averaging_frequency=k, epoch_s=epoch, total_s=total,
-                             speedup=single * epochs / total, efficiency=steps * cost.step_s(w) / epoch,
-                             extrapolated=w > cost.measured_workers))
-    return rows
-
-
-def recommend(rows: List[Dict[str, Any]], one_off_s: float, epochs: int) -> Tuple[str, Dict[str, Any]]:
-    """The advice in words and the recommended row, from the prediction rows.
-
-    Among the measured worker counts, the fastest total wins; its
-    averaging frequency is the smallest within 10% of that worker count's
-    fastest (more frequent averaging trains closer to one process). When no
-    distributed row beats one process, the answer is to stay.
-    """
-    single = rows[0]
-    measured = [r for r in rows[1:] if not r["extrapolated"]]
-    if not measured:
-        raise DataError("No worker count could train one round on this data; use one process (keras.Model.fit).")
-    fastest = min(measured, key=lambda r: r["total_s"])
-    if fastest["total_s"] >= single["total_s"]:
-        two = min((r for r in measured if r["workers"] == fastest["workers"]), key=lambda r: r["epoch_s"])
-        beyond = [r for r in rows[1:] if r["extrapolated"] and r["total_s"] < single["total_s"]]
-        hint = ""
-        if beyond:
-            far = min(beyond, key=lambda r: r["total_s"])
-            hint = (f" More workers than measured might pay: {far['workers']} workers at averaging_frequency="
-                    f"{far['averaging_frequency']} are extrapolated to {far['speedup']:.1f}x.")
-        return (
-            f"Stay on one machine: one epoch takes {_s(single['epoch_s'])} here with keras.Model.fit; on "
-            f"{two['workers']} workers it would take {_s(two['epoch_s'])}, plus {_s(one_off_s)} of start-up."
-            + hint,
-            single,
-        )
-    same = [r for r in measured if r["workers"] == fastest["workers"]]
-    best_epoch = min(r["epoch_s"] for r in same)
-    pick = min((r for r in same if r["epoch_s"] <= 1.1 * best_epoch), key=lambda r: r["averaging_frequency"])
-    text = (
-        f"Use {pick['workers']} workers with averaging_frequency >= {pick['averaging_frequency']} "
-        f"(≈ {pick['efficiency']:.0%} efficiency): {epochs} epoch{'s' if epochs != 1 else ''} in "
-        f"{_s(pick['total_s'])} including {_s(one_off_s)} of start-up, against {_s(single['total_s'])} in one "
-        f"process ({pick['speedup']:.1f}x)."
-    )
-    if pick["averaging_frequency"] >= 32:
-        text += " Consider update_rule='bmuf' to keep accuracy at that averaging frequency."
-    return text, pick
-
-
-def _s(seconds: float) -> str:
-    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.0f} s"
-
-
 # ------------------------------------------------------------------ measurement
 
 
@@ -293,8 +177,9 @@ def advise(
     with ``steps_per_execution``) on examples of ``data``; one worker's time
     per minibatch and a round's fixed cost by a few short fits at 2 workers
     and at the session's parallelism (and 1 when that is 2), with the
-    transport ``fit`` would use; the one-off costs (staging the data, the
-    first round's replica build). Then it predicts, with
+    transport ``fit`` would use, from the rounds where no worker built its
+    replica or traced its step function; the one-off costs (staging the
+    data, those rounds' excess). Then it predicts, with
     :class:`CostModel`, the epoch time, efficiency and speed-up over one
     process for worker counts up to the parallelism (and, extrapolated, up
     to ``max_workers``) and for averaging frequencies, and the total for
@@ -360,34 +245,34 @@ def advise(
     sample_n = min(total, widest * batch_size * k_measure * (_ROUNDS + 2))
     sample = _head(data, sample_n, total)
 
-    trainer = ParameterAveragingTrainer(spec.build(), num_workers=counts[0], batch_size=batch_size,
-                                        averaging_frequency=k_measure, seed=0, staging_dir=staging_dir,
-                                        state_transport=state_transport, slow_warning=False)
-    try:
-        t0 = time.perf_counter()
-        staged = trainer._stage(sample, features_col, label_col, "training")
-        staging_s = time.perf_counter() - t0
-        t_single = _single_process_step(spec, staged, batch_size, k_plan)
-        t_step: Dict[int, float] = {}
-        fixed: Dict[int, float] = {}
-        first_extra = 0.0
-        deadline = started + budget_s
-        for i, w in enumerate(counts):
-            left = deadline - time.perf_counter()
-            if i > 0 and left < _FIT_BUDGET_SHARE * (time.perf_counter() - t0) / (i + 1):
-                break  # the next fit would likely overrun the budget
-            trainer.config = dataclasses.replace(trainer.config, num_workers=w)
-            trainer.model = spec.build()  # the same replica fingerprint: executors keep their cached replica
+    t_step: Dict[int, float] = {}
+    fixed: Dict[int, float] = {}
+    first_extra = 0.0
+    deadline = started + budget_s
+    t0 = time.perf_counter()
+    for i, w in enumerate(counts):
+        left = deadline - time.perf_counter()
+        if i > 0 and left < _FIT_BUDGET_SHARE * (time.perf_counter() - t0) / (i + 1):
+            break  # the next fit would likely overrun the budget
+        # A trainer per count, on a copy of the model: the same replica fingerprint, so executors keep their
+        # cached replica. Each stages the sample itself (the first fit's staging time is the one measured).
+        with ParameterAveragingTrainer(spec.build(), num_workers=w, batch_size=batch_size,
+                                       averaging_frequency=k_measure, seed=0, staging_dir=staging_dir,
+                                       state_transport=state_transport, slow_warning=False) as trainer:
             trainer.fit(sample, epochs=1, features_col=features_col, label_col=label_col, verbose=0, shuffle=False)
-            records = trainer.stats.records
-            steady = records[1:] or records
-            t_step[w] = statistics.median((r.compute_max_s + r.load_max_s) / r.averaging_frequency for r in steady)
-            fixed[w] = statistics.median(max(0.0, r.wall_s - r.compute_max_s - r.load_max_s) for r in steady)
-            if i == 0 and len(records) > 1:
-                first_extra = max(0.0, records[0].wall_s - statistics.median(r.wall_s for r in steady))
-        transport = trainer.stats.records[-1].transport
-    finally:
-        trainer.close()
+            stats = trainer.stats  # this fit's
+        records = stats.records
+        t_step[w], fixed[w], _ = steady_costs(records)
+        # what the rounds with replica builds or first traces took beyond a steady round of their size
+        first_extra = max(first_extra, sum(
+            max(0.0, r.wall_s - r.averaging_frequency * t_step[w] - fixed[w]) for r in records if is_cold(r)))
+        transport = records[-1].transport
+        if i == 0:
+            staging_s = stats.staging_s
+            # after the first fit, which checked that the executors see staging_dir (the head is staged there)
+            head = _head(sample, min(sample_n, batch_size * _SINGLE_STEPS), sample_n)
+            t_single = _single_process_step(model, spec, head, features_col, label_col, batch_size, k_plan,
+                                            staging_dir, engine)
     weights, optimizer = get_state(model)
     staging_full_s = staging_s * max(1.0, total / sample_n)
     one_off = staging_full_s + first_extra
@@ -397,7 +282,7 @@ def advise(
                      | {w for w in counts if w > 1} | ({parallelism} if parallelism <= top else set()))
     frequencies = sorted(set(FREQUENCIES) | ({averaging_frequency} if averaging_frequency else set()))
     rows = predict(cost, total, batch_size, epochs, one_off, workers, frequencies)
-    summary, best = recommend(rows, one_off, epochs)
+    summary, best = recommend(rows, one_off, epochs, slots=parallelism)
     measurements = dict(
         t_single=t_single, t_step=t_step, fixed=fixed, staging_s=staging_s, staging_full_s=staging_full_s,
         first_round_extra_s=first_extra, state_bytes=int(sum(a.nbytes for a in weights + optimizer)),
@@ -441,59 +326,44 @@ def _head(data, n: int, total: int):
     return data.limit(n)
 
 
-def _single_process_step(spec, staged, batch_size: int, k: int) -> float:
-    """One process's seconds per minibatch: ``keras.Model.fit`` on the staged examples, best of two settings."""
+def _single_process_step(model, spec, head, features_col, label_col, batch_size: int, k: int,
+                         staging_dir: Optional[str], engine) -> float:
+    """One process's seconds per minibatch: ``keras.Model.fit`` on ``head`` (examples of the data), best of two ways.
+
+    ``head`` is staged as ``fit`` stages data (:func:`sparkdl_avg.data.stage`:
+    the same checks, dtypes and layout; one small Spark job for a DataFrame or
+    an RDD) under a root of its own in ``staging_dir``, read back on the
+    driver, and the root removed.
+    """
     import numpy as np
 
+    from . import data as data_mod
     from .dataset import read_examples, structure, unflatten
+    from .modelspec import input_shapes, inputs_dtype
+    from .staging import StagingRoot
 
-    n = min(staged.num_examples, batch_size * 64)
-    steps = n // batch_size
-    x, y = read_examples(staged, np.arange(steps * batch_size))
+    root = StagingRoot.new(staging_dir, id(head))
+    try:
+        root.make(private=engine.one_host)
+        staged = data_mod.stage(head, root=root.uri, x_shapes=input_shapes(model), x_dtype=inputs_dtype(model),
+                                num_outputs=len(model.outputs), features_col=features_col, label_col=label_col,
+                                what="training", checks=data_mod.data_checks(model))
+        steps = staged.num_examples // batch_size
+        x, y = read_examples(staged, np.arange(steps * batch_size))
+    finally:
+        root.remove()
     xs = structure(unflatten(x, staged.x_shapes))
     ys = structure(unflatten(y, staged.y_shapes))
     best = math.inf
     for per_call in sorted({1, max(1, min(k, steps))}):
-        model = spec.build()
-        model.steps_per_execution = per_call
-        model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)  # traces; not timed
+        copy = spec.build()
+        copy.steps_per_execution = per_call
+        copy.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)  # traces; not timed
         t0 = time.perf_counter()
-        model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+        copy.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
         best = min(best, (time.perf_counter() - t0) / steps)
     return best
 
 
-# ------------------------------------------------------------------ fit's warning
-
-
-def slower_than_one_process(records, num_examples: int, num_workers: int, batch_size: int) -> Optional[str]:
-    """The warning ``fit`` gives after its first epoch when one process would have been faster, else ``None``.
-
-    ``records``: the epoch's round records. One process is credited with
-    one worker's time per minibatch (it has at least one worker's cores), so
-    the comparison errs towards distributing; with more rounds than one,
-    the first (replica build) is left out.
-    """
-    steady = records[1:] or records
-    if not steady:
-        return None
-    t_step = statistics.median((r.compute_max_s + r.load_max_s) / r.averaging_frequency for r in steady)
-    fixed = statistics.median(max(0.0, r.wall_s - r.compute_max_s - r.load_max_s) for r in steady)
-    k = max(r.averaging_frequency for r in steady)
-    cost = CostModel(t_single=t_step, t_step={num_workers: t_step}, fixed={num_workers: fixed})
-    epoch = cost.epoch_s(num_examples, num_workers, batch_size, k)
-    single = cost.single_epoch_s(num_examples, batch_size)
-    if not epoch > single:
-        return None
-    steps = num_examples // (num_workers * batch_size)
-    return (
-        f"This fit is slower than one process would be: an epoch takes {_s(epoch)} on {num_workers} workers "
-        f"({_s(steps * t_step)} computing, {_s(math.ceil(steps / min(k, steps)) * fixed)} in "
-        f"{math.ceil(steps / min(k, steps))} rounds' overhead), while one process at one worker's speed "
-        f"({t_step * 1000:.1f} ms per minibatch) would take {_s(single)}. Raise averaging_frequency (now {k}), "
-        "train with keras.Model.fit, or measure with sparkdl_avg.advise(model, data). Silence this with "
-        "slow_warning=False."
-    )
-
-
-__all__ = ["Advice", "CostModel", "advise", "predict", "recommend", "slower_than_one_process"]
+__all__ = ["Advice", "CostModel", "WARM_ROUNDS", "advise", "is_cold", "predict", "recommend",
+           "slower_than_one_process", "steady_costs"]

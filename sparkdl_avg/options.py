@@ -497,11 +497,14 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "slow_warning", True, "bool",
-        help="warn after a fit's first epoch when one process would have trained it faster",
-        doc="After a fit's first epoch, warn (once, with the numbers) when the epoch took longer than one "
+        help="warn early in a fit when one process would have trained an epoch faster",
+        doc="Early in a fit, warn (once, with the numbers) when an epoch takes longer than one "
             "process would at one worker's measured speed per minibatch: the rounds' fixed cost outweighs "
             "what the workers add (:func:`sparkdl_avg.advisor.slower_than_one_process`, the cost model of "
-            ":func:`sparkdl_avg.advise`). Default True.",
+            ":func:`sparkdl_avg.advise`). It reads rounds where no worker built its replica or traced its "
+            "step function, at the end of the first epoch that brings 3 of them (or of the last). Also, once "
+            "per application, say how long the first fit waited for new executor workers to import TensorFlow "
+            "and what removes that (a session without RECOMMENDED_CONF). Default True.",
         check=boolean,
         cli=Flag("--no-slow-warning", action="store_false",
                  help="do not warn when the fit is slower than one process would be"),

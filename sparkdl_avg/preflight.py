@@ -34,15 +34,15 @@ class ExecutorEnvironmentError(RuntimeError):
 
 def describe_python() -> dict:
     """This process' Python as the trainer sees it (runs on an executor)."""
-    import sparkdl_avg
+    from . import version
 
     info = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "python": sys.executable,
         "python_version": sys.version.split()[0],
-        "sparkdl_avg_file": os.path.abspath(sparkdl_avg.__file__),
-        "sparkdl_avg_version": getattr(sparkdl_avg, "__version__", None),
+        "sparkdl_avg_file": os.path.join(os.path.dirname(os.path.abspath(__file__)), "__init__.py"),
+        "sparkdl_avg_version": version.__version__,
     }
     try:
         from .quiet import import_tensorflow

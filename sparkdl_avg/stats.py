@@ -67,6 +67,19 @@ class WorkerRecord(_ReadsLikeADict):
         replicas_built_by_process: Replicas its Python worker has built so far.
         finite: Whether its loss and weights were finite.
         loss: Its mean loss over the round's minibatches.
+        build_s: Of ``setup_s``, the seconds building the replica (0 when cached).
+        traced: Whether this task traced its replica's step function for
+            these data's shapes (the first round of that replica and data in
+            this Python worker): its ``compute_s`` includes the trace and the
+            function's first run, which costs several times a later one.
+        trace_s: Of ``compute_s``, the seconds tracing (0 when not ``traced``).
+        import_s: Seconds its Python worker spent importing TensorFlow itself,
+            before the task started; reported by the worker's first task only,
+            and 0 for a worker forked from :mod:`sparkdl_avg.daemon` (which
+            imported it once, before forking).
+
+    A round where a worker built its replica or traced is not steady state:
+    :func:`sparkdl_avg.costmodel.steady_costs` leaves it out.
     """
 
     worker: int
@@ -82,6 +95,10 @@ class WorkerRecord(_ReadsLikeADict):
     replicas_built_by_process: int = 0
     finite: bool = True
     loss: float = float("nan")
+    build_s: float = 0.0
+    traced: bool = False
+    trace_s: float = 0.0
+    import_s: float = 0.0
 
 
 @dataclass
@@ -166,10 +183,19 @@ def wall_time(records) -> float:
 
 
 class TrainingStats:
-    """The round records of one trainer (all its fits), in order."""
+    """The round records of one fit (``trainer.stats``: the latest fit's), in order.
 
-    def __init__(self) -> None:
+    Attributes:
+        records: The fit's :class:`RoundRecord`\\ s, in order.
+        staging_s: Seconds the fit spent staging its training and validation
+            data before its first round (the data's checks and copy, see
+            :mod:`sparkdl_avg.data`); about 0 when an earlier fit of the
+            same trainer had staged the same data.
+    """
+
+    def __init__(self, staging_s: float = 0.0) -> None:
         self.records: List[RoundRecord] = []
+        self.staging_s = staging_s
 
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)

@@ -14,12 +14,14 @@ import json
 import logging
 import random
 import sys
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import data as data_mod
+from . import interrupt
 from . import resume as resume_mod
 from . import transport as transport_mod
 from .aggregation import PartialResult, merge
@@ -181,6 +183,7 @@ class ParameterAveragingTrainer:
 
     # ------------------------------------------------------------------ fit
 
+    @interrupt.guarded  # Ctrl-C: KeyboardInterrupt, the fit's jobs cancelled (sparkdl_avg.interrupt)
     def fit(
         self,
         data,
@@ -229,8 +232,9 @@ class ParameterAveragingTrainer:
                 checkpoints are written atomically (see
                 :mod:`sparkdl_avg.checkpoint`); it must be new, empty, or hold
                 this run's checkpoints (then pass ``resume=True``), and be
-                writable (probed before any Spark job). The latest checkpoint
-                and the one before are kept. Default ``None``: no checkpoints.
+                writable (probed before any Spark job). Each checkpoint is
+                read back before it counts; the latest and the newest earlier
+                one that reads back are kept. Default ``None``: no checkpoints.
             checkpoint_every: ``"epoch"`` (default: after every epoch) or a
                 number of rounds.
             resume: ``True`` continues from the latest checkpoint in
@@ -294,12 +298,14 @@ class ParameterAveragingTrainer:
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)
+        staging_started = time.perf_counter()
         train = self._stage(data, features_col, label_col, "training")
         val = (
             self._stage(validation_data, features_col, label_col, "validation")
             if validation_data is not None
             else None
         )
+        staging_s = time.perf_counter() - staging_started
         epoch_steps = steps_per_epoch(train.num_examples, num_workers, cfg.batch_size)
         if not epoch_steps:
             raise DataError(
@@ -338,7 +344,7 @@ class ParameterAveragingTrainer:
             steps=-(-epoch_steps // schedule.k) if isinstance(schedule, FixedPeriod) else None,
         )
         # trainer.stats and trainer.history describe the latest fit (as keras.Model.fit's History does)
-        self.stats = TrainingStats()
+        self.stats = TrainingStats(staging_s=staging_s)
         self.history = None
         self._fits += 1
         group = f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
@@ -388,7 +394,7 @@ class ParameterAveragingTrainer:
         )
         self.model.stop_training = False
         error: Optional[BaseException] = None
-        with labels:
+        with interrupt.cancelling(engine, group), labels:  # Ctrl-C: KeyboardInterrupt, the group cancelled
             try:
                 for cb in observers:
                     cb.on_fit_begin(info)
@@ -409,13 +415,16 @@ class ParameterAveragingTrainer:
                             "The checkpoint %s is at epoch %d; fit(epochs=%d) has nothing left to train.",
                             checkpoint_uri, start_epoch, epochs,
                         )
+                slow_pending = cfg.slow_warning and ctx.stale is None  # until steady rounds decide (_warn_if_slow)
                 for epoch in range(start_epoch, epochs):
                     callback_list.on_epoch_begin(epoch)
                     ctx.progress.epoch_begin(epoch)
                     begin = restored if restored is not None and epoch == restored.epoch else None
                     logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
-                    if epoch == start_epoch and cfg.slow_warning and ctx.stale is None:
-                        self._warn_if_slow(epoch, settings)
+                    if epoch == start_epoch and cfg.slow_warning:
+                        _note_cold_start(engine, self.stats.records)
+                    if slow_pending:
+                        slow_pending = not self._warn_if_slow(settings, last=epoch == epochs - 1)
                     if val is not None:
                         val_logs = self._evaluate_staged(transport, val, settings.spec, spec.fingerprint, num_workers,
                                                          cfg.batch_size)
@@ -442,7 +451,7 @@ class ParameterAveragingTrainer:
         import keras
         import pyspark
 
-        from . import __version__
+        from .version import __version__
 
         def flat(value: Any) -> Any:
             if value is None or isinstance(value, (bool, int, float, str)):
@@ -469,15 +478,24 @@ class ParameterAveragingTrainer:
         )
         return {k: flat(v) for k, v in params.items()}
 
-    def _warn_if_slow(self, epoch: int, settings: RoundSettings) -> None:
-        """Warns when ``epoch`` (the fit's first) was slower than one process would be (``slow_warning``)."""
-        from .advisor import slower_than_one_process
+    def _warn_if_slow(self, settings: RoundSettings, last: bool) -> bool:
+        """Warns when this fit is slower than one process would be (``slow_warning``); returns whether it decided.
 
-        records = [r for r in self.stats.records if r.epoch == epoch]
+        It decides after the first epoch that brings the fit's steady rounds
+        (no replica build, no first trace: :func:`~sparkdl_avg.costmodel.is_cold`)
+        to :data:`~sparkdl_avg.costmodel.WARM_ROUNDS`, or after the ``last``
+        epoch with what there is (no steady round: no warning).
+        """
+        from .costmodel import WARM_ROUNDS, is_cold, slower_than_one_process
+
+        records = self.stats.records  # this fit's
+        if not last and sum(not is_cold(r) for r in records) < WARM_ROUNDS:
+            return False
         message = slower_than_one_process(records, settings.dataset.num_examples, settings.num_workers,
                                           settings.batch_size)
         if message:
             logger.warning(message)
+        return True
 
     @property
     def update_rule_state(self) -> Dict[str, Any]:
@@ -655,6 +673,36 @@ class ParameterAveragingTrainer:
             self.history.history,
             title=title or f"sparkdl_avg training report: {self.model.name}",
         )
+
+
+COLD_START_NOTE_S = 0.5
+"""The seconds of TensorFlow imports in one new executor Python worker from which
+a fit says what would remove them (:func:`_note_cold_start`)."""
+
+_cold_start_noted: set = set()  # the Spark applications (Engine.key) told already
+
+
+def _note_cold_start(engine, records) -> None:
+    """Says once per application what the fit's new Python workers spent importing TensorFlow, and what removes it.
+
+    On a session without :data:`~sparkdl_avg.session.RECOMMENDED_CONF` (a
+    notebook attached to a cluster someone else configured) every new
+    worker imports TensorFlow itself before its first task: seconds the
+    first fit waits, measured by the workers (``WorkerRecord.import_s``).
+    Workers forked from :mod:`sparkdl_avg.daemon` report 0.
+    """
+    seconds = [w.import_s for r in records for w in r.workers if w.import_s > 0]
+    if not seconds or max(seconds) < COLD_START_NOTE_S or engine.key in _cold_start_noted:
+        return
+    _cold_start_noted.add(engine.key)
+    logger.warning(
+        "This fit waited about %.1f s for new executor Python workers to import TensorFlow (%d workers, %.1f s "
+        "in all). Start the session with .config(map=sparkdl_avg.RECOMMENDED_CONF) (spark.python.daemon.module="
+        "sparkdl_avg.daemon: workers are forked with TensorFlow imported; under Spark Connect, in the server's "
+        "config) and call sparkdl_avg.warm_up(spark) right after it: README, \"Warm executors\". "
+        "Silence this with slow_warning=False.",
+        max(seconds), len(seconds), sum(seconds),
+    )
 
 
 def _warn_capped(k: int, epoch_steps: int, num_examples: int, num_workers: int, batch_size: int) -> None:

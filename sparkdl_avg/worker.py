@@ -135,6 +135,11 @@ def _evict(fingerprint: str) -> None:
     gc.collect()
 
 
+def _step_key(fingerprint: str, dataset: StagedDataset) -> tuple:
+    """The key of a replica's step function in ``_STEP_FUNCTIONS``: the replica and the data's shapes."""
+    return (fingerprint, dataset.x_shapes, dataset.y_shapes, dataset.x_dtype, dataset.y_dtype)
+
+
 def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     """A compiled function that trains ``steps`` minibatches in one call.
 
@@ -147,7 +152,7 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     """
     import tensorflow as tf
 
-    key = (fingerprint, dataset.x_shapes, dataset.y_shapes, dataset.x_dtype, dataset.y_dtype)
+    key = _step_key(fingerprint, dataset)
     fn = _STEP_FUNCTIONS.get(key)
     if fn is not None:
         return fn
@@ -258,6 +263,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     """
     start = time.time()
     model, built = get_replica(task.spec, task.fingerprint)
+    got = time.time()
     weights, opt_vars = task.state.load()
     set_state(model, weights, opt_vars)
     seed_replica(model, task.seed, task.epoch, task.round, worker)
@@ -270,7 +276,11 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     x, y = read_examples(task.dataset, order.indices(positions.start, positions.stop))
     loaded = time.time()
 
+    traced = _step_key(task.fingerprint, task.dataset) not in _STEP_FUNCTIONS
     steps_fn = _steps_function(model, task.fingerprint, task.dataset)
+    if traced:  # trace apart, to time it (the call below would trace the same function); its first run costs more still
+        steps_fn.get_concrete_function()
+    trace_s = time.time() - loaded if traced else 0.0
     model.reset_metrics()
     logs = steps_fn(
         unflatten(x, task.dataset.x_shapes),
@@ -300,6 +310,10 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         replicas_built_by_process=BUILD_COUNT,
         finite=bool(finite),
         loss=sums.get("loss", float("nan")) / n,
+        build_s=got - start if built else 0.0,
+        import_s=quiet.take_import_s(),
+        traced=traced,
+        trace_s=trace_s,
     )
     if not finite and task.skip_nonfinite:
         return PartialResult(examples=0, workers=[record])
@@ -428,6 +442,7 @@ def warm_up_partition(ids: Iterable) -> Iterator[int]:
     """
     list(ids)  # consume the whole input so PySpark reuses this worker
     configure_threads()
+    quiet.take_import_s()  # the warm-up's import, not a fit's: no fit waited for it
     yield os.getpid()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_model, regression_data
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer, advise
-from sparkdl_avg.advisor import CostModel, predict, recommend, slower_than_one_process
+from sparkdl_avg.advisor import CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs
 
 
 # ------------------------------------------------------------------ the cost model, on controlled inputs
@@ -28,9 +28,9 @@ def test_the_epoch_is_steps_times_step_time_plus_rounds_times_fixed_cost():
     assert cost.epoch_s(10_000, 2, 50, 1000) == pytest.approx(100 * 0.004 + 1 * 0.1)  # k cut to the epoch
 
 
-def _advice(cost, num_examples, epochs, one_off, k=None, batch=32):
+def _advice(cost, num_examples, epochs, one_off, k=None, batch=32, slots=None):
     rows = predict(cost, num_examples, batch, epochs, one_off, workers=[2, 4, 8, 16], frequencies=[1, 4, 16, 64, 256])
-    return recommend(rows, one_off, epochs), rows
+    return recommend(rows, one_off, epochs, slots=slots), rows
 
 
 def test_a_tiny_mlp_on_digits_is_told_to_stay_on_one_machine():
@@ -59,6 +59,58 @@ def test_staying_mentions_more_workers_only_when_the_extrapolation_says_so():
     cost = CostModel(t_single=0.002, t_step={2: 0.004}, fixed={2: 0.05})
     (text, _), _ = _advice(cost, 20_000, epochs=5, one_off=1.0)
     assert text.startswith("Stay on one machine") and "More workers than measured might pay: 16 workers" in text
+    # on a cluster of 2 task slots those 16 workers are a projection for a bigger one, and said so
+    (text, best), _ = _advice(cost, 20_000, epochs=5, one_off=1.0, slots=2)
+    assert best["workers"] == 1 and "Only a bigger cluster might pay (this one has 2 task slots): 16 workers at " \
+        "averaging_frequency=" in text and "projected, by extrapolation" in text
+
+
+def test_the_recommendation_never_needs_more_workers_than_the_cluster_has_slots():
+    import re
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        measured = sorted(rng.choice([2, 4, 8, 16], size=rng.integers(1, 4), replace=False).tolist())
+        cost = CostModel(t_single=float(rng.uniform(1e-4, 0.05)),
+                         t_step={w: float(rng.uniform(1e-4, 0.05)) for w in measured},
+                         fixed={w: float(rng.uniform(0.005, 0.5)) for w in measured})
+        slots = int(rng.choice([1, 2, 3, 4, 8]))
+        if not [w for w in (2, 4, 8, 16) if w <= min(slots, max(measured))]:
+            continue  # no measured count fits: refused (below)
+        (text, best), _ = _advice(cost, int(rng.integers(2_000, 500_000)), epochs=int(rng.integers(1, 30)),
+                                  one_off=float(rng.uniform(0, 10)), slots=slots)
+        assert best["workers"] <= slots, (text, slots)
+        named = [int(n) for n in re.findall(r"(\d+) workers", text)]
+        assert all(n <= slots for n in named) or "Only a bigger cluster might pay" in text, (text, slots)
+    # measured counts all beyond the slots: nothing to recommend
+    cost = CostModel(t_single=0.01, t_step={4: 0.002}, fixed={4: 0.01})
+    rows = predict(cost, 100_000, 32, 5, 1.0, workers=[4, 8], frequencies=[16])
+    with pytest.raises(DataError, match="No worker count could train one round"):
+        recommend(rows, 1.0, 5, slots=2)
+
+
+def test_the_cost_model_is_a_pure_module_that_the_advisor_re_exports():
+    """Issue 29: the model is arithmetic alone (fit's warning and advise share it), not bundled with the measuring."""
+    import ast
+    import pathlib
+    import sys
+
+    import sparkdl_avg.advisor as advisor
+    import sparkdl_avg.costmodel as costmodel
+
+    imported = set()
+    for node in ast.walk(ast.parse(pathlib.Path(costmodel.__file__).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    package = {m for m in imported if m.startswith((".", "sparkdl_avg"))}
+    assert package <= {".errors"}, f"costmodel imports from the package: {sorted(package)}"
+    outside = {m.split(".")[0] for m in imported - package}
+    assert outside <= set(sys.stdlib_module_names) | {"numpy"}, sorted(outside)
+    for name in ("CostModel", "predict", "recommend", "slower_than_one_process", "is_cold", "steady_costs",
+                 "WARM_ROUNDS"):
+        assert getattr(advisor, name) is getattr(costmodel, name), name
 
 
 # ------------------------------------------------------------------ measuring, on a real session
@@ -90,6 +142,12 @@ def test_advise_measures_within_its_budget_and_leaves_the_model_alone(digits, tm
     m = advice.measurements
     assert m["elapsed_s"] <= 30, m
     assert advice.summary.startswith("Stay on one machine: one epoch takes ")
+    # nothing beyond the 2 task slots is offered, unless as a bigger cluster's projection
+    assert advice.best["workers"] <= 2
+    assert "More workers than measured might pay" not in advice.summary
+    assert "workers at" not in advice.summary or "Only a bigger cluster might pay (this one has 2 task slots)" in \
+        advice.summary
+    assert "(extrapolated; a bigger cluster: 2 task slots here)" in advice.table()
     assert m["num_examples"] == 1797 and m["parallelism"] == 2 and m["transport"] == "files"
     assert set(m["t_step"]) == {1, 2} and all(v > 0 for v in m["t_step"].values()) and m["t_single"] > 0
     assert m["state_bytes"] == sum(a.nbytes for a in model.get_weights()) + sum(
@@ -100,7 +158,7 @@ def test_advise_measures_within_its_budget_and_leaves_the_model_alone(digits, tm
     assert advice.rows[0]["workers"] == 1 and {r["workers"] for r in advice.rows} >= {1, 2, 4, 16}
     assert any(r["extrapolated"] for r in advice.rows) and not any(r["extrapolated"] for r in advice.rows if r["workers"] <= 2)
     text = str(advice)
-    assert text.splitlines()[0] == advice.summary and "(extrapolated)" in text
+    assert text.splitlines()[0] == advice.summary and "(extrapolated" in text
     json.dumps(advice.to_dict())
     assert len(advice.figure().data) >= 2
     html = open(advice.write_html(str(tmp_path / "advice.html")), encoding="utf-8").read()
@@ -123,23 +181,129 @@ def test_bad_input_is_refused_before_any_long_work(spark, digits):
         advise(_tiny_mlp(), "train.parquet")
 
 
+def test_advise_measures_through_the_trainers_public_api_only(spark, monkeypatch):
+    """Issue 29: advise fits trainers of its own; it calls no private method of theirs, nor swaps their config or model.
+
+    On numpy arrays (the digits test above measures a DataFrame): their head is staged for one process's measurement.
+    """
+    import sys
+
+    from sparkdl_avg import trainer as trainer_module
+
+    def caller():
+        return sys._getframe(2).f_globals.get("__name__")
+
+    stage = ParameterAveragingTrainer._stage
+    made = []
+
+    def guarded_stage(self, *args, **kwargs):
+        assert caller() == trainer_module.__name__, f"{caller()} called the trainer's private _stage"
+        return stage(self, *args, **kwargs)
+
+    def guarded_setattr(self, name, value):
+        if name in ("config", "model"):
+            assert caller() == trainer_module.__name__, f"{caller()} replaced a trainer's {name}"
+            if name == "config":
+                made.append(value.num_workers)
+        object.__setattr__(self, name, value)
+
+    monkeypatch.setattr(ParameterAveragingTrainer, "_stage", guarded_stage)
+    monkeypatch.setattr(ParameterAveragingTrainer, "__setattr__", guarded_setattr)
+    x, y = regression_data(2048, seed=3)
+    advice = advise(make_model(), (x, y), epochs=3, batch_size=32, budget_s=60)
+    m = advice.measurements
+    assert made == [1, 2] and set(m["t_step"]) == {1, 2}  # one trainer per worker count measured (local[2])
+    assert m["num_examples"] == 2048 and m["sample_examples"] == 2048
+    assert m["staging_s"] > 0 and m["t_single"] > 0  # the first fit's staging time (trainer.stats.staging_s)
+
+
 # ------------------------------------------------------------------ fit's warning
 
 
-def _record(k, compute, load, wall):
-    return types.SimpleNamespace(averaging_frequency=k, compute_max_s=compute, load_max_s=load, wall_s=wall)
+def _record(k, compute, load, wall, built=False, traced=None, build_s=0.0, trace_s=0.0):
+    """A round record of one worker (as ``RoundRecord``/``WorkerRecord`` name things)."""
+    traced = built if traced is None else traced
+    worker = types.SimpleNamespace(compute_s=compute, load_s=load, replica_built=built, build_s=build_s, traced=traced,
+                                   trace_s=trace_s)
+    return types.SimpleNamespace(averaging_frequency=k, compute_max_s=compute, load_max_s=load, wall_s=wall,
+                                 replicas_built=int(built), workers=[worker])
 
 
 def test_the_slow_warning_compares_the_epoch_with_one_process_at_one_workers_speed():
-    slow = [_record(8, 0.8, 0.0, 5.0)] + [_record(8, 0.02, 0.004, 0.15)] * 3  # the first round builds replicas
+    slow = [_record(8, 0.8, 0.0, 5.0, built=True)] + [_record(8, 0.02, 0.004, 0.15)] * 3
     message = slower_than_one_process(slow, num_examples=2048, num_workers=2, batch_size=32)
     # 32 minibatches per worker at 3 ms + 4 rounds of 126 ms, against 64 minibatches at 3 ms in one process
     assert message.startswith("This fit is slower than one process would be: an epoch takes 0.60 s on 2 workers "
                               "(0.10 s computing, 0.50 s in 4 rounds' overhead), while one process at one worker's "
-                              "speed (3.0 ms per minibatch) would take 0.19 s.")
+                              "speed (3.0 ms per minibatch, the median of 3 rounds without replica builds or tracing) "
+                              "would take 0.19 s.")
     assert "slow_warning=False" in message
     fast = [_record(64, 1.28, 0.06, 1.40)] * 3
     assert slower_than_one_process(fast, num_examples=200_000, num_workers=8, batch_size=32) is None
+
+
+# The first epoch of the README quickstart as measured on local[2] (1,445 examples, 2 workers, batch 32, k=8): Spark
+# gave the second round to another pair of Python workers, so two of its three rounds built replicas and traced.
+QUICKSTART_EPOCH = [
+    _record(8, 1.5772, 0.0064, 2.000, built=True, build_s=0.25, trace_s=0.6),
+    _record(8, 1.7051, 0.0085, 2.465, built=True, build_s=0.40, trace_s=0.7),
+    _record(6, 0.0049, 0.0131, 0.233),
+]
+
+
+def test_rounds_that_build_a_replica_or_trace_are_not_counted_as_compute():
+    assert [is_cold(r) for r in QUICKSTART_EPOCH] == [True, True, False]
+    assert is_cold(_record(8, 0.5, 0.0, 0.6, built=False, traced=True))  # a cached replica, new data shapes
+    t_step, fixed, rounds = steady_costs(QUICKSTART_EPOCH)
+    assert rounds == 1 and t_step == pytest.approx(0.018 / 6) and fixed == pytest.approx(0.233 - 0.018)
+    # "leave the first round out" read 108 ms per minibatch here, a cold and a steady round's mean, and no warning
+    message = slower_than_one_process(QUICKSTART_EPOCH, num_examples=1445, num_workers=2, batch_size=32)
+    assert message is not None and "(3.0 ms per minibatch, the median of 1 round without" in message
+    # traced only, no build: left out just the same
+    traced = [QUICKSTART_EPOCH[0], _record(8, 1.2, 0.008, 1.3, traced=True, trace_s=0.6), QUICKSTART_EPOCH[2]]
+    assert steady_costs(traced)[:2] == steady_costs(QUICKSTART_EPOCH)[:2]
+    # nothing steady yet: no warning; the costs take the measured build and trace seconds out
+    assert slower_than_one_process(QUICKSTART_EPOCH[:2], num_examples=1445, num_workers=2, batch_size=32) is None
+    t_step, fixed, rounds = steady_costs(QUICKSTART_EPOCH[:1])
+    assert rounds == 0 and t_step == pytest.approx((1.5772 - 0.6 + 0.0064) / 8)
+    assert fixed == pytest.approx(2.0 - 1.5772 - 0.0064 - 0.25)
+
+
+def test_no_warning_when_only_a_second_pair_of_workers_building_replicas_made_the_epoch_slow():
+    # compute-bound: 10 ms a minibatch, 50 ms a round besides, k=8 -> distributing (just) pays on 2 workers;
+    # the second round, on two new Python workers, waited seconds for them to start, build and trace
+    epoch = [_record(8, 0.38, 0.001, 4.0, built=True, build_s=0.4, trace_s=0.2),
+             _record(8, 0.38, 0.001, 4.0, built=True, build_s=0.4, trace_s=0.2),
+             _record(8, 0.08, 0.001, 0.131)]
+    assert slower_than_one_process(epoch, num_examples=1536, num_workers=2, batch_size=32) is None
+    # the same epoch with a slow steady round does warn
+    slow = epoch[:2] + [_record(8, 0.08, 0.001, 0.5)]
+    assert slower_than_one_process(slow, num_examples=1536, num_workers=2, batch_size=32) is not None
+
+
+def test_the_quickstart_fit_warns_with_its_steady_time_per_minibatch(digits, caplog):
+    """The README quickstart's model, batch 32, k=8, 2 workers on digits: 5-8x slower than keras.Model.fit."""
+    import re
+    import statistics
+
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=32, averaging_frequency=8, seed=0)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer.fit(digits, epochs=3, verbose=0)
+    slow = [r.getMessage() for r in caplog.records if r.getMessage().startswith("This fit is slower than one")]
+    assert len(slow) == 1, [r.getMessage() for r in caplog.records]
+    stated = float(re.search(r"\(([\d.]+) ms per minibatch", slow[0]).group(1)) / 1000
+    records = trainer.stats.records
+    assert is_cold(records[0]) and all(w.traced and w.trace_s > 0 and w.build_s > 0 for w in records[0].workers)
+    later = [(r.compute_max_s + r.load_max_s) / r.averaging_frequency
+             for r in records if r.epoch >= 1 and not is_cold(r)]
+    assert later, "no steady round after the first epoch"
+    assert 0.5 <= stated / statistics.median(later) <= 2, (slow[0], later)
 
 
 def test_fit_warns_once_when_slower_than_one_process_unless_silenced(spark, caplog):

@@ -9,6 +9,7 @@ workers.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -51,10 +52,29 @@ def _sql_probe(spark, n=2):
     return [tuple(r) for r in rows]
 
 
-def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reuse():
+def _cold_start_notes(caplog) -> list:
+    return [r.getMessage() for r in caplog.records if "new executor Python workers to import TensorFlow" in r.getMessage()]
+
+
+def _small_fit(epochs=1):
+    x, y = regression_data(64, seed=3)
+    trainer = ParameterAveragingTrainer(make_model(seed=3), num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+    trainer.fit((x, y), epochs=epochs, verbose=0)
+    return trainer
+
+
+def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reuse(caplog):
     with spark_session("local[2]", "sparkdl_avg-plain-daemon", **{"spark.python.daemon.module": "pyspark.daemon"}) as spark:
         # PySpark's own daemon imports nothing: a worker that ran no training has no TensorFlow.
         assert not any(tf for _, tf, _ in _sql_probe(spark))
+        # Issue 28: a session without RECOMMENDED_CONF: the first fit says once what the imports cost it, and the fix.
+        _small_fit()
+        notes = _cold_start_notes(caplog)
+        assert len(notes) == 1, caplog.text
+        seconds = float(re.search(r"waited about ([0-9.]+) s", notes[0]).group(1))
+        assert 0.5 <= seconds < 60 and "RECOMMENDED_CONF" in notes[0] and "warm_up" in notes[0], notes
+        _small_fit()
+        assert len(_cold_start_notes(caplog)) == 1  # once per application
         warm = warm_up(spark)
         assert warm_up(spark) is warm  # not repeated within WARM_UP_REUSE_S
         pids = set(warm.result(timeout=180))
@@ -65,7 +85,7 @@ def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reus
         assert all(tf and k for _, tf, k in rdd + sql)
 
 
-def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path):
+def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path, caplog):
     conf = {"spark.python.daemon.module": DAEMON_MODULE, "spark.python.worker.reuse": "false"}
     with spark_session("local[2]", "sparkdl_avg-daemon", **conf) as spark:
         first, second = _rdd_probe(spark), _sql_probe(spark)
@@ -74,9 +94,12 @@ def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path
         assert all(tf and k for _, tf, k in first + second), first + second
         x, y = regression_data(64, seed=3)
         trainer = ParameterAveragingTrainer(make_model(seed=3), num_workers=2, batch_size=8, averaging_frequency=2,
-                                            seed=0, slow_warning=False)
+                                            seed=0)
         history = trainer.fit((x, y), epochs=3, verbose=0)
         assert history.history["loss"][-1] < history.history["loss"][0]
+        # Forked with TensorFlow imported: nothing to say about imports (every task here was a new worker).
+        assert not _cold_start_notes(caplog), caplog.text
+        assert all(w.import_s == 0 for r in trainer.stats.records for w in r.workers)
         predictions = trainer.predict(spark.createDataFrame([(row.tolist(),) for row in x], "features array<double>"))
         got = np.array([r.prediction for r in predictions.collect()]).reshape(-1)
         np.testing.assert_allclose(got, trainer.model.predict(x, verbose=0).reshape(-1), rtol=1e-5, atol=1e-6)

@@ -302,10 +302,15 @@ def test_the_quickstart_runs_as_written(tmp_path):
     blocks = _python_blocks(_section(README.read_text(encoding="utf-8"), "Quickstart"))
     assert len(blocks) == 1, "the Quickstart should be one python block"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, env=env,
+    probe = "\nprint('REPLICAS', sum(r.replicas_built for r in trainer.stats.records))\n"
+    proc = subprocess.run([sys.executable, "-c", blocks[0] + probe], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = [line for line in proc.stdout.splitlines() if line.strip()]
-    assert printed[-1].startswith("{") and "'accuracy'" in printed[-1], proc.stdout[-2000:]
-    assert ast.literal_eval(printed[-1])["accuracy"] > 0.8  # the digits are learnt, not just run through
+    assert printed[-1] == "REPLICAS 2"  # one replica per worker: not built again on a second set of workers
+    assert printed[-2].startswith("{") and "'accuracy'" in printed[-2], proc.stdout[-2000:]
+    assert ast.literal_eval(printed[-2])["accuracy"] > 0.8  # the digits are learnt, not just run through
     assert (tmp_path / "model.keras").is_file()
+    # Issue 28 item 15: no TensorFlow start-up notices, no Spark progress bars over the epoch lines.
+    for noise in ("absl::InitializeLog", "oneDNN", "cuda drivers", "cuInit", "cpu_feature_guard", "[Stage "):
+        assert noise not in proc.stderr, proc.stderr[-3000:]

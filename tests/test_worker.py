@@ -10,6 +10,8 @@ default float32 they carry float32 rounding (compared with ``rel=1e-6``);
 ``test_metrics_are_exact_with_float64_floatx`` checks them tightly.
 """
 
+import time
+
 import numpy as np
 import pytest
 
@@ -95,7 +97,9 @@ def test_train_round_equals_keras_train_on_batch(arrays, staged, worker_id, opti
     model = make_model(optimizer=optimizer_factory(), seed=1)
     task = make_task(model, staged, steps_before=2, steps=3, num_workers=2, batch_size=8)
 
+    before = time.time()
     result = worker.train_round(task, worker_id)
+    after = time.time()
 
     positions = worker_positions(2, 3, worker_id, 2, 8)
     assert positions.start == (2 * 2 + worker_id * 3) * 8
@@ -119,7 +123,25 @@ def test_train_round_equals_keras_train_on_batch(arrays, staged, worker_id, opti
     assert max(float(np.max(np.abs(s / n - w))) for s, w in zip(result.weight_sums, model.get_weights())) > 1e-4
     (record,) = result.workers
     assert record["worker"] == worker_id and record["examples"] == n
-    assert record["compute_s"] >= 0 and record["load_s"] >= 0
+    # the driver compares these times with its own time.time(): same clock, within the call
+    assert before <= record["start"] <= record["end"] <= after
+
+
+def test_a_slow_read_of_the_examples_shows_in_load_s_only(staged, monkeypatch):
+    delay = 0.5
+    real_read = worker.read_examples
+
+    def slow_read(*args, **kwargs):
+        time.sleep(delay)
+        return real_read(*args, **kwargs)
+
+    task = make_task(make_model(optimizer=keras.optimizers.SGD(0.1), seed=1), staged)
+    worker.train_round(task, 0)  # builds the replica and traces its step function: the timed round does neither
+    monkeypatch.setattr(worker, "read_examples", slow_read)
+    (record,) = worker.train_round(task, 0).workers
+    assert not record.replica_built
+    assert record.load_s >= delay
+    assert record.setup_s < delay and record.compute_s < delay  # a warm replica: milliseconds each
 
 
 def test_train_round_shuffled_reads_the_epoch_order(arrays, staged):
@@ -198,6 +220,21 @@ def test_a_rebuilt_model_of_the_same_architecture_keeps_its_fingerprint():
 
     # A multi-output model's metric names carry its output layers' names: those still count.
     assert ModelSpec.from_model(two_outputs()).fingerprint != ModelSpec.from_model(two_outputs()).fingerprint
+
+
+def test_a_round_that_builds_or_traces_says_so_and_how_long_it_took(staged, monkeypatch):
+    """What lets the advisor leave such rounds out of its steady-state times (issue 28)."""
+    monkeypatch.setattr(worker, "_REPLICAS", type(worker._REPLICAS)())
+    monkeypatch.setattr(worker, "_STEP_FUNCTIONS", {})
+    task = make_task(make_model(hidden=9), staged)
+    (first,), (second,) = worker.train_round(task, 0).workers, worker.train_round(task, 0).workers
+    assert first.replica_built and first.traced
+    assert 0 < first.build_s <= first.setup_s and 0 < first.trace_s <= first.compute_s
+    assert not second.replica_built and not second.traced and second.build_s == 0 and second.trace_s == 0
+    # a cached replica without its step function (as for data of other shapes) traces again, builds nothing
+    monkeypatch.setattr(worker, "_STEP_FUNCTIONS", {})
+    (third,) = worker.train_round(task, 0).workers
+    assert not third.replica_built and third.traced and third.trace_s > 0
 
 
 def test_the_replica_cache_keeps_the_most_recently_used(arrays, staged, monkeypatch):
