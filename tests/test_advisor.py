@@ -303,7 +303,9 @@ def test_the_quickstart_fit_warns_with_its_steady_time_per_minibatch(digits, cap
     later = [(r.compute_max_s + r.load_max_s) / r.averaging_frequency
              for r in records if r.epoch >= 1 and not is_cold(r)]
     assert later, "no steady round after the first epoch"
-    assert 0.5 <= stated / statistics.median(later) <= 2, (slow[0], later)
+    # Counting the first round's build and trace read ~30x too high (71.9 against 2.4 ms); a shared 2-core
+    # machine moves steady medians by up to 2x between epochs, hence the band.
+    assert 0.25 <= stated / statistics.median(later) <= 4, (slow[0], later)
 
 
 def test_fit_warns_once_when_slower_than_one_process_unless_silenced(spark, caplog):
