@@ -1,19 +1,14 @@
-"""The single place where trainer options and the model are validated.
+"""The single place where trainer options and the model are validated, on the driver, before any Spark job.
 
 ``TrainerConfig`` holds the constructor options of
 :class:`~sparkdl_avg.ParameterAveragingTrainer`; the Spark ML layer builds the
-same object, so every entry point gets the same checks, all of which run on
-the driver before any Spark job starts.
-
-``TrainerConfig`` is generated with :func:`dataclasses.make_dataclass` from
-the :data:`~sparkdl_avg.options.TRAINER` rows of
-:data:`sparkdl_avg.options.OPTIONS`: its fields, defaults, docstring and the
-checks ``__post_init__`` runs (each row's own, in table order) are declared
-there once. A hand-written dataclass would repeat every name and default a
-second time, which is how the entry points drifted apart; what the generated
-class costs is that static type checkers do not see its fields (it is still a
-frozen, picklable ``sparkdl_avg.config.TrainerConfig`` with ``__eq__`` and
-``dataclasses.fields``).
+same object, so every entry point gets the same checks. It is generated with
+:func:`dataclasses.make_dataclass` from the :data:`~sparkdl_avg.options.TRAINER`
+rows of :data:`sparkdl_avg.options.OPTIONS`, which declare its fields,
+defaults, docstring and per-option checks once (a hand-written dataclass
+would repeat each of them); ``__post_init__`` adds the checks that concern
+several options. Static type checkers do not see its fields; it is still a
+frozen, picklable dataclass with ``__eq__`` and ``dataclasses.fields``.
 """
 
 from __future__ import annotations

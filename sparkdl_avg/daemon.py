@@ -3,11 +3,11 @@
 Executors start Python workers by forking them from one daemon process per
 Python environment (``spark.python.daemon.module``, default
 ``pyspark.daemon``). Every new worker then imports TensorFlow and Keras on
-its own: about 4 s on a 2-core host, paid by the session's first fit, by the
-first ``predict`` (the SQL runner has a pool of its own), and again after
-PySpark drops workers idle for a minute. This module owns importing them
-once, in the daemon: workers forked from it start with the modules loaded
-(shared copy-on-write), so a new worker costs a fork.
+its own (seconds: docs/benchmarks.md, "Cold start"), paid by the session's
+first fit, by the first ``predict`` (the SQL runner has a pool of its own),
+and again after PySpark drops workers idle for a minute. This module owns
+importing them once, in the daemon: workers forked from it start with the
+modules loaded (shared copy-on-write), so a new worker costs a fork.
 
 Use it with ``spark.python.daemon.module=sparkdl_avg.daemon`` (what
 :func:`sparkdl_avg.cli.spark_session`, so the jobs, and the notebooks set). Only imports happen

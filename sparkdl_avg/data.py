@@ -389,7 +389,8 @@ def check_shared_root(engine, root: str, tasks: int, default: bool) -> None:
     shared mount: the driver writes a marker file under ``root`` and one
     small job of ``tasks`` tasks (:func:`sparkdl_avg.worker.probe_path_batches`)
     asks each executor whether it sees it. URIs (``s3://``, ``hdfs://``) and
-    one-host masters are not checked. About one Spark job's time (0.1-0.3 s),
+    one-host masters are not checked. It costs one small Spark job (an empty
+    job's cost: docs/benchmarks.md, "Where the time goes as work grows"),
     once per trainer and session.
 
     Args:

@@ -22,12 +22,12 @@ Why files: a round's partial sums (the model's weights and optimizer
 variables, n× each) reach the driver through Spark's result path — pickled
 in the Python worker, copied into the executor JVM, stored in the block
 manager when over ``spark.task.maxDirectResultSize``, fetched by the driver
-JVM, copied over a socket into Python and unpickled. On this project's 2-core
-machine that is ≈ 5 ms per MB, the largest per-round cost at 1e6 parameters
-(12 MB per worker with Adam). When the driver and the executors share a
-filesystem (always on one host: ``local[N]``, ``local-cluster``), a worker
-writing its arrays to a file and returning only the file's name costs a
-page-cache copy on each side (measured in docs/benchmarks.md).
+JVM, copied over a socket into Python and unpickled — the largest per-round
+cost at 1e6 parameters on one host (docs/benchmarks.md, "Where the time goes
+as work grows"). When the driver and the executors share a filesystem
+(always on one host: ``local[N]``, ``local-cluster``), a worker writing its
+arrays to a file and returning only the file's name costs a page-cache copy
+on each side.
 
 The format is deliberately raw: the arrays' bytes back to back, each at an
 offset aligned to 64 bytes, described by a :class:`StoredArrays` that

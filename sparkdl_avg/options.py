@@ -1,52 +1,42 @@
-"""The one table of trainer options: every entry point derives its options from :data:`OPTIONS`.
+"""The one table of trainer options, :data:`OPTIONS`: every entry point derives its options from it.
 
-Each :class:`Option` row declares an option once: its snake_case name, its
-default, its type, its documentation, its check, how the jobs' command line
-spells it (:class:`Flag`) and which Spark ML Param carries it
-(:class:`SparkParam`). From the rows derive:
+Each :class:`Option` row declares an option once: its snake_case name,
+default, type, documentation, check, how the jobs' command line spells it
+(:class:`Flag`) and which Spark ML Param carries it (:class:`SparkParam`).
+From the rows derive:
 
-- :class:`~sparkdl_avg.config.TrainerConfig` (the rows of scope
-  :data:`TRAINER`: its fields, defaults, docstring and ``__post_init__``
-  validation, which runs each row's ``check``);
+- :class:`~sparkdl_avg.config.TrainerConfig` (the :data:`TRAINER` rows: its
+  fields, defaults, docstring and the checks ``__post_init__`` runs);
 - ``ParameterAveragingTrainer.__init__``'s signature, its unknown-keyword
-  error and the Args of its docstring (:func:`constructor`, :func:`document`);
+  error and its docstring's Args (:func:`constructor`, :func:`document`);
 - the jobs' flags (``sparkdl_avg.cli.add_trainer_args``, ``add_data_args``)
   and ``cli.trainer_options``;
 - ``KerasAveragingEstimator``'s Params, keyword arguments, defaults,
-  setters and getters, ``_trainer_options`` and the snake_case → camelCase
-  map of its error messages (``sparkdl_avg.ml``);
+  setters, getters, ``_trainer_options`` and the snake_case → camelCase map
+  of its error messages (``sparkdl_avg.ml``);
 - :class:`~sparkdl_avg.tracking.MlflowLogger`'s signature and Args (the
   :data:`TRACKING` rows but the ``mlflow`` switch), the jobs' ``--mlflow-*``
-  flags (``cli.add_tracking_args``, ``cli.tracker``) and the estimator's
-  ``mlflow*`` Params, all made into one logger by
+  flags and the estimator's ``mlflow*`` Params, made into one logger by
   :func:`sparkdl_avg.tracking.from_options`;
 - the checks of README.md's configuration reference (tests/test_readme.py)
-  and tests/test_options.py, which checks that every row reaches all three
-  entry points with the same default and the same error.
+  and tests/test_options.py (every row reaches all three entry points with
+  the same default and the same error).
 
 Where an entry point gives an option another default or form, the row says
 so: the CLI and the estimator name the update rule (``update_rule="average"``)
 and give its two numbers flat (the :data:`RULE` rows ``block_momentum`` and
-``block_lr``, combined by :func:`from_flat` through
-:func:`sparkdl_avg.rules.rule_from_name`); the CLI prints one line per epoch
-(``verbose=2``) and the estimator is silent (``verbose=0``).
+``block_lr``, combined by :func:`from_flat`); the CLI prints one line per
+epoch (``verbose=2``), the estimator is silent (``verbose=0``).
 
-To check that no option is declared twice, grep its name, e.g.
-``grep -rn "batch_size\\|batchSize\\|batch-size" sparkdl_avg/``: besides its
-row here it appears only where it is used (``self.config.batch_size``), in
-messages, and in options that are not the trainer's (``evaluate``'s and
-``predict``'s ``batch_size``, the jobs' ``evaluate.py``/``predict.py``
-flags, ``inferenceBatchSize``).
-
-The fit options' checks are rows here where they concern one value
-(``epochs``, ``initial_epoch``, the checkpoint options), run by
-``ParameterAveragingTrainer.fit`` (through
-:func:`sparkdl_avg.config.check_fit_args` and
+The :data:`FIT` rows' checks run in ``ParameterAveragingTrainer.fit``
+(:func:`sparkdl_avg.config.check_fit_args`,
 :func:`sparkdl_avg.config.check_checkpoint_args`) and, before Spark starts,
-by the jobs (``sparkdl_avg.cli.check_fit_flags``). ``verbose``'s ``"auto"``
-is resolved by ``fit``. Whatever the check, the CLI names the flag
-(``--batch-size``, :func:`flag_names`) and the estimator the Param
-(``batchSize``) where the trainer's message names the option.
+in the jobs (``sparkdl_avg.cli.check_fit_flags``). Whatever the check, the
+CLI's message names the flag (``--batch-size``, :func:`flag_names`) and the
+estimator's the Param (``batchSize``) where the trainer's names the option.
+Besides its row, an option's name appears only where it is used, in
+messages and in other callables' own options such as ``evaluate``'s
+``batch_size`` (``grep -rn "batch_size\\|batchSize\\|batch-size" sparkdl_avg/``).
 """
 
 from __future__ import annotations
@@ -335,12 +325,12 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "aggregation_depth", 1, "int",
         help="depth of the treeAggregate",
-        doc="``treeAggregate`` depth. Default 1 (the driver merges every worker's result): measured at "
-            "8 workers × 1e6 parameters, a round took 0.67 s at depth 1 and 2.5 s at depth 2, whose "
-            "shuffle level moves pickled partials between Python workers (docs/benchmarks.md, "
-            "\"Aggregation paths\"). Applies to the rounds' results with ``state_transport=\"spark\"`` "
-            "and to evaluation's metric sums with ``\"spark\"`` and ``\"files\"``; the ``\"sql\"`` round uses "
-            "``aggregation``, files have no tree.",
+        doc="Depth of the ``treeAggregate`` that sums the rounds' results with ``state_transport=\"spark\"`` "
+            "and evaluation's metric sums with ``\"spark\"`` and ``\"files\"`` (the ``\"sql\"`` round uses "
+            "``aggregation``). Default 1: the driver merges every worker's result. Deeper levels are shuffles "
+            "of pickled partials between Python workers and measured slower (docs/benchmarks.md, \"Aggregation "
+            "paths\"); go deeper only where your cluster's driver merge is measured to be the bottleneck "
+            "(docs/scaling.md, \"What it implies\").",
         check=ints(1),
         cli=Flag(type=int),
         param=SparkParam("aggregationDepth", "toInt"),
@@ -443,19 +433,17 @@ OPTIONS: Tuple[Option, ...] = (
              "executors run on the driver's host, else spark while the driver's link is cheaper than sharding, "
              "sql above)",
         doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.transport`). "
-            "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a "
-            "file under the staging directory, the workers' sums raw bytes in Arrow rows, summed as "
-            "``aggregation`` says; it runs the same on a classic session and under Spark Connect. "
-            "``\"spark\"``: the driver broadcasts weights and optimizer variables, workers return their "
-            "sums as task results through ``treeAggregate`` (classic sessions). ``\"files\"``: both "
-            "directions as files under the staging directory, summed by the driver (classic sessions "
-            "whose driver and executors share a fast filesystem). ``\"auto\"`` (default): files when "
-            "every executor runs on the driver's host (``local[N]``, ``local-cluster``) and the staging "
-            "directory is local; on hosts of their own Spark's tree while bringing every worker's sums "
-            "through the driver's link (``network_rate``) costs less than a sharded round, else sql (which "
-            "then shards through the shuffle); with a local master and a URI staging directory the tree up to "
-            "64 MB of sums in all; always sql under Connect. Measured in docs/benchmarks.md "
-            "(\"On a shaped network\", \"Aggregation paths\").",
+            "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a file under "
+            "the staging directory, the workers' sums raw bytes in Arrow rows, summed as ``aggregation`` says; "
+            "the only one under Spark Connect. ``\"spark\"``: broadcast out, ``treeAggregate`` back (classic "
+            "sessions). ``\"files\"``: both directions as files under the staging directory, summed by the "
+            "driver (classic sessions whose driver and executors share a fast filesystem). ``\"auto\"`` "
+            "(default): files when every executor runs on the driver's host (``local[N]``, ``local-cluster``) "
+            "and the staging directory is local; on hosts of their own Spark's tree while bringing every "
+            "worker's sums through the driver's link (``network_rate``) costs less than a sharded round, else "
+            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.transport.choose`). Name one only "
+            "to compare them, or ``\"files\"`` with a fast shared filesystem. Measurements: docs/benchmarks.md, "
+            "\"On a shaped network\" and \"Aggregation paths\".",
         check=one_of(STATE_TRANSPORTS),
         cli=Flag(choices=STATE_TRANSPORTS),
         param=SparkParam("stateTransport", "toString"),
@@ -466,20 +454,19 @@ OPTIONS: Tuple[Option, ...] = (
              "the workers' files), 'shuffle' (S reducers through Spark's shuffle), 'storage' (S reducers reading "
              "the workers' files), 'auto'",
         doc="How ``state_transport=\"sql\"`` sums the workers' sums. ``\"driver\"``: every worker's "
-            "sums reach the driver (``N`` models' bytes). ``\"files\"``: workers write their sums under "
-            "the staging directory and the driver reads them (``N`` models' bytes, through the page cache "
-            "on one host). ``\"shuffle\"``: sums cut into "
-            "``aggregation_shards`` slices, slice ``j`` of every worker summed by reducer task ``j`` "
-            "after a shuffle; the driver receives one model's bytes. ``\"storage\"``: workers write "
-            "their sums under the staging directory and ``aggregation_shards`` reducer tasks sum them "
-            "slice by slice (ranged reads); the driver receives one model's bytes. ``\"auto\"`` "
-            "(default): files under Spark Connect when its master is local (``local[N]``, "
-            "``local-cluster``) and the staging directory is local, so client and executors share its "
-            "files; on hosts of their own the driver while that costs less than sharding (``network_rate``), "
-            "else shuffle; with every executor on the driver's host the driver when all workers' sums together "
-            "are at most 48 MB, else storage (:func:`sparkdl_avg.transport.plan_aggregation`; why in "
-            "docs/benchmarks.md, \"On a shaped network\"). All give bitwise the same sums. Anything but ``\"auto\"`` "
-            "is refused with ``state_transport=\"spark\"`` or ``\"files\"``, which sum on the driver.",
+            "sums reach the driver (``N`` models' bytes). ``\"files\"``: workers write their sums under the "
+            "staging directory and the driver reads them (``N`` models' bytes, through the page cache on one "
+            "host). ``\"shuffle\"``: sums cut into ``aggregation_shards`` slices, slice ``j`` of every worker "
+            "summed by reducer task ``j`` after a shuffle. ``\"storage\"``: workers write their sums under the "
+            "staging directory and ``aggregation_shards`` reducer tasks sum them slice by slice (ranged reads). "
+            "Sharded, the driver receives one model's bytes. ``\"auto\"`` (default): files under Spark Connect "
+            "when its master and the staging directory are local (client and executors share its files); on hosts of their own the driver while "
+            "that costs less than sharding (``network_rate``), else shuffle; on one host the driver up to "
+            ":data:`sparkdl_avg.transport.DRIVER_SUM_BYTES` of sums in all, else storage (the whole rule: "
+            ":func:`sparkdl_avg.transport.plan_aggregation`; measurements: docs/benchmarks.md, \"Aggregation "
+            "paths\" and \"On a shaped network\"). All give bitwise the same sums, so name one only to compare "
+            "them. Anything but ``\"auto\"`` is refused with ``state_transport=\"spark\"`` or ``\"files\"``, "
+            "which sum on the driver.",
         check=one_of(AGGREGATIONS),
         cli=Flag(choices=AGGREGATIONS),
         param=SparkParam("aggregation", "toString"),
@@ -566,15 +553,14 @@ OPTIONS: Tuple[Option, ...] = (
         help="the driver's network link rate (e.g. '1gbit', '10gbit'), which state_transport='auto' and "
              "aggregation='auto' weigh on hosts of their own",
         unset="1 Gbit/s",
-        doc="The rate of the driver's network link on a cluster of several hosts: a string such as "
-            "``\"1gbit\"``, ``\"10gbit\"`` or ``\"800mbit\"``, or bytes per second. ``\"auto\"`` "
-            "brings every worker's sums straight to the driver while that costs less than sharding "
-            "them: while ``(num_workers - 1) × one model's sums ÷ network_rate`` is at most 0.3 s (the "
-            "second stage a sharded round pays whatever the size) and all of them together at most 64 MB "
-            "(:func:`sparkdl_avg.transport.driver_bound_pays`, measured on links shaped to 1 Gbit/s in "
-            "docs/benchmarks.md, \"On a shaped network\"); above, it shards through the shuffle, so the "
-            "driver's link carries about one model's bytes each way per round. Default ``None``: 1 Gbit/s. "
-            "Not used when every executor runs on the driver's host (``local[N]``, ``local-cluster``).",
+        doc="The rate of the driver's network link on a cluster of several hosts, which ``\"auto\"`` "
+            "(``state_transport``, ``aggregation``) weighs: a string such as ``\"1gbit\"``, ``\"10gbit\"`` or "
+            "``\"800mbit\"``, or bytes per second. Default ``None``: 1 Gbit/s. Every worker's sums go straight "
+            "to the driver while that costs less than sharding them "
+            "(:func:`sparkdl_avg.transport.driver_bound_pays`), else they are sharded through the shuffle and the "
+            "driver's link carries about one model's bytes each way per round. Give your link's rate when it is "
+            "not 1 Gbit/s. Not used when every executor runs on the driver's host (``local[N]``, "
+            "``local-cluster``). Measurements: docs/benchmarks.md, \"On a shaped network\".",
         check=_rate,
         cli=Flag(metavar="RATE"),
         param=SparkParam("networkRate", "toString"),

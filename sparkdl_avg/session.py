@@ -35,9 +35,9 @@ UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
 """The Spark setting (Spark >= 4.1, static) that, set to ``"true"``, has each JVM
 talk to its Python processes (the executors' workers, the driver's result
 streams) over Unix domain sockets instead of loopback TCP. Over TCP each
-Python task measured here waited about 40 ms for its input (the signature of
-Nagle's algorithm meeting delayed acknowledgements): once per round, a third
-of a small round's overhead (docs/benchmarks.md, "Unix domain sockets")."""
+Python task waits for its input (the signature of Nagle's algorithm meeting
+delayed acknowledgements), once per round: a large share of a small round's
+overhead (measured in docs/benchmarks.md, "Unix domain sockets")."""
 
 CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
 """The Spark setting (static) for Spark's console progress bars. Its bars
@@ -167,8 +167,9 @@ class Engine:
 
         The ``spark.range`` DataFrame is made once per ``(start, n)`` and
         reused: ``mapInArrow`` asks for its input's columns, which under
-        Spark Connect is an ``AnalyzePlan`` round trip (about 10 ms a round
-        on one host) unless the DataFrame already knows its schema.
+        Spark Connect is an ``AnalyzePlan`` round trip per round (measured in
+        docs/benchmarks.md, "Spark Connect against a classic session") unless
+        the DataFrame already knows its schema.
         """
         ids = self._ranges.get((start, n))
         if ids is None:
@@ -187,7 +188,7 @@ class Engine:
         """Starts making the executors' Python workers ready to train, in the background; returns its future.
 
         A new Python worker spends seconds importing TensorFlow before its
-        first task (about 3 s on a 2-core host; with ``spark.python.daemon.module``
+        first task (docs/benchmarks.md, "Cold start"; with ``spark.python.daemon.module``
         set to :data:`DAEMON_MODULE` the daemon imports it once and a worker
         then costs a fork). Small jobs of ``default_parallelism`` tasks (an
         RDD job, then a Spark SQL one; under Connect only the latter) start

@@ -2,21 +2,14 @@
 
 This module owns the ``state_transport``, ``aggregation`` and
 ``aggregation_shards`` options: :func:`choose` turns them into one
-:class:`StateTransport` per fit (or evaluation), and the round runner
-(:mod:`sparkdl_avg.round`) asks that object to ship the model
-(:meth:`StateTransport.ship_spec`), send each round's state
-(:meth:`StateTransport.send`), run the round's Spark job and bring the
+:class:`StateTransport` per fit (or evaluation). That object ships the
+model, sends each round's state, runs the round's Spark job and brings the
 workers' sums back as one :class:`~sparkdl_avg.aggregation.PartialResult`
-(:meth:`StateTransport.run_round`), evaluate (:meth:`StateTransport.evaluate`)
-and clean up (:meth:`StateTransport.end_round`, :meth:`StateTransport.close`).
-The stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.stale`) run
-one worker's chunk at a time, from several driver threads at once, with
-:meth:`StateTransport.run_chunk`: the same publish, job and sum, with what
-it publishes kept in the call (the only state a call leaves on the
-transport is ``last_plan``, which is the same for every chunk of a fit).
-What the tasks themselves carry (state sources, result sinks, reducers) and
-the file and row formats live in :mod:`sparkdl_avg.exchange`, the
-executor-visible half.
+(for :mod:`sparkdl_avg.round`; for :mod:`sparkdl_avg.stale`, one worker's
+chunk at a time from several threads, :meth:`StateTransport.run_chunk`,
+whose calls leave no state behind but ``last_plan``), evaluates and cleans
+up. The tasks' side and the file and row formats are in
+:mod:`sparkdl_avg.exchange`, the executor-visible half.
 
 * :class:`SparkTransport` — ``sc.broadcast`` out, ``treeAggregate`` back
   (depth ``aggregation_depth``); classic sessions only.
@@ -418,23 +411,22 @@ def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
 
 #: At most this many bytes of sums per round in all (workers × one model's sums) go straight to the driver
 #: under ``aggregation="auto"`` when every executor shares the driver's host; above, reducers sum them from the
-#: staging storage. Measured on one host (docs/benchmarks.md, "Aggregation paths"): the driver path is faster
-#: up to 24 MB (2 workers × 1e6 parameters: 238 against 313 ms per round), even at 48 MB, and 0.23-0.37 s
-#: slower from 96 MB on.
+#: staging storage: the largest size at which the driver path measured at least as fast on one host
+#: (docs/benchmarks.md, "Aggregation paths").
 DRIVER_SUM_BYTES = 48 << 20
 
 #: On a classic session whose executors share the driver's host but not its files (a local master with a URI
 #: staging directory), ``state_transport="auto"`` keeps Spark's broadcast + ``treeAggregate`` for rounds of at
-#: most this many bytes of sums in all, where it measured faster than the Spark SQL round on one host.
+#: most this many bytes of sums in all, where it measured faster than the Spark SQL round on one host
+#: (docs/benchmarks.md, "Aggregation paths").
 SPARK_TREE_BYTES = 64 << 20
 
 #: The driver's link rate ``auto`` assumes on a multi-host cluster when ``network_rate`` is not given: 1 Gbit/s.
 DEFAULT_NETWORK_RATE = "1gbit"
 
 #: Seconds a sharded round (a second stage of reducer tasks after a shuffle) costs beyond a driver-bound one
-#: whatever the model's size: measured on the shaped-network cluster at 10^5 parameters, where the bytes take
-#: ~10 ms, as 280 against 73 ms (4 workers) and 395 against 96 ms (8 workers) of aggregate phase
-#: (docs/benchmarks.md, "On a shaped network").
+#: whatever the model's size: measured on the shaped-network cluster at 10^5 parameters, whose bytes take almost
+#: no time on the wire (docs/benchmarks.md, "On a shaped network").
 SHARDED_STAGE_S = 0.3
 
 
@@ -445,11 +437,10 @@ def driver_bound_pays(num_workers: int, nbytes: int, rate_bytes_s: float) -> boo
     moves ``N × S`` bytes in through the driver's link; a sharded one
     (``"shuffle"``) about ``S`` in (and ``S`` through every other link), plus
     a second stage (:data:`SHARDED_STAGE_S`). So the driver path pays while
-    ``(N - 1) · S / rate <= SHARDED_STAGE_S`` — at 1 Gbit/s up to about
-    37 MB of sums beyond one model's (8 workers × 10^5 parameters with Adam
-    and 4 × 10^6: yes; 8 × 10^6: no, 84 MB beyond) — and the ``N`` sums
-    together stay within :data:`SPARK_TREE_BYTES`, which the driver holds at
-    once (however fast the link: ``spark.driver.maxResultSize`` and its memory).
+    ``(N - 1) · S / rate <= SHARDED_STAGE_S`` (at 1 Gbit/s, which of the
+    benchmarked sizes pass: docs/benchmarks.md, "On a shaped network") and the
+    ``N`` sums together stay within :data:`SPARK_TREE_BYTES`, which the driver
+    holds at once (however fast the link: ``spark.driver.maxResultSize`` and its memory).
     """
     return (num_workers - 1) * nbytes / rate_bytes_s <= SHARDED_STAGE_S and num_workers * nbytes <= SPARK_TREE_BYTES
 
@@ -460,7 +451,7 @@ def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, 
 
     ``"auto"`` on hosts of their own (``network_rate``: the driver's link,
     bytes/s) sums on the driver while :func:`driver_bound_pays`, else through
-    the shuffle, which measured 2-3× faster than the storage reducers on the
+    the shuffle, which measured faster than the storage reducers on the
     shaped-network cluster at every size (the store's HTTP requests, its one
     link and its CPU; docs/benchmarks.md, "On a shaped network"). With
     ``network_rate=None`` (every executor on the driver's host) it sums on

@@ -45,7 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MAX_REPLICAS = 2
 """Compiled replicas a Python worker keeps (the most recently used). A
 notebook that re-runs its model cell builds a new model, a new fingerprint,
-each time; kept forever, each cost the worker ~12 MB more per fit (issue 28).
+each time; kept forever, each grew the worker's memory every fit (issue 28;
+docs/benchmarks.md, "Executor memory over many fits in one session").
 Two let a session alternate between two models without rebuilding."""
 
 _REPLICAS: "OrderedDict[str, Any]" = OrderedDict()
@@ -145,7 +146,8 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
 
     It runs the model's own ``train_step`` (what ``model.fit`` runs, custom
     overrides included) in a graph loop, which saves the per-minibatch Python
-    dispatch of ``train_on_batch`` (about 40% of a small CNN's step time).
+    dispatch of ``train_on_batch`` (a large share of a small CNN's step time:
+    docs/benchmarks.md, "CNN on 20,000 synthetic 28×28 images").
     It takes one tensor per model input and per output; cached per replica
     and data shapes, with the number of examples left open, so shorter
     rounds do not retrace.
