@@ -9,7 +9,10 @@ to send, sends it through the fit's state transport
 gets the example-weighted sums back, stops on non-finite replicas, applies
 the update rule, sets the new state on the model and records the round's
 :class:`~sparkdl_avg.stats.RoundRecord`. :class:`RuleState` keeps the update
-rule's state (BMUF's ``Δ``) between rounds and fits.
+rule's state (BMUF's ``Δ``) between rounds and fits. The stale-synchronous
+and asynchronous scheduler (:mod:`sparkdl_avg.stale`) asks the same runner
+for one worker's chunk at a time (:meth:`RoundRunner.run_chunk`) and has it
+record the chunks it applies (:meth:`RoundRunner.record_chunk`).
 
 The executor entry point is looked up as ``worker.run_round_partition`` at
 each round, so a test can wrap it to inject executor faults (a failed first
@@ -21,7 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from functools import partial
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -81,8 +85,21 @@ class RoundSettings:
     epoch_steps: int
 
 
+@dataclass
+class ChunkStart:
+    """What an epoch of asynchronous chunks starts from (:meth:`RoundRunner.chunk_start`, :mod:`sparkdl_avg.stale`)."""
+
+    weights: List[np.ndarray]
+    optimizer: List[np.ndarray]
+    rule: UpdateRule
+    rule_state: Dict[str, List[np.ndarray]]  # the rule's state, updated in place at each block's end
+    trainable: List[bool]
+    iterations: int  # the optimizer's iteration counter's position among its variables
+    learning_rate: float
+
+
 class RoundRunner:
-    """Runs the rounds of one fit and records their stats.
+    """Runs the rounds (or the chunks, :mod:`sparkdl_avg.stale`) of one fit and records their stats.
 
     Args:
         engine: The session's :class:`~sparkdl_avg.session.Engine`.
@@ -113,25 +130,73 @@ class RoundRunner:
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
         sent = self.rule.to_send(weights, self.rule_state.state, mask)
-        state, sink = self.transport.send(f"e{epoch}-r{rnd}", sent, opt_vars)
-        t1 = time.time()
-        task = self.task(epoch, rnd, steps_before, steps, state, sink)
-        with self.engine.labels(
+        result, t1 = self._job(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
-            f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})",
-        ):
-            result = self.transport.run_round(task, worker.run_round_partition, epoch, rnd)
+            f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})", None,
+            f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps),
+            range(s.num_workers), f"Round {rnd} of epoch {epoch}",
+        )
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
-        self.transport.end_round()
         t3, cpu3 = time.time(), time.process_time()
         record = round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3)
+        record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
+        self._finish(record)
+        return result
+
+    def run_chunk(self, epoch: int, rnd: int, part: int, slot: int, steps_before: int, steps: int,
+                  sent: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
+                  group: Optional[str]) -> Tuple[PartialResult, float, float]:
+        """Trains worker ``part``'s chunk of round ``rnd`` of ``epoch`` from ``sent``/``optimizer``; thread-safe.
+
+        ``slot``: the driver thread running it (see :class:`~sparkdl_avg.worker.RoundTask`); ``group``: the
+        fit's Spark job group (a thread does not inherit it). The driver's model is not touched.
+
+        Returns:
+            The chunk's result, the wall-clock times (``time.time``) its state was published and its job done.
+        """
+        s = self.settings
+        result, published = self._job(
+            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1}, worker {part} "
+            f"(slot {slot}; minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})", group,
+            f"e{epoch}-r{rnd}-w{part}", sent, optimizer, partial(self.task, epoch, rnd, steps_before, steps, slot=slot),
+            [part], f"Worker {part}'s chunk of round {rnd} of epoch {epoch}",
+        )
+        return result, published, time.time()
+
+    def _job(self, label: str, group: Optional[str], name: str, sent, optimizer, make_task, workers: Sequence[int],
+             what: str) -> Tuple[PartialResult, float]:
+        """A round's or a chunk's job through the transport, its Spark jobs labelled ``label``."""
+        with self.engine.labels(label, group=group):
+            return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what)
+
+    def chunk_start(self) -> ChunkStart:
+        """The driver's state, rule and learning rate an epoch of chunks starts from."""
+        weights, opt = get_state(self.model)
+        return ChunkStart(weights, opt, self.rule, self.rule_state.state, trainable_mask(self.model),
+                          iterations_index(self.model), current_learning_rate(self.model))
+
+    def set_global_state(self, weights, optimizer) -> float:
+        """Sets the model's state (a block of chunks applied); returns its learning rate now."""
+        set_state(self.model, weights, optimizer)
+        return current_learning_rate(self.model)
+
+    def record_chunk(self, epoch: int, rnd: int, steps: int, result: PartialResult, t_read: float, t1: float,
+                     t2: float, *, chunk: int, slot: int, staleness: int, delay: float, scale: float) -> RoundRecord:
+        """Records an applied chunk (one worker's, read at ``t_read``; see :mod:`sparkdl_avg.stats`); returns the record."""
+        record = round_record(epoch, rnd, steps, 1, result, self.rule.name, t_read, t1, t2, time.time())
+        record.chunk, record.slot, record.staleness = chunk, slot, staleness
+        record.delay, record.update_scale = delay, scale
+        record.workers[0].worker = slot
+        return self._finish(record)
+
+    def _finish(self, record: RoundRecord) -> RoundRecord:
+        """Finishes a round's or a chunk's record (the transport and its plan) and keeps it in ``stats``."""
         record.transport = self.transport.name
         record.aggregation, record.shards = self.transport.last_plan or ("", 0)
-        record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
         self.stats.add(record)
-        return result
+        return record
 
     def update(self, result: PartialResult, weights, sent, opt_vars, mask, learning_rate: float, steps: int) -> None:
         """Sets the model's state from a round's sums: the update rule on the averaged weights, the optimizer's average.

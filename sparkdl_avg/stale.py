@@ -4,7 +4,7 @@ This module owns ``synchronization="stale"`` and ``"async"`` on the driver.
 An epoch keeps the rounds of synchronous training (the same ``k`` per round,
 the same examples, the same seeds): chunk ``j = r·N + i`` is worker ``i``'s
 part of round ``r``. ``N`` driver threads ("slots") each run one chunk at a
-time as a one-task Spark job (:meth:`~sparkdl_avg.transport.StateTransport.run_chunk`:
+time as a one-task Spark job (:meth:`~sparkdl_avg.round.RoundRunner.run_chunk`:
 Spark runs concurrent jobs); the main thread gives a free slot the next
 chunk as soon as the bound allows and applies each chunk's update when it
 returns, so a fast worker gets the current weights and its next chunk at
@@ -73,10 +73,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import worker
 from .aggregation import PartialResult, merge
-from .modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
-from .round import RoundRunner, check_finite, round_record
+from .round import RoundRunner, check_finite
 from .rules import UpdateRule
 
 
@@ -215,8 +213,8 @@ class StaleRunner:
     """Runs the epochs of one fit as chunks, stale-synchronously (``bound`` rounds) or asynchronously.
 
     Args:
-        rounds: The fit's :class:`~sparkdl_avg.round.RoundRunner` (its model,
-            settings, rule, transport and stats).
+        rounds: The fit's :class:`~sparkdl_avg.round.RoundRunner`: its settings, the
+            chunks' jobs, their records and the model's state.
         bound: The staleness bound ``s``; ``None``: asynchronous.
         aware: Scale updates by their delay (``staleness_aware``).
         group: The fit's Spark job group, given to every chunk's job.
@@ -260,136 +258,169 @@ class StaleRunner:
     def run_epoch(self, epoch: int, logs: Dict[str, float], rounds_done: int, steps_before: int,
                   epoch_result: Optional[PartialResult], hooks: EpochHooks) -> Tuple[Dict[str, float], int]:
         """Trains ``epoch`` from round ``rounds_done`` (``steps_before`` minibatches in); returns its logs and rounds."""
-        rr, s = self.rounds, self.rounds.settings
-        n = s.num_workers
-        model = rr.model
-        weights, opt = get_state(model)
-        updater = StaleUpdater(weights, opt, rr.rule, rr.rule_state.state, trainable_mask(model), n,
-                               iterations_index(model), s.average_optimizer, self.aware)
-        learning_rate = current_learning_rate(model)
-        rounds: List[Tuple[int, int]] = []  # (steps_before, steps) of the rounds from rounds_done on
-        complete = rounds_done  # rounds before this one are wholly applied
-        applied = Counter()
-        inflight: Dict[Any, _InFlight] = {}
-        free = list(range(n))  # idle slots
-        chunk, blocks = rounds_done * n, rounds_done  # the next chunk's index in the epoch; blocks: Keras batches
-        stop = False
-        error: Optional[BaseException] = None
-        arrived: Dict[int, tuple] = {}  # chunk index -> (info, result, t1, t2), returned but not yet applied
-        committed = chunk  # reproducible: the next chunk to apply
-        snapshots = {rounds_done: updater.read()} if self.reproducible else {}  # rounds applied -> state read
-        snapshot_logs = {rounds_done: dict(logs)}  # rounds applied -> the epoch's logs then
-        pool = ThreadPoolExecutor(n, thread_name_prefix="sparkdl_avg-chunk")
+        chunks = _ChunkScheduler(self, epoch, logs, rounds_done, steps_before, epoch_result, hooks)
+        pool = ThreadPoolExecutor(self.rounds.settings.num_workers, thread_name_prefix="sparkdl_avg-chunk")
         try:
-            while True:
-                while free and not stop and error is None:
-                    r = chunk // n
-                    # The bound first: a schedule asked for round r's k sees the logs of every round before r - s.
-                    if self.bound is not None and complete < r - self.bound:
-                        break
-                    if r - rounds_done == len(rounds):
-                        start = rounds[-1][0] + rounds[-1][1] if rounds else steps_before
-                        if start >= s.epoch_steps:
-                            break
-                        # reproducible: the logs of the state its chunks read, not of whatever has returned
-                        seen_logs = snapshot_logs[max(rounds_done, r - self.bound)] if self.reproducible else logs
-                        rounds.append((start, hooks.next_steps(r, start, seen_logs)))
-                    free.sort(key=lambda o: self._took.get(o, 0.0))  # the fastest free slot first
-                    # Not at staleness 0: a chunk started later would read another round's updates, and
-                    # staleness 0 must read the state after its previous round, as synchronous training does
-                    # (reproducible chunks read a round's snapshot, whenever they start).
-                    if (inflight and (self.bound != 0 or self.reproducible)
-                            and not self._worth_starting(free[0], self._chunks_left(chunk, rounds, rounds_done))):
-                        break
-                    if self.reproducible:  # the state after exactly the rounds before r - s
-                        seen = max(rounds_done, r - self.bound)
-                        sent, opt_read, version = snapshots[seen]
-                    else:
-                        seen = complete
-                        sent, opt_read, version = updater.read()
-                    start, steps = rounds[r - rounds_done]
-                    info = _InFlight(free.pop(0), r, chunk % n, chunk, steps, sent, opt_read, version, r - seen,
-                                     time.time())
-                    inflight[pool.submit(self._train, epoch, start, info)] = info
-                    chunk += 1
-                if not inflight:
-                    break
-                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: inflight[f].index):
-                    info = inflight.pop(future)
-                    free.append(info.slot)
-                    if error is not None or stop:
-                        continue  # after a failure or a stop, only wait for the chunks still running
-                    try:
-                        result, t1, t2 = future.result()
-                        if not any(w.replica_built for w in result.workers):  # a build is past once done
-                            self._took[info.slot] = t2 - info.t_read
-                        check_finite(result, f"epoch {epoch}, round {info.round}", s.on_nonfinite, whole=False)
-                    except BaseException as exc:  # re-raised once every running chunk has returned
-                        error = exc
-                        continue
-                    arrived[info.index] = (info, result, t1, t2)
-                while arrived and error is None and not stop:
-                    # In arrival order; reproducible: in chunk order, a chunk waiting for those before it.
-                    index = committed if self.reproducible else min(arrived)
-                    if index not in arrived:
-                        break
-                    info, result, t1, t2 = arrived.pop(index)
-                    committed += 1
-                    if updater.in_block == 0:
-                        hooks.block_begin(blocks)
-                    scale, delay = updater.apply(result, info.sent, info.optimizer, info.version, info.steps)
-                    applied[info.round] += 1
-                    while applied[complete] == n:
-                        complete += 1
-                    epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
-                    logs = epoch_result.metric_means()
-                    record = round_record(epoch, info.round, info.steps, 1, result, rr.rule.name, info.t_read, t1, t2,
-                                          time.time())
-                    record.transport = rr.transport.name
-                    record.aggregation, record.shards = rr.transport.last_plan or ("", 0)
-                    record.chunk, record.slot, record.staleness = info.index, info.slot, info.staleness
-                    record.delay, record.update_scale = delay, scale
-                    record.workers[0].worker = info.slot
-                    rr.stats.add(record)
-                    hooks.chunk_end(record, logs, info.steps / n)
-                    if updater.block_full:
-                        learning_rate = self._end_block(updater, learning_rate)
-                        stop = hooks.block_end(blocks, logs) or stop
-                        blocks += 1
-                    if self.reproducible and complete not in snapshots:  # in chunk order a round ends a block
-                        snapshots[complete], snapshot_logs[complete] = updater.read(), dict(logs)
-                        for m in [m for m in snapshots if m < chunk // n - self.bound]:
-                            del snapshots[m], snapshot_logs[m]  # no chunk still to start reads it
-            if error is not None:
-                raise error
-            if updater.in_block:  # a stop left a block short
-                self._end_block(updater, learning_rate)
-                hooks.block_end(blocks, logs)
+            return chunks.run(pool)
         finally:
             pool.shutdown(wait=True)
-        return logs, complete
 
     def _end_block(self, updater: StaleUpdater, learning_rate: float) -> float:
         """Ends a block and sets the model's state; returns the learning rate at the next block's start."""
-        model = self.rounds.model
-        set_state(model, updater.end_block(learning_rate), updater.optimizer())
-        return current_learning_rate(model)
+        return self.rounds.set_global_state(updater.end_block(learning_rate), updater.optimizer())
 
     def _train(self, epoch: int, steps_before: int, info: _InFlight):
         """A slot's thread: one chunk's job; returns ``(result, state published at, job done at)``."""
-        rr, s = self.rounds, self.rounds.settings
+        return self.rounds.run_chunk(epoch, info.round, info.part, info.slot, steps_before, info.steps, info.sent,
+                                     info.optimizer, self.group)
 
-        def make_task(state, sink):
-            return rr.task(epoch, info.round, steps_before, info.steps, state, sink, slot=info.slot)
 
-        with rr.engine.labels(
-            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {info.round + 1}, worker {info.part} "
-            f"(slot {info.slot}; minibatches {steps_before + 1}-{steps_before + info.steps} of {s.epoch_steps})",
-            group=self.group,
-        ):
-            result, published = rr.transport.run_chunk(
-                f"e{epoch}-r{info.round}-w{info.part}", info.sent, info.optimizer, make_task,
-                worker.run_round_partition, info.part, f"Worker {info.part}'s chunk of round {info.round} of epoch {epoch}",
-            )
-        return result, published, time.time()
+class _ChunkScheduler:
+    """One epoch of chunks (:meth:`StaleRunner.run_epoch`): which chunk a free slot takes, and the updates.
+
+    :meth:`run` repeats three steps until no chunk is left to start or
+    running: :meth:`start_chunks` gives free slots the next chunks as far as
+    the bound, the epoch and the slots' pace allow; :meth:`collect` takes the
+    chunks that returned; :meth:`apply_arrived` applies their updates
+    (:meth:`apply`: the update, the record, a block's end).
+    """
+
+    def __init__(self, runner: StaleRunner, epoch: int, logs: Dict[str, float], rounds_done: int, steps_before: int,
+                 epoch_result: Optional[PartialResult], hooks: EpochHooks) -> None:
+        s = runner.rounds.settings
+        self.runner, self.epoch, self.hooks = runner, epoch, hooks
+        self.bound, self.reproducible = runner.bound, runner.reproducible
+        self.n = n = s.num_workers
+        start = runner.rounds.chunk_start()
+        self.updater = StaleUpdater(start.weights, start.optimizer, start.rule, start.rule_state, start.trainable, n,
+                                    start.iterations, s.average_optimizer, runner.aware)
+        self.learning_rate = start.learning_rate
+        self.logs, self.epoch_result = logs, epoch_result
+        self.first, self.steps_before = rounds_done, steps_before  # where this epoch's chunks start
+        self.rounds: List[Tuple[int, int]] = []  # (steps_before, steps) of the rounds from rounds_done on
+        self.complete = rounds_done  # rounds before this one are wholly applied
+        self.applied: Counter = Counter()  # per round: its chunks applied
+        self.inflight: Dict[Any, _InFlight] = {}
+        self.free = list(range(n))  # idle slots
+        self.chunk, self.blocks = rounds_done * n, rounds_done  # the next chunk's index in the epoch; blocks: Keras batches
+        self.stop = False
+        self.error: Optional[BaseException] = None
+        self.arrived: Dict[int, tuple] = {}  # chunk index -> (info, result, t1, t2), returned but not yet applied
+        self.committed = self.chunk  # reproducible: the next chunk to apply
+        self.snapshots = {rounds_done: self.updater.read()} if self.reproducible else {}  # rounds applied -> state read
+        self.snapshot_logs = {rounds_done: dict(logs)}  # rounds applied -> the epoch's logs then
+
+    def run(self, pool: ThreadPoolExecutor) -> Tuple[Dict[str, float], int]:
+        """Trains the epoch's chunks on ``pool``'s threads; returns the epoch's logs and its rounds wholly applied."""
+        while True:
+            self.start_chunks(pool)
+            if not self.inflight:
+                break
+            done, _ = wait(list(self.inflight), return_when=FIRST_COMPLETED)
+            self.collect(done)
+            self.apply_arrived()
+        if self.error is not None:
+            raise self.error
+        if self.updater.in_block:  # a stop left a block short
+            self.runner._end_block(self.updater, self.learning_rate)
+            self.hooks.block_end(self.blocks, self.logs)
+        return self.logs, self.complete
+
+    def start_chunks(self, pool: ThreadPoolExecutor) -> None:
+        """Gives free slots the next chunks, fastest slot first, while the bound and the epoch allow."""
+        while self.free and not self.stop and self.error is None:
+            r = self.chunk // self.n
+            # The bound first: a schedule asked for round r's k sees the logs of every round before r - s.
+            if self.bound is not None and self.complete < r - self.bound:
+                break
+            if r - self.first == len(self.rounds) and not self._plan_round(r):
+                break
+            self.free.sort(key=lambda o: self.runner._took.get(o, 0.0))  # the fastest free slot first
+            # Not at staleness 0: a chunk started later would read another round's updates, and
+            # staleness 0 must read the state after its previous round, as synchronous training does
+            # (reproducible chunks read a round's snapshot, whenever they start).
+            if (self.inflight and (self.bound != 0 or self.reproducible)
+                    and not self.runner._worth_starting(
+                        self.free[0], self.runner._chunks_left(self.chunk, self.rounds, self.first))):
+                break
+            self._start_chunk(pool, r)
+
+    def _plan_round(self, r: int) -> bool:
+        """Asks the schedule for round ``r``'s ``k``; ``False``: the epoch has no minibatch left for it."""
+        start = self.rounds[-1][0] + self.rounds[-1][1] if self.rounds else self.steps_before
+        if start >= self.runner.rounds.settings.epoch_steps:
+            return False
+        # reproducible: the logs of the state its chunks read, not of whatever has returned
+        seen_logs = self.snapshot_logs[max(self.first, r - self.bound)] if self.reproducible else self.logs
+        self.rounds.append((start, self.hooks.next_steps(r, start, seen_logs)))
+        return True
+
+    def _start_chunk(self, pool: ThreadPoolExecutor, r: int) -> None:
+        """Starts the next chunk (of round ``r``) on the first free slot, with the state it may read."""
+        if self.reproducible:  # the state after exactly the rounds before r - s
+            seen = max(self.first, r - self.bound)
+            sent, opt_read, version = self.snapshots[seen]
+        else:
+            seen = self.complete
+            sent, opt_read, version = self.updater.read()
+        start, steps = self.rounds[r - self.first]
+        info = _InFlight(self.free.pop(0), r, self.chunk % self.n, self.chunk, steps, sent, opt_read, version, r - seen,
+                         time.time())
+        self.inflight[pool.submit(self.runner._train, self.epoch, start, info)] = info
+        self.chunk += 1
+
+    def collect(self, done) -> None:
+        """Frees the slots of the chunks ``done`` and keeps their results; a failure is kept to raise at the end."""
+        for future in sorted(done, key=lambda f: self.inflight[f].index):
+            info = self.inflight.pop(future)
+            self.free.append(info.slot)
+            if self.error is not None or self.stop:
+                continue  # after a failure or a stop, only wait for the chunks still running
+            try:
+                result, t1, t2 = future.result()
+                if not any(w.replica_built for w in result.workers):  # a build is past once done
+                    self.runner._took[info.slot] = t2 - info.t_read
+                check_finite(result, f"epoch {self.epoch}, round {info.round}",
+                             self.runner.rounds.settings.on_nonfinite, whole=False)
+            except BaseException as exc:  # re-raised once every running chunk has returned
+                self.error = exc
+                continue
+            self.arrived[info.index] = (info, result, t1, t2)
+
+    def apply_arrived(self) -> None:
+        """Applies the returned chunks in arrival order; reproducible: in chunk order, a chunk waiting for those before it."""
+        while self.arrived and self.error is None and not self.stop:
+            index = self.committed if self.reproducible else min(self.arrived)
+            if index not in self.arrived:
+                break
+            info, result, t1, t2 = self.arrived.pop(index)
+            self.committed += 1
+            self.apply(info, result, t1, t2)
+
+    def apply(self, info: _InFlight, result: PartialResult, t1: float, t2: float) -> None:
+        """Applies one chunk's update, records it and ends the block it fills (Keras' batch hooks)."""
+        updater = self.updater
+        if updater.in_block == 0:
+            self.hooks.block_begin(self.blocks)
+        scale, delay = updater.apply(result, info.sent, info.optimizer, info.version, info.steps)
+        self.applied[info.round] += 1
+        while self.applied[self.complete] == self.n:
+            self.complete += 1
+        self.epoch_result = merge(self.epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
+        self.logs = self.epoch_result.metric_means()
+        record = self.runner.rounds.record_chunk(self.epoch, info.round, info.steps, result, info.t_read, t1, t2,
+                                                chunk=info.index, slot=info.slot, staleness=info.staleness,
+                                                delay=delay, scale=scale)
+        self.hooks.chunk_end(record, self.logs, info.steps / self.n)
+        if updater.block_full:
+            self.learning_rate = self.runner._end_block(updater, self.learning_rate)
+            self.stop = self.hooks.block_end(self.blocks, self.logs) or self.stop
+            self.blocks += 1
+        if self.reproducible and self.complete not in self.snapshots:  # in chunk order a round ends a block
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        """Keeps the state after the rounds now complete for the chunks that will read it (reproducible)."""
+        self.snapshots[self.complete], self.snapshot_logs[self.complete] = self.updater.read(), dict(self.logs)
+        for m in [m for m in self.snapshots if m < self.chunk // self.n - self.bound]:
+            del self.snapshots[m], self.snapshot_logs[m]  # no chunk still to start reads it

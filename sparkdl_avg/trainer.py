@@ -44,10 +44,49 @@ logger = logging.getLogger("sparkdl_avg")
 
 
 @dataclass
+class _FitPlan:
+    """What ``fit`` settled before its first round (:meth:`ParameterAveragingTrainer._plan`).
+
+    ``fit``'s arguments, checked, and what they resolved to: the engine, the
+    workers, the staged data, the schedule and update rule, and the
+    checkpoint this fit continues (already restored into the model).
+    """
+
+    epochs: int
+    initial_epoch: int
+    features_col: Any
+    label_col: Any
+    verbose: Any
+    shuffle: bool
+    checkpoint_dir: Optional[str]
+    checkpoint_every: Any
+    engine: Any
+    num_workers: int
+    spec: ModelSpec
+    train: StagedDataset
+    val: Optional[StagedDataset]
+    staging_s: float
+    epoch_steps: int
+    schedule: AveragingSchedule
+    rule: Any
+    run_settings: Dict[str, Any]
+    resumed_from: Optional[str] = None  # the checkpoint's URI
+    restored: Any = None  # the checkpoint (sparkdl_avg.checkpoint.Checkpoint) this fit continues
+
+    @property
+    def start_epoch(self) -> int:
+        """The first epoch this fit trains: the checkpoint's, else ``initial_epoch``."""
+        return self.restored.epoch if self.restored is not None else self.initial_epoch
+
+
+@dataclass
 class _FitContext:
     """What the epochs of one ``fit`` share."""
 
     rounds: RoundRunner
+    transport: Any  # the fit's StateTransport (also the round runner's)
+    group: str  # the fit's Spark job group
+    labels: Any  # the fit's job labels, a context manager (Engine.labels)
     epochs: int
     epoch_steps: int
     schedule: AveragingSchedule
@@ -272,8 +311,57 @@ class ParameterAveragingTrainer:
             WorkerError: a round's Spark job failed, or a replica's loss or
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
-        import keras
+        plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
+                          checkpoint_every, resume, initial_epoch)  # every check before any Spark job; data staged
+        callback_list = self._callback_list(plan, callbacks)
+        ctx = self._start(plan, callback_list)  # this fit's stats, job group, transport and round runner
+        observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
+        info = self._fit_info(plan, ctx, observers)
+        self.model.stop_training = False
+        with interrupt.cancelling(plan.engine, ctx.group), ctx.labels:  # Ctrl-C: KeyboardInterrupt, the group cancelled
+            self._run(plan, ctx, observers, info)
+        return self.model.history
 
+    def _plan(self, data, validation_data, epochs: int, features_col, label_col, verbose, shuffle: bool,
+              checkpoint_dir: Optional[str], checkpoint_every: Any, resume: Any, initial_epoch: int) -> "_FitPlan":
+        """``fit``'s steps before its first round; returns the :class:`_FitPlan`.
+
+        In this order: the checks (before any Spark job), the checkpoint to
+        resume from located, the data staged, the settings, and the
+        checkpoint restored into the model.
+        """
+        verbose = self._check_fit_args(epochs, initial_epoch, verbose, checkpoint_dir, checkpoint_every, resume)
+        data_mod.refuse_pandas(data, "training")
+        engine = engine_for(data)
+        num_workers = self._num_workers(engine)
+        checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
+        spec = ModelSpec.from_model(self.model)
+        check_model_loads(spec)
+        train, val, staging_s = self._stage_fit_data(data, validation_data, features_col, label_col)
+        epoch_steps = self._epoch_steps(train, num_workers)
+        cfg = self.config
+        schedule = cfg.schedule()
+        rule = cfg.rule(num_workers)
+        self._rule_state.ensure(rule, self.model)
+        plan = _FitPlan(
+            epochs=epochs, initial_epoch=initial_epoch, features_col=features_col, label_col=label_col,
+            verbose=verbose, shuffle=shuffle, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            engine=engine, num_workers=num_workers, spec=spec, train=train, val=val, staging_s=staging_s,
+            epoch_steps=epoch_steps, schedule=schedule, rule=rule,
+            run_settings=self._run_settings(train, num_workers, rule, schedule, shuffle),
+            resumed_from=checkpoint_uri,
+        )
+        if checkpoint_uri:
+            plan.restored = resume_mod.restore(
+                checkpoint_uri, self.model, plan.run_settings, cfg.seed, rule, self._rule_state, schedule,
+                initial_epoch, saved=saved,
+            )
+            self._seed = plan.restored.meta.seed
+        return plan
+
+    def _check_fit_args(self, epochs: int, initial_epoch: int, verbose, checkpoint_dir: Optional[str],
+                        checkpoint_every: Any, resume: Any):
+        """Checks ``fit``'s arguments and probes ``checkpoint_dir``, before any Spark job; returns ``verbose`` resolved."""
         verbose = check_fit_args(epochs, initial_epoch, verbose)
         check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
         if checkpoint_dir is not None:  # before any job: not after an epoch of training
@@ -285,9 +373,11 @@ class ParameterAveragingTrainer:
                 "its chunks finish out of order, so only an epoch's end is a point every worker has reached. "
                 f"Got {checkpoint_every!r} instead."
             )
-        data_mod.refuse_pandas(data, "training")
-        engine = engine_for(data)
-        num_workers = cfg.num_workers or engine.default_parallelism
+        return verbose
+
+    def _num_workers(self, engine) -> int:
+        """The fit's workers: the option, or the task slots; warns when there are more than the slots."""
+        num_workers = self.config.num_workers or engine.default_parallelism
         if num_workers > engine.default_parallelism:
             logger.warning(
                 "num_workers=%d but the cluster has %d task slots (spark.default.parallelism): only %d workers "
@@ -295,9 +385,10 @@ class ParameterAveragingTrainer:
                 num_workers, engine.default_parallelism, engine.default_parallelism,
                 num_workers / engine.default_parallelism,
             )
-        checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
-        spec = ModelSpec.from_model(self.model)
-        check_model_loads(spec)
+        return num_workers
+
+    def _stage_fit_data(self, data, validation_data, features_col, label_col) -> Tuple[StagedDataset, Optional[StagedDataset], float]:
+        """Stages the training and validation data; returns them and the seconds it took (``TrainingStats.staging_s``)."""
         staging_started = time.perf_counter()
         train = self._stage(data, features_col, label_col, "training")
         val = (
@@ -305,7 +396,11 @@ class ParameterAveragingTrainer:
             if validation_data is not None
             else None
         )
-        staging_s = time.perf_counter() - staging_started
+        return train, val, time.perf_counter() - staging_started
+
+    def _epoch_steps(self, train: StagedDataset, num_workers: int) -> int:
+        """Minibatches each worker trains per epoch; refuses data too small for one round."""
+        cfg = self.config
         epoch_steps = steps_per_epoch(train.num_examples, num_workers, cfg.batch_size)
         if not epoch_steps:
             raise DataError(
@@ -313,10 +408,12 @@ class ParameterAveragingTrainer:
                 f"least num_workers * batch_size = {num_workers} * {cfg.batch_size} = "
                 f"{num_workers * cfg.batch_size}. Lower 'num_workers' or 'batch_size'."
             )
-        schedule = cfg.schedule()
-        rule = cfg.rule(num_workers)
-        self._rule_state.ensure(rule, self.model)
-        run_settings = {
+        return epoch_steps
+
+    def _run_settings(self, train: StagedDataset, num_workers: int, rule, schedule, shuffle: bool) -> Dict[str, Any]:
+        """What a checkpoint of this fit records and a resumed fit must match (:func:`sparkdl_avg.checkpoint.check_compatible`)."""
+        cfg = self.config
+        return {
             "model": architecture_signature(self.model),
             "num_examples": train.num_examples,
             "num_workers": num_workers,
@@ -326,127 +423,153 @@ class ParameterAveragingTrainer:
             "averaging_frequency": schedule.describe(),
             "shuffle": shuffle,
         }
-        restored = None
-        if checkpoint_uri:
-            restored = resume_mod.restore(
-                checkpoint_uri, self.model, run_settings, cfg.seed, rule, self._rule_state, schedule, initial_epoch,
-                saved=saved,
-            )
-            self._seed = restored.meta.seed
-        callback_list = keras.callbacks.CallbackList(
+
+    def _callback_list(self, plan: "_FitPlan", callbacks):
+        """The fit's ``keras.callbacks.CallbackList``, with a History (``trainer.history``) and no progress bar."""
+        import keras
+
+        return keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
             add_progbar=False,
             model=self.model,
-            verbose=verbose,
-            epochs=epochs,
+            verbose=plan.verbose,
+            epochs=plan.epochs,
             # Batch hooks run once per round; rounds per epoch are known for a fixed k only.
-            steps=-(-epoch_steps // schedule.k) if isinstance(schedule, FixedPeriod) else None,
+            steps=-(-plan.epoch_steps // plan.schedule.k) if isinstance(plan.schedule, FixedPeriod) else None,
         )
+
+    def _start(self, plan: "_FitPlan", callback_list) -> "_FitContext":
+        """Starts the fit's record (``trainer.stats``), job group and transport; returns what its epochs share."""
+        cfg = self.config
         # trainer.stats and trainer.history describe the latest fit (as keras.Model.fit's History does)
-        self.stats = TrainingStats(staging_s=staging_s)
+        self.stats = TrainingStats(staging_s=plan.staging_s)
         self.history = None
         self._fits += 1
         group = f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
-        labels = engine.labels(f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=group)
-        transport = self._transport(engine, f"exchange-{self._fits}", num_workers)
+        labels = plan.engine.labels(f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=group)
+        transport = self._transport(plan.engine, f"exchange-{self._fits}", plan.num_workers)
         settings = RoundSettings(
-            spec=transport.ship_spec(spec),
-            fingerprint=spec.fingerprint,
-            dataset=train,
-            num_workers=num_workers,
+            spec=transport.ship_spec(plan.spec),
+            fingerprint=plan.spec.fingerprint,
+            dataset=plan.train,
+            num_workers=plan.num_workers,
             batch_size=cfg.batch_size,
             seed=self._seed,
-            shuffle=shuffle,
+            shuffle=plan.shuffle,
             average_optimizer=cfg.optimizer_state == "average",
             on_nonfinite=cfg.on_nonfinite,
-            epochs=epochs,
-            epoch_steps=epoch_steps,
+            epochs=plan.epochs,
+            epoch_steps=plan.epoch_steps,
         )
-        rounds = RoundRunner(engine, self.model, settings, rule, self._rule_state, transport, self.stats)
-        ctx = _FitContext(
+        rounds = RoundRunner(plan.engine, self.model, settings, plan.rule, self._rule_state, transport, self.stats)
+        return _FitContext(
             rounds=rounds,
-            epochs=epochs,
-            epoch_steps=epoch_steps,
-            schedule=schedule,
+            transport=transport,
+            group=group,
+            labels=labels,
+            epochs=plan.epochs,
+            epoch_steps=plan.epoch_steps,
+            schedule=plan.schedule,
             callbacks=callback_list,
-            progress=Progress(verbose, epochs, epoch_steps),
+            progress=Progress(plan.verbose, plan.epochs, plan.epoch_steps),
             checkpoints=resume_mod.Checkpointing(
-                checkpoint_dir, checkpoint_every, self.model, self._rule_state, schedule, self._seed, run_settings,
-                tracking=dict(restored.meta.tracking) if restored is not None else {},
+                plan.checkpoint_dir, plan.checkpoint_every, self.model, self._rule_state, plan.schedule, self._seed,
+                plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
             ),
-            stale=None if cfg.synchronization == "sync" else StaleRunner(
-                rounds, cfg.staleness if cfg.synchronization == "stale" else None, cfg.staleness_aware, group,
-                reproducible=cfg.reproducible),
+            stale=self._stale_runner(rounds, group),
         )
-        observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
-        info = FitInfo(
+
+    def _stale_runner(self, rounds: RoundRunner, group: str) -> Optional[StaleRunner]:
+        """``synchronization="stale"``/``"async"``: what runs the epochs as chunks; ``None`` for ``"sync"``."""
+        cfg = self.config
+        if cfg.synchronization == "sync":
+            return None
+        return StaleRunner(rounds, cfg.staleness if cfg.synchronization == "stale" else None, cfg.staleness_aware,
+                           group, reproducible=cfg.reproducible)
+
+    def _fit_info(self, plan: "_FitPlan", ctx: "_FitContext", observers: List[Any]) -> FitInfo:
+        """The :class:`FitInfo` of this fit; its ``params`` only when a callback observes the fit."""
+        return FitInfo(
             trainer=self,
-            params=self._fit_params(engine, transport, settings, rule, schedule, val,
-                                    epochs=epochs, initial_epoch=initial_epoch, shuffle=shuffle,
-                                    features_col=features_col, label_col=label_col,
-                                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
-            if observers else {},  # under Connect spark.version is a round trip: only when someone asks
-            epochs=epochs,
-            start_epoch=restored.epoch if restored is not None else initial_epoch,
-            resumed_from=checkpoint_uri,
+            # under Connect spark.version is a round trip: only when someone asks
+            params=self._fit_params(plan, ctx) if observers else {},
+            epochs=plan.epochs,
+            start_epoch=plan.start_epoch,
+            resumed_from=plan.resumed_from,
             tracking=ctx.checkpoints.tracking,
         )
-        self.model.stop_training = False
-        error: Optional[BaseException] = None
-        with interrupt.cancelling(engine, group), labels:  # Ctrl-C: KeyboardInterrupt, the group cancelled
-            try:
-                for cb in observers:
-                    cb.on_fit_begin(info)
-                callback_list.on_train_begin()
-                logs: Dict[str, float] = {}
-                start_epoch = initial_epoch
-                if restored is not None:
-                    start_epoch = restored.epoch
-                    history = restored.meta.history
-                    # the checkpointed fit's epochs from initial_epoch on (those of this command)
-                    first = start_epoch - max((len(v) for v in history.values()), default=0)
-                    drop = max(0, initial_epoch - first)
-                    self.model.history.history = {k: list(v)[drop:] for k, v in history.items()}
-                    self.model.history.epoch = list(range(first + drop, start_epoch))
-                    logs = {k: v[-1] for k, v in history.items() if v}
-                    if start_epoch >= epochs:
-                        logger.warning(
-                            "The checkpoint %s is at epoch %d; fit(epochs=%d) has nothing left to train.",
-                            checkpoint_uri, start_epoch, epochs,
-                        )
-                slow_pending = cfg.slow_warning and ctx.stale is None  # until steady rounds decide (_warn_if_slow)
-                for epoch in range(start_epoch, epochs):
-                    callback_list.on_epoch_begin(epoch)
-                    ctx.progress.epoch_begin(epoch)
-                    begin = restored if restored is not None and epoch == restored.epoch else None
-                    logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
-                    if epoch == start_epoch and cfg.slow_warning:
-                        _note_cold_start(engine, self.stats.records)
-                    if slow_pending:
-                        slow_pending = not self._warn_if_slow(settings, last=epoch == epochs - 1)
-                    if val is not None:
-                        val_logs = self._evaluate_staged(transport, val, settings.spec, spec.fingerprint, num_workers,
-                                                         cfg.batch_size)
-                        logs = {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
-                    ctx.progress.epoch_end(epoch, rounds_done, logs)
-                    callback_list.on_epoch_end(epoch, logs)
-                    ctx.checkpoints.after_epoch(epoch, last=epoch == epochs - 1 or self.model.stop_training)
-                    if self.model.stop_training:
-                        break
-                callback_list.on_train_end(logs)
-                ctx.progress.train_end(self.stats.summary())
-                self.history = self.model.history
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                transport.close()
-                for cb in observers:
-                    cb.on_fit_end(info, error)
-        return self.model.history
 
-    def _fit_params(self, engine, transport, settings: RoundSettings, rule, schedule, val, **fit_options: Any) -> Dict[str, Any]:
+    def _run(self, plan: "_FitPlan", ctx: "_FitContext", observers: List[Any], info: FitInfo) -> None:
+        """The fit from ``on_fit_begin`` to ``on_fit_end``: the epochs; the transport is closed however they end."""
+        error: Optional[BaseException] = None
+        try:
+            for cb in observers:
+                cb.on_fit_begin(info)
+            ctx.callbacks.on_train_begin()
+            logs = self._resume_history(plan)
+            logs = self._epochs(plan, ctx, logs)
+            ctx.callbacks.on_train_end(logs)
+            ctx.progress.train_end(self.stats.summary())
+            self.history = self.model.history
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            ctx.transport.close()
+            for cb in observers:
+                cb.on_fit_end(info, error)
+
+    def _resume_history(self, plan: "_FitPlan") -> Dict[str, float]:
+        """Puts the resumed checkpoint's epochs in the History; returns the latest one's logs (``{}``: none)."""
+        restored = plan.restored
+        if restored is None:
+            return {}
+        start_epoch = restored.epoch
+        history = restored.meta.history
+        # the checkpointed fit's epochs from initial_epoch on (those of this command)
+        first = start_epoch - max((len(v) for v in history.values()), default=0)
+        drop = max(0, plan.initial_epoch - first)
+        self.model.history.history = {k: list(v)[drop:] for k, v in history.items()}
+        self.model.history.epoch = list(range(first + drop, start_epoch))
+        logs = {k: v[-1] for k, v in history.items() if v}
+        if start_epoch >= plan.epochs:
+            logger.warning(
+                "The checkpoint %s is at epoch %d; fit(epochs=%d) has nothing left to train.",
+                plan.resumed_from, start_epoch, plan.epochs,
+            )
+        return logs
+
+    def _epochs(self, plan: "_FitPlan", ctx: "_FitContext", logs: Dict[str, float]) -> Dict[str, float]:
+        """Trains the epochs from ``plan.start_epoch`` until ``epochs`` or a callback's stop; returns the last logs."""
+        cfg = self.config
+        slow_pending = cfg.slow_warning and ctx.stale is None  # until steady rounds decide (_warn_if_slow)
+        for epoch in range(plan.start_epoch, plan.epochs):
+            ctx.callbacks.on_epoch_begin(epoch)
+            ctx.progress.epoch_begin(epoch)
+            begin = plan.restored if plan.restored is not None and epoch == plan.restored.epoch else None
+            logs, rounds_done = self._train_epoch(ctx, epoch, logs, begin)
+            if epoch == plan.start_epoch and cfg.slow_warning:
+                _note_cold_start(plan.engine, self.stats.records)
+            if slow_pending:
+                slow_pending = not self._warn_if_slow(ctx.rounds.settings, last=epoch == plan.epochs - 1)
+            logs = self._validate(plan, ctx, logs)
+            ctx.progress.epoch_end(epoch, rounds_done, logs)
+            ctx.callbacks.on_epoch_end(epoch, logs)
+            ctx.checkpoints.after_epoch(epoch, last=epoch == plan.epochs - 1 or self.model.stop_training)
+            if self.model.stop_training:
+                break
+        return logs
+
+    def _validate(self, plan: "_FitPlan", ctx: "_FitContext", logs: Dict[str, float]) -> Dict[str, float]:
+        """An epoch's ``logs`` with the validation data's (``val_*``) added; ``logs`` itself without validation data."""
+        if plan.val is None:
+            return logs
+        val_logs = self._evaluate_staged(ctx.transport, plan.val, ctx.rounds.settings.spec, plan.spec.fingerprint,
+                                         plan.num_workers, self.config.batch_size)
+        return {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
+
+    def _fit_params(self, plan: "_FitPlan", ctx: "_FitContext") -> Dict[str, Any]:
         """:attr:`FitInfo.params`: the options, ``fit``'s, and what this fit resolved, flat and JSON-able."""
         import keras
         import pyspark
@@ -458,15 +581,18 @@ class ParameterAveragingTrainer:
                 return value
             return json.dumps(value, sort_keys=True, default=str)
 
+        settings, engine = ctx.rounds.settings, plan.engine
         params = {o.name: getattr(self.config, o.name) for o in of(TRAINER)}
-        params.update(update_rule=rule.describe(), averaging_frequency=schedule.describe(), seed=self._seed)
-        params.update(fit_options)
+        params.update(update_rule=plan.rule.describe(), averaging_frequency=plan.schedule.describe(), seed=self._seed)
+        params.update(epochs=plan.epochs, initial_epoch=plan.initial_epoch, shuffle=plan.shuffle,
+                      features_col=plan.features_col, label_col=plan.label_col,
+                      checkpoint_dir=plan.checkpoint_dir, checkpoint_every=plan.checkpoint_every)
         params.update(
             num_workers=settings.num_workers,
             num_examples=settings.dataset.num_examples,
-            validation_examples=val.num_examples if val is not None else None,
+            validation_examples=plan.val.num_examples if plan.val is not None else None,
             epoch_steps=settings.epoch_steps,
-            transport=transport.name,
+            transport=ctx.transport.name,
             master=engine.master,
             spark_connect=engine.connect,
             spark_version=engine.spark.version,
@@ -569,10 +695,11 @@ class ParameterAveragingTrainer:
 
         cfg = self.config
         weights, opt = get_state(self.model)
-        model_bytes = FlatLayout.of(weights, opt if cfg.optimizer_state == "average" else None).nbytes
+        optimizer_sums = cfg.optimizer_state == "average"  # what the workers' sums hold
+        model_bytes = FlatLayout.of(weights, opt if optimizer_sums else None).nbytes
         return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
                                     cfg.aggregation, cfg.aggregation_shards, num_workers, model_bytes,
-                                    cfg.network_rate)
+                                    cfg.network_rate, optimizer_sums=optimizer_sums)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

@@ -5,11 +5,11 @@ This module owns the ``state_transport``, ``aggregation`` and
 :class:`StateTransport` per fit (or evaluation). That object ships the
 model, sends each round's state, runs the round's Spark job and brings the
 workers' sums back as one :class:`~sparkdl_avg.aggregation.PartialResult`
-(for :mod:`sparkdl_avg.round`; for :mod:`sparkdl_avg.stale`, one worker's
-chunk at a time from several threads, :meth:`StateTransport.run_chunk`,
-whose calls leave no state behind but ``last_plan``), evaluates and cleans
-up. The tasks' side and the file and row formats are in
-:mod:`sparkdl_avg.exchange`, the executor-visible half.
+(:meth:`StateTransport.run_job`, for :mod:`sparkdl_avg.round`: a round's
+job, or one worker's chunk at a time from several threads; a call leaves no
+state behind but ``last_plan``), evaluates and cleans up. The tasks' side
+and the file and row formats are in :mod:`sparkdl_avg.exchange`, the
+executor-visible half.
 
 * :class:`SparkTransport` — ``sc.broadcast`` out, ``treeAggregate`` back
   (depth ``aggregation_depth``); classic sessions only.
@@ -64,7 +64,6 @@ class StateTransport:
         self.engine = engine
         self.depth = depth  # of the classic evaluation's (and SparkTransport's) treeAggregate
         self._spec_bc = None
-        self._published: Optional[Published] = None  # the current round's (send .. end_round)
 
     def ship_spec(self, spec):
         """The handle tasks carry to build the model's replica: a broadcast (classic) or a stored file."""
@@ -75,9 +74,13 @@ class StateTransport:
         """Publishes a state under ``name`` for one job's tasks (a round's or a chunk's)."""
         raise NotImplementedError
 
-    def run(self, task, entry, workers: Sequence[int], what: str, published: "Published") -> PartialResult:
-        """Runs one job whose tasks train the contiguous worker ids ``workers`` and sums their results.
+    def run(self, make_task: Callable[[Any, Any], Any], entry, workers: Sequence[int], what: str,
+            published: "Published") -> PartialResult:
+        """Runs one job whose tasks train the contiguous worker ids ``workers`` on ``published`` and sums their results.
 
+        The transport decides where the workers deliver their sums (the
+        result sink, :mod:`sparkdl_avg.exchange`); ``make_task(state, sink)``
+        gives the job's :class:`~sparkdl_avg.worker.RoundTask` with it.
         ``entry`` is the executor body, ``worker.run_round_partition`` (looked
         up by the caller each round: the tests' fault-injection seam).
 
@@ -86,30 +89,19 @@ class StateTransport:
         """
         raise NotImplementedError
 
-    def send(self, round_name: str, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> Tuple[Any, Any]:
-        """Publishes a round's state; returns the ``(state source, result sink)`` its tasks carry."""
-        self._published = self.publish(round_name, weights, optimizer)
-        return self._published.state, self._published.sink
+    def run_job(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry,
+                workers: Sequence[int], what: str) -> Tuple[PartialResult, float]:
+        """A round's or a chunk's job: publishes its state under ``name``, runs it (:meth:`run`), sums it; thread-safe.
 
-    def run_round(self, task, entry, epoch: int, rnd: int) -> PartialResult:
-        """Runs round ``rnd`` of ``epoch`` (``task``: its :class:`~sparkdl_avg.worker.RoundTask`) and sums it."""
-        return self.run(task, entry, range(task.num_workers), _what(epoch, rnd), self._published)
-
-    def run_chunk(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry, worker: int,
-                  what: str) -> Tuple[PartialResult, float]:
-        """Publishes a state, runs one task training ``worker``'s chunk on it; thread-safe.
-
-        ``make_task(state, sink)`` gives the chunk's
-        :class:`~sparkdl_avg.worker.RoundTask`. What was published is
-        released before this returns, however the job ends.
+        What was published is released before this returns, however the job ends.
 
         Returns:
-            The chunk's result and the wall-clock time (``time.time``) at which its state was published.
+            The summed result and the wall-clock time (``time.time``) at which the state was published.
         """
         published = self.publish(name, weights, optimizer)
         try:
             at = time.time()
-            return self.run(make_task(published.state, published.sink), entry, [worker], what, published), at
+            return self.run(make_task, entry, workers, what, published), at
         finally:
             published.release()
 
@@ -127,15 +119,8 @@ class StateTransport:
         finally:
             bc.unpersist()
 
-    def end_round(self) -> None:
-        """Releases what :meth:`send` published for the round that just ended."""
-        if self._published is not None:
-            self._published.release()
-            self._published = None
-
     def close(self) -> None:
         """Releases everything left at the end of the fit, however it ends."""
-        self.end_round()  # a round that failed never reached its end_round
         if self._spec_bc is not None:
             self._spec_bc.unpersist()
             self._spec_bc = None
@@ -147,17 +132,15 @@ class Published:
 
     Attributes:
         state: The state source the tasks load (:mod:`sparkdl_avg.exchange`).
-        sink: The result sink they deliver to (``None``: the transport picks it per job).
         release: Deletes the broadcast or the files.
         directory: The job's directory under the exchange directory (file-based transports).
-        layouts: The sums' :class:`~sparkdl_avg.exchange.FlatLayout` with and without optimizer variables (sql).
+        layout: The sums' :class:`~sparkdl_avg.exchange.FlatLayout` (sql).
     """
 
     state: Any
-    sink: Any
     release: Callable[[], None]
     directory: Optional[str] = None
-    layouts: Any = None
+    layout: Any = None
 
 
 def _rdd_job(engine, task, entry, workers: Sequence[int]):
@@ -171,9 +154,10 @@ class SparkTransport(StateTransport):
 
     def publish(self, name, weights, optimizer):
         broadcast = self.engine.broadcast((weights, optimizer))
-        return Published(exchange.BroadcastState(broadcast), exchange.ReturnSums(), broadcast.unpersist)
+        return Published(exchange.BroadcastState(broadcast), broadcast.unpersist)
 
-    def run(self, task, entry, workers, what, published):
+    def run(self, make_task, entry, workers, what, published):
+        task = make_task(published.state, exchange.ReturnSums())  # sums as task results
         results = _rdd_job(self.engine, task, entry, workers)
         return run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), what)
 
@@ -196,10 +180,14 @@ class FileTransport(StateTransport):
     def publish(self, name, weights, optimizer):
         directory = join(self.directory, name)
         state = exchange.store_state(directory, "state", weights, optimizer)
-        return Published(state, exchange.StoreSums(directory), partial(_remove_quietly, directory), directory)
+        return Published(state, partial(_remove_quietly, directory), directory)
 
-    def run(self, task, entry, workers, what, published):
-        results = _rdd_job(self.engine, task, entry, workers)
+    def sink(self, published: "Published") -> exchange.StoreSums:
+        """Where the workers of the job on ``published`` deliver: files of their own beside its state."""
+        return exchange.StoreSums(published.directory)
+
+    def run(self, make_task, entry, workers, what, published):
+        results = _rdd_job(self.engine, make_task(published.state, self.sink(published)), entry, workers)
         return self.add_delivered(run_job(results.collect, what), what, published.directory)
 
     def add_delivered(self, delivered: List[exchange.StoredResult], what: str, directory: str) -> PartialResult:
@@ -264,14 +252,18 @@ class SqlTransport(StateTransport):
         one_host_files: ``"auto"`` sums the workers' files on the driver (Connect, one host, local staging).
         network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s
             choice, :func:`plan_aggregation`); ``None`` when they share its host.
+        optimizer_sums: Whether the workers return optimizer sums (``optimizer_state="average"``):
+            the sums' layout.
     """
 
     name = "sql"
 
     def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None,
-                 one_host_files: bool = False, network_rate: Optional[float] = None) -> None:
+                 one_host_files: bool = False, network_rate: Optional[float] = None,
+                 optimizer_sums: bool = True) -> None:
         super().__init__(engine)
         self.directory = directory
+        self.optimizer_sums = optimizer_sums
         self.aggregation = aggregation
         self.shards = shards
         self.one_host_files = one_host_files
@@ -287,11 +279,10 @@ class SqlTransport(StateTransport):
 
     def publish(self, name, weights, optimizer):
         directory = join(self.directory, name)
-        # The sums' layout: with optimizer_state="reset" workers return no optimizer sums (see run).
-        layouts = (exchange.FlatLayout.of(weights, optimizer), exchange.FlatLayout.of(weights, None))
+        # The sums' layout: with optimizer_state="reset" workers return no optimizer sums.
+        layout = exchange.FlatLayout.of(weights, optimizer if self.optimizer_sums else None)
         state = exchange.store_state(directory, "state", weights, optimizer)
-        # The sink depends on the job's plan: see run.
-        return Published(state, None, partial(_remove_quietly, directory), directory, layouts)
+        return Published(state, partial(_remove_quietly, directory), directory, layout)
 
     def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
@@ -299,18 +290,16 @@ class SqlTransport(StateTransport):
             return "files", 1
         return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes, self.network_rate)
 
-    def run(self, task, entry, workers, what, published):
-        import dataclasses
-
-        layout = published.layouts[0] if task.average_optimizer else published.layouts[1]
+    def run(self, make_task, entry, workers, what, published):
+        layout = published.layout
         how, shards = self.plan(len(workers), layout.nbytes)
         self.last_plan = (how, shards)
-        sink = (
+        sink = (  # by the job's plan
             exchange.StoreFlat(published.directory, layout, shards)
             if how in ("storage", "files")
             else exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
         )
-        task = dataclasses.replace(task, results=sink)
+        task = make_task(published.state, sink)
         rows = self.engine.run_tasks(
             len(workers), partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA,
             start=workers[0],
@@ -516,10 +505,6 @@ def _nbytes(stored: exchange.StoredState) -> int:
     return sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape, _ in stored.arrays.layout)
 
 
-def _what(epoch: int, rnd: int) -> str:
-    return f"Round {rnd} of epoch {epoch}"
-
-
 def _add_stored(stored: Sequence[exchange.StoredState]):
     """The element-wise sums of the stored states' weights and optimizer variables, in order; deletes their files."""
     weight_sums = optimizer_sums = None
@@ -555,7 +540,7 @@ def _remove_quietly(uri: str) -> None:
 
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
            shards: Optional[int] = None, num_workers: Optional[int] = None, model_bytes: Optional[int] = None,
-           network_rate: Any = None) -> StateTransport:
+           network_rate: Any = None, optimizer_sums: bool = True) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
@@ -570,7 +555,8 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
     shards through the shuffle (:func:`plan_aggregation`); with a local
     master and a URI staging directory, the tree up to
     :data:`SPARK_TREE_BYTES` of sums in all. ``fit_name`` names the fit's
-    directory under ``staging_root``.
+    directory under ``staging_root``; ``optimizer_sums``: whether the
+    workers return optimizer sums (:class:`SqlTransport`).
 
     Raises:
         ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect; a bad ``network_rate``.
@@ -587,18 +573,18 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
                 f"broadcasts or RDDs). Got {mode!r} instead."
             )
         return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host,
-                            network_rate=rate)
+                            network_rate=rate, optimizer_sums=optimizer_sums)
     if mode == "spark":
         return SparkTransport(engine, depth)
     if mode == "sql":
-        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate)
+        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate, optimizer_sums=optimizer_sums)
     if mode == "auto" and not (local_fs and one_host):
         if num_workers is not None and model_bytes is not None:
             tree = (driver_bound_pays(num_workers, model_bytes, rate) if rate is not None
                     else num_workers * model_bytes <= SPARK_TREE_BYTES)
             if tree:
                 return SparkTransport(engine, depth)
-        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate)
+        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate, optimizer_sums=optimizer_sums)
     if local_fs and not one_host:
         logger.warning(
             "state_transport='files' with the local staging directory %s while the master is %s: "

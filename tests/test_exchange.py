@@ -89,7 +89,8 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
     for p in [_partial(n, seed, optimizer) for seed, n in enumerate([3, 5, 8])]:
         expected = merge(expected, p)
     files = transport.FileTransport(None, str(tmp_path / "fit"))
-    state, sink = files.send("e0-r0", [np.zeros(2)], None)
+    published = files.publish("e0-r0", [np.zeros(2)], None)
+    state, sink = published.state, files.sink(published)
     delivered = [sink.deliver(p, f"w{i}") for i, p in enumerate(parts)]
     assert all(d.result.weight_sums is None and d.sums is not None for d in delivered)
     assert len(os.listdir(tmp_path / "fit" / "e0-r0")) == 1 + 3  # the round's state and three workers' sums
@@ -104,7 +105,7 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
         assert loaded.optimizer_sums is None
     # The sums are owned arrays, not views of a deleted file.
     assert all(a.flags.writeable and a.flags.owndata for a in loaded.weight_sums)
-    files.end_round()
+    published.release()
     assert os.listdir(tmp_path / "fit") == []
     files.close()
     assert not os.path.exists(tmp_path / "fit")
