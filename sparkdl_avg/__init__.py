@@ -27,7 +27,9 @@ for _key in _RECOMMENDED_CONF:
 
 from .advisor import Advice, advise  # noqa: E402
 from .config import TrainerConfig  # noqa: E402
-from .errors import ConfigurationError, DataError, WorkerError  # noqa: E402
+from .errors import (  # noqa: E402
+    CheckpointError, ConfigurationError, DataError, NotFittedError, PathError, SessionError, WorkerError,
+)
 from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
 from .schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
 from .session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
@@ -52,4 +54,8 @@ __all__ = [
     "ConfigurationError",
     "DataError",
     "WorkerError",
+    "PathError",
+    "CheckpointError",
+    "SessionError",
+    "NotFittedError",
 ]

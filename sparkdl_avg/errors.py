@@ -34,3 +34,15 @@ class CheckpointError(PathError):
     The message names the checkpoint and what to do (resume from the previous
     one, which ``fit(resume=True)`` does by itself when one verifies).
     """
+
+
+class SessionError(DataError, ConfigurationError):
+    """A call needs an active SparkSession and there is none (numpy data, ``warm_up()``, a model path).
+
+    A ``DataError`` and a ``ConfigurationError`` both, for the ``except``
+    clauses written when these cases raised one or the other.
+    """
+
+
+class NotFittedError(RuntimeError):
+    """A call needs a completed ``fit`` (``write_report``) and there has been none."""

@@ -31,7 +31,7 @@ from pyspark.ml.param.shared import (
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from . import fs, options
-from .errors import ConfigurationError, DataError
+from .errors import ConfigurationError, DataError, SessionError
 from .modelspec import keras_from_bytes, keras_to_bytes
 from .session import Engine, is_connect
 
@@ -107,7 +107,7 @@ class _KerasStage:
 
             spark = SparkSession.getActiveSession()
             if spark is None:
-                raise ConfigurationError(
+                raise SessionError(
                     f"Loading 'kerasModel' from a path needs an active SparkSession; got kerasModel={model!r} without one."
                 )
             self._keras_bytes = _read_keras_file(spark, model)

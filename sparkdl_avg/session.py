@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .errors import DataError
+from .errors import DataError, SessionError
 
 _TAG = re.compile(r"[^A-Za-z0-9_.-]+")
 logger = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ def warm_up(spark=None) -> concurrent.futures.Future:
 
         spark = SparkSession.getActiveSession()
         if spark is None:
-            raise DataError("warm_up() needs a SparkSession; create one with SparkSession.builder.getOrCreate() first.")
+            raise SessionError("warm_up() needs a SparkSession; create one with SparkSession.builder.getOrCreate() first.")
     return Engine(spark).warm_up()
 
 
@@ -332,7 +332,7 @@ def engine_for(data: Any) -> Engine:
 
         sc = SparkContext._active_spark_context
         if sc is None:
-            raise DataError(
+            raise SessionError(
                 "Training on numpy arrays needs an active SparkSession; create one with "
                 "SparkSession.builder.getOrCreate() first."
             )

@@ -27,7 +27,7 @@ from . import transport as transport_mod
 from .aggregation import PartialResult, merge
 from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
 from .options import TRAINER, constructor, document, of, trainer_entries
-from .errors import ConfigurationError, DataError
+from .errors import ConfigurationError, DataError, NotFittedError
 from .fs import check_writable
 from .modelspec import ModelSpec, architecture_signature, check_model_loads, get_state, input_shapes, inputs_dtype
 from .plan import steps_per_epoch
@@ -793,7 +793,7 @@ class ParameterAveragingTrainer:
         from .report import write_report
 
         if self.history is None:
-            raise RuntimeError("write_report() needs a completed fit(); call fit() first.")
+            raise NotFittedError("write_report() needs a completed fit(); call fit() first.")
         return write_report(
             path,
             self.stats.records,

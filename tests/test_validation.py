@@ -526,3 +526,34 @@ def test_predict_on_a_ragged_row_is_a_data_error_on_the_driver(spark, model, fra
     )
     assert isinstance(err.value, PythonException)  # except clauses written for PySpark's error still catch it
     assert trainer.predict(frames["good"]).count() == 64  # other actions are unaffected
+
+
+def test_every_call_without_a_session_raises_one_error_type(monkeypatch):
+    """Issue 29 item 4: warm_up, numpy data and a model path without a session raised DataError in two places and
+    ConfigurationError in the third; now SessionError, which both ``except`` clauses still catch."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from sparkdl_avg import SessionError, warm_up
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    trainer = ParameterAveragingTrainer(make_model(seed=11), num_workers=1, batch_size=8)
+    calls = {
+        "warm_up": lambda: warm_up(),
+        "fit on numpy": lambda: trainer.fit(regression_data(16, seed=1), verbose=0),
+        "estimator from a path": lambda: KerasAveragingEstimator(kerasModel="/tmp/model.keras"),
+    }
+    for what, call in calls.items():
+        with pytest.raises(SessionError, match="SparkSession") as caught:
+            call()
+        assert isinstance(caught.value, DataError) and isinstance(caught.value, ConfigurationError), what
+
+
+def test_write_report_before_any_fit_is_a_not_fitted_error():
+    from sparkdl_avg import NotFittedError
+
+    trainer = ParameterAveragingTrainer(make_model(seed=11), num_workers=1, batch_size=8)
+    with pytest.raises(NotFittedError, match=r"write_report\(\) needs a completed fit\(\)"):
+        trainer.write_report("report.html")
