@@ -84,7 +84,8 @@ def _arm_options(arm: str):
 def run_arm(d, arm: str, workers: int, straggler: bool, epochs: int, k: int, batch: int, extra: int = 0):
     import keras
 
-    from sparkdl_avg import ParameterAveragingTrainer, testing, worker
+    from sparkdl_avg import ParameterAveragingTrainer, testing
+    from sparkdl_avg.executor import worker
 
     real = worker.run_round_partition
     if straggler:

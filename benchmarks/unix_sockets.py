@@ -66,7 +66,7 @@ def child(arm: str, rounds: int) -> list:
     from pyspark.sql import SparkSession
 
     from sparkdl_avg import DAEMON_MODULE, ParameterAveragingTrainer
-    from sparkdl_avg.session import UNIX_SOCKETS
+    from sparkdl_avg.driver.session import UNIX_SOCKETS
 
     session, sockets = arm.split()
     builder = SparkSession.builder.config("spark.python.daemon.module", DAEMON_MODULE)

@@ -33,7 +33,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from sparkdl_avg import cli, fs  # noqa: E402
+from sparkdl_avg import cli  # noqa: E402
+from sparkdl_avg.shared import fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
         fs.check_writable(args.checkpoint_dir, "The --checkpoint-dir flag")
 
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.config import check_checkpoint_args, check_fit_args
+    from sparkdl_avg.driver.config import check_checkpoint_args, check_fit_args
 
     model = cli.load_model(args.model, args.model_builder, seed=args.seed)
     # Validates every option on the driver before Spark starts any job (errors name the flags: cli.run).

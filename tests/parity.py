@@ -32,7 +32,7 @@ from pyspark import cloudpickle
 
 from conftest import assert_weights_close, dropout_model, make_model, regression_data
 from sparkdl_avg import BlockMomentum, ConfigurationError, ParameterAveragingTrainer
-from sparkdl_avg import worker as worker_module
+from sparkdl_avg.executor import worker as worker_module
 
 
 class TaskRetryMixin:
@@ -96,7 +96,7 @@ class ExecutorCheckMixin:
     """``preflight.check_executors`` runs one probe per default-parallelism slot (2 on both test sessions)."""
 
     def test_the_executor_check_describes_each_slots_python(self, session):
-        from sparkdl_avg.preflight import check_executors
+        from sparkdl_avg.driver.preflight import check_executors
 
         import sparkdl_avg
         from sparkdl_avg import version

@@ -23,7 +23,7 @@ import pytest
 from conftest import make_model, regression_data, spark_session, stop_active_session
 from parity import EstimatorPathMixin, ExecutorCheckMixin, TaskRetryMixin
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
-from sparkdl_avg import worker as worker_module
+from sparkdl_avg.executor import worker as worker_module
 
 N, B, K = 2, 8, 4
 X, Y = regression_data(256, seed=5)
@@ -93,7 +93,7 @@ class TestExecutorCheck(ExecutorCheckMixin):
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):
-    from sparkdl_avg.session import Engine, engine_for
+    from sparkdl_avg.driver.session import Engine, engine_for
 
     engine = engine_for(frame(connect))
     assert engine.connect and engine.sc is None

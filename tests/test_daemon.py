@@ -106,14 +106,14 @@ def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path
 
 
 def _preload(code: str) -> subprocess.CompletedProcess:
-    script = "from sparkdl_avg import daemon\n" + code + "\ndaemon.preload()\nprint('after preload', flush=True)\n"
+    script = "from sparkdl_avg.executor import daemon\n" + code + "\ndaemon.preload()\nprint('after preload', flush=True)\n"
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def test_the_daemon_keeps_its_stdout_for_the_jvm_and_survives_a_failed_import():
     # stdout carries the daemon's port to the JVM: what an import prints there goes to stderr.
-    noisy = _preload("import builtins, sparkdl_avg.quiet as q\n"
+    noisy = _preload("import builtins, sparkdl_avg.shared.quiet as q\n"
                      "q.import_tensorflow = lambda: print('printed while importing')")
     assert noisy.returncode == 0, noisy.stderr
     assert noisy.stdout == "after preload\n" and "printed while importing" in noisy.stderr
@@ -164,9 +164,9 @@ def test_warm_up_without_a_session_names_what_to_do(monkeypatch):
 
 
 def test_executors_without_sparkdl_avg_under_its_daemon_get_the_fix_named(monkeypatch):
-    from sparkdl_avg import preflight
-    from sparkdl_avg.preflight import ExecutorEnvironmentError
-    from sparkdl_avg.session import Engine
+    from sparkdl_avg.driver import preflight
+    from sparkdl_avg.driver.preflight import ExecutorEnvironmentError
+    from sparkdl_avg.driver.session import Engine
 
     # What Spark reports when the daemon module cannot be imported (its text, abridged).
     text = ("Error from python worker:\n  /opt/env/bin/python: Error while finding module specification for "

@@ -1,11 +1,11 @@
-"""GPU assignment (sparkdl_avg.devices) and custom-layer modules (sparkdl_avg.custom_objects), without Spark or a GPU."""
+"""GPU assignment (sparkdl_avg.shared.devices) and custom-layer modules (sparkdl_avg.shared.custom_objects), without Spark or a GPU."""
 
 import os
 import sys
 
 import pytest
 
-from sparkdl_avg import custom_objects, devices
+from sparkdl_avg.shared import custom_objects, devices
 
 
 class FakeInfo:
@@ -84,7 +84,7 @@ def test_configure_task_devices_binds_the_process_to_the_tasks_gpus(fresh_bindin
     assert binding.action == "bind" and env["CUDA_VISIBLE_DEVICES"] == "1"
     assert devices.bound_devices() == ("1",)
     assert devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["1"])}), env).action == "keep"
-    with caplog.at_level("WARNING", logger="sparkdl_avg.devices"):
+    with caplog.at_level("WARNING", logger="sparkdl_avg.shared.devices"):
         mismatch = devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["0"])}), env)
         devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["0"])}), env)
     assert mismatch.action == "mismatch" and env["CUDA_VISIBLE_DEVICES"] == "1"
@@ -99,10 +99,10 @@ def test_configure_task_devices_outside_spark_changes_nothing(fresh_binding):
 
 
 def test_worker_binds_gpus_before_it_looks_up_the_replica(fresh_binding, monkeypatch):
-    """The wiring in sparkdl_avg.worker.get_replica, with a fake task context."""
+    """The wiring in sparkdl_avg.executor.worker.get_replica, with a fake task context."""
     import pyspark
 
-    from sparkdl_avg import worker
+    from sparkdl_avg.executor import worker
 
     monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: FakeContext({"gpu": FakeInfo("gpu", ["7"])})))
     monkeypatch.setitem(worker._REPLICAS, "fake-fingerprint", "cached replica")

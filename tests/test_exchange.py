@@ -18,9 +18,11 @@ import pytest
 import keras
 
 from conftest import make_model, regression_data
-from sparkdl_avg import staging
-from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, exchange, transport
-from sparkdl_avg.aggregation import PartialResult, merge
+from sparkdl_avg.driver import staging_roots
+from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
+from sparkdl_avg.shared import exchange
+from sparkdl_avg.driver import transport
+from sparkdl_avg.shared.aggregation import PartialResult, merge
 
 
 def _arrays():
@@ -191,7 +193,7 @@ def _files_under(staging_dir):
         return []
     root = os.path.join(staging_dir, root)
     files = (os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
-    return sorted(f for f in files if f != staging.MARKER)
+    return sorted(f for f in files if f != staging_roots.MARKER)
 
 
 class _ExchangeWatcher(keras.callbacks.Callback):

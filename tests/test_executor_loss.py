@@ -29,7 +29,7 @@ from pyspark import cloudpickle
 
 from conftest import assert_weights_close, make_model, regression_data, spark_session
 from sparkdl_avg import ParameterAveragingTrainer
-from sparkdl_avg import worker as worker_module
+from sparkdl_avg.executor import worker as worker_module
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import pytest
 
 from conftest import make_model
 from parity import ExecutorCheckMixin
-from sparkdl_avg import DataError, ParameterAveragingTrainer, fs
+from sparkdl_avg import DataError, ParameterAveragingTrainer
+from sparkdl_avg.shared import fs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
@@ -160,8 +161,8 @@ def test_refused_staging_data_is_reported_in_the_tasks_row_not_by_failing_it():
     """A failed task makes Spark log an executor ERROR block (naming internal columns) and drops the Python worker."""
     import pyarrow as pa
 
-    from sparkdl_avg.checks import DataChecks
-    from sparkdl_avg.export import export_arrow_batches
+    from sparkdl_avg.shared.value_checks import DataChecks
+    from sparkdl_avg.executor.stage_writer import export_arrow_batches
 
     consumed = []
 

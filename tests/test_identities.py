@@ -27,8 +27,9 @@ from conftest import (
     max_weight_change,
     regression_data,
 )
-from sparkdl_avg import ParameterAveragingTrainer, plan
-from sparkdl_avg.modelspec import get_state, iterations_index, set_state
+from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg.shared import example_order
+from sparkdl_avg.shared.modelspec import get_state, iterations_index, set_state
 
 ATOL = 1e-10
 LOSS_RTOL = 1e-6
@@ -107,7 +108,7 @@ def test_momentum_sgd_k1_two_workers_with_averaged_state_equals_keras_fit(spark)
 def test_one_worker_adam_k5_equals_sequential_keras_fit(spark):
     B, E, k = 8, 2, 5
     x, y = regression_data(13 * B, seed=3)  # 13 minibatches: rounds of 5, 5, 3
-    assert plan.round_lengths(len(x), 1, B, k) == [5, 5, 3]
+    assert example_order.round_lengths(len(x), 1, B, k) == [5, 5, 3]
     opt = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
     model = make_model(optimizer=opt(), seed=3)
     ref = clone_compiled(model, opt())
@@ -143,7 +144,7 @@ def test_shuffled_one_worker_equals_keras_on_the_epoch_order(spark):
     ref_losses = []
     orders = []
     for epoch in range(E):
-        idx = plan.EpochOrder(M, seed, epoch).indices(0, M)
+        idx = example_order.EpochOrder(M, seed, epoch).indices(0, M)
         orders.append(idx)
         h = ref.fit(x[idx], y[idx], batch_size=B, shuffle=False, epochs=1, verbose=0)
         ref_losses.append(h.history["loss"][0])
@@ -184,11 +185,11 @@ def simulate_local_sgd(model, optimizer, x, y, N, B, k, E):
     losses = []
     for epoch in range(E):
         before, loss_sum, loss_n = 0, 0.0, 0
-        for steps in plan.round_lengths(M, N, B, k):
+        for steps in example_order.round_lengths(M, N, B, k):
             new_w, new_o = [], []
             for worker in range(N):
                 set_state(sim, weights, opt_vars)
-                pos = plan.worker_positions(before, steps, worker, N, B)
+                pos = example_order.worker_positions(before, steps, worker, N, B)
                 for s in range(steps):
                     sl = slice(pos.start + s * B, pos.start + (s + 1) * B)
                     loss_sum += sim.train_on_batch(x[sl], y[sl], return_dict=True)["loss"]
@@ -641,8 +642,8 @@ def test_stats_records_put_known_delays_in_their_phases_and_serialise(spark, tmp
     import json
     import time
 
-    from sparkdl_avg import round as round_module
-    from sparkdl_avg import worker
+    from sparkdl_avg.driver import rounds as round_module
+    from sparkdl_avg.executor import worker
 
     send_delay, start_delay, update_delay = 0.15, 0.2, 0.1
     real_get_state, real_set_state, real_entry = round_module.get_state, round_module.set_state, worker.run_round_partition

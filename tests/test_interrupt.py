@@ -3,7 +3,7 @@
 The test sends SIGINT to its own main thread (``signal.pthread_kill``: what
 a terminal's Ctrl-C does, interrupting the system call the thread is
 blocked in, usually py4j's wait for a round's job) at a few delays into a
-fit of many epochs. Before :mod:`sparkdl_avg.interrupt` PySpark's handler
+fit of many epochs. Before :mod:`sparkdl_avg.shared.interrupt` PySpark's handler
 called ``cancelAllJobs`` on the connection that was waiting (it failed, so
 the job ran on), py4j logged ``KeyboardInterrupt while sending command``
 tracebacks, and a broken connection sometimes surfaced as
@@ -29,9 +29,10 @@ import pytest
 from pyspark import cloudpickle
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
-from sparkdl_avg import ParameterAveragingTrainer, RECOMMENDED_CONF, WorkerError, interrupt, remote
-from sparkdl_avg import worker as worker_module
-from sparkdl_avg.daemon import quiet_when_killed
+from sparkdl_avg import ParameterAveragingTrainer, RECOMMENDED_CONF, WorkerError
+from sparkdl_avg.shared import interrupt, remote_errors
+from sparkdl_avg.executor import worker as worker_module
+from sparkdl_avg.executor.daemon import quiet_when_killed
 
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to set spark:UserWarning")  # Connect: static settings
 
@@ -172,9 +173,9 @@ def test_an_error_raised_while_an_interrupt_was_handled_is_a_keyboard_interrupt(
             raise RuntimeError("Gateway must be connected to send cancel cmd.")
 
     with pytest.raises(KeyboardInterrupt):
-        remote.run_job(job, "Round 8 of epoch 1")
+        remote_errors.run_job(job, "Round 8 of epoch 1")
     with pytest.raises(WorkerError, match="Round 8 of epoch 1 failed on the cluster: boom"):
-        remote.run_job(lambda: (_ for _ in ()).throw(RuntimeError("boom")), "Round 8 of epoch 1")
+        remote_errors.run_job(lambda: (_ for _ in ()).throw(RuntimeError("boom")), "Round 8 of epoch 1")
 
 
 def test_a_killed_tasks_worker_ends_quietly_on_the_executor():

@@ -14,48 +14,68 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sparkdl_avg"
 
-EXECUTOR = {"worker", "predict_worker", "export", "daemon"}
-"""Modules whose code runs in the executors' Python workers (and the daemon that forks them)."""
+SIDES = ("driver", "executor", "shared")
+"""The subpackages, by where their code runs: the user's process, the executors' Python workers, both."""
 
-SHARED = {
-    "aggregation", "checks", "custom_objects", "dataset", "devices", "errors", "exchange", "fs", "interrupt",
-    "modelspec", "plan", "quiet", "remote", "stats", "version",
-}
-"""Modules both sides import: records, formats, the error protocol, file systems."""
+TOP_SHARED = {"errors", "version"}
+"""Top-level modules both sides import (the exception hierarchy, the version)."""
+
+SHIMS = {"daemon", "ml", "tracking", "cli", "testing"}
+"""Top-level paths users and jobs write, naming modules of the subpackages."""
 
 
 def _modules() -> dict:
-    return {p.stem: p for p in sorted(PACKAGE.glob("*.py"))}
+    """Every module of the package by dotted name below it (``"driver.trainer"``; ``"__init__"`` for the root)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(parts[:-1]) if parts[-1] == "__init__" and len(parts) > 1 else ".".join(parts)
+        found[name] = path
+    return found
 
 
-def _imports(path: Path, modules) -> set:
-    """The package's modules that ``path`` imports anywhere in it (``"__init__"`` for the package itself)."""
+def _side(module: str) -> str:
+    head = module.split(".")[0]
+    if head in SIDES:
+        return head
+    return "shared" if head in TOP_SHARED else "top"
+
+
+def _resolve(dotted: str, modules) -> str:
+    """The package module a dotted name below the package refers to (a name in a module: that module)."""
+    while dotted and dotted not in modules:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or "__init__"
+
+
+def _imports(name: str, path: Path, modules) -> set:
+    """The package's modules that module ``name`` imports anywhere in it (``"__init__"``: the root)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            absolute = node.module or ""
-            if node.level == 1:
-                if node.module:
-                    found.add(node.module.split(".")[0])
-                else:  # from . import x, y: modules, or names of the package's __init__
-                    found.update(a.name if a.name in modules else "__init__" for a in node.names)
-            elif absolute == "sparkdl_avg":
-                found.update(a.name if a.name in modules else "__init__" for a in node.names)
-            elif absolute.startswith("sparkdl_avg."):
-                found.add(absolute.split(".")[1])
+            if node.level:
+                base = package.split(".") if package and package != "__init__" else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                absolute = ".".join(base + ([node.module] if node.module else []))
+            elif node.module == "sparkdl_avg" or (node.module or "").startswith("sparkdl_avg."):
+                absolute = node.module.partition(".")[2]
+            else:
+                continue
+            for alias in node.names:  # `from x import y`: y may be a module of x
+                below = f"{absolute}.{alias.name}" if absolute else alias.name
+                found.add(below if below in modules else _resolve(absolute, modules))
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.startswith("sparkdl_avg."):
-                    found.add(alias.name.split(".")[1])
-                elif alias.name == "sparkdl_avg":
-                    found.add("__init__")
-    return found - {path.stem}
+                if alias.name == "sparkdl_avg" or alias.name.startswith("sparkdl_avg."):
+                    found.add(_resolve(alias.name.partition(".")[2], modules))
+    return found - {name}
 
 
 @pytest.fixture(scope="module")
 def graph() -> dict:
     modules = _modules()
-    return {name: _imports(path, modules) for name, path in modules.items()}
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
 def _cycle_through(graph: dict, start: str):
@@ -75,9 +95,11 @@ def _cycle_through(graph: dict, start: str):
 
 def test_the_import_graph_is_read_from_the_source(graph):
     # The analysis itself: known edges are found, lazy (function-level) imports included.
-    assert {"aggregation", "modelspec", "plan", "stats"} <= graph["worker"]
-    assert "worker" in graph["session"]  # session imports worker inside Engine._warm_up only
+    assert {"shared.aggregation", "shared.modelspec", "shared.example_order", "shared.stats"} <= graph["executor.worker"]
+    assert "executor.worker" in graph["driver.session"]  # session imports worker inside Engine._warm_up only
+    assert "errors" in graph["driver.trainer"] and "driver.rounds" in graph["driver.trainer"]
     assert graph["errors"] == set()
+    assert graph["ml"] == {"driver.ml"}
 
 
 def test_no_module_is_on_an_import_cycle(graph):
@@ -85,15 +107,46 @@ def test_no_module_is_on_an_import_cycle(graph):
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_no_module_imports_the_package_root(graph):
+def test_no_module_imports_the_package_root_or_a_shim(graph):
     # The root imports the public API (the trainer, the advisor): a module importing it is on a cycle with them.
-    assert [m for m, deps in graph.items() if "__init__" in deps and m != "__init__"] == []
+    # The shims are for users: the package's own code names the modules they stand for.
+    wrong = {m: sorted(deps & ({"__init__"} | SHIMS)) for m, deps in graph.items()
+             if m != "__init__" and m not in SHIMS and deps & ({"__init__"} | SHIMS)}
+    assert wrong == {}
+
+
+def test_every_module_is_on_a_side():
+    top = {name for name in _modules() if "." not in name and name not in SIDES}
+    assert top == TOP_SHARED | SHIMS | {"__init__"}, "a top-level module that is neither public nor on a side"
 
 
 def test_executor_side_and_shared_modules_never_import_driver_side_ones(graph):
-    unknown = set(graph) - EXECUTOR - SHARED
-    assert "trainer" in unknown and "round" in unknown  # the rest is the driver's
-    wrong = {m: sorted(graph[m] & unknown) for m in sorted(EXECUTOR | SHARED) if m in graph and graph[m] & unknown}
+    driver = {m for m in graph if _side(m) == "driver"}
+    executor = {m for m in graph if _side(m) == "executor"}
+    assert "driver.trainer" in driver and "driver.rounds" in driver and "executor.worker" in executor
+    wrong = {m: sorted(graph[m] & driver) for m in sorted(graph)
+             if _side(m) in ("executor", "shared") and graph[m] & driver}
     assert wrong == {}, f"executor-side or shared modules importing driver-side ones: {wrong}"
-    shared_on_executors = {m: sorted(graph[m] & EXECUTOR) for m in sorted(SHARED) if m in graph and graph[m] & EXECUTOR}
+    shared_on_executors = {m: sorted(graph[m] & executor) for m in sorted(graph)
+                           if _side(m) == "shared" and graph[m] & executor}
     assert shared_on_executors == {}, f"shared modules importing executor-side ones: {shared_on_executors}"
+
+
+def test_the_root_exports_what_it_imports_for_users():
+    import sparkdl_avg
+
+    missing = [name for name in sparkdl_avg.__all__ if not hasattr(sparkdl_avg, name)]
+    assert missing == []
+    assert {"ParameterAveragingTrainer", "KerasAveragingEstimator", "MlflowLogger", "FitInfo", "PathError"} <= set(
+        sparkdl_avg.__all__)
+
+
+def test_the_shims_are_the_modules_they_name():
+    import importlib
+
+    for shim, real in [("ml", "driver.ml"), ("tracking", "driver.tracking"), ("cli", "driver.cli"),
+                       ("testing", "executor.testing")]:
+        assert importlib.import_module(f"sparkdl_avg.{shim}") is importlib.import_module(f"sparkdl_avg.{real}")
+    from sparkdl_avg.ml import KerasAveragingModel
+
+    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.ml"

@@ -20,7 +20,7 @@ import keras
 from conftest import make_model, record_jobs, regression_data
 from parity import EstimatorPathMixin
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
-from sparkdl_avg import remote
+from sparkdl_avg.shared import remote_errors
 from sparkdl_avg.ml import KERAS_FILE, KerasAveragingEstimator, KerasAveragingModel
 
 WINE_CLASSES = 3
@@ -602,7 +602,7 @@ def test_array_features_wrong_width_at_transform(spark):
     out = fitted.transform(df)  # lazy: the width is only known on the executors
     with pytest.raises(Exception) as info:
         out.collect()
-    decoded = remote.decode(info.value, "transform")  # the executor marked it as a DataError
+    decoded = remote_errors.decode(info.value, "transform")  # the executor marked it as a DataError
     assert isinstance(decoded, DataError), str(info.value)
     text = str(decoded)
     assert "'short'" in text

@@ -1,4 +1,4 @@
-"""Every row of the option table (sparkdl_avg.options) reaches the three entry points, without Spark.
+"""Every row of the option table (sparkdl_avg.driver.options) reaches the three entry points, without Spark.
 
 The entry points: ``TrainerConfig``/``ParameterAveragingTrainer``, the jobs'
 flags (``jobs/train.py``'s parser, ``cli.trainer_options``) and
@@ -18,9 +18,10 @@ import os
 import pytest
 
 from conftest import make_model
-from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, SlowMo, TrainerConfig, cli, options
+from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, SlowMo, TrainerConfig, cli
+from sparkdl_avg.driver import options
 from sparkdl_avg.ml import _SNAKE_TO_PARAM, KerasAveragingEstimator, _camel_case_message
-from sparkdl_avg.rules import as_update_rule
+from sparkdl_avg.driver.rules import as_update_rule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED = ["--data", "d.parquet", "--model", "m.keras", "--output-dir", "out"]

@@ -16,9 +16,9 @@ import keras
 from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, spark_session
 from parity import TaskRetryMixin
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
-from sparkdl_avg import checkpoint as ckpt
-from sparkdl_avg import fs
-from sparkdl_avg import resume as resume_mod
+from sparkdl_avg.driver import checkpoint as ckpt
+from sparkdl_avg.shared import fs
+from sparkdl_avg.driver import resume as resume_mod
 from sparkdl_avg.errors import CheckpointError, PathError
 
 B, N = 8, 2

@@ -1,8 +1,9 @@
-"""The executor → driver error protocol (sparkdl_avg.remote), without Spark."""
+"""The executor → driver error protocol (sparkdl_avg.shared.remote_errors), without Spark."""
 
 import pytest
 
-from sparkdl_avg import DataError, WorkerError, remote
+from sparkdl_avg import DataError, WorkerError
+from sparkdl_avg.shared import remote_errors
 
 
 def _spark_text(exc: Exception) -> RuntimeError:
@@ -20,22 +21,22 @@ def _raise(exc):
 
 def test_a_marked_data_error_comes_back_typed_with_the_users_column_names():
     with pytest.raises(DataError) as info:
-        with remote.reporting_data_errors():
+        with remote_errors.reporting_data_errors():
             raise DataError("Column 'x0' has a row of 3 values; expected 4")
     spark_exc = _spark_text(info.value)
     with pytest.raises(DataError) as back:
-        remote.run_job(lambda: _raise(spark_exc), "Staging the training data", {"x0": "pixels"})
+        remote_errors.run_job(lambda: _raise(spark_exc), "Staging the training data", {"x0": "pixels"})
     assert str(back.value) == "Column 'pixels' has a row of 3 values; expected 4"
     assert back.value.__cause__ is None and back.value.__suppress_context__
 
 
 def test_a_marked_worker_failure_keeps_its_first_line_and_chains_the_spark_error():
-    marked = remote.failure(
-        WorkerError, "Worker 1 failed in epoch 0, round 2: ValueError: " + remote.one_line("bad\n  File \"x\"\nvalue")
+    marked = remote_errors.failure(
+        WorkerError, "Worker 1 failed in epoch 0, round 2: ValueError: " + remote_errors.one_line("bad\n  File \"x\"\nvalue")
     )
     spark_exc = _spark_text(marked)
     with pytest.raises(WorkerError) as back:
-        remote.run_job(lambda: _raise(spark_exc), "Round 2 of epoch 0")
+        remote_errors.run_job(lambda: _raise(spark_exc), "Round 2 of epoch 0")
     assert str(back.value) == "Worker 1 failed in epoch 0, round 2: ValueError: bad value"
     assert back.value.__cause__ is spark_exc
 
@@ -43,25 +44,25 @@ def test_a_marked_worker_failure_keeps_its_first_line_and_chains_the_spark_error
 def test_an_unmarked_failure_names_the_job_and_quotes_the_last_line():
     spark_exc = RuntimeError("Job aborted.\nExecutorLostFailure (executor 1 exited)\n\n")
     with pytest.raises(WorkerError, match=r"^Round 3 of epoch 1 failed on the cluster: ExecutorLostFailure"):
-        remote.run_job(lambda: _raise(spark_exc), "Round 3 of epoch 1")
+        remote_errors.run_job(lambda: _raise(spark_exc), "Round 3 of epoch 1")
     with pytest.raises(WorkerError, match=r"failed on the cluster: RuntimeError$"):
-        remote.run_job(lambda: _raise(RuntimeError("")), "Round 3 of epoch 1")
+        remote_errors.run_job(lambda: _raise(RuntimeError("")), "Round 3 of epoch 1")
 
 
 def test_a_data_error_raised_on_the_driver_passes_unchanged():
     error = DataError("The training data is empty (0 rows).")
     with pytest.raises(DataError) as info:
-        remote.run_job(lambda: _raise(error), "Staging the training data")
+        remote_errors.run_job(lambda: _raise(error), "Staging the training data")
     assert info.value is error
-    assert remote.run_job(lambda: 7, "anything") == 7
+    assert remote_errors.run_job(lambda: 7, "anything") == 7
 
 
 def test_last_line_prefers_lines_containing_a_word():
     text = "x\nModuleNotFoundError: No module named 'foo'\n\tat java.lang.Thread.run\n"
-    assert remote.last_line(text) == "\tat java.lang.Thread.run"
-    assert remote.last_line(text, containing="Error") == "ModuleNotFoundError: No module named 'foo'"
-    assert remote.last_line(text, containing="nowhere") == "\tat java.lang.Thread.run"
-    assert remote.last_line(" \n") is None
+    assert remote_errors.last_line(text) == "\tat java.lang.Thread.run"
+    assert remote_errors.last_line(text, containing="Error") == "ModuleNotFoundError: No module named 'foo'"
+    assert remote_errors.last_line(text, containing="nowhere") == "\tat java.lang.Thread.run"
+    assert remote_errors.last_line(" \n") is None
 
 
 def test_a_failure_ending_in_java_frames_names_its_exception_and_a_missing_python_gets_the_fix():
@@ -73,7 +74,7 @@ def test_a_failure_ending_in_java_frames_names_its_exception_and_a_missing_pytho
         "\t... 12 more\n"
         "\tat java.lang.Thread.run(Thread.java:840)\n"
     )
-    error = remote.decode(RuntimeError(text), "Staging the training data")
+    error = remote_errors.decode(RuntimeError(text), "Staging the training data")
     assert isinstance(error, WorkerError)
     assert str(error).startswith(
         'Staging the training data failed on the cluster: java.io.IOException: Cannot run program ".venv/bin/python"'

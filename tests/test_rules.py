@@ -14,17 +14,10 @@ import pytest
 import keras
 
 from conftest import assert_weights_close, clone_compiled, make_model, max_weight_change, regression_data
-from sparkdl_avg import (
-    AdaComm,
-    BlockMomentum,
-    ConfigurationError,
-    ParameterAveragingTrainer,
-    PostLocalSGD,
-    SlowMo,
-    plan,
-)
-from sparkdl_avg.rules import PlainAveraging, as_update_rule, rule_from_name
-from sparkdl_avg.schedules import as_schedule, next_period
+from sparkdl_avg import AdaComm, BlockMomentum, ConfigurationError, ParameterAveragingTrainer, PostLocalSGD, SlowMo
+from sparkdl_avg.shared import example_order
+from sparkdl_avg.driver.rules import PlainAveraging, as_update_rule, rule_from_name
+from sparkdl_avg.driver.schedules import as_schedule, next_period
 
 # ------------------------------------------------------------- rule maths
 
@@ -189,7 +182,7 @@ def test_bmuf_one_worker_equals_a_hand_applied_reference(spark, nesterov):
     delta = [np.zeros_like(a) for a in w]
     for _ in range(epochs):
         start = 0
-        for steps in plan.round_lengths(len(x), 1, B, k):
+        for steps in example_order.round_lengths(len(x), 1, B, k):
             sent = [a + eta * d for a, d in zip(w, delta)] if nesterov else w
             ref.set_weights(sent)  # the optimizer's momentum carries over, as averaged state does
             for b in range(start, start + steps):

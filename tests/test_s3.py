@@ -1,6 +1,6 @@
 """The storage paths against a real S3-compatible server (SeaweedFS on 127.0.0.1, the ``s3_store`` fixture).
 
-Everything the package keeps outside Spark goes through :mod:`sparkdl_avg.fs`
+Everything the package keeps outside Spark goes through :mod:`sparkdl_avg.shared.fs`
 as a local path or a ``pyarrow.fs`` URI: the fs helpers themselves, the
 exchange files of ``state_transport="files"`` (round state out, the workers'
 partial sums back), the staged data and the checkpoints. These tests run
@@ -11,8 +11,8 @@ S3 and must give the weights of the same fit on local directories.
 
 Object-store semantics these tests pin down: there is no rename (a
 ``move`` is a server-side copy plus a delete), so single-file writes go up in
-one PUT (:func:`sparkdl_avg.fs.write_atomically`) and an output directory is
-filled file by file with ``_SUCCESS`` last (:class:`sparkdl_avg.fs.OutputDir`);
+one PUT (:func:`sparkdl_avg.shared.fs.write_atomically`) and an output directory is
+filled file by file with ``_SUCCESS`` last (:class:`sparkdl_avg.shared.fs.OutputDir`);
 "directories" are key prefixes (plus marker objects ``pyarrow`` writes).
 """
 
@@ -24,11 +24,12 @@ import pyarrow.fs as pafs
 import pytest
 
 from conftest import spark_session
-from sparkdl_avg import checkpoint as ckpt
-from sparkdl_avg import data as data_mod
-from sparkdl_avg import dataset, exchange, fs, resume
-from sparkdl_avg import transport as transport_mod
-from sparkdl_avg.aggregation import PartialResult
+from sparkdl_avg.driver import checkpoint as ckpt
+from sparkdl_avg.driver import staging as data_mod
+from sparkdl_avg.shared import staged_dataset, exchange, fs
+from sparkdl_avg.driver import resume
+from sparkdl_avg.driver import transport as transport_mod
+from sparkdl_avg.shared.aggregation import PartialResult
 from sparkdl_avg.errors import ConfigurationError, PathError
 
 
@@ -79,7 +80,7 @@ def test_write_atomically_read_bytes_and_exists(s3_store, prefix):
 
 def test_open_atomically_moves_into_place_and_cleans_up_on_failure(s3_store, prefix):
     uri = s3_store.uri(f"{prefix}/staged.arrow")
-    with fs.open_atomically(uri, parents=False) as out:  # as dataset.write_examples does
+    with fs.open_atomically(uri, parents=False) as out:  # as staged_dataset.write_examples does
         out.write(b"abc" * 1000)
     assert fs.read_bytes(uri) == b"abc" * 1000
     with pytest.raises(RuntimeError):
@@ -279,7 +280,7 @@ def test_stage_arrays_to_s3_and_read_examples_back(s3_store, prefix):
     assert staged.num_examples == 50 and staged.y_dtype == "int32"
     assert objects(s3_store, prefix) == [staged.files[0].uri.split("/", 3)[3]]  # no temporary object left
     indices = np.array([49, 0, 7, 7, 23])
-    got_x, got_y = dataset.read_examples(staged, indices)
+    got_x, got_y = staged_dataset.read_examples(staged, indices)
     np.testing.assert_array_equal(got_x, x.reshape(50, -1)[indices])
     np.testing.assert_array_equal(got_y[:, 0], y[indices])
     fs.remove_tree(s3_store.uri(f"{prefix}/staging"))

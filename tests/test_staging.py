@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from conftest import make_model
-from sparkdl_avg import ParameterAveragingTrainer, fs, staging
+from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg.shared import fs
+from sparkdl_avg.driver import staging_roots
 from sparkdl_avg.errors import ConfigurationError, PathError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +32,7 @@ KILLED_DRIVER = """
 import os, signal, sys
 import numpy as np
 from sparkdl_avg import data, staging
-root = staging.StagingRoot.new(sys.argv[1], os.getpid())
+root = staging_roots.StagingRoot.new(sys.argv[1], os.getpid())
 root.make(private=True)
 x = np.random.default_rng(0).normal(size=(256, 4))
 data.stage((x, x.sum(axis=1)), root=root.uri, x_shapes=[(4,)], x_dtype="float64")
@@ -52,8 +54,8 @@ def _root_with_marker(base, name: str, **record) -> str:
     os.makedirs(os.path.join(path, "training-0"))
     with open(os.path.join(path, "training-0", "part-00000.arrow"), "wb") as f:
         f.write(b"x" * 100)
-    with open(os.path.join(path, staging.MARKER), "w") as f:
-        json.dump({**staging.owner_record(), **record}, f)
+    with open(os.path.join(path, staging_roots.MARKER), "w") as f:
+        json.dump({**staging_roots.owner_record(), **record}, f)
     return path
 
 
@@ -79,8 +81,8 @@ def test_the_next_fit_removes_a_killed_drivers_staged_data_and_nothing_else(spar
     os.makedirs(os.path.join(unmarked, "training-0"))
     unrelated = os.path.join(base, "sparkdl_avg-notes")
     os.makedirs(unrelated)
-    with open(os.path.join(unrelated, staging.MARKER), "w") as f:  # a marker, but not the library's naming pattern
-        json.dump({**staging.owner_record(), "pid": _exited_pid()}, f)
+    with open(os.path.join(unrelated, staging_roots.MARKER), "w") as f:  # a marker, but not the library's naming pattern
+        json.dump({**staging_roots.owner_record(), "pid": _exited_pid()}, f)
 
     x = np.random.default_rng(0).normal(size=(32, 4))
     trainer = ParameterAveragingTrainer(make_model(), batch_size=4, staging_dir=str(base))
@@ -100,7 +102,7 @@ def test_the_next_fit_removes_a_killed_drivers_staged_data_and_nothing_else(spar
 
 
 def test_only_a_marked_root_of_this_user_whose_owner_on_this_host_is_gone_is_an_orphan(tmp_path):
-    here = staging.owner_record()
+    here = staging_roots.owner_record()
     cases = {
         "sparkdl_avg-20250101-000000-a": ({"pid": _exited_pid()}, True),
         "sparkdl_avg-20250101-000000-b": ({"started": here["started"] + 1}, True),  # this pid, reused: not the owner
@@ -114,16 +116,16 @@ def test_only_a_marked_root_of_this_user_whose_owner_on_this_host_is_gone_is_an_
     }
     for name, (record, orphan) in cases.items():
         path = _root_with_marker(tmp_path, name, **record)
-        assert (staging.dead_owner(path) is not None) == orphan, name
+        assert (staging_roots.dead_owner(path) is not None) == orphan, name
     damaged = _root_with_marker(tmp_path, "sparkdl_avg-20250101-000000-i", pid=_exited_pid())
-    with open(os.path.join(damaged, staging.MARKER), "w") as f:
+    with open(os.path.join(damaged, staging_roots.MARKER), "w") as f:
         f.write('{"library": "spark')  # a marker cut short
-    assert staging.dead_owner(damaged) is None
-    assert staging.dead_owner(str(tmp_path / "sparkdl_avg-20250101-000000-j")) is None  # no such directory
+    assert staging_roots.dead_owner(damaged) is None
+    assert staging_roots.dead_owner(str(tmp_path / "sparkdl_avg-20250101-000000-j")) is None  # no such directory
 
     orphans = {name for name, (_, orphan) in cases.items() if orphan}
-    sizes = {name: 100 + os.path.getsize(tmp_path / name / staging.MARKER) for name in orphans}  # the data, the marker
-    removed = staging.remove_orphans(str(tmp_path))
+    sizes = {name: 100 + os.path.getsize(tmp_path / name / staging_roots.MARKER) for name in orphans}  # the data, the marker
+    removed = staging_roots.remove_orphans(str(tmp_path))
     assert {os.path.basename(path): size for path, size in removed} == sizes
     assert sorted(os.listdir(tmp_path)) == sorted({*cases, os.path.basename(damaged)} - orphans)
 
@@ -132,13 +134,13 @@ def test_a_killed_child_not_yet_reaped_owns_nothing(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         path = _root_with_marker(tmp_path, "sparkdl_avg-20250101-000000-a", pid=child.pid,
-                                 started=staging.owner_record(child.pid)["started"])
-        assert staging.dead_owner(path) is None  # running
+                                 started=staging_roots.owner_record(child.pid)["started"])
+        assert staging_roots.dead_owner(path) is None  # running
         child.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while staging.dead_owner(path) is None and time.monotonic() < deadline:  # a zombie until waited for
+        while staging_roots.dead_owner(path) is None and time.monotonic() < deadline:  # a zombie until waited for
             time.sleep(0.05)
-        assert staging.dead_owner(path) is not None
+        assert staging_roots.dead_owner(path) is not None
     finally:
         child.kill()
         child.wait()
@@ -147,7 +149,7 @@ def test_a_killed_child_not_yet_reaped_owns_nothing(tmp_path):
 def test_a_remote_staging_root_is_neither_marked_nor_swept_beside(monkeypatch):
     swept = []
     monkeypatch.setattr(staging, "remove_orphans", swept.append)
-    root = staging.StagingRoot("mock:///base/sparkdl_avg-20250101-000000-1", "mock:///base")
+    root = staging_roots.StagingRoot("mock:///base/sparkdl_avg-20250101-000000-1", "mock:///base")
     root.make(private=True)
     assert root.made and swept == []
 

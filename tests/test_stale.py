@@ -1,4 +1,4 @@
-"""Stale-synchronous and asynchronous training (``synchronization="stale"``/``"async"``, sparkdl_avg.stale).
+"""Stale-synchronous and asynchronous training (``synchronization="stale"``/``"async"``, sparkdl_avg.driver.stale_async).
 
 One ``local[2,3]`` session (2 cores, up to 3 attempts per task) for the whole
 module, so a chunk whose first attempt fails is retried by Spark and two
@@ -31,11 +31,11 @@ from pyspark import cloudpickle
 
 from conftest import assert_weights_close, record_jobs, regression_data, spark_session
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, TrainerConfig, cli
-from sparkdl_avg import checkpoint as ckpt
+from sparkdl_avg.driver import checkpoint as ckpt
 from sparkdl_avg import testing
-from sparkdl_avg import worker as worker_module
+from sparkdl_avg.executor import worker as worker_module
 from sparkdl_avg.ml import KerasAveragingEstimator
-from sparkdl_avg.plan import steps_per_epoch
+from sparkdl_avg.shared.example_order import steps_per_epoch
 
 N, B, K = 2, 8, 3
 DATA = regression_data(10 * N * B + 5, seed=7)  # 10 minibatches per worker per epoch (5 examples left over)
@@ -347,7 +347,7 @@ def _fail_first_attempt(task, workers, marker):
     if task.epoch == 1 and task.round == 1 and ids == [0] and ctx.attemptNumber() == 0:
         open(marker, "w").close()
         raise RuntimeError("injected failure on the first attempt")
-    from sparkdl_avg import worker  # the executor's module: not patched there
+    from sparkdl_avg.executor import worker  # the executor's module: not patched there
 
     return worker.run_round_partition(task, ids)
 
@@ -373,7 +373,7 @@ def _always_fail(task, ids):
     ids = list(ids)
     if task.epoch == 1 and task.round == 2 and ids == [1]:
         raise RuntimeError("injected failure on every attempt")
-    from sparkdl_avg import worker  # the executor's module: not patched there
+    from sparkdl_avg.executor import worker  # the executor's module: not patched there
 
     return worker.run_round_partition(task, ids)
 

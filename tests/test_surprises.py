@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import assert_weights_close, make_model, regression_data
-from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, cli, options
+from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, cli
+from sparkdl_avg.driver import options
 from sparkdl_avg.ml import KerasAveragingEstimator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,161 @@
+"""The single place where trainer options and the model are validated, on the driver, before any Spark job.
+
+``TrainerConfig`` holds the constructor options of
+:class:`~sparkdl_avg.ParameterAveragingTrainer`; the Spark ML layer builds the
+same object, so every entry point gets the same checks. It is generated with
+:func:`dataclasses.make_dataclass` from the :data:`~sparkdl_avg.driver.options.TRAINER`
+rows of :data:`sparkdl_avg.driver.options.OPTIONS`, which declare its fields,
+defaults, docstring and per-option checks once (a hand-written dataclass
+would repeat each of them); ``__post_init__`` adds the checks that concern
+several options. Static type checkers do not see its fields; it is still a
+frozen, picklable dataclass with ``__eq__`` and ``dataclasses.fields``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import options
+from ..errors import ConfigurationError
+from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS, check_int  # noqa: F401 (API)
+from .rules import UpdateRule, as_update_rule
+from .schedules import AveragingSchedule, as_schedule
+
+
+def _schedule(self) -> AveragingSchedule:
+    """``averaging_frequency`` as a schedule (an int becomes a fixed period)."""
+    return as_schedule(self.averaging_frequency)
+
+
+def _rule(self, num_workers: int) -> UpdateRule:
+    """``update_rule`` as a rule, with defaults for ``num_workers`` filled in."""
+    return as_update_rule(self.update_rule).resolve(num_workers)
+
+
+def _post_init(self) -> None:
+    for row in options.of(options.TRAINER):
+        options.check(row.name, getattr(self, row.name))
+    if self.reproducible and self.synchronization != "stale":
+        raise ConfigurationError(
+            "The 'reproducible' parameter needs synchronization='stale' (a bound: its chunks read the weights "
+            "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
+            f"Got reproducible=True with synchronization={self.synchronization!r} instead."
+        )
+    staleness = options.option("staleness").default
+    if self.synchronization == "sync" and self.staleness != staleness:
+        raise ConfigurationError(
+            "The 'staleness' parameter applies only when 'synchronization' is 'stale' (the bound of its chunks; "
+            "'sync' rounds wait for every worker): set 'synchronization' to 'stale' or leave 'staleness' at its "
+            f"default ({staleness}). Got staleness={self.staleness!r} with synchronization='sync' instead."
+        )
+    if self.aggregation_shards is not None and self.aggregation in ("driver", "files"):
+        raise ConfigurationError(
+            "The 'aggregation_shards' parameter applies only when 'aggregation' is 'shuffle', 'storage' or 'auto' "
+            "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
+            f"Got aggregation_shards={self.aggregation_shards!r} with aggregation={self.aggregation!r} instead."
+        )
+    if self.aggregation != "auto" and self.state_transport in ("spark", "files"):
+        raise ConfigurationError(
+            "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
+            f"round sums; {self.state_transport!r} has its own): set 'state_transport' to 'sql' or leave "
+            f"'aggregation' at 'auto'. Got aggregation={self.aggregation!r} with "
+            f"state_transport={self.state_transport!r} instead."
+        )
+
+
+_DOC = """Validated options of a parameter-averaging run (the constructor options of the trainer).
+
+    Fields, defaults and checks come from :data:`sparkdl_avg.driver.options.OPTIONS`.
+
+    Args:
+    """
+
+#: A frozen dataclass with one field per :data:`~sparkdl_avg.driver.options.TRAINER` row.
+TrainerConfig = dataclasses.make_dataclass(
+    "TrainerConfig",
+    [(o.name, o.annotation, dataclasses.field(default=o.default)) for o in options.of(options.TRAINER)],
+    namespace={
+        "__doc__": options.document(_DOC, options.trainer_entries()),
+        "schedule": _schedule,
+        "rule": _rule,
+        "__post_init__": _post_init,
+        "__module__": __name__,  # make_dataclass's own module= needs Python 3.12
+    },
+    frozen=True,
+)
+for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__", _post_init)):
+    _method.__name__, _method.__qualname__ = _name, f"TrainerConfig.{_name}"
+
+
+def check_fit_args(epochs: Any, initial_epoch: Any, verbose: Any) -> int:
+    """Validates ``fit``'s ``epochs``, ``initial_epoch`` and ``verbose``; returns ``verbose`` resolved.
+
+    As in ``keras.Model.fit``, ``epochs`` is the index of the epoch to stop
+    before and ``initial_epoch`` the first one trained, so a fit trains
+    ``epochs - initial_epoch`` epochs; one that would train none is refused.
+    ``verbose="auto"`` is 1 on a terminal, else 2.
+    """
+    options.check("epochs", epochs)
+    options.check("initial_epoch", initial_epoch)
+    if initial_epoch >= epochs:
+        raise ConfigurationError(
+            f"The 'initial_epoch' parameter must be less than 'epochs' ({epochs}): as in keras.Model.fit, "
+            f"'epochs' is the index of the epoch to stop before, so to continue a fit of {epochs} epochs by "
+            f"n more pass epochs={epochs}+n, initial_epoch={epochs}. Got {initial_epoch!r} instead."
+        )
+    if verbose == "auto":
+        import sys
+
+        return 1 if sys.stdout.isatty() else 2
+    if verbose not in (0, 1, 2):
+        raise ConfigurationError(f"The 'verbose' parameter must be 'auto', 0, 1 or 2. Got {verbose!r} instead.")
+    return verbose
+
+
+def check_checkpoint_args(checkpoint_dir: Any, checkpoint_every: Any, resume: Any) -> None:
+    """Validates ``fit``'s checkpoint arguments (see ``ParameterAveragingTrainer.fit``)."""
+    options.check("checkpoint_dir", checkpoint_dir)
+    options.check("checkpoint_every", checkpoint_every)
+    options.check("resume", resume)
+    if resume is True and checkpoint_dir is None:
+        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
+
+
+def validate_model(model: Any, name: str = "model") -> None:
+    """Checks that ``model`` is a compiled Keras model with fully known input shapes.
+
+    Args:
+        name: What the caller calls the model, for the messages (the
+            estimator's ``"kerasModel"``). Default ``"model"``.
+
+    Raises:
+        ConfigurationError: naming ``name`` and what was received.
+    """
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a compiled keras.Model. Got {model!r} "
+            f"of type {type(model).__name__} instead."
+        )
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a compiled keras.Model. Got the uncompiled model "
+            f"{model.name!r} instead; call model.compile(optimizer=..., loss=...) first."
+        )
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs:
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a model with a known input shape. Got model "
+            f"{model.name!r}, which has no inputs, instead; start it with keras.Input(shape=...)."
+        )
+    for tensor in inputs:
+        if any(d is None for d in tensor.shape[1:]):
+            raise ConfigurationError(
+                f"The '{name}' parameter must be a model with fully defined input shapes (besides "
+                f"the batch dimension). Got input shape {tuple(tensor.shape)} instead."
+            )

@@ -1,0 +1,168 @@
+"""Driver side of distributed inference: add a model's outputs to a DataFrame.
+
+The features go through an iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``,
+Spark ≥ 4.1) whose body, :func:`sparkdl_avg.executor.predict.predict_batches`, runs on
+executors with the replica cached per Python worker and sees each Arrow
+batch's feature values as one numpy array (no pandas, no per-row objects).
+Every other column of the DataFrame passes through untouched (Vectors
+included, also from a columnar source such as Parquet: see
+:func:`_udf_input`).
+"""
+
+import math
+from typing import Iterator, Optional, Tuple
+
+import pyarrow as pa
+
+from .staging import column_list, feature_column
+from ..shared import remote_errors
+from ..errors import DataError
+from .session import Engine
+from ..shared.modelspec import ModelSpec, input_shapes, inputs_dtype
+from ..executor.predict import PredictTask, predict_batches
+
+CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
+BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")
+
+
+def output_kind(model) -> str:
+    """``"multiclass"``, ``"binary"`` or ``"regression"``, from the compiled loss.
+
+    Categorical cross-entropies (sparse or not) make a multi-class classifier,
+    binary cross-entropies with one output a binary classifier, anything else
+    a regressor; so does a model with several outputs.
+    """
+    loss = model.loss
+    if isinstance(loss, (list, tuple, dict)) or len(model.outputs) > 1:
+        return "regression"
+    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or type(loss).__name__
+    name = name.lower().replace("_", "")
+    if any(k in name for k in BINARY_LOSSES) and model.outputs[0].shape[-1] == 1:
+        return "binary"
+    if any(k in name for k in CLASSIFIER_LOSSES):
+        return "multiclass"
+    return "regression"
+
+
+def _holds_udt(data_type) -> bool:
+    """Whether a Spark SQL type is, or contains, a user-defined type (a ``pyspark.ml`` Vector, ...)."""
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, T.UserDefinedType):
+        return True
+    if isinstance(data_type, T.StructType):
+        return any(_holds_udt(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return _holds_udt(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _holds_udt(data_type.keyType) or _holds_udt(data_type.valueType)
+    return False
+
+
+def _udf_input(df, features):
+    """``(DataFrame, arguments)`` to call the prediction UDF on: ``features`` passed twice.
+
+    Spark ≥ 4.2 hands an Arrow UDF whose child is a columnar scan (Parquet,
+    ORC) the scan's column batches and converts the columns it passes
+    through with a converter that has no user-defined types, so any Vector
+    column next to the features fails with ``UNSUPPORTED_DATATYPE``. When
+    the schema holds one, the features are computed in a projection of
+    their own (``transform`` keeps it from being trivial) and referenced
+    twice, which Spark's optimizer does not merge into the UDF: a row-based
+    operator then sits between the scan and the UDF, the path that carries
+    every type. Otherwise the UDF stays directly on the source (Spark
+    deduplicates the two identical arguments; Python sees one column).
+    """
+    from pyspark.sql import functions as F
+
+    if not any(_holds_udt(f.dataType) for f in df.schema.fields):
+        return df, (features, features)
+    name = "__sparkdl_avg_features"
+    projected = df.withColumn(name, F.transform(features, lambda v: v))
+    return projected, (F.col(name), F.col(name))
+
+
+def add_predictions(
+    df,
+    model,
+    features_col: str = "features",
+    prediction_col: str = "prediction",
+    probability_col: Optional[str] = "probability",
+    batch_size: int = 1024,
+    spec: Optional[ModelSpec] = None,
+):
+    """Returns ``df`` with the model's outputs added (lazily, like any transformation).
+
+    Args:
+        df: Spark DataFrame with a features column.
+        model: A compiled (or loaded) ``keras.Model``; its current weights are used.
+        features_col: Column of ``array<float|double>`` or ``pyspark.ml``
+            Vectors; a list of columns, one per input, for a model with
+            several inputs.
+        prediction_col: Output column: the class index (double) for
+            classifiers; the value (double) or values (``array<double>``) for
+            regression. A model with several outputs counts as regression;
+            its outputs are flattened and concatenated in output order.
+        probability_col: Output column of class probabilities (a
+            ``pyspark.ml`` ``DenseVector``) for classifiers; ``None`` or ``""``
+            leaves it out. Ignored for regression.
+        batch_size: Examples per ``predict_on_batch`` call on the executors.
+        spec: The model's :class:`ModelSpec` if already made.
+
+    Raises:
+        DataError: a missing or mistyped features column, or an output column
+            that already exists; from the action that computes the
+            predictions (``collect()``, ...), a row of the wrong width or a
+            null one (see :func:`sparkdl_avg.shared.remote_errors.decode_user_actions`).
+    """
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import arrow_udf
+
+    from pyspark.sql import DataFrame
+
+    if not isinstance(df, DataFrame):
+        raise DataError(f"The data to predict on must be a Spark DataFrame. Got {type(df).__name__} instead.")
+    kind = output_kind(model)
+    x_shapes = input_shapes(model)
+    x_dtype = inputs_dtype(model)
+    names = column_list(features_col, len(x_shapes), "features_col", "input")
+    parts = [feature_column(df, c, shape, x_dtype, what="input") for c, shape in zip(names, x_shapes)]
+    features = parts[0] if len(parts) == 1 else F.concat(*parts)
+    outputs = [prediction_col] + ([probability_col] if probability_col and kind != "regression" else [])
+    for name in outputs:
+        if name in df.columns:
+            raise DataError(f"Output column {name!r} is already in the DataFrame; choose another name.")
+
+    spec = spec or ModelSpec.from_model(model)
+    engine = Engine(df.sparkSession)
+    remote_errors.decode_user_actions()  # a ragged row fails the user's action as a DataError, not a PythonException
+    # Connect has no broadcasts: the model and weights travel in the UDF itself (once per query plan).
+    ship = (lambda value: value) if engine.connect else engine.broadcast
+    task = PredictTask(
+        spec=ship(spec),
+        fingerprint=spec.fingerprint,
+        weights=ship(model.get_weights()),
+        x_shapes=x_shapes,
+        x_dtype=x_dtype,
+        batch_size=batch_size,
+        kind=kind,
+        features_col=", ".join(names),
+    )
+    if kind == "regression":
+        width = sum(math.prod(o.shape[1:]) for o in model.outputs)
+        return_type = "prediction double" if width == 1 else "prediction array<double>"
+    else:
+        return_type = "prediction double, probability array<double>"
+
+    @arrow_udf(return_type)
+    def predict(batches: Iterator[Tuple[pa.Array, pa.Array]]) -> Iterator[pa.Array]:
+        return predict_batches(task, (x for x, _ in batches))
+
+    source, arguments = _udf_input(df, features)
+    tmp = "__sparkdl_avg_outputs"
+    out = source.withColumn(tmp, predict(*arguments))
+    columns = [F.col(f"`{c}`") for c in df.columns] + [F.col(f"{tmp}.prediction").alias(prediction_col)]
+    if len(outputs) > 1:
+        columns.append(array_to_vector(F.col(f"{tmp}.probability")).alias(probability_col))
+    return out.select(*columns)

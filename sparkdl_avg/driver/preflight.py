@@ -1,0 +1,126 @@
+"""A check, before training, that executors can run the trainer's code.
+
+On a real cluster the executors' Python may lack ``sparkdl_avg`` (not shipped
+with ``--py-files`` / ``--archives``) or TensorFlow; without this check that
+shows up minutes later as a Py4J stack trace from the first round.
+:func:`check_executors` runs one cheap Spark job whose tasks import both and
+describe their Python (interpreter, where ``sparkdl_avg`` was imported from,
+versions, assigned GPUs); it fails with one clear message naming the fix.
+The tasks consume their input, so their Python workers (now with TensorFlow
+imported) are reused by the first round.
+
+:func:`describe_python` runs on executors; :func:`check_executors` on the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Iterable, Iterator, List, Optional
+
+from ..shared.remote_errors import last_line
+from .session import Engine
+
+SHIP_HINT = (
+    "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
+    "or an --archives environment that has it installed; see README, 'Running on a cluster'"
+)
+
+
+class ExecutorEnvironmentError(RuntimeError):
+    """The executors' Python cannot run the trainer (a missing package, most often)."""
+
+
+def describe_python() -> dict:
+    """This process' Python as the trainer sees it (runs on an executor)."""
+    from .. import version
+
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+        "sparkdl_avg_file": os.path.join(os.path.dirname(os.path.abspath(__file__)), "__init__.py"),
+        "sparkdl_avg_version": version.__version__,
+    }
+    try:
+        from ..shared.quiet import import_tensorflow
+
+        tf = import_tensorflow()
+        import keras
+
+        info["tensorflow_version"] = tf.__version__
+        info["keras_version"] = keras.__version__
+    except Exception as exc:  # reported to the driver, which raises
+        info["import_error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            from ..shared.devices import assigned_addresses
+
+            info["gpus"] = list(assigned_addresses(ctx.resources()))
+    except Exception:  # pragma: no cover - informative only
+        pass
+    return info
+
+
+def _probe_batches(batches: Iterable) -> Iterator:
+    """``mapInArrow`` body: the task's :func:`describe_python` as one JSON row."""
+    import json
+
+    import pyarrow as pa
+
+    for _ in batches:  # consume the input so PySpark reuses this worker
+        pass
+    yield pa.RecordBatch.from_pydict({"info": [json.dumps(describe_python())]})
+
+
+def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
+    """Runs :func:`describe_python` in ``num_tasks`` tasks; raises if executors lack a package.
+
+    Args:
+        spark: The SparkSession (classic or Connect) or its :class:`~sparkdl_avg.driver.session.Engine`.
+        num_tasks: Tasks to run; default the cluster's default parallelism.
+
+    Returns:
+        One description per task (see :func:`describe_python`).
+
+    Raises:
+        ExecutorEnvironmentError: an executor cannot import ``sparkdl_avg``
+            or TensorFlow/Keras.
+    """
+    import json
+
+    engine = spark if isinstance(spark, Engine) else Engine(spark)
+    n = max(1, int(num_tasks or engine.default_parallelism))
+    try:
+        with engine.labels("sparkdl_avg: check executors' Python"):
+            rows = engine.run_tasks(n, _probe_batches, "info string").collect()
+        infos = [json.loads(r.info) for r in rows]
+    except Exception as exc:
+        # Not remote.run_job: the probe reports import errors in its result instead of raising, and
+        # a task that fails anyway could not load sparkdl_avg to mark its error; the text is all there is.
+        text = str(exc)
+        if "No module named 'sparkdl_avg'" in text:
+            daemon = (
+                " The session's spark.python.daemon.module=sparkdl_avg.daemon needs it installed in the "
+                "executors' Python (files shipped with --py-files come too late for the daemon); otherwise "
+                "leave that setting out."
+                if "sparkdl_avg.daemon" in text
+                else ""
+            )
+            raise ExecutorEnvironmentError(f"Executors cannot import sparkdl_avg: {SHIP_HINT}.{daemon}") from None
+        cause = (last_line(text, containing="Error") or type(exc).__name__).strip()
+        raise ExecutorEnvironmentError(f"Executors failed to start the trainer's code: {cause}") from exc
+    broken = [i for i in infos if "import_error" in i]
+    if broken:
+        info = broken[0]
+        raise ExecutorEnvironmentError(
+            f"The executors' Python ({info['python']} on {info['host']}) cannot import TensorFlow/Keras: "
+            f"{info['import_error']}. Point PYSPARK_PYTHON at a Python that has them, or ship an environment "
+            "with --archives (see README, 'Running on a cluster')."
+        )
+    return infos

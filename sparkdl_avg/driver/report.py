@@ -1,0 +1,198 @@
+"""The training report: one self-contained HTML file describing a fit.
+
+It shows (1) a timeline of every worker's activity per round — replica setup,
+data loading and compute — under the driver's phases (broadcast, scheduling,
+aggregation, update), zoomable so hundreds of rounds stay readable; (2) the
+loss and metric curves per epoch (train and validation) and the loss per
+round; (3) where the time went, per epoch and in total. Plotly draws it; its
+JavaScript is embedded in the file, so the report opens offline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence
+
+from ..shared.fs import replace_atomically
+
+_DRIVER_PHASES = (
+    ("broadcast_s", "broadcast", "#9467bd"),
+    ("schedule_s", "scheduling", "#c5b0d5"),
+    ("aggregate_s", "aggregation", "#d62728"),
+    ("update_s", "driver update", "#8c564b"),
+)
+_WORKER_PHASES = (
+    ("setup_s", "replica setup", "#7f7f7f"),
+    ("load_s", "data loading", "#ff7f0e"),
+    ("compute_s", "compute", "#1f77b4"),
+)
+
+
+def _timeline(fig, records: Sequence[dict], row: int) -> None:
+    import plotly.graph_objects as go
+
+    t0 = records[0]["t_start"]
+    bars: Dict[str, Dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        label = f"epoch {r.epoch + 1} round {r.round + 1} (k={r.averaging_frequency})"
+        start = r.t_start - t0
+        marks = {
+            "broadcast_s": start,
+            "schedule_s": start + r.broadcast_s,
+            "aggregate_s": start + r.broadcast_s + r.schedule_s + r.workers_s,
+            "update_s": start + r.broadcast_s + r.job_s,
+        }
+        for key, name, _ in _DRIVER_PHASES:
+            b = bars[name]
+            b["y"].append("driver")
+            b["base"].append(marks[key])
+            b["x"].append(getattr(r, key))
+            b["text"].append(f"{label}<br>{name}: {getattr(r, key) * 1000:.1f} ms")
+        for w in r.workers:
+            at = w.start - t0
+            for key, name, _ in _WORKER_PHASES:
+                b = bars[name]
+                b["y"].append(f"worker {w.worker}")
+                b["base"].append(at)
+                b["x"].append(getattr(w, key))
+                b["text"].append(
+                    f"{label}<br>worker {w.worker} on {w.host} (pid {w.pid})<br>"
+                    f"{name}: {getattr(w, key) * 1000:.1f} ms"
+                )
+                at += getattr(w, key)
+    colors = {name: color for _, name, color in _DRIVER_PHASES + _WORKER_PHASES}
+    for name, b in bars.items():
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                orientation="h",
+                y=b["y"],
+                x=b["x"],
+                base=b["base"],
+                hovertext=b["text"],
+                hoverinfo="text",
+                marker_color=colors[name],
+                legendgroup="timeline",
+            ),
+            row=row,
+            col=1,
+        )
+
+
+def _curves(fig, history: Dict[str, List[float]], records: Sequence[dict], row: int) -> None:
+    import plotly.graph_objects as go
+
+    for name, values in history.items():
+        fig.add_trace(
+            go.Scatter(
+                x=list(range(1, len(values) + 1)),
+                y=values,
+                mode="lines+markers",
+                name=name,
+                line={"dash": "dot" if name.startswith("val_") else "solid"},
+                legendgroup="curves",
+            ),
+            row=row,
+            col=1,
+        )
+    rounds_per_epoch = defaultdict(int)
+    for r in records:
+        rounds_per_epoch[r.epoch] = max(rounds_per_epoch[r.epoch], r.round + 1)
+    # sorted: asynchronous chunks (one record each) finish out of their rounds' order
+    points = sorted(((r.epoch + (r.round + 1) / rounds_per_epoch[r.epoch], r.loss) for r in records), key=lambda p: p[0])
+    fig.add_trace(
+        go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines", name="loss per round", opacity=0.5,
+                   legendgroup="curves"),
+        row=row,
+        col=1,
+    )
+
+
+def _breakdown(fig, records: Sequence[dict], row: int) -> None:
+    import plotly.graph_objects as go
+
+    parts = [
+        ("compute (slowest worker)", lambda r: r.compute_max_s, "#1f77b4"),
+        ("data loading (slowest)", lambda r: r.load_max_s, "#ff7f0e"),
+        ("replica setup (slowest)", lambda r: r.setup_max_s, "#7f7f7f"),
+        ("waiting for stragglers", lambda r: max(0.0, r.workers_s - r.compute_max_s - r.load_max_s - r.setup_max_s), "#bcbd22"),
+        ("broadcast", lambda r: r.broadcast_s, "#9467bd"),
+        ("scheduling", lambda r: r.schedule_s, "#c5b0d5"),
+        ("aggregation", lambda r: r.aggregate_s, "#d62728"),
+        ("driver update + other", lambda r: r.update_s + r.other_s, "#8c564b"),
+    ]
+    epochs = sorted({r.epoch for r in records})
+    # Stacked by hand (explicit bases): the figure's barmode is "overlay" so
+    # that the timeline's bars sit at their own start times.
+    below = [0.0] * len(epochs)
+    for name, get, color in parts:
+        totals = [sum(get(r) for r in records if r.epoch == e) for e in epochs]
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=[f"epoch {e + 1}" for e in epochs],
+                y=totals,
+                base=list(below),
+                marker_color=color,
+                legendgroup="breakdown",
+            ),
+            row=row,
+            col=1,
+        )
+        below = [b + t for b, t in zip(below, totals)]
+
+
+def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str, List[float]]] = None, title: str = "sparkdl_avg training report") -> str:
+    """Writes the HTML report of ``records`` (``trainer.stats.records``) to ``path``.
+
+    Args:
+        path: Output file; written to a temporary file and renamed, so an
+            existing report is replaced only by a complete one.
+        records: Round records of :class:`~sparkdl_avg.shared.stats.TrainingStats`.
+        history: ``History.history`` of the fit (per-epoch logs), optional.
+        title: Page title.
+
+    Returns:
+        ``path``.
+    """
+    from plotly.subplots import make_subplots
+
+    if not records:
+        raise ValueError("The 'records' parameter must hold at least one round record to report on. Got 0 records instead.")
+    from ..shared.stats import TrainingStats
+
+    stats = TrainingStats()
+    stats.records = list(records)
+    summary = stats.summary()
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        row_heights=[0.45, 0.3, 0.25],
+        vertical_spacing=0.08,
+        subplot_titles=(
+            "Timeline: driver phases and each worker's setup, loading and compute (seconds since the first round; drag to zoom)",
+            "Loss and metrics per epoch (dotted: validation); loss per round",
+            "Where the time went per epoch (seconds)",
+        ),
+    )
+    _timeline(fig, records, row=1)
+    _curves(fig, dict(history or {}), records, row=2)
+    _breakdown(fig, records, row=3)
+    fig.update_layout(
+        title=(
+            f"{title}<br><sup>{summary['rounds']} rounds, {summary['examples']} examples, "
+            f"{summary['wall_s']:.1f} s in rounds; compute share {summary['compute_share']:.0%}; "
+            f"median per-round overhead {summary['overhead_s_median'] * 1000:.0f} ms; "
+            f"median straggler ratio {summary['straggler_ratio_median']:.2f}</sup>"
+        ),
+        barmode="overlay",
+        height=1100,
+        legend={"groupclick": "toggleitem"},
+        template="plotly_white",
+    )
+    fig.update_xaxes(title_text="seconds", row=1, col=1)
+    fig.update_xaxes(title_text="epoch", row=2, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+    with replace_atomically(path, suffix=".html") as tmp:
+        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+    return path

@@ -1,0 +1,277 @@
+"""Update rules: how the replicas' average becomes the next global weights.
+
+A round starts every replica from the *sent* weights and ends with their
+example-weighted average ``w̄``. The rule then sets the global weights:
+
+- :class:`PlainAveraging` (the default, ``update_rule=None``): ``w ← w̄``.
+- :class:`BlockMomentum` (BMUF, Chen & Huo, ICASSP 2016): with the block
+  gradient ``G = w̄ − sent``, ``Δ ← η·Δ + ζ·G`` and ``w ← w_prev + Δ``. The
+  classical variant sends ``w``; the Nesterov variant sends the look-ahead
+  ``w + η·Δ``. Default ``η = 1 − 1/N`` (``N`` workers), ``ζ = 1``, as the
+  paper and CNTK recommend.
+- :class:`SlowMo` (Wang et al. 2020, arXiv 1910.00643): with the base
+  optimizer's learning rate ``γ`` at the round's start,
+  ``u ← β·u + (sent − w̄)/γ`` and ``w ← w_prev − α·γ·u``. At a constant
+  learning rate this is classical BMUF with ``η = β`` and ``ζ = α``
+  (substitute ``Δ = −α·γ·u``); with a learning-rate schedule SlowMo's
+  momentum buffer is in gradient units, so a decaying ``γ`` also shrinks the
+  momentum step, while BMUF's ``Δ`` keeps its size.
+
+Momentum applies to the trainable weights; non-trainable ones (batch-norm
+statistics) are plainly averaged. The rule's state (``Δ`` or ``u``, float64
+numpy arrays) is kept by the trainer between rounds and between ``fit``
+calls. Rules are small frozen dataclasses: validated when built, with no
+state of their own, so one rule can configure several trainers.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigurationError
+
+State = Dict[str, List[np.ndarray]]
+
+RULE_NAMES = ("average", "bmuf", "bmuf_nesterov", "slowmo")
+
+
+def _check_float(rule: str, name: str, value: Any, low: float, high: float, high_open: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(value)
+    ok = ok and low <= value and (value < high if high_open else value <= high)
+    if not ok:
+        bracket = ")" if high_open else "]"
+        raise ConfigurationError(
+            f"The '{name}' parameter of {rule} must be a float in the range [{low}, {high}{bracket}. "
+            f"Got {value!r} instead."
+        )
+
+
+class UpdateRule:
+    """Base class of update rules. Subclasses override the four methods below."""
+
+    #: Short name recorded in the stats and accepted by ``update_rule=``.
+    name = "average"
+
+    def resolve(self, num_workers: int) -> "UpdateRule":
+        """The rule with defaults that depend on the number of workers filled in."""
+        return self
+
+    def init_state(self, weights: Sequence[np.ndarray], trainable: Sequence[bool]) -> State:
+        """The rule's state before the first round (empty for plain averaging)."""
+        return {}
+
+    def to_send(self, weights: Sequence[np.ndarray], state: State, trainable: Sequence[bool]) -> List[np.ndarray]:
+        """The weights broadcast to the replicas, given the global weights."""
+        return list(weights)
+
+    def apply(
+        self,
+        weights: Sequence[np.ndarray],
+        sent: Sequence[np.ndarray],
+        average: Sequence[np.ndarray],
+        state: State,
+        trainable: Sequence[bool],
+        learning_rate: float,
+    ) -> List[np.ndarray]:
+        """The next global weights; updates ``state`` in place.
+
+        Args:
+            weights: The global weights before the round (``w_prev``).
+            sent: The weights the replicas started from.
+            average: The replicas' example-weighted average (``w̄``), float64.
+            state: The rule's state, from :meth:`init_state`.
+            trainable: Per weight, whether momentum applies to it.
+            learning_rate: The base optimizer's learning rate at the round's start.
+
+        Returns:
+            One array per weight, in the dtype of ``weights``.
+        """
+        return [np.asarray(a).astype(w.dtype, copy=False) for a, w in zip(average, weights)]
+
+    def describe(self) -> Dict[str, Any]:
+        """Name and parameters, for stats, reports and checkpoints."""
+        return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class PlainAveraging(UpdateRule):
+    """``w ← w̄``: the average of the replicas is the next global weights (DL4J's rule)."""
+
+    name = "average"
+
+
+@dataclass(frozen=True)
+class BlockMomentum(UpdateRule):
+    """Block-wise model-update filtering (BMUF; Chen & Huo, ICASSP 2016).
+
+    Args:
+        block_momentum: ``η`` in ``[0, 1)``. Default ``None``: ``1 − 1/N`` for
+            ``N`` workers, as the paper recommends. ``0`` with
+            ``block_lr=1`` is plain averaging.
+        block_lr: ``ζ``, the block learning rate, in ``(0, inf)``. Default 1.
+        nesterov: Send the look-ahead ``w + η·Δ`` to the replicas (the
+            paper's Nesterov variant). Default False (classical).
+    """
+
+    block_momentum: Optional[float] = None
+    block_lr: float = 1.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_momentum is not None:
+            _check_float("BlockMomentum", "block_momentum", self.block_momentum, 0.0, 1.0, high_open=True)
+            object.__setattr__(self, "block_momentum", float(self.block_momentum))  # numpy scalars → float
+        _check_float("BlockMomentum", "block_lr", self.block_lr, 0.0, float("inf"), high_open=True)
+        if self.block_lr == 0:
+            raise ConfigurationError(
+                f"The 'block_lr' parameter of BlockMomentum must be > 0. Got {self.block_lr!r} instead."
+            )
+        if not isinstance(self.nesterov, bool):
+            raise ConfigurationError(
+                f"The 'nesterov' parameter of BlockMomentum must be a bool. Got {self.nesterov!r} instead."
+            )
+        object.__setattr__(self, "block_lr", float(self.block_lr))
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "bmuf_nesterov" if self.nesterov else "bmuf"
+
+    def resolve(self, num_workers: int) -> "BlockMomentum":
+        if self.block_momentum is not None:
+            return self
+        return BlockMomentum(1.0 - 1.0 / num_workers, self.block_lr, self.nesterov)
+
+    def init_state(self, weights, trainable) -> State:
+        return {"delta": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}
+
+    def to_send(self, weights, state, trainable) -> List[np.ndarray]:
+        if not self.nesterov:
+            return list(weights)
+        eta = self._eta()
+        deltas = iter(state["delta"])
+        return [(w + eta * next(deltas)).astype(w.dtype) if t else w for w, t in zip(weights, trainable)]
+
+    def apply(self, weights, sent, average, state, trainable, learning_rate) -> List[np.ndarray]:
+        eta, zeta = self._eta(), self.block_lr
+        out, deltas, k = [], state["delta"], 0
+        for w, s, a, t in zip(weights, sent, average, trainable):
+            if t:
+                d = deltas[k]
+                d *= eta
+                d += zeta * (np.asarray(a, np.float64) - s)
+                out.append((w + d).astype(w.dtype))
+                k += 1
+            else:
+                out.append(np.asarray(a).astype(w.dtype, copy=False))
+        return out
+
+    def _eta(self) -> float:
+        if self.block_momentum is None:
+            raise RuntimeError("BlockMomentum.resolve(num_workers) must be called before use.")
+        return self.block_momentum
+
+    def describe(self) -> Dict[str, Any]:
+        return {"name": self.name, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class SlowMo(UpdateRule):
+    """Slow momentum (SlowMo; Wang, Tantia, Ballas & Rabbat, ICLR 2020).
+
+    Args:
+        slow_momentum: ``β`` in ``[0, 1)``. Default 0.5 (the paper finds
+            0.4–0.8 works well for ``α = 1``).
+        slow_lr: ``α``, the slow learning rate, in ``(0, inf)``. Default 1.
+
+    ``α = 1, β = 0`` is plain averaging; at a constant learning rate
+    ``SlowMo(β, α)`` equals ``BlockMomentum(β, α)``.
+    """
+
+    slow_momentum: float = 0.5
+    slow_lr: float = 1.0
+    name = "slowmo"
+
+    def __post_init__(self) -> None:
+        _check_float("SlowMo", "slow_momentum", self.slow_momentum, 0.0, 1.0, high_open=True)
+        _check_float("SlowMo", "slow_lr", self.slow_lr, 0.0, float("inf"), high_open=True)
+        if self.slow_lr == 0:
+            raise ConfigurationError(f"The 'slow_lr' parameter of SlowMo must be > 0. Got {self.slow_lr!r} instead.")
+        object.__setattr__(self, "slow_momentum", float(self.slow_momentum))
+        object.__setattr__(self, "slow_lr", float(self.slow_lr))
+
+    def init_state(self, weights, trainable) -> State:
+        return {"u": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}
+
+    def apply(self, weights, sent, average, state, trainable, learning_rate) -> List[np.ndarray]:
+        if not learning_rate > 0:
+            raise ConfigurationError(
+                f"SlowMo needs the optimizer's learning rate to be > 0. Got {learning_rate!r}."
+            )
+        beta, alpha, gamma = self.slow_momentum, self.slow_lr, float(learning_rate)
+        out, buffers, k = [], state["u"], 0
+        for w, s, a, t in zip(weights, sent, average, trainable):
+            if t:
+                u = buffers[k]
+                u *= beta
+                u += (np.asarray(s, np.float64) - a) / gamma
+                out.append((w - (alpha * gamma) * u).astype(w.dtype))
+                k += 1
+            else:
+                out.append(np.asarray(a).astype(w.dtype, copy=False))
+        return out
+
+    def describe(self) -> Dict[str, Any]:
+        return {"name": self.name, **asdict(self)}
+
+
+def as_update_rule(value: Any) -> UpdateRule:
+    """The rule for an ``update_rule`` argument: ``None``, a name or an :class:`UpdateRule`.
+
+    Names: ``"average"``, ``"bmuf"``, ``"bmuf_nesterov"`` (defaults of
+    :class:`BlockMomentum`), ``"slowmo"`` (defaults of :class:`SlowMo`).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if value is None or value == "average":
+        return PlainAveraging()
+    if isinstance(value, UpdateRule):
+        return value
+    if value == "bmuf":
+        return BlockMomentum()
+    if value == "bmuf_nesterov":
+        return BlockMomentum(nesterov=True)
+    if value == "slowmo":
+        return SlowMo()
+    raise ConfigurationError(
+        "The 'update_rule' parameter must be None, one of "
+        f"{', '.join(repr(n) for n in RULE_NAMES)}, or an UpdateRule such as "
+        f"BlockMomentum(...) or SlowMo(...). Got {value!r} instead."
+    )
+
+
+def rule_from_name(name: Any, momentum: Optional[float] = None, lr: float = 1.0) -> UpdateRule:
+    """A rule from a name and its two numbers (the Spark ML layer's flat params).
+
+    Args:
+        name: ``"average"``, ``"bmuf"``, ``"bmuf_nesterov"`` or ``"slowmo"``.
+        momentum: BMUF's ``η`` (``None``: ``1 − 1/N``) or SlowMo's ``β``
+            (``None``: 0.5). Must be ``None`` for ``"average"``.
+        lr: BMUF's ``ζ`` or SlowMo's ``α``. Default 1.
+    """
+    if name in ("bmuf", "bmuf_nesterov"):
+        return BlockMomentum(momentum, lr, nesterov=name == "bmuf_nesterov")
+    if name == "slowmo":
+        return SlowMo(0.5 if momentum is None else momentum, lr)
+    rule = as_update_rule(name)
+    if momentum is not None or lr != 1.0:
+        raise ConfigurationError(
+            f"The 'block_momentum' and 'block_lr' parameters apply to the block-momentum rules "
+            f"('bmuf', 'bmuf_nesterov', 'slowmo'), not to update_rule={name!r}. "
+            f"Got block_momentum={momentum!r}, block_lr={lr!r}."
+        )
+    return rule

@@ -1,0 +1,482 @@
+"""Executor-side code: train or evaluate a cached replica on staged examples.
+
+Nothing here touches driver state. A task receives a small picklable
+description (:class:`RoundTask` or :class:`EvalTask`) holding handles to the
+model and state (broadcasts or files, :mod:`sparkdl_avg.shared.exchange`), and
+yields what its result sink makes of its
+:class:`~sparkdl_avg.shared.aggregation.PartialResult` (the RDD entry points) or
+Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round). Every
+function also runs in-process with plain values in place of broadcasts, which
+is how the unit tests call it.
+
+The compiled replica is built once per Python worker process and kept in the
+module-level ``_REPLICAS`` cache, keyed by the model's fingerprint, so later
+rounds and later fits of the same model only assign weights. The Spark entry
+points (:func:`run_round_partition`, :func:`run_eval_partition`) consume
+their whole input iterator, which PySpark requires to reuse the worker.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator
+
+import numpy as np
+
+from ..shared.aggregation import PartialResult, weighted
+from ..shared.custom_objects import import_custom_modules
+from ..shared.devices import configure_task_devices
+from ..shared import remote_errors
+from ..errors import WorkerError
+from ..shared.modelspec import ModelSpec, get_state, set_state
+from ..shared import quiet
+from ..shared.stats import WorkerRecord
+from ..shared.example_order import EpochOrder, split_evenly, worker_positions
+from ..shared.staged_dataset import StagedDataset, read_examples, structure, unflatten
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MAX_REPLICAS = 2
+"""Compiled replicas a Python worker keeps (the most recently used). A
+notebook that re-runs its model cell builds a new model, a new fingerprint,
+each time; kept forever, each grew the worker's memory every fit (issue 28;
+docs/benchmarks.md, "Executor memory over many fits in one session").
+Two let a session alternate between two models without rebuilding."""
+
+_REPLICAS: "OrderedDict[str, Any]" = OrderedDict()
+_STEP_FUNCTIONS: Dict[tuple, Any] = {}
+_LOCK = threading.Lock()
+_THREADS_CONFIGURED = False
+BUILD_COUNT = 0  # replicas this process has built; reported with each result
+
+
+def _value(handle):
+    """The value behind a Spark broadcast or a stored spec (:class:`~sparkdl_avg.shared.exchange.StoredSpec`), or the value itself."""
+    from pyspark.broadcast import Broadcast
+
+    from ..shared.exchange import StoredSpec
+
+    return handle.value if isinstance(handle, (Broadcast, StoredSpec)) else handle
+
+
+def configure_threads() -> None:
+    """Sizes TensorFlow's thread pools to the task's CPUs (``spark.task.cpus``).
+
+    Must run before TensorFlow starts its runtime; afterwards TensorFlow
+    refuses and the pools keep their size, which is harmless.
+    """
+    global _THREADS_CONFIGURED
+    if _THREADS_CONFIGURED:
+        return
+    _THREADS_CONFIGURED = True
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return
+    tf = quiet.import_tensorflow()
+
+    cpus = max(1, int(ctx.cpus()))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(cpus)
+        tf.config.threading.set_inter_op_parallelism_threads(cpus)
+    except RuntimeError:
+        pass
+
+
+def get_replica(spec_handle, fingerprint: str):
+    """Returns ``(model, built_now)``, building and caching the replica on first use.
+
+    Keeps the :data:`MAX_REPLICAS` most recently used replicas; building
+    another first frees the least recently used one (:func:`_evict`).
+    """
+    global BUILD_COUNT
+    with _LOCK:
+        # The task's Spark-assigned GPUs, before TensorFlow's GPU runtime starts.
+        configure_task_devices()
+        model = _REPLICAS.get(fingerprint)
+        if model is not None:
+            _REPLICAS.move_to_end(fingerprint)
+            return model, False
+        configure_threads()
+        spec: ModelSpec = _value(spec_handle)
+        import_custom_modules(spec.keras_bytes)  # the user's custom layers (shipped with --py-files)
+        while len(_REPLICAS) >= MAX_REPLICAS:
+            _evict(next(iter(_REPLICAS)))
+        with quiet.filtered_stderr():  # the first model starts TensorFlow's devices (cuInit on CPU-only hosts)
+            model = spec.build()  # registers those from the driver's __main__ (shipped in the spec) first
+        _REPLICAS[fingerprint] = model
+        BUILD_COUNT += 1
+        # A reused PySpark worker runs gc.collect() after every task; with
+        # TensorFlow loaded that full collection takes 100-250 ms and delays
+        # the next round's task. Freezing the long-lived objects (modules,
+        # the replica) keeps those collections cheap.
+        gc.freeze()
+        return model, True
+
+
+def _evict(fingerprint: str) -> None:
+    """Frees a cached replica and its compiled step functions (under ``_LOCK``).
+
+    The replica was frozen out of the collector's reach (:func:`get_replica`),
+    and a Keras model is full of reference cycles: only unfreezing before a
+    collection frees it. (Not ``keras.backend.clear_session``: it also
+    resets the global settings the other cached replica was built under.)
+    """
+    del _REPLICAS[fingerprint]
+    for key in [k for k in _STEP_FUNCTIONS if k[0] == fingerprint]:
+        del _STEP_FUNCTIONS[key]
+    gc.unfreeze()
+    gc.collect()
+
+
+def _step_key(fingerprint: str, dataset: StagedDataset) -> tuple:
+    """The key of a replica's step function in ``_STEP_FUNCTIONS``: the replica and the data's shapes."""
+    return (fingerprint, dataset.x_shapes, dataset.y_shapes, dataset.x_dtype, dataset.y_dtype)
+
+
+def _steps_function(model, fingerprint: str, dataset: StagedDataset):
+    """A compiled function that trains ``steps`` minibatches in one call.
+
+    It runs the model's own ``train_step`` (what ``model.fit`` runs, custom
+    overrides included) in a graph loop, which saves the per-minibatch Python
+    dispatch of ``train_on_batch`` (a large share of a small CNN's step time:
+    docs/benchmarks.md, "CNN on 20,000 synthetic 28×28 images").
+    It takes one tensor per model input and per output; cached per replica
+    and data shapes, with the number of examples left open, so shorter
+    rounds do not retrace.
+    """
+    import tensorflow as tf
+
+    key = _step_key(fingerprint, dataset)
+    fn = _STEP_FUNCTIONS.get(key)
+    if fn is not None:
+        return fn
+
+    @tf.function(
+        input_signature=[
+            [tf.TensorSpec((None, *shape), dataset.x_dtype) for shape in dataset.x_shapes],
+            [tf.TensorSpec((None, *shape), dataset.y_dtype) for shape in dataset.y_shapes],
+            tf.TensorSpec((), tf.int32),
+            tf.TensorSpec((), tf.int32),
+        ]
+    )
+    def train_steps(xs, ys, steps, batch):
+        def minibatch(lo):
+            return (
+                structure([x[lo : lo + batch] for x in xs]),
+                structure([y[lo : lo + batch] for y in ys]),
+            )
+
+        logs = model.train_step(minibatch(0))
+        for i in tf.range(1, steps):
+            logs = model.train_step(minibatch(i * batch))
+        return logs
+
+    # TensorFlow's retracing warning counts traces per code object, across
+    # the closures of every replica this process built: one trace each, by
+    # design, which after five models read as a retracing bug (issue 28).
+    train_steps._omit_frequent_tracing_warning = True
+    _STEP_FUNCTIONS[key] = train_steps
+    return train_steps
+
+
+@dataclass(frozen=True)
+class RoundTask:
+    """What every worker of one round needs (pickled into the round's closure).
+
+    Attributes:
+        spec: The :class:`ModelSpec`: a broadcast, a
+            :class:`~sparkdl_avg.shared.exchange.StoredSpec` or the spec itself.
+        fingerprint: ``spec.fingerprint``, to find a cached replica without
+            reading the spec.
+        state: Where the round's ``(weights, optimizer_variables)`` are: a
+            state source of :mod:`sparkdl_avg.shared.exchange` (its ``load()``).
+        results: How the worker hands back its sums: a result sink of
+            :mod:`sparkdl_avg.shared.exchange` (its ``deliver()``).
+        dataset: The staged training data.
+        epoch: 0-based epoch index.
+        round: 0-based round index within the epoch.
+        steps_before: Minibatches per worker in this epoch's earlier rounds.
+        steps: Minibatches each worker trains this round (``k``).
+        num_workers: Workers in the round (``N``).
+        batch_size: Examples per minibatch (``B``).
+        seed: The run's seed (data order).
+        shuffle: Whether the epoch visits examples in shuffled order.
+        average_optimizer: Whether to return the optimizer variables for averaging.
+        skip_nonfinite: A worker whose loss or weights are not finite leaves
+            itself out of the average (returns no examples) instead of
+            returning NaN sums; either way its record says ``finite: False``.
+        slot: In the stale-synchronous and asynchronous modes
+            (:mod:`sparkdl_avg.driver.stale_async`), the driver's worker that runs this
+            chunk (its data is worker ``i``'s of round ``round``); ``None``
+            in synchronous rounds, where the two are the same.
+    """
+
+    spec: Any
+    fingerprint: str
+    state: Any
+    results: Any
+    dataset: StagedDataset
+    epoch: int
+    round: int
+    steps_before: int
+    steps: int
+    num_workers: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    average_optimizer: bool
+    skip_nonfinite: bool = False
+    slot: Any = None
+
+
+def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
+    """Sets the state of the replica's random generators (dropout, noise layers) for one task.
+
+    The state follows from ``(seed, epoch, round, worker)`` alone, not from
+    what the cached replica trained before, so a task Spark retries on
+    another Python worker draws the same numbers.
+    """
+    from ..shared.example_order import epoch_key
+
+    generators = [v for v in model.variables if v.path.endswith("seed_generator_state")]
+    if not generators:
+        return
+    base = epoch_key(seed, (epoch * 1_000_003 + round) * 10_007 + worker)
+    for i, var in enumerate(generators):
+        value = np.zeros(var.shape, dtype=var.dtype)
+        value.flat[0] = (base + 7919 * i) % (2**31)
+        var.assign(value)
+
+
+def train_round(task: RoundTask, worker: int) -> PartialResult:
+    """Trains the replica of ``worker`` for ``task.steps`` minibatches.
+
+    Returns:
+        The worker's example-weighted weights, optimizer variables (when
+        averaged) and per-minibatch metric sums, with a timing record.
+    """
+    start = time.time()
+    model, built = get_replica(task.spec, task.fingerprint)
+    got = time.time()
+    weights, opt_vars = task.state.load()
+    set_state(model, weights, opt_vars)
+    seed_replica(model, task.seed, task.epoch, task.round, worker)
+    ready = time.time()
+
+    order = EpochOrder(task.dataset.num_examples, task.seed, task.epoch, task.shuffle)
+    positions = worker_positions(
+        task.steps_before, task.steps, worker, task.num_workers, task.batch_size
+    )
+    x, y = read_examples(task.dataset, order.indices(positions.start, positions.stop))
+    loaded = time.time()
+
+    traced = _step_key(task.fingerprint, task.dataset) not in _STEP_FUNCTIONS
+    steps_fn = _steps_function(model, task.fingerprint, task.dataset)
+    if traced:  # trace apart, to time it (the call below would trace the same function); its first run costs more still
+        steps_fn.get_concrete_function()
+    trace_s = time.time() - loaded if traced else 0.0
+    model.reset_metrics()
+    logs = steps_fn(
+        unflatten(x, task.dataset.x_shapes),
+        unflatten(y, task.dataset.y_shapes),
+        np.int32(task.steps),
+        np.int32(task.batch_size),
+    )
+    n = len(x)
+    # After reset_metrics() the logs are running means over the round's
+    # minibatches (example-weighted), so n · mean is the round's sum.
+    sums = {name: float(value) * n for name, value in logs.items()}
+    computed = time.time()
+
+    new_weights, new_opt = get_state(model)
+    finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
+    record = WorkerRecord(
+        worker=worker,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        examples=n,
+        start=start,
+        end=time.time(),
+        setup_s=ready - start,
+        load_s=loaded - ready,
+        compute_s=computed - loaded,
+        replica_built=built,
+        replicas_built_by_process=BUILD_COUNT,
+        finite=bool(finite),
+        loss=sums.get("loss", float("nan")) / n,
+        build_s=got - start if built else 0.0,
+        import_s=quiet.take_import_s(),
+        traced=traced,
+        trace_s=trace_s,
+    )
+    if not finite and task.skip_nonfinite:
+        return PartialResult(examples=0, workers=[record])
+    return PartialResult(
+        examples=n,
+        weight_sums=weighted(new_weights, n),
+        optimizer_sums=weighted(new_opt, n) if task.average_optimizer else None,
+        metric_sums=sums,
+        workers=[record],
+    )
+
+
+def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[PartialResult]:
+    """``mapPartitions`` body of a training round: one partition per worker id."""
+    ids = list(workers)  # consume the whole input so PySpark reuses this worker
+    for worker in ids:
+        try:
+            result = task.results.deliver(train_round(task, worker), f"e{task.epoch}-r{task.round}-w{worker}")
+        except Exception as exc:
+            raise remote_errors.failure(
+                WorkerError,
+                f"Worker {worker} failed in epoch {task.epoch}, round {task.round}: "
+                f"{type(exc).__name__}: {remote_errors.one_line(str(exc))}",
+            ) from exc
+        yield result
+
+
+def _task_ids(batches) -> list:
+    """The ids of ``spark.range(n, numPartitions=n)``'s rows a ``mapInArrow`` task got (all of its input)."""
+    return [int(i) for batch in batches for i in batch.column(0).to_pylist()]
+
+
+def run_round_batches(task: RoundTask, batches, entry=None) -> Iterator:
+    """``mapInArrow`` body of a Spark SQL round: one task per worker id; yields the sink's Arrow rows.
+
+    ``entry``: the partition body to run (default :func:`run_round_partition`).
+    """
+    yield from (entry or run_round_partition)(task, _task_ids(batches))
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """What every part of a distributed evaluation needs.
+
+    Attributes:
+        spec: The :class:`ModelSpec` (as in :class:`RoundTask`).
+        fingerprint: ``spec.fingerprint``.
+        state: A state source (:mod:`sparkdl_avg.shared.exchange`) of ``(weights, optimizer_variables)`` to evaluate.
+        dataset: The staged evaluation data.
+        num_parts: Parts the data is split into (one task each).
+        batch_size: Examples per evaluation minibatch.
+    """
+
+    spec: Any
+    fingerprint: str
+    state: Any
+    dataset: StagedDataset
+    num_parts: int
+    batch_size: int
+
+
+def evaluate_part(task: EvalTask, part: int) -> PartialResult:
+    """Evaluates the compiled loss and metrics on one contiguous part of the data."""
+    start = time.time()
+    model, built = get_replica(task.spec, task.fingerprint)
+    weights, opt_vars = task.state.load()
+    set_state(model, weights, opt_vars)
+    rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
+    x, y = read_examples(task.dataset, np.arange(rows.start, rows.stop))
+    xs, ys = unflatten(x, task.dataset.x_shapes), unflatten(y, task.dataset.y_shapes)
+    loaded = time.time()
+    sums: Dict[str, float] = {}
+    for lo in range(0, len(x), task.batch_size):
+        hi = lo + task.batch_size
+        logs = model.test_on_batch(structure([a[lo:hi] for a in xs]), structure([a[lo:hi] for a in ys]), return_dict=True)
+        for name, value in logs.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * len(x[lo:hi])
+    return PartialResult(
+        examples=len(x),
+        metric_sums=sums,
+        workers=[
+            WorkerRecord(
+                worker=part,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                examples=len(x),
+                start=start,
+                end=time.time(),
+                load_s=loaded - start,
+                replica_built=built,
+            )
+        ],
+    )
+
+
+def run_eval_batches(task: EvalTask, batches) -> Iterator:
+    """``mapInArrow`` body of a Spark SQL evaluation: yields each part's result as JSON (``meta string``)."""
+    import pyarrow as pa
+
+    from ..shared.exchange import encode_meta
+
+    for result in run_eval_partition(task, _task_ids(batches)):
+        yield pa.RecordBatch.from_pydict({"meta": [encode_meta(result)]})
+
+
+def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[PartialResult]:
+    """``mapPartitions`` body of a distributed evaluation."""
+    ids = list(parts)  # consume the whole input so PySpark reuses this worker
+    for part in ids:
+        try:
+            result = evaluate_part(task, part)
+        except Exception as exc:
+            raise remote_errors.failure(
+                WorkerError, f"Worker {part} failed in the evaluation: {type(exc).__name__}: {remote_errors.one_line(str(exc))}"
+            ) from exc
+        yield result
+
+
+def warm_up_partition(ids: Iterable) -> Iterator[int]:
+    """``mapPartitions`` (and, through :func:`warm_up_batches`, ``mapInArrow``) body of a warm-up task.
+
+    Makes this Python worker ready to train: imports TensorFlow (a no-op
+    where the daemon, :mod:`sparkdl_avg.daemon`, already has) and sizes its
+    thread pools, then returns the worker to its pool for the fit's tasks.
+    Yields the worker's pid.
+    """
+    list(ids)  # consume the whole input so PySpark reuses this worker
+    configure_threads()
+    quiet.take_import_s()  # the warm-up's import, not a fit's: no fit waited for it
+    yield os.getpid()
+
+
+def warm_up_batches(batches) -> Iterator:
+    """``mapInArrow`` body of a warm-up task: :func:`warm_up_partition`, one ``pid`` row."""
+    import pyarrow as pa
+
+    pids = list(warm_up_partition(_task_ids(batches)))
+    yield pa.RecordBatch.from_pydict({"pid": pa.array(pids, pa.int64())})
+
+
+def probe_path_batches(marker: str, batches) -> Iterator:
+    """``mapInArrow`` body of the staging check: one row saying whether this executor sees the file ``marker``.
+
+    The driver wrote ``marker`` (a local path) just before the job; an
+    executor on another host, whose ``/tmp`` is its own, does not see it
+    (:func:`sparkdl_avg.driver.staging.check_shared_root`).
+    """
+    import pyarrow as pa
+
+    ids = _task_ids(batches)
+    seen = os.path.exists(marker)
+    yield pa.RecordBatch.from_pydict({
+        "task": pa.array([int(i) for i in ids], pa.int64()),
+        "host": pa.array([socket.gethostname() + "/" + _address()] * len(ids), pa.string()),
+        "seen": pa.array([seen] * len(ids), pa.bool_()),
+    })
+
+
+def _address() -> str:
+    """The address this executor's Spark binds to (``SPARK_LOCAL_IP``), else its host name's."""
+    try:
+        return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
+    except OSError:  # a host name that does not resolve (some containers): the name alone says enough
+        return ""
