@@ -80,19 +80,16 @@ def main(argv=None) -> int:
         fs.check_writable(args.checkpoint_dir, "The --checkpoint-dir flag")
 
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver.config import check_checkpoint_args, check_fit_args
 
     model = cli.load_model(args.model, args.model_builder, seed=args.seed)
     # Validates every option on the driver before Spark starts any job (errors name the flags: cli.run).
     trainer = ParameterAveragingTrainer(model, **cli.trainer_options(args))
-    fit = cli.check_fit_flags(args)
+    fit = cli.check_fit_flags(args)  # each fit flag and together (initial_epoch < epochs, ...)
     tracker = cli.tracker(args)  # refuses a missing mlflow before Spark starts
     if args.checkpoint_dir and args.validation_split and args.seed is None:
         raise cli.UsageError(
             "--validation-split with --checkpoint-dir needs --seed: a resumed run must split the data the same way."
         )
-    check_checkpoint_args(fit["checkpoint_dir"], fit["checkpoint_every"], fit["resume"])
-    check_fit_args(fit["epochs"], fit["initial_epoch"], fit["verbose"])
 
     spark = cli.spark_session("sparkdl_avg train")
     try:

@@ -202,3 +202,73 @@ def test_a_bad_value_gets_the_same_error_through_every_entry_point(parse, model,
     assert f"'{row.param.name}'" in str(through_estimator.value)
     if row.param.name != name:
         assert f"'{name}'" not in str(through_estimator.value)
+
+
+# ---------------------------------------------------------- one message style
+
+
+@pytest.mark.parametrize("constraint, bad, what", [
+    (options.Ints(1), 0, "an int in the range [1, inf)"),
+    (options.Ints(1), True, "an int in the range [1, inf)"),  # a bool is not a count
+    (options.Ints(0, allow_none=True), 1.5, "an int in the range [0, inf) or None"),
+    (options.OneOf(("sync", "stale")), "Sync", "one of 'sync', 'stale'"),
+    (options.Bool(), 1, "a bool"),
+    (options.Text(), "", "a non-empty str or None"),
+    (options.Text("a local path or a pyarrow.fs URI"), 3, "a non-empty str (a local path or a pyarrow.fs URI) or None"),
+    (options.RoundsOrEpoch(), 0, "'epoch' or an int in the range [1, inf) (rounds)"),
+    (options.BoolOrPath(), None, "a bool or the path of a checkpoint"),
+])
+def test_a_constraint_refuses_with_the_one_message(constraint, bad, what):
+    with pytest.raises(ConfigurationError) as info:
+        constraint("opt", bad)
+    assert str(info.value) == f"The 'opt' parameter must be {what}. Got {bad!r} instead."
+
+
+@pytest.mark.parametrize("constraint, good", [
+    (options.Ints(1), 1), (options.Ints(0, allow_none=True), None), (options.OneOf(("a", 0)), 0),
+    (options.Bool(), False), (options.Text(), None), (options.RoundsOrEpoch(), "epoch"),
+    (options.RoundsOrEpoch(), 3), (options.BoolOrPath(), "ckpt-2"),
+])
+def test_a_constraint_accepts_what_it_says(constraint, good):
+    constraint("opt", good)  # no error
+
+
+def test_every_checked_row_holds_a_constraint():
+    assert all(row.check is None or isinstance(row.check, options.Constraint) for row in options.OPTIONS)
+    unchecked = sorted(row.name for row in options.OPTIONS if row.check is None)
+    # the columns are checked against the data; the rule's numbers by the rule they build
+    assert unchecked == ["block_lr", "block_momentum", "features_col", "label_col"]
+
+
+# ------------------------------------------------------------ fit's options
+
+
+def test_check_fit_args_checks_each_option_and_the_pairs():
+    from sparkdl_avg.driver.config import check_fit_args
+
+    assert check_fit_args(epochs=3, initial_epoch=1, verbose=0) == {"epochs": 3, "initial_epoch": 1, "verbose": 0}
+    assert check_fit_args(verbose="auto")["verbose"] == 2  # pytest's stdout is not a terminal
+    cases = [
+        ({"epochs": 0}, "The 'epochs' parameter must be an int in the range [1, inf). Got 0 instead."),
+        ({"verbose": 3}, "The 'verbose' parameter must be one of 'auto', 0, 1, 2. Got 3 instead."),
+        ({"shuffle": "yes"}, "The 'shuffle' parameter must be a bool. Got 'yes' instead."),
+        ({"epochs": 2, "initial_epoch": 2}, "The 'initial_epoch' parameter must be less than 'epochs' (2)"),
+        ({"resume": True}, "The 'resume' parameter is True but no 'checkpoint_dir' was given."),
+    ]
+    for values, message in cases:
+        with pytest.raises(ConfigurationError) as info:
+            check_fit_args(**values)
+        assert str(info.value).startswith(message), (values, str(info.value))
+    with pytest.raises(ConfigurationError, match="'checkpoint_every' parameter must be 'epoch' with synchronization='stale'"):
+        check_fit_args("stale", checkpoint_dir="/tmp/c", checkpoint_every=4)
+    check_fit_args("sync", checkpoint_dir="/tmp/c", checkpoint_every=4)  # sync rounds all end together
+
+
+def test_the_jobs_check_the_fit_flags_together_before_spark_starts(parse):
+    with pytest.raises(ConfigurationError) as info:
+        cli.check_fit_flags(parse("--epochs", "2", "--initial-epoch", "2"))
+    assert cli.flag_message(str(info.value)).startswith(
+        "The --initial-epoch flag must be less than --epochs (2)")
+    with pytest.raises(ConfigurationError) as info:
+        cli.check_fit_flags(parse("--synchronization", "stale", "--checkpoint-dir", "/tmp/c", "--checkpoint-every", "3"))
+    assert cli.flag_message(str(info.value)).startswith("The --checkpoint-every flag must be 'epoch' with synchronization")

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from .costmodel import WARM_ROUNDS, CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs  # noqa: F401  (the cost model's public names, importable from here too)
 from ..errors import ConfigurationError, DataError
-from .options import check_int
+from .options import Ints, must_be, require
 
 #: Averaging frequencies the table compares, besides the user's own (cut to the minibatches of an epoch).
 FREQUENCIES = (1, 4, 16, 64, 256)
@@ -207,15 +207,13 @@ def advise(
 
     started = time.perf_counter()
     validate_model(model)
-    check_int("epochs", epochs, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("averaging_frequency", averaging_frequency, 1, allow_none=True)
-    check_int("max_workers", max_workers, 1, allow_none=True)
+    require("epochs", epochs, Ints(1))
+    require("batch_size", batch_size, Ints(1))
+    require("averaging_frequency", averaging_frequency, Ints(1, allow_none=True))
+    require("max_workers", max_workers, Ints(1, allow_none=True))
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= MIN_BUDGET_S:
-        raise ConfigurationError(
-            f"The 'budget_s' parameter must be a number of seconds >= {MIN_BUDGET_S:g}: less cannot measure one "
-            f"process and one short distributed fit. Got {budget_s!r} instead."
-        )
+        raise must_be("budget_s", f"a number of seconds >= {MIN_BUDGET_S:g}: less cannot measure one process and "
+                      "one short distributed fit", budget_s)
     spec = ModelSpec.from_model(model)
     check_model_loads(spec)
     engine = engine_for(data)
@@ -329,7 +327,7 @@ def _single_process_step(model, spec, head, features_col, label_col, batch_size:
     """
     import numpy as np
 
-    from . import staging as data_mod
+    from . import staging
     from ..shared.staged_dataset import read_examples, structure, unflatten
     from ..shared.modelspec import input_shapes, inputs_dtype
     from .staging_roots import StagingRoot
@@ -337,9 +335,9 @@ def _single_process_step(model, spec, head, features_col, label_col, batch_size:
     root = StagingRoot.new(staging_dir, id(head))
     try:
         root.make(private=engine.one_host)
-        staged = data_mod.stage(head, root=root.uri, x_shapes=input_shapes(model), x_dtype=inputs_dtype(model),
+        staged = staging.stage(head, root=root.uri, x_shapes=input_shapes(model), x_dtype=inputs_dtype(model),
                                 num_outputs=len(model.outputs), features_col=features_col, label_col=label_col,
-                                what="training", checks=data_mod.data_checks(model))
+                                what="training", checks=staging.data_checks(model))
         steps = staged.num_examples // batch_size
         x, y = read_examples(staged, np.arange(steps * batch_size))
     finally:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from ..shared import fs
 from . import options as table
 from ..errors import ConfigurationError, DataError, PathError
+from .config import check_fit_args
 from .preflight import ExecutorEnvironmentError
 
 EXIT_USAGE = 2
@@ -132,8 +133,7 @@ def check_fit_flags(args: argparse.Namespace) -> Dict[str, Any]:
     names the flag (``--epochs``) when it prints them.
     """
     values = {row.name: flag_value(args, row) for row in table.of(table.FIT) if row.cli is not None}
-    for name, value in values.items():
-        table.check(name, value)
+    check_fit_args(getattr(args, "synchronization", "sync"), **values)
     return values
 
 

@@ -1,4 +1,4 @@
-"""The single place where trainer options and the model are validated, on the driver, before any Spark job.
+"""Where trainer options, ``fit``'s options and the model are validated, on the driver, before any Spark job.
 
 ``TrainerConfig`` holds the constructor options of
 :class:`~sparkdl_avg.ParameterAveragingTrainer`; the Spark ML layer builds the
@@ -7,18 +7,19 @@ same object, so every entry point gets the same checks. It is generated with
 rows of :data:`sparkdl_avg.driver.options.OPTIONS`, which declare its fields,
 defaults, docstring and per-option checks once (a hand-written dataclass
 would repeat each of them); ``__post_init__`` adds the checks that concern
-several options. Static type checkers do not see its fields; it is still a
+several options. :func:`check_fit_args` is the one check of ``fit``'s
+options, :func:`validate_model` of a model. Static type checkers do not see its fields; it is still a
 frozen, picklable dataclass with ``__eq__`` and ``dataclasses.fields``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Dict
 
 from . import options
 from ..errors import ConfigurationError
-from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS, check_int  # noqa: F401 (API)
+from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS  # noqa: F401 (API)
 from .rules import UpdateRule, as_update_rule
 from .schedules import AveragingSchedule, as_schedule
 
@@ -88,38 +89,44 @@ for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__
     _method.__name__, _method.__qualname__ = _name, f"TrainerConfig.{_name}"
 
 
-def check_fit_args(epochs: Any, initial_epoch: Any, verbose: Any) -> int:
-    """Validates ``fit``'s ``epochs``, ``initial_epoch`` and ``verbose``; returns ``verbose`` resolved.
+def check_fit_args(synchronization: str = "sync", **values: Any) -> Dict[str, Any]:
+    """Validates ``fit``'s options, each and together, before any Spark job; returns them, ``verbose`` resolved.
 
-    As in ``keras.Model.fit``, ``epochs`` is the index of the epoch to stop
-    before and ``initial_epoch`` the first one trained, so a fit trains
-    ``epochs - initial_epoch`` epochs; one that would train none is refused.
-    ``verbose="auto"`` is 1 on a terminal, else 2.
+    ``values`` are :data:`~sparkdl_avg.driver.options.FIT` options by name
+    (those given: the jobs pass the ones they have flags for);
+    ``synchronization`` is the trainer's. As in ``keras.Model.fit``,
+    ``epochs`` is the index of the epoch to stop before and ``initial_epoch``
+    the first one trained, so a fit trains ``epochs - initial_epoch`` epochs;
+    one that would train none is refused. ``verbose="auto"`` is 1 on a
+    terminal, else 2.
+
+    Raises:
+        ConfigurationError: naming the option.
     """
-    options.check("epochs", epochs)
-    options.check("initial_epoch", initial_epoch)
-    if initial_epoch >= epochs:
+    for name, value in values.items():
+        options.check(name, value)
+    epochs, initial_epoch = values.get("epochs"), values.get("initial_epoch", 0)
+    if epochs is not None and initial_epoch >= epochs:
         raise ConfigurationError(
             f"The 'initial_epoch' parameter must be less than 'epochs' ({epochs}): as in keras.Model.fit, "
             f"'epochs' is the index of the epoch to stop before, so to continue a fit of {epochs} epochs by "
             f"n more pass epochs={epochs}+n, initial_epoch={epochs}. Got {initial_epoch!r} instead."
         )
-    if verbose == "auto":
+    checkpoint_dir = values.get("checkpoint_dir")
+    if values.get("resume") is True and checkpoint_dir is None:
+        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
+    checkpoint_every = values.get("checkpoint_every", "epoch")
+    if synchronization != "sync" and checkpoint_dir is not None and checkpoint_every != "epoch":
+        raise ConfigurationError(
+            f"The 'checkpoint_every' parameter must be 'epoch' with synchronization={synchronization!r}: "
+            "its chunks finish out of order, so only an epoch's end is a point every worker has reached. "
+            f"Got {checkpoint_every!r} instead."
+        )
+    if values.get("verbose") == "auto":
         import sys
 
-        return 1 if sys.stdout.isatty() else 2
-    if verbose not in (0, 1, 2):
-        raise ConfigurationError(f"The 'verbose' parameter must be 'auto', 0, 1 or 2. Got {verbose!r} instead.")
-    return verbose
-
-
-def check_checkpoint_args(checkpoint_dir: Any, checkpoint_every: Any, resume: Any) -> None:
-    """Validates ``fit``'s checkpoint arguments (see ``ParameterAveragingTrainer.fit``)."""
-    options.check("checkpoint_dir", checkpoint_dir)
-    options.check("checkpoint_every", checkpoint_every)
-    options.check("resume", resume)
-    if resume is True and checkpoint_dir is None:
-        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
+        values = {**values, "verbose": 1 if sys.stdout.isatty() else 2}
+    return values
 
 
 def validate_model(model: Any, name: str = "model") -> None:

@@ -436,16 +436,10 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         return self._loaded
 
     def _transform(self, dataset):
-        from .config import check_int
         from .inference import add_predictions
 
         batch = self.getInferenceBatchSize()
-        try:
-            check_int("inference_batch_size", batch, 1)
-        except ConfigurationError:
-            raise ConfigurationError(
-                f"The 'inferenceBatchSize' parameter must be an int in the range [1, inf). Got {batch!r} instead."
-            ) from None
+        options.require("inferenceBatchSize", batch, options.Ints(1))
         return add_predictions(
             dataset,
             self.kerasModel,

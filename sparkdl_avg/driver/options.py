@@ -28,10 +28,11 @@ and give its two numbers flat (the :data:`RULE` rows ``block_momentum`` and
 ``block_lr``, combined by :func:`from_flat`); the CLI prints one line per
 epoch (``verbose=2``), the estimator is silent (``verbose=0``).
 
-The :data:`FIT` rows' checks run in ``ParameterAveragingTrainer.fit``
-(:func:`sparkdl_avg.driver.config.check_fit_args`,
-:func:`sparkdl_avg.driver.config.check_checkpoint_args`) and, before Spark starts,
-in the jobs (``sparkdl_avg.driver.cli.check_fit_flags``). Whatever the check, the
+Every row's ``check`` is a :class:`Constraint`, which renders the one message
+style (:func:`must_be`). The trainer's rows are checked by ``TrainerConfig``
+(with the checks across options), the :data:`FIT` rows by
+:func:`sparkdl_avg.driver.config.check_fit_args`, which ``fit`` and, before
+Spark starts, the jobs (``sparkdl_avg.driver.cli.check_fit_flags``) call. Whatever the check, the
 CLI's message names the flag (``--batch-size``, :func:`flag_names`) and the
 estimator's the Param (``batchSize``) where the trainer's names the option.
 Besides its row, an option's name appears only where it is used, in
@@ -71,61 +72,125 @@ class _Same:
 
 SAME = _Same()  #: "the row's default" in :class:`Flag` and :class:`SparkParam`
 
-Check = Callable[[str, Any], None]  #: ``check(name, value)`` raises ``ConfigurationError`` naming ``name``
+# ------------------------------------------------------------- constraints
 
 
-# ------------------------------------------------------------------ checks
+def must_be(name: str, what: str, value: Any) -> ConfigurationError:
+    """The one message of a value an option refuses: ``The 'name' parameter must be <what>. Got <value> instead.``"""
+    return ConfigurationError(f"The '{name}' parameter must be {what}. Got {value!r} instead.")
 
 
-def check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
-    """Raises ``ConfigurationError`` unless ``value`` is an integer ≥ ``low`` (numpy ints too)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        none = " or None" if allow_none else ""
-        raise ConfigurationError(
-            f"The '{name}' parameter must be an int in the range [{low}, inf){none}. "
-            f"Got {value!r} instead."
-        )
+class Constraint:
+    """What an option's value must be: a row's ``check``, called as ``check(name, value)``.
+
+    A constraint says what it accepts (``str(c)``: "an int in the range [1,
+    inf)") and refuses anything else with :func:`must_be`'s message, so every
+    option's error reads the same; the CLI and the estimator rename the
+    option in it (:func:`rename`). Subclasses define :meth:`accepts` and
+    ``__str__``, or override :meth:`__call__` where a parser raises its own,
+    more specific message (the update rule, the schedule, the link rate).
+    """
+
+    def accepts(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, name: str, value: Any) -> None:
+        """Raises ``ConfigurationError`` naming ``name`` unless ``value`` is accepted."""
+        if not self.accepts(value):
+            raise must_be(name, str(self), value)
 
 
-def ints(low: int, allow_none: bool = False) -> Check:
-    """A check: an int ≥ ``low`` (or ``None``)."""
-    return lambda name, value: check_int(name, value, low, allow_none)
+@dataclass(frozen=True)
+class Ints(Constraint):
+    """An integer ≥ ``low`` (numpy integers too, not ``bool``), or ``None`` where ``allow_none``."""
+
+    low: int
+    allow_none: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.allow_none
+        return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= self.low
+
+    def __str__(self) -> str:
+        return f"an int in the range [{self.low}, inf)" + (" or None" if self.allow_none else "")
 
 
-def one_of(choices: Sequence[str]) -> Check:
-    """A check: one of ``choices``."""
+@dataclass(frozen=True)
+class OneOf(Constraint):
+    """One of ``choices``."""
 
-    def check(name: str, value: Any) -> None:
-        if value not in choices:
-            raise ConfigurationError(
-                f"The '{name}' parameter must be one of {', '.join(repr(c) for c in choices)}. "
-                f"Got {value!r} instead."
-            )
+    choices: Tuple[Any, ...]
 
-    return check
+    def accepts(self, value: Any) -> bool:
+        return value in self.choices
 
-
-def boolean(name: str, value: Any) -> None:
-    """A check: ``True`` or ``False``."""
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"The '{name}' parameter must be a bool. Got {value!r} instead.")
+    def __str__(self) -> str:
+        return "one of " + ", ".join(repr(c) for c in self.choices)
 
 
-def optional_str(name: str, value: Any) -> None:
-    """A check: a non-empty str, or ``None``."""
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigurationError(f"The '{name}' parameter must be a non-empty str or None. Got {value!r} instead.")
+@dataclass(frozen=True)
+class Bool(Constraint):
+    """``True`` or ``False``."""
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def __str__(self) -> str:
+        return "a bool"
 
 
-def optional_uri(name: str, value: Any) -> None:
-    """A check: a non-empty path or URI, or ``None``."""
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigurationError(
-            f"The '{name}' parameter must be a non-empty str (a local path or a pyarrow.fs URI) "
-            f"or None. Got {value!r} instead."
-        )
+@dataclass(frozen=True)
+class Text(Constraint):
+    """A non-empty ``str`` or ``None``; ``what`` says what the string is, where it is more than text."""
+
+    what: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or (isinstance(value, str) and value != "")
+
+    def __str__(self) -> str:
+        return f"a non-empty str{f' ({self.what})' if self.what else ''} or None"
+
+
+@dataclass(frozen=True)
+class RoundsOrEpoch(Constraint):
+    """``"epoch"`` or a number of rounds ≥ 1."""
+
+    def accepts(self, value: Any) -> bool:
+        return value == "epoch" or Ints(1).accepts(value)
+
+    def __str__(self) -> str:
+        return "'epoch' or an int in the range [1, inf) (rounds)"
+
+
+@dataclass(frozen=True)
+class BoolOrPath(Constraint):
+    """A bool, or the path of a checkpoint."""
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, bool) or (isinstance(value, str) and value != "")
+
+    def __str__(self) -> str:
+        return "a bool or the path of a checkpoint"
+
+
+@dataclass(frozen=True)
+class Parsed(Constraint):
+    """Whatever ``parse(value)`` accepts; its ``ConfigurationError`` says what else it takes (``None`` passes)."""
+
+    parse: Callable[[Any], Any]
+    what: str
+
+    def accepts(self, value: Any) -> bool:
+        return True
+
+    def __call__(self, name: str, value: Any) -> None:
+        if value is not None:
+            self.parse(value)
+
+    def __str__(self) -> str:
+        return self.what
 
 
 def parse_rate(rate: Any) -> float:
@@ -151,34 +216,8 @@ def parse_rate(rate: Any) -> float:
                 if value > 0:
                     return value * scale / 8
                 break
-    raise ConfigurationError(
-        f"The 'network_rate' parameter must be a link rate such as '1gbit', '10gbit' or '800mbit', or a positive "
-        f"number of bytes per second. Got {rate!r} instead."
-    )
-
-
-def _rate(name: str, value: Any) -> None:
-    if value is not None:
-        parse_rate(value)
-
-
-def _schedule(name: str, value: Any) -> None:
-    as_schedule(value)
-
-
-def _update_rule(name: str, value: Any) -> None:
-    as_update_rule(value)
-
-
-def _checkpoint_period(name: str, value: Any) -> None:
-    if value == "epoch":
-        return
-    if isinstance(value, str) or value is None:
-        raise ConfigurationError(
-            f"The '{name}' parameter must be 'epoch' or an int in the range [1, inf) "
-            f"(rounds). Got {value!r} instead."
-        )
-    check_int(name, value, 1)
+    raise must_be("network_rate", "a link rate such as '1gbit', '10gbit' or '800mbit', or a positive number of bytes "
+                  "per second", rate)
 
 
 def rounds_or_epoch(value: Any) -> Any:
@@ -188,11 +227,9 @@ def rounds_or_epoch(value: Any) -> Any:
     return value
 
 
-def _bool_or_path(name: str, value: Any) -> None:
-    if not isinstance(value, (bool, str)) or value == "":
-        raise ConfigurationError(
-            f"The '{name}' parameter must be a bool or the path of a checkpoint. Got {value!r} instead."
-        )
+def require(name: str, value: Any, constraint: Constraint) -> None:
+    """Checks an argument that is not an option row (``evaluate``'s ``batch_size``, ``advise``'s ``max_workers``)."""
+    constraint(name, value)
 
 
 # ------------------------------------------------------------------- rows
@@ -259,7 +296,7 @@ class Option:
         help: One line (flag help, Param doc): what the option is.
         doc: The Args entry of the trainer's and ``TrainerConfig``'s docstrings.
         scope: :data:`TRAINER`, :data:`RULE`, :data:`FIT` or :data:`TRACKING`.
-        check: ``check(name, value)``, or ``None``: checked elsewhere.
+        check: The :class:`Constraint` the value must meet, or ``None``: any value.
         unset: What ``None`` means, for help texts ("Spark's defaultParallelism").
         cli: The flag, or ``None``: no flag.
         param: The estimator's Param, or ``None``: no Param.
@@ -273,7 +310,7 @@ class Option:
     help: str
     doc: str = ""
     scope: str = TRAINER
-    check: Optional[Check] = None
+    check: Optional[Constraint] = None
     unset: str = ""
     cli: Optional[Flag] = None
     param: Optional[SparkParam] = None
@@ -300,7 +337,7 @@ OPTIONS: Tuple[Option, ...] = (
             "``defaultParallelism``, resolved when the trainer first needs it (under Spark Connect from the master URL or "
             "a one-off small job). More than the task slots: ``fit`` warns that only that many run at once, "
             "so the rounds take proportionally longer.",
-        check=ints(1, allow_none=True),
+        check=Ints(1, allow_none=True),
         cli=Flag(type=int),
         param=SparkParam("numWorkers", "toInt"),
     ),
@@ -308,7 +345,7 @@ OPTIONS: Tuple[Option, ...] = (
         "batch_size", 32, "int",
         help="examples per minibatch, per worker",
         doc="Examples per minibatch, per worker. Default 32.",
-        check=ints(1),
+        check=Ints(1),
         cli=Flag(type=int),
         param=SparkParam("batchSize", "toInt"),
     ),
@@ -318,7 +355,7 @@ OPTIONS: Tuple[Option, ...] = (
         doc="Minibatches each worker trains between two averagings (DL4J's ``averagingFrequency``; "
             "\"k\"). Default 8. Also a schedule from :mod:`sparkdl_avg.driver.schedules` (``PostLocalSGD``, "
             "``AdaComm``) or a callable ``(epoch, round, logs) -> k``, asked before every round.",
-        check=_schedule,
+        check=Parsed(as_schedule, "an int in the range [1, inf) or a schedule"),
         cli=Flag(type=int),
         param=SparkParam("averagingFrequency", "toInt"),
     ),
@@ -331,7 +368,7 @@ OPTIONS: Tuple[Option, ...] = (
             "of pickled partials between Python workers and measured slower (docs/benchmarks.md, \"Aggregation "
             "paths\"); go deeper only where your cluster's driver merge is measured to be the bottleneck "
             "(docs/scaling.md, \"What it implies\").",
-        check=ints(1),
+        check=Ints(1),
         cli=Flag(type=int),
         param=SparkParam("aggregationDepth", "toInt"),
     ),
@@ -343,7 +380,7 @@ OPTIONS: Tuple[Option, ...] = (
             "initial state. Either way the optimizer's iteration counter follows the global step "
             "(minibatches per worker so far), so learning-rate schedules see the same step as in "
             "single-machine training.",
-        check=one_of(OPTIMIZER_STATE_POLICIES),
+        check=OneOf(OPTIMIZER_STATE_POLICIES),
         cli=Flag(),
         param=SparkParam("optimizerState", "toString"),
     ),
@@ -357,7 +394,7 @@ OPTIONS: Tuple[Option, ...] = (
             "parameters. The rule's state (block momentum ``Δ``) carries over to the next ``fit`` of "
             "this trainer. The CLI and the estimator take the name, with ``block_momentum`` and "
             "``block_lr``.",
-        check=_update_rule,
+        check=Parsed(as_update_rule, "an update rule"),
         cli=Flag(default="average"),
         param=SparkParam("updateRule", "toString", default="average"),
     ),
@@ -381,7 +418,7 @@ OPTIONS: Tuple[Option, ...] = (
         help="seed of the data order",
         unset="random",
         doc="Seed of the data order; ``None`` draws one.",
-        check=ints(0, allow_none=True),
+        check=Ints(0, allow_none=True),
         cli=Flag(type=int, help="seed of the data order (and of --model-builder, --validation-split)"),
         param=SparkParam("seed", "toInt", shared=True, unset="the stage's default seed (Spark's hash of the class name)"),
     ),
@@ -398,7 +435,7 @@ OPTIONS: Tuple[Option, ...] = (
             "``staging_dir``, before anything is staged. "
             "The trainer writes into a new subdirectory and deletes it on :meth:`close` or when the "
             "trainer is garbage-collected.",
-        check=optional_uri,
+        check=Text("a local path or a pyarrow.fs URI"),
         cli=Flag(metavar="PATH_OR_URI"),
         param=SparkParam("stagingDir", "toString"),
     ),
@@ -410,7 +447,7 @@ OPTIONS: Tuple[Option, ...] = (
             "with a ``WorkerError`` naming the epoch, round and worker; the model keeps the last good "
             "weights. ``\"skip\"``: such replicas are left out of that round's average, with a "
             "warning (all of them: raise).",
-        check=one_of(NONFINITE_POLICIES),
+        check=OneOf(NONFINITE_POLICIES),
         cli=Flag(),
         param=SparkParam("onNonfinite", "toString"),
     ),
@@ -420,7 +457,7 @@ OPTIONS: Tuple[Option, ...] = (
         doc="Check while staging that features and labels are finite and that labels fit the loss "
             "(class indices in ``[0, classes)`` for a sparse categorical cross-entropy, ``[0, 1]`` "
             "for a binary one); a ``DataError`` names the column. Default True.",
-        check=boolean,
+        check=Bool(),
         cli=Flag("--no-check-data", action="store_false",
                  help="skip the NaN/Inf and label-range checks made while staging"),
         param=SparkParam("checkData", "toBoolean"),
@@ -444,7 +481,7 @@ OPTIONS: Tuple[Option, ...] = (
             "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.choose`). Name one only "
             "to compare them, or ``\"files\"`` with a fast shared filesystem. Measurements: docs/benchmarks.md, "
             "\"On a shaped network\" and \"Aggregation paths\".",
-        check=one_of(STATE_TRANSPORTS),
+        check=OneOf(STATE_TRANSPORTS),
         cli=Flag(choices=STATE_TRANSPORTS),
         param=SparkParam("stateTransport", "toString"),
     ),
@@ -467,7 +504,7 @@ OPTIONS: Tuple[Option, ...] = (
             "paths\" and \"On a shaped network\"). All give bitwise the same sums, so name one only to compare "
             "them. Anything but ``\"auto\"`` is refused with ``state_transport=\"spark\"`` or ``\"files\"``, "
             "which sum on the driver.",
-        check=one_of(AGGREGATIONS),
+        check=OneOf(AGGREGATIONS),
         cli=Flag(choices=AGGREGATIONS),
         param=SparkParam("aggregation", "toString"),
     ),
@@ -478,7 +515,7 @@ OPTIONS: Tuple[Option, ...] = (
         doc="Slices (reducer tasks) of the sharded aggregations (``aggregation=\"shuffle\"`` or "
             "``\"storage\"``; refused with ``\"driver\"`` or ``\"files\"``). Default ``None``: one per worker, each "
             "slice at least 256 kB.",
-        check=ints(1, allow_none=True),
+        check=Ints(1, allow_none=True),
         cli=Flag(type=int),
         param=SparkParam("aggregationShards", "toInt"),
     ),
@@ -492,7 +529,7 @@ OPTIONS: Tuple[Option, ...] = (
             "step function, at the end of the first epoch that brings 3 of them (or of the last). Also, once "
             "per application, say how long the first fit waited for new executor workers to import TensorFlow "
             "and what removes that (a session without RECOMMENDED_CONF). Default True.",
-        check=boolean,
+        check=Bool(),
         cli=Flag("--no-slow-warning", action="store_false",
                  help="do not warn when the fit is slower than one process would be"),
         param=SparkParam("slowWarning", "toBoolean"),
@@ -509,7 +546,7 @@ OPTIONS: Tuple[Option, ...] = (
             "is applied (``staleness=0`` is ``\"sync\"``). ``\"async\"``: no bound. Epochs still end "
             "together (validation, callbacks and checkpoints see every chunk of the epoch applied); "
             "``checkpoint_every`` must be ``\"epoch\"``.",
-        check=one_of(SYNCHRONIZATIONS),
+        check=OneOf(SYNCHRONIZATIONS),
         cli=Flag(choices=SYNCHRONIZATIONS),
         param=SparkParam("synchronization", "toString"),
     ),
@@ -520,7 +557,7 @@ OPTIONS: Tuple[Option, ...] = (
             "the oldest chunk not yet applied, which is also the most rounds the weights a chunk starts from "
             "can lack; another value than the default is refused with ``\"sync\"``. Default 2 (measured in "
             "docs/benchmarks.md, \"Stragglers\").",
-        check=ints(0),
+        check=Ints(0),
         cli=Flag(type=int),
         param=SparkParam("staleness", "toInt"),
     ),
@@ -530,7 +567,7 @@ OPTIONS: Tuple[Option, ...] = (
         doc="With ``synchronization=\"stale\"`` or ``\"async\"``, scale each worker's update by "
             "``1/max(1, τ)`` where ``τ`` is the updates applied since the worker read the weights, in "
             "rounds (``num_workers`` updates; Zhang, Gupta, Lian & Liu, IJCAI 2016). Default True.",
-        check=boolean,
+        check=Bool(),
         cli=Flag("--no-staleness-aware", action="store_false",
                  help="apply asynchronous updates unscaled, whatever their delay"),
         param=SparkParam("stalenessAware", "toBoolean"),
@@ -544,7 +581,7 @@ OPTIONS: Tuple[Option, ...] = (
             "depend on the workers' timing and repeats bitwise. The workers still run ahead; each chunk reads "
             "weights ``staleness`` rounds old even when newer ones exist. Default False (updates applied as they "
             "arrive, each chunk reading the newest weights).",
-        check=boolean,
+        check=Bool(),
         cli=Flag(action="store_true"),
         param=SparkParam("reproducible", "toBoolean"),
     ),
@@ -561,7 +598,7 @@ OPTIONS: Tuple[Option, ...] = (
             "driver's link carries about one model's bytes each way per round. Give your link's rate when it is "
             "not 1 Gbit/s. Not used when every executor runs on the driver's host (``local[N]``, "
             "``local-cluster``). Measurements: docs/benchmarks.md, \"On a shaped network\".",
-        check=_rate,
+        check=Parsed(parse_rate, "a link rate"),
         cli=Flag(metavar="RATE"),
         param=SparkParam("networkRate", "toString"),
     ),
@@ -569,14 +606,14 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "epochs", 1, "int", scope=FIT,
         help="passes over the training data (with initial_epoch: the index of the epoch to stop before)",
-        check=ints(1),
+        check=Ints(1),
         cli=Flag(type=int),
         param=SparkParam("epochs", "toInt"),
     ),
     Option(
         "initial_epoch", 0, "int", scope=FIT,
         help="epoch at which to start, to continue an earlier fit (as in keras.Model.fit); must be below epochs",
-        check=ints(0),
+        check=Ints(0),
         cli=Flag(type=int),
     ),
     Option(
@@ -597,6 +634,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "shuffle", True, "bool", scope=FIT,
         help="shuffle the examples every epoch",
+        check=Bool(),
         cli=Flag("--no-shuffle", action="store_true", dest="no_shuffle", to_option=operator.not_,
                  help="keep the data's order instead of shuffling each epoch"),
         param=SparkParam("shuffle", "toBoolean"),
@@ -604,25 +642,26 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "verbose", "auto", "Any", scope=FIT,
         help="0 silent, 1 progress bar, 2 one line per epoch",
+        check=OneOf(("auto", 0, 1, 2)),
         cli=Flag(type=int, choices=(0, 1, 2), default=2),
         param=SparkParam("verbose", "toInt", default=0),
     ),
     Option(
         "checkpoint_dir", None, "Optional[str]", scope=FIT,
         help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)",
-        check=optional_uri,
+        check=Text("a local path or a pyarrow.fs URI"),
         cli=Flag(metavar="PATH_OR_URI"),
     ),
     Option(
         "checkpoint_every", "epoch", "Any", scope=FIT,
         help="'epoch' or a number of rounds",
-        check=_checkpoint_period,
+        check=RoundsOrEpoch(),
         cli=Flag(to_option=rounds_or_epoch),
     ),
     Option(
         "resume", False, "Any", scope=FIT,
         help="continue from the latest checkpoint in --checkpoint-dir, if there is one",
-        check=_bool_or_path,
+        check=BoolOrPath(),
         cli=Flag(action="store_true"),
     ),
     # ------------------------------------------------- MLflow tracking (sparkdl_avg.driver.tracking.MlflowLogger)
@@ -631,7 +670,7 @@ OPTIONS: Tuple[Option, ...] = (
         help="log the fit to MLflow (also on when an experiment, tracking URI or run name is given)",
         doc="Log the fit to MLflow: into the active run, else into a new run of ``experiment``. The "
             "jobs and the estimator only; an ``MlflowLogger`` in ``callbacks`` is this switch for the trainer.",
-        check=boolean,
+        check=Bool(),
         cli=Flag(action="store_true", group="tracking"),
         param=SparkParam("mlflowTracking", "toBoolean"),
     ),
@@ -642,7 +681,7 @@ OPTIONS: Tuple[Option, ...] = (
         doc="Name of the MLflow experiment a new run goes into, created if it does not exist. Default "
             "``None``: the active run's, else MLflow's current experiment (``mlflow.set_experiment``, "
             "``MLFLOW_EXPERIMENT_NAME``/``_ID``, else ``\"Default\"``).",
-        check=optional_str,
+        check=Text(),
         cli=Flag("--mlflow-experiment", metavar="NAME", group="tracking"),
         param=SparkParam("mlflowExperiment", "toString"),
     ),
@@ -654,7 +693,7 @@ OPTIONS: Tuple[Option, ...] = (
             "(``sqlite:///mlflow.db``) or ``databricks``. Default ``None``: MLflow's current tracking URI "
             "(``mlflow.set_tracking_uri``, ``MLFLOW_TRACKING_URI``). Only this logger uses it; MLflow's "
             "global setting is not changed.",
-        check=optional_str,
+        check=Text(),
         cli=Flag("--mlflow-tracking-uri", metavar="URI", group="tracking"),
         param=SparkParam("mlflowTrackingUri", "toString"),
     ),
@@ -664,7 +703,7 @@ OPTIONS: Tuple[Option, ...] = (
         unset="MLflow's generated name",
         doc="Name of the new run (not used when logging into the active run or resuming one). Default "
             "``None``: MLflow generates one.",
-        check=optional_str,
+        check=Text(),
         cli=Flag("--mlflow-run-name", metavar="NAME", group="tracking"),
         param=SparkParam("mlflowRunName", "toString"),
     ),
@@ -674,7 +713,7 @@ OPTIONS: Tuple[Option, ...] = (
         doc="At the end of a fit, log the trained model in MLflow's Keras flavour (artifact ``model``, "
             "with an input/output tensor signature; ``mlflow.keras.load_model(\"runs:/<id>/model\")``) "
             "and the ``stats.json`` and ``report.html`` artifacts. Default True.",
-        check=boolean,
+        check=Bool(),
         cli=Flag("--mlflow-no-log-model", action="store_false", dest="log_model", group="tracking",
                  help="do not log the trained model, stats.json and report.html to MLflow"),
         param=SparkParam("mlflowLogModel", "toBoolean"),

@@ -20,13 +20,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import staging as data_mod
+from . import staging
 from ..shared import interrupt
 from . import resume as resume_mod
 from . import transport as transport_mod
 from ..shared.aggregation import PartialResult, merge
-from .config import TrainerConfig, check_checkpoint_args, check_fit_args, check_int, validate_model
-from .options import TRAINER, constructor, document, of, trainer_entries
+from .config import TrainerConfig, check_fit_args, validate_model
+from .options import TRAINER, Ints, constructor, document, of, require, trainer_entries
 from ..errors import ConfigurationError, DataError, NotFittedError
 from ..shared.fs import check_writable
 from ..shared.modelspec import (
@@ -175,11 +175,11 @@ class ParameterAveragingTrainer:
     # ------------------------------------------------------------------ data
 
     def _stage(self, data, features_col: str, label_col: str, what: str) -> StagedDataset:
-        key = data_mod.data_key(data, features_col, label_col)
+        key = staging.data_key(data, features_col, label_col)
         if key is not None and key in self._staged:
             return self._staged[key][1]
         self._make_staging_root(engine_for(data))
-        staged = data_mod.stage(
+        staged = staging.stage(
             data,
             root=self._staging_root,
             x_shapes=input_shapes(self.model),
@@ -188,7 +188,7 @@ class ParameterAveragingTrainer:
             features_col=features_col,
             label_col=label_col,
             what=what,
-            checks=data_mod.data_checks(self.model, self.config.check_data),
+            checks=staging.data_checks(self.model, self.config.check_data),
         )
         if key is not None:
             self._staged[key] = (data, staged)  # holding `data` keeps its id() unique
@@ -211,7 +211,7 @@ class ParameterAveragingTrainer:
         """
         self._root.make(private=engine.one_host)
         if not engine.one_host and engine.key not in self._shared_checked:
-            data_mod.check_shared_root(engine, self._staging_root, max(self.config.num_workers or 0,
+            staging.check_shared_root(engine, self._staging_root, max(self.config.num_workers or 0,
                                                                        engine.default_parallelism),
                                        default=self._default_staging)
             self._shared_checked.add(engine.key)
@@ -337,8 +337,8 @@ class ParameterAveragingTrainer:
         resume from located, the data staged, the settings, and the
         checkpoint restored into the model.
         """
-        verbose = self._check_fit_args(epochs, initial_epoch, verbose, checkpoint_dir, checkpoint_every, resume)
-        data_mod.refuse_pandas(data, "training")
+        verbose = self._check_fit_args(epochs, initial_epoch, verbose, shuffle, checkpoint_dir, checkpoint_every, resume)
+        staging.refuse_pandas(data, "training")
         engine = engine_for(data)
         num_workers = self._num_workers(engine)
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
@@ -366,20 +366,15 @@ class ParameterAveragingTrainer:
             self._seed = plan.restored.meta.seed
         return plan
 
-    def _check_fit_args(self, epochs: int, initial_epoch: int, verbose, checkpoint_dir: Optional[str],
+    def _check_fit_args(self, epochs: int, initial_epoch: int, verbose, shuffle: Any, checkpoint_dir: Optional[str],
                         checkpoint_every: Any, resume: Any):
         """Checks ``fit``'s arguments and probes ``checkpoint_dir``, before any Spark job; returns ``verbose`` resolved."""
-        verbose = check_fit_args(epochs, initial_epoch, verbose)
-        check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
+        verbose = check_fit_args(
+            self.config.synchronization, epochs=epochs, initial_epoch=initial_epoch, verbose=verbose, shuffle=shuffle,
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+        )["verbose"]
         if checkpoint_dir is not None:  # before any job: not after an epoch of training
             check_writable(checkpoint_dir, "The 'checkpoint_dir' parameter")
-        cfg = self.config
-        if cfg.synchronization != "sync" and checkpoint_dir is not None and checkpoint_every != "epoch":
-            raise ConfigurationError(
-                f"The 'checkpoint_every' parameter must be 'epoch' with synchronization={cfg.synchronization!r}: "
-                "its chunks finish out of order, so only an epoch's end is a point every worker has reached. "
-                f"Got {checkpoint_every!r} instead."
-            )
         return verbose
 
     def _num_workers(self, engine) -> int:
@@ -741,7 +736,7 @@ class ParameterAveragingTrainer:
         """
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
-        data_mod.refuse_pandas(data, "evaluation")
+        staging.refuse_pandas(data, "evaluation")
         engine = engine_for(data)
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
         staged = self._stage(data, features_col, label_col, "evaluation")
@@ -784,7 +779,7 @@ class ParameterAveragingTrainer:
         """
         from .inference import add_predictions
 
-        check_int("batch_size", batch_size, 1)
+        require("batch_size", batch_size, Ints(1))
         return add_predictions(data, self.model, features_col, prediction_col, probability_col, batch_size)
 
     def write_report(self, path: str, title: Optional[str] = None) -> str:
