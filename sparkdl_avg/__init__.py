@@ -17,8 +17,8 @@ import os as _os
 import re as _re
 import warnings as _warnings
 
-from .shared import quiet as _quiet
 from .driver.session import RECOMMENDED_CONF as _RECOMMENDED_CONF
+from .shared import quiet as _quiet
 
 # Imported here, before the user's `import keras` where sparkdl_avg comes first (as in README), so that
 # TensorFlow's start-up notices (printed twice per import, absl's "before InitializeLog" lines) are filtered;
@@ -43,7 +43,13 @@ from .driver.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E4
 from .driver.tracking import MlflowLogger  # noqa: E402
 from .driver.trainer import FitInfo, ParameterAveragingTrainer  # noqa: E402
 from .errors import (  # noqa: E402
-    CheckpointError, ConfigurationError, DataError, NotFittedError, PathError, SessionError, WorkerError,
+    CheckpointError,
+    ConfigurationError,
+    DataError,
+    NotFittedError,
+    PathError,
+    SessionError,
+    WorkerError,
 )
 from .shared.stats import RoundRecord, TrainingStats, WorkerRecord  # noqa: E402
 from .version import __version__  # noqa: E402

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from .costmodel import WARM_ROUNDS, CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs  # noqa: F401  (the cost model's public names, importable from here too)
 from ..errors import ConfigurationError, DataError
+from .costmodel import WARM_ROUNDS, CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs  # noqa: F401  (the cost model's public names, importable from here too)
 from .options import Ints, must_be, require
 
 #: Averaging frequencies the table compares, besides the user's own (cut to the minibatches of an epoch).
@@ -200,8 +200,8 @@ def advise(
         ConfigurationError: a bad argument or model, or a budget below 10 s.
         DataError: empty data, or too few examples for one round at 2 workers.
     """
-    from .config import validate_model
     from ..shared.modelspec import ModelSpec, check_model_loads, get_state
+    from .config import validate_model
     from .session import engine_for
     from .trainer import ParameterAveragingTrainer
 
@@ -327,9 +327,9 @@ def _single_process_step(model, spec, head, features_col, label_col, batch_size:
     """
     import numpy as np
 
-    from . import staging
-    from ..shared.staged_dataset import read_examples, structure, unflatten
     from ..shared.modelspec import input_shapes, inputs_dtype
+    from ..shared.staged_dataset import read_examples, structure, unflatten
+    from . import staging
     from .staging_roots import StagingRoot
 
     root = StagingRoot.new(staging_dir, id(head))

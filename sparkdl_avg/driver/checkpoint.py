@@ -60,8 +60,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow.fs as pafs
 
-from ..shared import fs
 from ..errors import CheckpointError, ConfigurationError
+from ..shared import fs
 from ..shared.fs import join
 
 logger = logging.getLogger("sparkdl_avg")

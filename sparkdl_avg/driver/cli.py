@@ -26,9 +26,9 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from ..errors import ConfigurationError, DataError, PathError
 from ..shared import fs
 from . import options as table
-from ..errors import ConfigurationError, DataError, PathError
 from .config import check_fit_args
 from .preflight import ExecutorEnvironmentError
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict
 
-from . import options
 from ..errors import ConfigurationError
+from . import options
 from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS  # noqa: F401 (API)
 from .rules import UpdateRule, as_update_rule
 from .schedules import AveragingSchedule, as_schedule

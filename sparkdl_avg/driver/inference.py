@@ -14,12 +14,12 @@ from typing import Iterator, Optional, Tuple
 
 import pyarrow as pa
 
-from .staging import column_list, feature_column
-from ..shared import remote_errors
 from ..errors import DataError
-from .session import Engine
-from ..shared.modelspec import ModelSpec, input_shapes, inputs_dtype
 from ..executor.predict import PredictTask, predict_batches
+from ..shared import remote_errors
+from ..shared.modelspec import ModelSpec, input_shapes, inputs_dtype
+from .session import Engine
+from .staging import column_list, feature_column
 
 CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
 BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")
@@ -116,10 +116,9 @@ def add_predictions(
             null one (see :func:`sparkdl_avg.shared.remote_errors.decode_user_actions`).
     """
     from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
     from pyspark.sql.functions import arrow_udf
-
-    from pyspark.sql import DataFrame
 
     if not isinstance(df, DataFrame):
         raise DataError(f"The data to predict on must be a Spark DataFrame. Got {type(df).__name__} instead.")

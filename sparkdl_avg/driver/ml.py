@@ -30,10 +30,10 @@ from pyspark.ml.param.shared import (
 )
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from ..shared import fs
-from . import options
 from ..errors import ConfigurationError, DataError, SessionError
+from ..shared import fs
 from ..shared.modelspec import keras_from_bytes, keras_to_bytes
+from . import options
 from .session import Engine, is_connect
 
 KERAS_FILE = "model.keras"

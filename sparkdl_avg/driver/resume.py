@@ -18,10 +18,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from . import checkpoint
-from ..shared.aggregation import PartialResult
 from ..errors import CheckpointError, ConfigurationError
+from ..shared.aggregation import PartialResult
 from ..shared.modelspec import get_state, set_state, trainable_mask
+from . import checkpoint
 from .rounds import RuleState
 from .rules import UpdateRule
 from .schedules import AveragingSchedule

@@ -29,15 +29,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..shared.aggregation import PartialResult
-from ..shared.staged_dataset import StagedDataset
 from ..errors import WorkerError
-from ..shared.modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
-from .rules import UpdateRule
-from ..shared.stats import RoundRecord, TrainingStats
-from .transport import StateTransport
 from ..executor import worker
 from ..executor.worker import RoundTask
+from ..shared.aggregation import PartialResult
+from ..shared.modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
+from ..shared.staged_dataset import StagedDataset
+from ..shared.stats import RoundRecord, TrainingStats
+from .rules import UpdateRule
+from .transport import StateTransport
 
 logger = logging.getLogger("sparkdl_avg")
 

@@ -17,12 +17,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..shared.value_checks import DataChecks, LabelShape, check_label_shape, check_values
-from ..shared.staged_dataset import StagedDataset, StagedFile, write_examples
 from ..errors import DataError
 from ..executor.stage_writer import export_arrow_batches, export_pairs
 from ..shared.fs import join, make_dir, remove_tree
 from ..shared.remote_errors import raise_reported, run_job
+from ..shared.staged_dataset import StagedDataset, StagedFile, write_examples
+from ..shared.value_checks import DataChecks, LabelShape, check_label_shape, check_values
 
 
 def _label_dtype(is_integer: bool, x_dtype: str) -> str:
@@ -405,8 +405,8 @@ def check_shared_root(engine, root: str, tasks: int, default: bool) -> None:
         ConfigurationError: some executor does not see the marker; names
             ``staging_dir``, the hosts and what to pass instead.
     """
-    from ..executor import worker
     from ..errors import ConfigurationError
+    from ..executor import worker
 
     if "://" in root and not root.startswith("file://"):
         return

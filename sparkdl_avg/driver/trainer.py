@@ -20,14 +20,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import staging
-from ..shared import interrupt
-from . import resume as resume_mod
-from . import transport as transport_mod
-from ..shared.aggregation import PartialResult, merge
-from .config import TrainerConfig, check_fit_args, validate_model
-from .options import TRAINER, Ints, constructor, document, of, require, trainer_entries
 from ..errors import ConfigurationError, DataError, NotFittedError
+from ..shared import interrupt
+from ..shared.aggregation import PartialResult, merge
+from ..shared.example_order import steps_per_epoch
 from ..shared.fs import check_writable
 from ..shared.modelspec import (
     ModelSpec,
@@ -37,15 +33,19 @@ from ..shared.modelspec import (
     input_shapes,
     inputs_dtype,
 )
-from ..shared.example_order import steps_per_epoch
+from ..shared.staged_dataset import StagedDataset
+from ..shared.stats import TrainingStats
+from . import resume as resume_mod
+from . import staging
+from . import transport as transport_mod
+from .config import TrainerConfig, check_fit_args, validate_model
+from .options import TRAINER, Ints, constructor, document, of, require, trainer_entries
 from .progress import Progress
 from .rounds import RoundRunner, RoundSettings, RuleState
-from ..shared.staged_dataset import StagedDataset
 from .schedules import AveragingSchedule, FixedPeriod, next_period
 from .session import engine_for
 from .staging_roots import StagingRoot
 from .stale_async import EpochHooks, StaleRunner
-from ..shared.stats import TrainingStats
 
 logger = logging.getLogger("sparkdl_avg")
 

@@ -30,19 +30,19 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..shared import exchange
-from ..executor import worker as worker_mod
-from ..shared.aggregation import PartialResult, merge
 from ..errors import ConfigurationError, PathError, WorkerError
+from ..executor import worker as worker_mod
+from ..shared import exchange
+from ..shared.aggregation import PartialResult, merge
 from ..shared.fs import join, make_dir, remove_tree
-from .options import parse_rate
 from ..shared.remote_errors import run_job
+from .options import parse_rate
 from .session import struct_type
 
 logger = logging.getLogger("sparkdl_avg")

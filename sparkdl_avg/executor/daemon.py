@@ -40,9 +40,9 @@ def preload() -> None:
         quiet.import_tensorflow()
         import keras  # noqa: F401
         import pyarrow  # noqa: F401
-
-        from . import worker, predict  # noqa: F401
         import pyspark.worker  # noqa: F401
+
+        from . import predict, worker  # noqa: F401
     except BaseException:  # the workers will report the same failure where it matters
         print("sparkdl_avg.daemon: preloading failed; workers will import on their own:\n"
               + traceback.format_exc(), file=sys.stderr)

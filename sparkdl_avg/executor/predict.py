@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..shared import remote_errors
-from ..shared.value_checks import list_values
 from ..shared.staged_dataset import structure, unflatten
+from ..shared.value_checks import list_values
 from .worker import _value, get_replica
 
 

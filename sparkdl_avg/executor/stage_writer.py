@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..shared import remote_errors
-from ..shared.value_checks import DataChecks, check_values, list_values
-from ..shared.staged_dataset import write_examples
 from ..errors import DataError
+from ..shared import remote_errors
 from ..shared.fs import join
+from ..shared.staged_dataset import write_examples
+from ..shared.value_checks import DataChecks, check_values, list_values
 
 
 def export_arrow_batches(

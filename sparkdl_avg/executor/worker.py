@@ -29,16 +29,15 @@ from typing import Any, Dict, Iterable, Iterator
 
 import numpy as np
 
+from ..errors import WorkerError
+from ..shared import quiet, remote_errors
 from ..shared.aggregation import PartialResult, weighted
 from ..shared.custom_objects import import_custom_modules
 from ..shared.devices import configure_task_devices
-from ..shared import remote_errors
-from ..errors import WorkerError
-from ..shared.modelspec import ModelSpec, get_state, set_state
-from ..shared import quiet
-from ..shared.stats import WorkerRecord
 from ..shared.example_order import EpochOrder, split_evenly, worker_positions
+from ..shared.modelspec import ModelSpec, get_state, set_state
 from ..shared.staged_dataset import StagedDataset, read_examples, structure, unflatten
+from ..shared.stats import WorkerRecord
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

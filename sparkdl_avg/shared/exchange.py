@@ -48,8 +48,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow.fs as pafs
 
-from . import remote_errors
 from ..errors import WorkerError
+from . import remote_errors
 from .fs import join, resolve
 
 _ALIGN = 64

@@ -28,8 +28,8 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
 
-from . import interrupt
 from ..errors import DataError, WorkerError
+from . import interrupt
 
 T = TypeVar("T")
 _FRAME = re.compile(r"\s*(at [\w$.<>/]+\(.*\)|\.\.\. \d+ more)\s*$")
