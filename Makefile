@@ -47,6 +47,8 @@ test-fast: env
 ## Benchmark suite of docs/benchmarks.md (~85 min on 2 cores): the trainer against plain Keras,
 ## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round
 ## overhead vs model size, k, workers and depth; the scaling projection of docs/scaling.md; plots.
+## Every script runs through benchmarks/harness.py: README's session settings (RECOMMENDED_CONF) unless
+## an arm measures another setting, and one results format in benchmarks/results/<name>.json.
 bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/suite.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/overhead.py
@@ -85,7 +87,8 @@ hosts-up: env
 hosts-down:
 	$(PYTHON) scripts/hosts.py down
 
-## Aggregation paths on the shaped-network cluster (docs/benchmarks.md "On a shaped network", ~30 min, root).
+## Aggregation paths on the shaped-network cluster (docs/benchmarks.md "On a shaped network", ~30 min, root);
+## the driver's session has README's settings (benchmarks/harness.py), results in benchmarks/results/network.json.
 bench-network: env
 	$(PY) benchmarks/network.py
 

@@ -10,7 +10,8 @@ and that ``k``. Compared: the predicted epoch time against the measured one
 (the median over the fit's epochs after the first of the sum of its rounds'
 wall times: the steady state the cost model describes), and the predicted
 total (one-off costs + ``E`` epochs) against the fit's wall time. The 1-minute
-load average is recorded with every case. Usage::
+load average is recorded with every case. Sessions: the README's settings
+(``benchmarks/harness.py``) and a 2 GB driver. Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/advisor_check.py
 
@@ -19,7 +20,6 @@ Writes ``benchmarks/results/advisor_check.json`` and prints a Markdown table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,6 +32,9 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import harness  # noqa: E402
+
+CONF = {"spark.driver.memory": "2g", "spark.executorEnv.PYSPARK_PYTHON": sys.executable}
 FREQUENCIES = {"cnn": (8, 128), "mlp1e6": (4, 32)}
 
 
@@ -52,14 +55,9 @@ def data_and_builder(name: str):
 
 
 def child(master: str, models, epochs: int, budget: float) -> list:
-    from pyspark.sql import SparkSession
-
     from sparkdl_avg import ParameterAveragingTrainer, advise
 
-    spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "2g")
-             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable).getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session(master, conf=CONF)
     out = []
     try:
         for name in models:
@@ -94,13 +92,12 @@ def child(master: str, models, epochs: int, budget: float) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = harness.parser(__doc__, out="advisor_check.json")
     p.add_argument("--masters", nargs="+", default=["local[2]", "local-cluster[2,1,2048]"])
     p.add_argument("--models", nargs="+", default=["cnn", "mlp1e6"])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--budget", type=float, default=60.0)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "advisor_check.json"))
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_internal("--child", default=None)
     args = p.parse_args()
     if args.child:
         child(args.child, args.models, args.epochs, args.budget)
@@ -114,10 +111,8 @@ def main() -> None:
         if proc.returncode != 0:
             print(f"{master}: child failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
         results.extend(rows)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "epochs": args.epochs, "budget_s": args.budget,
-                   "results": results}, f, indent=1)
+    harness.write_results(args.out, args, conf=harness.settings(CONF), epochs=args.epochs, budget_s=args.budget,
+                          results=results)
     print_table(results)
 
 

@@ -34,15 +34,15 @@ round of 14 minibatches per epoch. Usage::
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/algorithms.py          # all runs (~30 min)
     .venv/bin/python benchmarks/algorithms.py --report                                  # table + plots only
 
-Every finished run is appended to ``benchmarks/results/algorithms.jsonl``
-(runs already there are skipped, so an interrupted experiment resumes); the
+The session has the README's settings (``benchmarks/harness.py``). Every
+finished run is appended to ``benchmarks/results/algorithms.jsonl`` (``--out``;
+runs already there are skipped, so an interrupted experiment resumes); the
 report step writes ``docs/algorithms_loss.png`` and
 ``docs/algorithms_period.png`` and prints the Markdown table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -55,8 +55,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import keras  # before Spark starts its JVM
 import numpy as np
 
+import harness
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "algorithms.jsonl")
 WORKERS, BATCH = 8, 16
 ARMS = ("plain", "bmuf", "bmuf_nesterov", "slowmo0.5", "slowmo0.7", "postlocal",
         "stale2", "stale2_unscaled", "async", "async_unscaled", "stale2_bmuf")
@@ -137,33 +138,22 @@ def run_arm(arm: str, period: int, seed: int, args, x, y) -> dict:
 
 
 def run(args) -> None:
-    from pyspark.sql import SparkSession
-
     x, y = load_data()
-    done = {(r["arm"], r["period"], r["seed"], r["lr"], r["epochs"]) for r in read_results()}
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkdl_avg-algorithms")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    done = {(r["arm"], r["period"], r["seed"], r["lr"], r["epochs"]) for r in read_results(args.out)}
+    spark = harness.session("local[2]", app_name="sparkdl_avg-algorithms",
+                            conf={"spark.executorEnv.PYSPARK_PYTHON": sys.executable})
     plan = [("single", 0, s) for s in args.seeds]
     # post-local SGD with period 1 is plain averaging with k=1: not run twice
     plan += [
         (arm, p, s) for s in args.seeds for p in args.periods for arm in args.arms
         if not (arm == "postlocal" and p == 1) and (arm not in SYNC_OPTIONS or p in ASYNC_PERIODS)
     ]
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     try:
         for arm, period, seed in plan:
             if (arm, period, seed, args.lr, args.epochs) in done:
                 continue
             result = run_arm(arm, period, seed, args, x, y)
-            with open(RESULTS, "a") as f:
-                f.write(json.dumps(result) + "\n")
+            harness.append_results(args.out, args, **result)
             print(
                 f"{arm:>14} k={period:<3} seed={seed} loss@{args.report_epoch}="
                 f"{result['loss'][args.report_epoch]:.4f} final={result['loss'][-1]:.4f} "
@@ -174,15 +164,16 @@ def run(args) -> None:
         spark.stop()
 
 
-def read_results() -> list:
-    if not os.path.exists(RESULTS):
+def read_results(path: str) -> list:
+    """The runs of ``path``: one JSON object per line (older lines without the harness's keys too)."""
+    if not os.path.exists(path):
         return []
-    with open(RESULTS) as f:
+    with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
 def report(args) -> None:
-    rows = [r for r in read_results() if r["lr"] == args.lr and r["epochs"] == args.epochs]
+    rows = [r for r in read_results(args.out) if r["lr"] == args.lr and r["epochs"] == args.epochs]
     e = args.report_epoch
 
     def median_at(arm, period, epoch):
@@ -263,7 +254,7 @@ def plot(rows, args, single) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, out="algorithms.jsonl")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--periods", type=int, nargs="+", default=[1, 2, 5, 10, 20])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)

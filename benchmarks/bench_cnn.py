@@ -12,7 +12,8 @@ so that they see the same machine:
   ``local[2]`` with 2 workers.
 
 Each arm starts from the same initial weights and is repeated ``--repeats``
-times; the table reports medians. Usage::
+times; the table reports medians. The session has the README's settings
+(``benchmarks/harness.py``). Usage::
 
     make bench            # or: PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/bench_cnn.py
 
@@ -21,8 +22,6 @@ Results go to ``benchmarks/results/cnn.json`` and are printed as Markdown.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,6 +31,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np
+
+import harness
 
 
 def make_data(n: int, seed: int = 0):
@@ -135,27 +136,17 @@ def run_trainer(x, y, xt, yt, weights, epochs, batch, k, workers):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="cnn.json", repeats=3)
     p.add_argument("--examples", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--frequencies", type=int, nargs="+", default=[32, 128])
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cnn.json"))
     args = p.parse_args()
-
-    from pyspark.sql import SparkSession
 
     x, y = make_data(args.examples + 5000)
     x, xt, y, yt = x[: args.examples], x[args.examples :], y[: args.examples], y[args.examples :]
     weights = build_model().get_weights()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session("local[2]")
     # Warm the Python workers' imports once so no arm pays for them alone.
     spark.sparkContext.parallelize(range(2), 2).foreach(lambda _: __import__("tensorflow"))
 
@@ -197,9 +188,7 @@ def main() -> None:
             row["replicas_built_per_fit"] = max(r["replicas_built"] for r in runs)
             row["python_workers"] = max(r["python_workers"] for r in runs)
         rows.append(row)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows, "runs": results}, f, indent=1)
+    harness.write_results(args.out, args, rows=rows, runs=results)
 
     print(
         "\n| arm | epoch s (median, epochs 2+) | ratio to keras | first epoch s | fit s | held-out acc "

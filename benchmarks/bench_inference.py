@@ -11,7 +11,8 @@ A warm-up pass builds the replicas first. Two more arms explain the result:
 what each of the two Spark workers has), whose doubled throughput is the
 ceiling of two single-threaded workers, and the same Arrow UDF path without
 inference (the cost of moving the features JVM → Python → JVM). Arms are
-interleaved, medians of ``--repeats``. Usage::
+interleaved, medians of ``--repeats``. The session has the README's settings
+(``benchmarks/harness.py``) and Arrow for pandas conversions. Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/bench_inference.py
 
@@ -20,8 +21,6 @@ Results go to ``benchmarks/results/inference.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -36,35 +35,26 @@ from typing import Iterator  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+import harness  # noqa: E402
 from bench_cnn import build_model, make_data  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="inference.json", repeats=3)
     p.add_argument("--examples", type=int, default=50000)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "inference.json"))
-    p.add_argument("--one-thread-probe", action="store_true", help=argparse.SUPPRESS)
+    p.add_internal("--one-thread-probe", action="store_true")
     args = p.parse_args()
     if args.one_thread_probe:
         return one_thread_probe(args)
 
     import pandas as pd
-    from pyspark.sql import SparkSession
 
     from sparkdl_avg import ParameterAveragingTrainer
 
     x, _ = make_data(args.examples, seed=3)
     model = build_model()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session("local[2]", conf={"spark.sql.execution.arrow.pyspark.enabled": "true"})
     pdf = pd.DataFrame({"features": list(x.reshape(len(x), -1))})
     df = spark.createDataFrame(pdf, "features array<float>").repartition(2).cache()
     assert df.count() == len(x)
@@ -120,9 +110,7 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         rows.append({"arm": name, "seconds_median": med, "examples_per_s": args.examples / med, "speedup": base / med})
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "times": times, "rows": rows}, f, indent=1)
+    harness.write_results(args.out, args, times=times, rows=rows)
     print("| arm | seconds (median) | examples/s | speed-up vs one process |")
     print("|---|---|---|---|")
     for r in rows:

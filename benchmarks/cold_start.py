@@ -6,8 +6,13 @@ runs in a fresh ``local[2]`` application of its own (``spark.python.daemon.modul
 is a static setting), one after the other: scikit-learn's digits as numpy
 arrays, the suite's small CNN, 3 epochs, 2 workers, k=8. Configurations:
 
-* ``plain``: PySpark's own daemon, no warm-up (a user's existing session);
-* ``daemon``: ``spark.python.daemon.module=sparkdl_avg.daemon``, no warm-up;
+* ``plain``: PySpark's own daemon, no warm-up (a user's session without the
+  daemon). The one configuration that deviates from the README's settings
+  (``benchmarks/harness.py``): ``spark.python.daemon.module`` unset, since the
+  daemon is what this benchmark compares; the rest (Unix domain sockets) is
+  the README's in every configuration;
+* ``daemon``: ``spark.python.daemon.module=sparkdl_avg.daemon`` (the README's
+  settings), no warm-up;
 * ``daemon_warm_up``: the daemon, and ``sparkdl_avg.warm_up(spark)`` right
   after the session starts, the first fit right away (a job that fits at once);
 * ``daemon_warmed``: the same, the first fit once the warm-up is done (a
@@ -25,7 +30,6 @@ JSON (``--out``). Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -35,6 +39,8 @@ import time
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import harness  # noqa: E402
+
 CONFIGS = {
     "plain": {"daemon": None, "warm_up": None},
     "daemon": {"daemon": "sparkdl_avg.daemon", "warm_up": None},
@@ -43,23 +49,23 @@ CONFIGS = {
 }
 
 
+def arm_conf(name: str) -> dict:
+    """What configuration ``name`` passes to ``harness.session``: PySpark's own daemon where it has no daemon."""
+    daemon = CONFIGS[name]["daemon"]
+    return {} if daemon == "sparkdl_avg.daemon" else {"spark.python.daemon.module": daemon}
+
+
 def run_config(name: str, idle: float) -> dict:
     """One configuration in this process: its arms' wall times and the summary against the target."""
     import keras
     import numpy as np
-    from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
 
     import sparkdl_avg
     from sparkdl_avg import ParameterAveragingTrainer
 
     config = CONFIGS[name]
-    builder = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false"))
-    if config["daemon"]:
-        builder = builder.config("spark.python.daemon.module", config["daemon"])
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session("local[2]", conf=arm_conf(name))
     results = {}
     if config["warm_up"]:
         t = time.perf_counter()
@@ -118,11 +124,10 @@ def run_config(name: str, idle: float) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = harness.parser(__doc__, out="cold_start.json")
     p.add_argument("--idle", type=float, default=130.0, help="seconds without jobs before the 'idle' arm")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {sorted(CONFIGS)}")
-    p.add_argument("--out", default="benchmarks/results/cold_start.json")
-    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one configuration here
+    p.add_internal("--one", default=None)  # run one configuration here
     args = p.parse_args()
     if args.one:
         print("RESULT " + json.dumps(run_config(args.one, args.idle)), flush=True)
@@ -145,9 +150,9 @@ def main() -> None:
         s = run["summary"]
         print(f"{name:>15} | {s['first_fit_minus_warm_s']:+15.2f} s | {s['idle_fit_minus_warm_s']:+13.2f} s | "
               f"{s['first_predict_minus_second_s']:+19.2f} s | {s['load_1min']:.2f}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"configs": runs, "idle_s": args.idle}, f, indent=1)
+    harness.write_results(args.out, args, conf=harness.settings(),
+                          arm_conf={name: arm_conf(name) for name in runs if arm_conf(name)},
+                          configs=runs, idle_s=args.idle)
 
 
 if __name__ == "__main__":

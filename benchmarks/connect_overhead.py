@@ -2,13 +2,16 @@
 
 Each arm is one process (a JVM runs one of them at a time): a classic
 ``local[2]`` session and a local Spark Connect server
-(``SparkSession.builder.remote("local[2]")``), each with the recommended
-``spark.python.daemon.module=sparkdl_avg.daemon`` (``classic``, ``connect``)
-and with PySpark's own daemon (``classic-plain``, ``connect-plain``), run in
-alternating order ``--repeats`` times. In each, the MLPs of ``overhead.py``
-(1e5 and 1e6 parameters, Adam, batch 32, ``k = 1``) train ``--rounds``
-rounds per fit, the first dropped (replica build), after one unrecorded fit
-that warms the JVM; the classic arm runs its default (``state_transport="auto"``:
+(``builder.remote("local[2]")``, ``harness.session(connect=True)``), each
+with the README's settings (``benchmarks/harness.py``:
+``spark.python.daemon.module=sparkdl_avg.daemon``, Unix domain sockets;
+``classic``, ``connect``) and with PySpark's own daemon (``classic-plain``,
+``connect-plain``: the arms that deviate, with ``spark.python.daemon.module``
+unset, to show what the daemon does under each), run in alternating order
+``--repeats`` times. In each, the MLPs of ``overhead.py`` (1e5 and 1e6
+parameters, Adam, batch 32, ``k = 1``) train ``--rounds`` rounds per fit,
+the first dropped (replica build), after one unrecorded fit that warms the
+JVM; the classic arm runs its default (``state_transport="auto"``:
 files on one host) and the Spark SQL round, the Connect arm the Spark SQL
 round (the only one there). Round overhead = round wall − slowest compute.
 Usage::
@@ -20,12 +23,10 @@ Writes ``benchmarks/results/connect_overhead.json`` and prints a Markdown table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -36,28 +37,22 @@ os.environ["PYSPARK_PYTHON"] = os.path.abspath(os.environ["PYSPARK_PYTHON"])
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
 from arms import run_alternating  # noqa: E402
 from overhead import WIDTHS, build_mlp, params_of  # noqa: E402
 
 SIZES = ("1e5", "1e6")
+ARMS = ("classic", "connect", "classic-plain", "connect-plain")
+#: The arms that deviate from the README's settings: PySpark's own daemon.
+ARM_CONF = {arm: {"spark.python.daemon.module": None} for arm in ARMS if arm.endswith("-plain")}
 
 
 def child(arm: str, rounds: int) -> list:
-    from pyspark.sql import SparkSession
+    from sparkdl_avg import ParameterAveragingTrainer
 
-    from sparkdl_avg import DAEMON_MODULE, ParameterAveragingTrainer
-
-    builder = SparkSession.builder
-    if not arm.endswith("-plain"):
-        builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
-    if arm.startswith("connect"):
-        spark = builder.remote("local[2]").getOrCreate()
-        transports = ["auto"]
-    else:
-        spark = (builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        transports = ["auto", "sql"]
+    connect = arm.startswith("connect")
+    spark = harness.session("local[2]", connect=connect, conf=ARM_CONF.get(arm))
+    transports = ["auto"] if connect else ["auto", "sql"]
     out = []
     # The first fit of a JVM runs its planner and scheduler code cold (about 50 ms more per round under
     # Connect): one unrecorded fit first, so each arm reports the steady state that a long fit sees.
@@ -88,13 +83,10 @@ def child(arm: str, rounds: int) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "connect_overhead.json"))
+    p = harness.parser(__doc__, out="connect_overhead.json", repeats=2, rounds=8)
     p.add_argument("--tables-only", action="store_true", help="print the tables of the existing --out file")
-    p.add_argument("--arm", help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_internal("--arm")
+    p.add_internal("--child-out")
     args = p.parse_args()
     if args.arm:
         with open(args.child_out, "w") as f:
@@ -104,11 +96,9 @@ def main() -> None:
         with open(args.out) as f:
             saved = json.load(f)
         return print_tables(saved["results"], saved["load_avg_1min"], saved["args"]["repeats"])
-    arms = ("classic", "connect", "classic-plain", "connect-plain")
-    results, load = run_alternating(__file__, arms, args.repeats, args.rounds, args.out)
-    with open(args.out, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_1min": load, "args": vars(args),
-                   "results": results}, f, indent=1)
+    results, load = run_alternating(__file__, ARMS, args.repeats, args.rounds, args.out)
+    harness.write_results(args.out, args, conf=harness.settings(), arm_conf=ARM_CONF, load_avg_1min=load,
+                          results=results)
     print_tables(results, load, args.repeats)
 
 

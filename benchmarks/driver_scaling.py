@@ -16,7 +16,7 @@ with the same functions the round runs: decoding and summing
 rule, the optimizer's average and setting the Keras model's state). The
 sweep runs twice; each configuration runs 3 untimed rounds (a fit's rounds
 find the allocator warm) and ``--repeats`` timed ones; medians reported.
-Usage::
+No Spark session (the results' ``conf`` is empty). Usage::
 
     .venv/bin/python benchmarks/driver_scaling.py
 
@@ -25,8 +25,6 @@ Writes ``benchmarks/results/driver_scaling.json`` and prints a Markdown table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,6 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
 from overhead import INPUT_DIM, WIDTHS, build_mlp, params_of  # noqa: E402
 
 WORKERS = (2, 4, 8, 16)
@@ -115,18 +114,15 @@ def measure(size: str, repeats: int) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "driver_scaling.json"))
+    p = harness.parser(__doc__, out="driver_scaling.json", repeats=10,
+                       repeats_help="timed rounds per configuration, after 3 untimed ones")
     args = p.parse_args()
     load = [os.getloadavg()[0]]
     results = []
     for size in SIZES:
         results += measure(size, args.repeats)
         load.append(os.getloadavg()[0])
-    with open(args.out, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_1min": load, "args": vars(args),
-                   "results": results}, f, indent=1)
+    harness.write_results(args.out, args, load_avg_1min=load, results=results)  # no Spark: conf {}
     print("\n| params | path | workers | shards | MB to the driver | decode + sum ms | update ms | driver own ms | "
           "× 4 workers |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -14,12 +14,18 @@ epoch). Each epoch is one ``SparkModel.fit(rdd, epochs=1)`` call so that the
 held-out accuracy can be measured after every epoch on the driver (not
 timed); this costs the same per epoch as ``fit(epochs=E)``, which also
 repartitions the uncached RDD and recompiles the workers' models every epoch.
+
+The session comes from ``benchmarks/harness.py`` without the README's
+settings (``harness.session(readme=False)``: no ``sparkdl_avg.daemon``, no
+Unix domain sockets), the arm that deviates: this venv has no sparkdl_avg
+for the daemon to import, and its pyspark 4.0.0 has no Unix-socket setting
+(Spark >= 4.1). It writes the suite's private hand-over file (``OUT.json``),
+not a results file.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -30,9 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
+
+#: Of the README's settings, the one the Elephas arm can have: no console progress bars.
+CONF = {"spark.ui.showConsoleProgress": "false"}
+
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
     p.add_argument("out")
     p.add_argument("--epochs", type=int, default=3)
@@ -49,20 +60,13 @@ def main() -> None:
     import tensorflow as tf
     from elephas.spark_model import SparkModel
     from elephas.utils.rdd_utils import to_simple_rdd
-    from pyspark.sql import SparkSession
 
     from bench_cnn import build_model
 
     d = np.load(args.data)
     x, y, xt, yt = d["x"], d["y"], d["xt"], d["yt"]
     weights = [d[f"w{i}"] for i in range(int(d["n_weights"]))]
-    spark = (
-        SparkSession.builder.master(f"local[{args.workers}]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session(f"local[{args.workers}]", readme=False, conf=CONF)
     sc = spark.sparkContext
     sc.parallelize(range(args.workers), args.workers).foreach(lambda _: __import__("tensorflow"))
 
@@ -89,8 +93,7 @@ def main() -> None:
     spark.stop()
     versions = {"elephas": getattr(elephas, "__version__", "7.3.0"), "tensorflow": tf.__version__,
                 "pyspark": pyspark.__version__, "python": sys.version.split()[0]}
-    with open(args.out, "w") as f:
-        json.dump({"versions": versions, "runs": runs}, f, indent=1)
+    harness.write_json(args.out, {"versions": versions, "conf": harness.settings(CONF, readme=False), "runs": runs})
 
 
 if __name__ == "__main__":

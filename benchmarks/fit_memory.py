@@ -3,7 +3,7 @@
 Each of ``--fits`` fits builds a new model (the same architecture, as a
 re-run cell does, or a different width each time with ``--vary``), a new
 trainer, trains one epoch on scikit-learn's digits and closes the trainer,
-on ``local[2]`` with the README's ``RECOMMENDED_CONF``. After every fit it
+on ``local[2]`` with the README's settings (``benchmarks/harness.py``). After every fit it
 reads each executor Python worker's anonymous memory (``RssAnon``, from
 ``/proc``: the workers are the forked children of the PySpark daemon), and
 reports the replicas built per fit. The target (issue 28, item 3) is at
@@ -13,12 +13,11 @@ warning (count them in stderr)::
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/fit_memory.py 2> /tmp/fit_memory.err
     grep -c retracing /tmp/fit_memory.err
 
-Appends one JSON line to ``benchmarks/results/fit_memory.jsonl``.
+Appends one JSON line to ``benchmarks/results/fit_memory.jsonl`` (``--out``).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -29,8 +28,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "fit_memory.jsonl")
+import harness  # noqa: E402
 
 
 def python_workers(jvm_pid: int) -> dict:
@@ -58,28 +56,19 @@ def python_workers(jvm_pid: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="fit_memory.jsonl")
     p.add_argument("--fits", type=int, default=10)
     p.add_argument("--vary", action="store_true", help="a different hidden width each fit (a new architecture)")
     args = p.parse_args()
 
     import keras
     import numpy as np
-    from pyspark.sql import SparkSession
     from sklearn.datasets import load_digits
 
     import sparkdl_avg
     from sparkdl_avg import ParameterAveragingTrainer
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkdl_avg-fit-memory")
-        .config(map=sparkdl_avg.RECOMMENDED_CONF)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session("local[2]", app_name="sparkdl_avg-fit-memory")
     sparkdl_avg.warm_up(spark).result()
     jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
     digits = load_digits()
@@ -121,9 +110,7 @@ def main() -> None:
         "per_fit": per_fit,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "per_fit"}))
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "a") as f:
-        f.write(json.dumps(result) + "\n")
+    harness.append_results(args.out, args, **result)
     spark.stop()
 
 

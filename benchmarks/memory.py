@@ -18,12 +18,13 @@ Run it at two sizes to see what grows with the data::
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/memory.py --rows 250000
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/memory.py --rows 4000000
 
-Each run appends one JSON line to ``benchmarks/results/memory.jsonl``.
+The session has the README's settings (``benchmarks/harness.py``) with the
+driver's memory at ``--driver-memory``. Each run appends one JSON line to
+``benchmarks/results/memory.jsonl`` (``--out``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -34,8 +35,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "memory.jsonl")
+import harness  # noqa: E402
 
 
 def worker_memory(_):
@@ -50,7 +50,7 @@ def worker_memory(_):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="memory.jsonl")
     p.add_argument("--rows", type=int, default=4_000_000)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--driver-memory", default="512m")
@@ -59,22 +59,13 @@ def main() -> None:
     args = p.parse_args()
 
     import keras
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from sparkdl_avg import ParameterAveragingTrainer
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkdl_avg-memory")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session("local[2]", app_name="sparkdl_avg-memory", conf={
+        "spark.driver.memory": args.driver_memory, "spark.sql.shuffle.partitions": "2",
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable})
     sc = spark.sparkContext
     heap_mb = sc._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20
     # Features from a hash of the row id: cheap to generate, different per row and column.
@@ -111,9 +102,7 @@ def main() -> None:
         "seconds": round(seconds, 1),
     }
     print(json.dumps(result))
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "a") as f:
-        f.write(json.dumps(result) + "\n")
+    harness.append_results(args.out, args, **result)
     spark.stop()
 
 

@@ -4,12 +4,13 @@ Starts scripts/hosts.py's cluster (one worker host per worker, 1 core each,
 every link shaped with ``tc tbf``, the driver's included; the S3 store on a
 host of its own, unshaped) for each (workers, rate), and runs this file
 again on host 0 as the driver (``--driver``), with the README's settings
-(``RECOMMENDED_CONF``, staging on the store). For each model size (an MLP
-of about 1e5, 1e6, 3e6 parameters, Adam, ``optimizer_state="average"``) and
-each path (``spark`` at depth 1 and 2; ``sql`` with ``driver``,
-``shuffle``, ``storage``; ``auto``, and ``auto+rate``: ``auto`` given
-``network_rate`` = the links' rate), one unrecorded fit warms the replicas,
-then a fit of ``--rounds`` rounds at ``k=1`` is measured. Per round it
+(``benchmarks/harness.py``; executors of 768 MB, a 2 GB driver, staging on
+the store). For each model size (an MLP of about 1e5, 1e6, 3e6 parameters,
+Adam, ``optimizer_state="average"``) and each path (``spark`` at depth 1
+and 2; ``sql`` with ``driver``, ``shuffle``, ``storage``; ``auto``, and
+``auto+rate``: ``auto`` given ``network_rate`` = the links' rate), one
+unrecorded fit warms the replicas, then a fit of ``--rounds`` rounds at
+``k=1`` is measured. Per round it
 records the aggregate phase (``aggregate_s``), the round's wall time, and
 the bytes through the driver's link (rx, tx) and through the busiest
 worker link, read from the hosts' kernel counters before and after each
@@ -24,7 +25,6 @@ table printed for docs/benchmarks.md ("On a shaped network").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,6 +33,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import harness  # noqa: E402
 import hosts  # noqa: E402
 
 PATHS = {
@@ -45,6 +46,7 @@ PATHS = {
     "auto+rate": dict(network_rate=None),  # auto told the links' rate (network_rate=the cluster's)
 }
 BATCH = 32
+CONF = {"spark.executor.memory": "768m", "spark.driver.memory": "2g", "spark.driver.maxResultSize": "0"}
 
 
 def mlp(params: float):
@@ -62,18 +64,12 @@ def drive(args) -> None:
     """On host 0: every (params, path) arm on the running cluster; appends rows to ``args.out``."""
     import keras
     import numpy as np
-    from pyspark.sql import SparkSession
 
-    import sparkdl_avg
     from sparkdl_avg import ParameterAveragingTrainer
 
     cluster = hosts.Cluster.attach()
     rate = hosts.rate_bytes(cluster.rate)
-    spark = (SparkSession.builder.master(cluster.master_url).config(map=sparkdl_avg.RECOMMENDED_CONF)
-             .config("spark.executor.memory", "768m").config("spark.driver.memory", "2g")
-             .config("spark.driver.maxResultSize", "0").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session(cluster.master_url, conf=CONF)
     workers = len(cluster.workers)
     rng = np.random.default_rng(0)
     n = workers * BATCH * (args.rounds + 1)
@@ -165,14 +161,13 @@ def table(rows) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="network.json")
     p.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     p.add_argument("--rates", nargs="+", default=["1gbit"])
     p.add_argument("--params", type=float, nargs="+", default=[1e5, 1e6, 3e6])
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     p.add_argument("--rounds", type=int, default=6, help="measured rounds per arm (the first is left out)")
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "network.json"))
-    p.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
+    p.add_internal("--driver", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     args = p.parse_args()
     if args.driver:
@@ -195,9 +190,8 @@ def main() -> None:
                 print(f"{workers} workers at {rate}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
         with open(partial) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        with open(args.out, "w") as f:
-            json.dump({"rows": rows, "load_before": load, "load_after": os.getloadavg(),
-                       "command": " ".join(sys.argv)}, f, indent=1)
+        harness.write_results(args.out, args, conf=harness.settings(CONF), rows=rows, load_before=load,
+                              load_after=os.getloadavg(), command=" ".join(sys.argv))
         os.remove(partial)
     with open(args.out) as f:
         data = json.load(f)

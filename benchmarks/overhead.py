@@ -35,13 +35,14 @@ to show what dominates. Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/overhead.py [--quick]
 
-Each ``local[N]`` runs in its own subprocess (one SparkContext per process).
-Writes ``benchmarks/results/overhead.json`` and prints Markdown tables.
+Each ``local[N]`` runs in its own subprocess (one SparkContext per process),
+with the README's settings (``benchmarks/harness.py``) and a 4 GB driver.
+Writes ``benchmarks/results/overhead.json`` and prints Markdown tables; while
+it runs, ``<out>.partial`` holds what the finished ``local[N]`` measured.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
@@ -58,7 +59,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
+
 INPUT_DIM = 64
+CONF = {"spark.driver.memory": "4g"}
 # Width H → parameters 64H + H² + H + H + 10H + 10 (≈ H² for large H).
 WIDTHS = {"1e4": 70, "1e5": 280, "1e6": 960, "3e6": 1700, "1e7": 3120}
 
@@ -236,18 +240,9 @@ def arrow_probe(spark, tasks, repeats=5):
 
 
 def child(args) -> None:
-    from pyspark.sql import SparkSession
-
     cfgs = json.loads(args.configs)
     n = max(c[3] for c in cfgs)
-    spark = (
-        SparkSession.builder.master(f"local[{n}]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session(f"local[{n}]", conf=CONF)
     out = []
     for c in cfgs:
         t = time.perf_counter()
@@ -372,12 +367,11 @@ def profile_size(size: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="overhead.json", rounds=5,
+                       rounds_help="rounds per configuration (the first is dropped)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and frequencies (smoke test)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds per configuration (the first is dropped)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--only", nargs="*", type=int, default=None, help="run only these worker counts")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "overhead.json"))
     p.add_argument("--probe-mb", type=float, nargs="*", default=[1, 8, 24, 48],
                    help="payload sizes (MB per task) of the bare Spark probes (8 tasks: only those ≤ 8)")
     p.add_argument("--sweeps", nargs="*", default=None, help="only these sweeps (size, frequency, workers, depth, transport)")
@@ -389,8 +383,8 @@ def main() -> None:
     p.add_argument("--tables-only", action="store_true", help="print the tables of the existing --out file")
     p.add_argument("--profiles-only", action="store_true",
                    help="recompute only the driver-side profiles (no Spark) into the existing --out file")
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
-    p.add_argument("--configs", help=argparse.SUPPRESS)
+    p.add_internal("--child-out")
+    p.add_internal("--configs")
     args = p.parse_args()
     if args.configs:
         return child(args)
@@ -403,8 +397,7 @@ def main() -> None:
             previous = json.load(f)
         previous["profiles"] = [profile_size(s) for s in sorted({r["size"] for r in previous["configs"]}, key=float)]
         previous["profiles_date"] = time.strftime("%Y-%m-%d %H:%M")
-        with open(args.out, "w") as f:
-            json.dump(previous, f, indent=1)
+        harness.write_json(args.out, previous)  # the file as it was, the profiles replaced
         return print_tables(previous["configs"], previous["profiles"], previous["probes"])
 
     load = [os.getloadavg()[0]]
@@ -448,17 +441,17 @@ def main() -> None:
             elif done.returncode != 0:
                 break
         load.append(os.getloadavg()[0])
-        with open(args.out + ".partial", "w") as f:
-            json.dump({"configs": results, "probes": probes, "load_avg_1min": load}, f)
+        harness.write_results(args.out + ".partial", args, conf=harness.settings(CONF), load_avg_1min=load,
+                              configs=results, probes=probes)
 
     sizes = sorted({r["size"] for r in results if "failed" not in r}, key=float)
     print("profiling driver-side steps per model size", flush=True)
     profiles = [] if args.sweeps == ["aggregation"] else [profile_size(s) for s in sizes]
     load.append(os.getloadavg()[0])
-    with open(args.out, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("configs", "child_out")},
-                   "date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_1min": load,
-                   "configs": results, "profiles": profiles, "probes": probes}, f, indent=1)
+    harness.write_results(args.out, args, conf=harness.settings(CONF), load_avg_1min=load, configs=results,
+                          profiles=profiles, probes=probes)
+    if os.path.exists(args.out + ".partial"):
+        os.remove(args.out + ".partial")
     print_tables(results, profiles, probes)
     print(f"\n1-min load average during the run: {', '.join(f'{v:.1f}' for v in load)}")
 

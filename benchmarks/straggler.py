@@ -9,8 +9,9 @@ records). Arms: ``sync`` (rounds), ``stale`` at several bounds ``s``,
 ``reproducible s=2`` (``reproducible=True``) and ``async``, all with the
 staleness-aware factor (the default) unless the arm says ``unscaled``. They run
 interleaved within each repeat, each after an untimed one-round warm-up fit,
-so the Python workers are warm alike. The sessions use README's recommended
-settings (``sparkdl_avg.RECOMMENDED_CONF``), as users are told to run.
+so the Python workers are warm alike. The sessions have the README's
+settings (``benchmarks/harness.py``: ``sparkdl_avg.RECOMMENDED_CONF``), as
+users are told to run, and a 2 GB driver.
 
 Per arm it records the time of ``--epochs`` epochs (held-out evaluation
 excluded), throughput (training examples per second over them), the
@@ -30,9 +31,7 @@ Writes ``benchmarks/results/straggler.json`` and prints Markdown tables.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
 import statistics
 import sys
@@ -46,28 +45,20 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
 from bench_cnn import build_model, make_data  # noqa: E402
+
+CONF = {"spark.driver.memory": "2g"}
 
 
 def _session(workers: int):
     from pyspark.sql import SparkSession
 
-    from sparkdl_avg import RECOMMENDED_CONF
-
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
-    spark = (
-        SparkSession.builder.master(f"local[{workers}]")
-        .appName(f"straggler-{workers}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .config(map=RECOMMENDED_CONF)  # as README recommends: the daemon, Unix sockets (one job per chunk)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    # As README recommends: the daemon, Unix sockets (one job per chunk).
+    return harness.session(f"local[{workers}]", app_name=f"straggler-{workers}", conf=CONF)
 
 
 def _arm_options(arm: str):
@@ -146,8 +137,7 @@ def time_to(run, target: float):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser = harness.parser(__doc__.split("\n")[0], out="straggler.json", repeats=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--extra-epochs", type=int, default=2)
     parser.add_argument("--held-out", type=int, default=8000)
@@ -156,7 +146,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--arms", nargs="+", default=["sync", "stale s=1", "stale s=2", "stale s=4", "async"])
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "straggler.json"))
     args = parser.parse_args()
 
     x, y = make_data(args.examples + args.held_out, seed=0)
@@ -182,8 +171,7 @@ def main() -> None:
         run["time_to_target_s"] = time_to(run, sync["accuracy"])
     meta = {k: v for k, v in vars(args).items() if k != "out"}
     meta.update(cpus=os.cpu_count(), minutes=(time.time() - started) / 60)
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "runs": results}, f, indent=1)
+    harness.write_results(args.out, args, meta=meta, runs=results)
     print_tables(results, args)
 
 

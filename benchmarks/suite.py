@@ -16,7 +16,10 @@ batch 32, the same epochs and initial weights for every arm). Arms:
 * ``elephas``: Elephas 7.3.0, synchronous, averaging once per epoch, on
   ``local[2]``, run in its own venv (``benchmarks/.venv-elephas``, created on
   first use by ``benchmarks/elephas_env.py``) as a subprocess; skipped with a
-  message when it cannot be installed.
+  message when it cannot be installed. It is the one arm without the
+  README's settings (``spark.python.daemon.module`` and Unix domain sockets
+  unset; ``elephas_arm.py`` says why); the trainer arms' session has them
+  (``benchmarks/harness.py``).
 
 Arms are interleaved within each repeat so that drift in the machine's load
 hits all of them alike. Before each trainer arm an untimed one-round fit
@@ -34,7 +37,6 @@ Writes ``benchmarks/results/suite.json`` and prints Markdown tables.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -51,6 +53,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
 from bench_cnn import EpochTimer, build_model, make_data  # noqa: E402
 
 BASELINE = "keras (1 process)"
@@ -154,6 +157,7 @@ def run_elephas(npz, epochs, batch, workers, out_dir):
     os.remove(out)
     run = res["runs"][0]
     run["versions"] = res["versions"]
+    run["conf"] = res.get("conf")  # the Elephas session's settings (elephas_arm.py)
     return run, ""
 
 
@@ -267,12 +271,11 @@ def print_tables(rows, target, common, args):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, out="suite.json", repeats=3)
     p.add_argument("--examples", type=int, default=20000)
     p.add_argument("--test-examples", type=int, default=5000)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--frequencies", type=int, nargs="+", default=[32, 128, 312],
                    help="k for plain averaging (312: one round per epoch at 20,000 examples, like Elephas)")
@@ -280,10 +283,7 @@ def main() -> None:
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="held-out accuracy to time; default: plain Keras' median final accuracy − 0.01")
     p.add_argument("--no-elephas", action="store_true", help="skip the Elephas arm")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "suite.json"))
     args = p.parse_args()
-
-    from pyspark.sql import SparkSession
 
     x, y = make_data(args.examples + args.test_examples)
     d = {"x": x[: args.examples], "y": y[: args.examples], "xt": x[args.examples:], "yt": y[args.examples:],
@@ -292,13 +292,7 @@ def main() -> None:
     npz = os.path.join(tmp, "data.npz")
     np.savez(npz, x=d["x"], y=d["y"], xt=d["xt"], yt=d["yt"], n_weights=len(d["weights"]),
              **{f"w{i}": w for i, w in enumerate(d["weights"])})
-    spark = (
-        SparkSession.builder.master(f"local[{args.workers}]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.session(f"local[{args.workers}]")
     # Warm the Python workers' imports once so no arm pays for them alone.
     spark.sparkContext.parallelize(range(args.workers), args.workers).foreach(lambda _: __import__("tensorflow"))
 
@@ -339,13 +333,15 @@ def main() -> None:
     spark.stop()
 
     rows, target, common = summarize(results, args, one_worker)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({
-            "args": vars(args), "target_accuracy": target, "common_target_accuracy": common, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "cpus": os.cpu_count(), "load_avg_1min": {"min": min(load), "median": _median(load), "max": max(load)},
-            "elephas_skipped": skip_reason or None, "rows": rows, "runs": results,
-        }, f, indent=1, default=lambda o: None)
+    # The Elephas arm's settings, as what it changes of the trainer arms' (README's) settings.
+    elephas_conf = next((r["conf"] for r in results.get(elephas_name, []) if r.get("conf") is not None), None)
+    arm_conf = {elephas_name: harness.overrides(harness.settings(), elephas_conf)} if elephas_conf else {}
+    harness.write_results(
+        args.out, args, arm_conf=arm_conf,
+        target_accuracy=target, common_target_accuracy=common, cpus=os.cpu_count(),
+        load_avg_1min={"min": min(load), "median": _median(load), "max": max(load)},
+        elephas_skipped=skip_reason or None, rows=rows, runs=results,
+    )
     print_tables(rows, target, common, args)
     print(f"\n1-min load average during the run: min {min(load):.1f}, median {_median(load):.1f}, max {max(load):.1f}")
     if skip_reason:

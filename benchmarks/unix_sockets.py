@@ -5,11 +5,14 @@ setting, so each arm is one process: a classic ``local[2]`` session and a
 local Spark Connect server (``remote("local[2]")``), each over TCP (Spark's
 default) and over Unix domain sockets, all with
 ``spark.python.daemon.module=sparkdl_avg.daemon``, in alternating order
-``--repeats`` times. In each, one unrecorded fit warms the JVM; then the
-1e5-parameter MLP of ``overhead.py`` (Adam, batch 32, ``k = 1``, 2 workers)
-trains ``--rounds`` rounds per fit with the first dropped: the default
-transport (classic: ``files``; Connect: the Spark SQL round) and, on the
-classic session, the Spark SQL round too. Also a bare probe per arm: one
+``--repeats`` times. The ``uds`` arms have the README's settings
+(``benchmarks/harness.py``); the ``tcp`` arms deviate in the one setting
+this benchmark compares (``spark.python.unix.domain.socket.enabled=false``).
+In each, one unrecorded fit warms the JVM; then the 1e5-parameter MLP of
+``overhead.py`` (Adam, batch 32, ``k = 1``, 2 workers) trains ``--rounds``
+rounds per fit with the first dropped: the default transport (classic:
+``files``; Connect: the Spark SQL round) and, on the classic session, the
+Spark SQL round too. Also a bare probe per arm: one
 Python task that only reads its one input row (``mapPartitions`` of a
 cached one-row RDD on classic sessions), split into the time until the
 task's function starts, the wait for its input, and the result's way back.
@@ -22,7 +25,6 @@ Writes ``benchmarks/results/unix_sockets.json`` and prints a Markdown table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -37,10 +39,13 @@ os.environ["PYSPARK_PYTHON"] = os.path.abspath(os.environ["PYSPARK_PYTHON"])
 
 import numpy as np  # noqa: E402
 
+import harness  # noqa: E402
 from arms import run_alternating  # noqa: E402
 from overhead import WIDTHS, build_mlp  # noqa: E402
 
 ARMS = ("classic tcp", "classic uds", "connect tcp", "connect uds")
+#: The arms that deviate from the README's settings: loopback TCP (``sparkdl_avg.driver.session.UNIX_SOCKETS``).
+ARM_CONF = {arm: {"spark.python.unix.domain.socket.enabled": "false"} for arm in ARMS if arm.endswith("tcp")}
 
 
 def _probe_task(rows):
@@ -63,22 +68,13 @@ def probe(sc, repeats: int = 30) -> dict:
 
 
 def child(arm: str, rounds: int) -> list:
-    from pyspark.sql import SparkSession
-
-    from sparkdl_avg import DAEMON_MODULE, ParameterAveragingTrainer
+    from sparkdl_avg import ParameterAveragingTrainer
     from sparkdl_avg.driver.session import UNIX_SOCKETS
 
     session, sockets = arm.split()
-    builder = SparkSession.builder.config("spark.python.daemon.module", DAEMON_MODULE)
-    builder = builder.config(UNIX_SOCKETS, "true" if sockets == "uds" else "false")
-    if session == "connect":
-        spark = builder.remote("local[2]").getOrCreate()
-        transports = ["auto"]
-    else:
-        spark = (builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        transports = ["auto", "sql"]
+    spark = harness.session("local[2]", connect=session == "connect", conf=ARM_CONF.get(arm))
+    assert harness.settings(ARM_CONF.get(arm))[UNIX_SOCKETS] == ("true" if sockets == "uds" else "false")
+    transports = ["auto"] if session == "connect" else ["auto", "sql"]
     n = 2 * 32 * rounds
     rng = np.random.default_rng(0)
     df = spark.createDataFrame(
@@ -126,13 +122,10 @@ def print_tables(results: list, load: list) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "unix_sockets.json"))
+    p = harness.parser(__doc__, out="unix_sockets.json", repeats=2, rounds=16)
     p.add_argument("--tables-only", action="store_true", help="print the tables of the existing --out file")
-    p.add_argument("--arm", help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_internal("--arm")
+    p.add_internal("--child-out")
     args = p.parse_args()
     if args.arm:
         with open(args.child_out, "w") as f:
@@ -143,9 +136,8 @@ def main() -> None:
             saved = json.load(f)
         return print_tables(saved["results"], saved["load_avg_1min"])
     results, load = run_alternating(__file__, ARMS, args.repeats, args.rounds, args.out)
-    with open(args.out, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_1min": load, "args": vars(args),
-                   "results": results}, f, indent=1)
+    harness.write_results(args.out, args, conf=harness.settings(), arm_conf=ARM_CONF, load_avg_1min=load,
+                          results=results)
     print_tables(results, load)
 
 

@@ -277,12 +277,17 @@ def test_layout_names_every_module_and_every_module_says_what_it_owns():
 
     package = pathlib.Path(__file__).resolve().parents[1] / "sparkdl_avg"
     layout = README.read_text(encoding="utf-8").split("## Layout", 1)[1]
-    for path in sorted(package.glob("*.py")):
-        if path.name == "__init__.py":
-            continue
-        assert f"`{path.name}`" in layout, f"README's layout does not name {path.name}"
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
         doc = ast.get_docstring(ast.parse(path.read_text()))
-        assert doc and len(doc.split()) >= 8, f"{path.name} has no module docstring saying what it owns"
+        assert doc and len(doc.split()) >= 8, f"{relative} has no module docstring saying what it owns"
+        if path.name == "__init__.py":
+            assert f"{relative.parent}/" in layout or len(relative.parts) == 1, f"README's layout does not name {relative.parent}/"
+        elif len(relative.parts) == 1:  # the root's modules: in the tree
+            assert path.name in layout, f"README's layout does not name {relative}"
+        else:  # a side's modules: in its part of the table
+            side = layout.split(f"**{relative.parts[0]}/**", 1)[1].split("| **", 1)[0]
+            assert f"`{path.name}`" in side, f"README's layout does not name {relative} under {relative.parts[0]}/"
 
 
 def _python_blocks(text: str):
