@@ -243,6 +243,24 @@ def max_weight_change(before, after) -> float:
     return max(float(np.max(np.abs(a - b))) for a, b in zip(before, after))
 
 
+# --------------------------------------------------------------------- files
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    """Sets the process' umask to ``mask`` inside the ``with`` block."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def file_mode(path) -> int:
+    """The permission bits of ``path`` (``0o755``, ...)."""
+    return os.stat(path).st_mode & 0o777
+
+
 # ------------------------------------------------------------------------ S3
 
 

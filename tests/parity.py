@@ -14,7 +14,7 @@ Mixin                  classic subclass            Connect subclass
 =====================  ==========================  =================
 ``TaskRetryMixin``     test_reliability.py         test_connect.py
 ``EstimatorPathMixin`` test_ml.py                  test_connect.py
-``ExecutorCheckMixin`` test_first_hour.py          test_connect.py
+``ExecutorCheckMixin`` test_daemon.py              test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests

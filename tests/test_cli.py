@@ -1,5 +1,10 @@
-"""The jobs' shared plumbing (sparkdl_avg.cli) and their error handling, without Spark."""
+"""The jobs' shared plumbing (sparkdl_avg.cli), their error handling and the files they leave, without Spark.
 
+Output directories appear whole, with the umask's modes, and a job that
+fails leaves no temporary directory behind.
+"""
+
+import glob
 import json
 import os
 import subprocess
@@ -7,6 +12,8 @@ import sys
 
 import pytest
 
+from conftest import file_mode as _mode
+from conftest import umask
 from sparkdl_avg import ConfigurationError, DataError, cli
 from sparkdl_avg.shared import fs
 from sparkdl_avg.errors import PathError
@@ -61,6 +68,34 @@ def test_output_dir_accepts_file_uris_and_an_empty_existing_directory(tmp_path):
     open(out.file("x"), "w").close()
     out.commit()
     assert os.listdir(tmp_path / "empty") == ["x"]
+
+
+# Issue 16, a user's first hour, item 2: files left behind or unreadable.
+
+
+def test_output_dir_makes_no_temporary_directory_until_written(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.keras").write_text("old")
+    out = fs.OutputDir(str(tmp_path / "out"))
+    with pytest.raises(fs.PathError, match="already exists"):
+        out.check()  # a job stops here, before writing anything and without cleanup()
+    assert glob.glob(str(tmp_path / "sparkdl_avg-output-*")) == []
+
+
+def test_committed_output_gets_the_umask_modes(tmp_path):
+    with umask(0o022):
+        out = fs.OutputDir(str(tmp_path / "out"))
+        with open(out.file("model.keras"), "w") as f:
+            f.write("m")
+        os.makedirs(out.file("assets"))
+        out.write_json("metrics.json", {})
+        out.commit()
+    assert _mode(tmp_path / "out") == 0o755
+    assert _mode(tmp_path / "out" / "assets") == 0o755
+    assert _mode(tmp_path / "out" / "model.keras") == _mode(tmp_path / "out" / "metrics.json") == 0o644
 
 
 def test_write_atomically(tmp_path):
@@ -239,6 +274,20 @@ def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_pat
     assert (tmp_path / "out" / "model.keras").read_text() == "old"
     # argparse's own errors also exit 2
     assert _job("jobs/train.py", "--data", "x").returncode == 2
+
+
+# Issue 16, a user's first hour, item 2: files left behind or unreadable.
+def test_a_failing_train_job_leaves_no_temporary_directory(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"), TMPDIR=str(scratch))
+    common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "out"),
+              "--model-builder", "digits_model:build"]
+    for extra in (["--batch-size", "0"], ["--model-builder", "no_such_module_xyz:build"]):
+        proc = subprocess.run([sys.executable, *common, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+    assert glob.glob(str(scratch / "sparkdl_avg-*")) == []
 
 
 def test_train_job_refuses_unwritable_output_and_checkpoint_dirs_before_starting_spark(tmp_path):

@@ -89,7 +89,7 @@ class TestEstimatorPath(EstimatorPathMixin):
 
 
 class TestExecutorCheck(ExecutorCheckMixin):
-    """``preflight.check_executors`` (classic: test_first_hour.py)."""
+    """``preflight.check_executors`` (classic: test_daemon.py)."""
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):

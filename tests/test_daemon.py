@@ -1,9 +1,11 @@
-"""Warm Python workers (issue 16's cold start): the daemon that imports TensorFlow, warm_up, one pool.
+"""Executors' Python workers: the daemon that imports TensorFlow, warm_up, one pool, the executor check.
 
-Two sessions, one after the other: PySpark's own daemon (what a user's
-existing session has), and ``sparkdl_avg.daemon`` with worker reuse off, so
-that every task runs in a freshly forked worker, as after PySpark drops idle
-workers.
+Issue 16's cold start. Two sessions, one after the other: PySpark's own
+daemon (what a user's existing session has: the module's ``spark`` fixture,
+which also runs the reuse of a fit's workers by SQL jobs and
+tests/parity.py's executor check), and ``sparkdl_avg.daemon`` with worker
+reuse off, so that every task runs in a freshly forked worker, as after
+PySpark drops idle workers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, regression_data, spark_session
+from parity import ExecutorCheckMixin
 from sparkdl_avg import DAEMON_MODULE, ParameterAveragingTrainer, warm_up
 from sparkdl_avg.cli import daemon_applies
 from sparkdl_avg.errors import DataError
@@ -63,26 +66,63 @@ def _small_fit(epochs=1):
     return trainer
 
 
-def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reuse(caplog):
-    with spark_session("local[2]", "sparkdl_avg-plain-daemon", **{"spark.python.daemon.module": "pyspark.daemon"}) as spark:
-        # PySpark's own daemon imports nothing: a worker that ran no training has no TensorFlow.
-        assert not any(tf for _, tf, _ in _sql_probe(spark))
-        # Issue 28: a session without RECOMMENDED_CONF: the first fit says once what the imports cost it, and the fix.
-        _small_fit()
-        notes = _cold_start_notes(caplog)
-        assert len(notes) == 1, caplog.text
-        seconds = float(re.search(r"waited about ([0-9.]+) s", notes[0]).group(1))
-        assert 0.5 <= seconds < 60 and "RECOMMENDED_CONF" in notes[0] and "warm_up" in notes[0], notes
-        _small_fit()
-        assert len(_cold_start_notes(caplog)) == 1  # once per application
-        warm = warm_up(spark)
-        assert warm_up(spark) is warm  # not repeated within WARM_UP_REUSE_S
-        pids = set(warm.result(timeout=180))
-        assert 1 <= len(pids) <= 2
-        # The warmed workers serve the RDD rounds and the SQL jobs (predict, staging) alike: one pool.
-        rdd, sql = _rdd_probe(spark), _sql_probe(spark)
-        assert {p for p, _, _ in rdd} <= pids and {p for p, _, _ in sql} <= pids, (pids, rdd, sql)
-        assert all(tf and k for _, tf, k in rdd + sql)
+@pytest.fixture(scope="module")
+def spark():
+    """PySpark's own daemon, workers reused; the tests using it come first (the second session stops it)."""
+    with spark_session("local[2]", "sparkdl_avg-plain-daemon", **{"spark.python.daemon.module": "pyspark.daemon"}) as session:
+        yield session
+
+
+def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reuse(spark, caplog):
+    # PySpark's own daemon imports nothing: a worker that ran no training has no TensorFlow.
+    assert not any(tf for _, tf, _ in _sql_probe(spark))
+    # Issue 28: a session without RECOMMENDED_CONF: the first fit says once what the imports cost it, and the fix.
+    _small_fit()
+    notes = _cold_start_notes(caplog)
+    assert len(notes) == 1, caplog.text
+    seconds = float(re.search(r"waited about ([0-9.]+) s", notes[0]).group(1))
+    assert 0.5 <= seconds < 60 and "RECOMMENDED_CONF" in notes[0] and "warm_up" in notes[0], notes
+    _small_fit()
+    assert len(_cold_start_notes(caplog)) == 1  # once per application
+    warm = warm_up(spark)
+    assert warm_up(spark) is warm  # not repeated within WARM_UP_REUSE_S
+    pids = set(warm.result(timeout=180))
+    assert 1 <= len(pids) <= 2
+    # The warmed workers serve the RDD rounds and the SQL jobs (predict, staging) alike: one pool.
+    rdd, sql = _rdd_probe(spark), _sql_probe(spark)
+    assert {p for p, _, _ in rdd} <= pids and {p for p, _, _ in sql} <= pids, (pids, rdd, sql)
+    assert all(tf and k for _, tf, k in rdd + sql)
+
+
+# Issue 16, a user's first hour: the fit's warm workers serve the SQL jobs that follow.
+def test_a_sql_job_after_a_fit_reuses_the_fits_python_workers(spark):
+    """Training (RDD rounds) and predict/staging (SQL jobs) share one pool of Python workers (session.py)."""
+    import os
+
+    x, y = np.random.default_rng(0).normal(size=(64, 4)), np.zeros((64, 1))
+    trainer = ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2, seed=0,
+                                        state_transport="files", slow_warning=False)
+    trainer.fit((x, y), epochs=1, verbose=0)
+    fit_pids = {w.pid for r in trainer.stats.records for w in r.workers}
+
+    def pids(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"pid": [os.getpid()] * batch.num_rows})
+
+    sql_pids = {r.pid for r in spark.range(4, numPartitions=2).mapInArrow(pids, "pid long").collect()}
+    assert sql_pids <= fit_pids, (sql_pids, fit_pids)
+
+
+@pytest.fixture(scope="module")
+def session(spark):
+    """The session of tests/parity.py's tests."""
+    return spark
+
+
+class TestExecutorCheck(ExecutorCheckMixin):
+    """tests/parity.py: the check a user runs first, on a classic session; test_connect.py runs it under Connect."""
 
 
 def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path, caplog):

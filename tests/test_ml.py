@@ -2,8 +2,10 @@
 
 Covers a full ``Pipeline`` (assembler, scaler, indexer, estimator) with
 persistence, predictions checked against ``keras.Model.predict``, the
-trainer's ``predict``/``evaluate``, stage persistence on its own, refitting,
-tuning, and the errors raised before any training round.
+trainer's ``predict``/``evaluate`` (also on Vectors read from Parquet, and
+through ``jobs/predict.py``), stage persistence on its own, refitting, the
+fitted model's Keras ``History``, tuning, and the errors raised before any
+training round, which name the camelCase Params (``kerasModel``).
 
 Data sets are scikit-learn's bundled ones (no downloads), kept small.
 """
@@ -11,6 +13,8 @@ Data sets are scikit-learn's bundled ones (no downloads), kept small.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,6 +28,10 @@ from sparkdl_avg.shared import remote_errors
 from sparkdl_avg.ml import KERAS_FILE, KerasAveragingEstimator, KerasAveragingModel
 
 WINE_CLASSES = 3
+N, B = 2, 8  # workers and batch size of the fits on ``regression_df``
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 
 
 # --------------------------------------------------------------------- helpers
@@ -94,6 +102,16 @@ def weights_equal(a, b) -> bool:
     return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def _vector_parquet(spark, path, n=24):
+    """Parquet with a Vector ``features`` column, a sparse Vector ``extra`` and an ``id``; returns the features."""
+    from pyspark.ml.linalg import Vectors
+
+    x = np.random.default_rng(0).normal(size=(n, 4))
+    rows = [(i, Vectors.dense(x[i].tolist()), Vectors.sparse(3, [i % 3], [1.0]), float(i % 2)) for i in range(n)]
+    spark.createDataFrame(rows, ["id", "features", "extra", "label"]).write.parquet(str(path))
+    return x
+
+
 # --------------------------------------------------------------------- fixtures
 
 
@@ -156,6 +174,13 @@ def binary_fit(spark):
     trainer.fit(df, epochs=2, verbose=0)
     yield trainer, df, x, y
     trainer.close()
+
+
+@pytest.fixture(scope="module")
+def regression_df(spark):
+    """48 rows (``features`` array<double>, ``label``): 3 minibatches of ``B`` per worker per epoch at ``N`` workers."""
+    x, y = regression_data(N * B * 3, seed=5)
+    return array_df(spark, x, y, with_vector=False)
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +341,41 @@ def test_trainer_predict_multiclass_array_column(wine_pipeline, spark):
     np.testing.assert_array_equal(as_vector(rows, "prediction"), expected.argmax(axis=1).astype(np.float64))
 
 
+# Issue 16, a user's first hour, item 1: Vectors read from Parquet.
+
+
+def test_predict_on_vectors_read_from_parquet(spark, tmp_path):
+    from pyspark.ml.linalg import SparseVector
+
+    x = _vector_parquet(spark, tmp_path / "v.parquet")
+    model = make_model()
+    trainer = ParameterAveragingTrainer(model, batch_size=4)
+    out = trainer.predict(spark.read.parquet(str(tmp_path / "v.parquet")))
+    assert out.columns == ["id", "features", "extra", "label", "prediction"]
+    rows = sorted(out.collect(), key=lambda r: r.id)
+    expected = model.predict(x, verbose=0)[:, 0]
+    np.testing.assert_allclose([r.prediction for r in rows], expected, rtol=1e-5, atol=1e-6)  # keras.Model.predict computes in float32
+    # The other Vector columns pass through untouched: still sparse, same values.
+    assert all(isinstance(r.extra, SparseVector) and r.extra[r.id % 3] == 1.0 for r in rows)
+
+
+def test_predict_job_on_vectors_read_from_parquet(spark, tmp_path):
+    x = _vector_parquet(spark, tmp_path / "v.parquet")
+    model = make_model()
+    model.save(str(tmp_path / "model.keras"))
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run(
+        [SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         os.path.join(ROOT, "jobs", "predict.py"), "--data", str(tmp_path / "v.parquet"),
+         "--model", str(tmp_path / "model.keras"), "--output", str(tmp_path / "pred"), "--no-check-executors"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "Wrote 24 predictions" in proc.stdout
+    rows = sorted(spark.read.parquet(str(tmp_path / "pred")).collect(), key=lambda r: r.id)
+    np.testing.assert_allclose([r.prediction for r in rows], model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)  # keras.Model.predict computes in float32
+
+
 # --------------------------------------------------------------------- 3. evaluate
 
 
@@ -444,7 +504,7 @@ def test_model_save_load_on_its_own(wine_pipeline, spark, tmp_path):
     assert os.path.isfile(os.path.join(path, KERAS_FILE))
 
 
-# --------------------------------------------------------------------- 5. refitting
+# --------------------------------------------------------------------- 5. refitting, the fitted model's history
 
 
 def test_estimator_fits_twice_same_result_and_leaves_user_model_alone(spark):
@@ -467,6 +527,15 @@ def test_estimator_fits_twice_same_result_and_leaves_user_model_alone(spark):
     # A different seed changes the data order, hence the result.
     third = est.copy({est.seed: 4}).fit(df)
     assert not weights_equal(third.kerasModel.get_weights(), w1)
+
+
+# Issue 16, user-reported surprise B2: ``KerasAveragingModel.history`` is a Keras ``History`` like ``trainer.fit``'s.
+def test_the_fitted_models_history_is_a_keras_history(spark, regression_df):
+    fitted = KerasAveragingEstimator(kerasModel=make_model(seed=1), numWorkers=N, batchSize=B, averagingFrequency=2, epochs=2,
+                                     seed=3).fit(regression_df)
+    assert isinstance(fitted.history, keras.callbacks.History)
+    assert fitted.history.epoch == [0, 1] and len(fitted.history.history["loss"]) == 2
+    assert [r.epoch for r in fitted.stats] == [0, 0, 1, 1]
 
 
 # --------------------------------------------------------------------- 6. tuning
@@ -609,7 +678,7 @@ def test_array_features_wrong_width_at_transform(spark):
     assert "3 values" in text and "expected 4" in text
 
 
-# --------------------------------------------------------------------- 8. kerasModel as a path
+# --------------------------------------------------------------------- 8. kerasModel as a path, and errors naming it
 
 
 def test_keras_model_given_as_path(spark, tmp_path):
@@ -632,6 +701,33 @@ def test_keras_model_given_as_path(spark, tmp_path):
     np.testing.assert_allclose(
         as_vector(rows, "prediction"), fitted.kerasModel.predict(x, verbose=0)[:, 0], atol=1e-5
     )
+
+
+# Issue 16, user-reported surprise A: the estimator's errors name its camelCase Params (``kerasModel``).
+
+
+def test_a_missing_keras_model_path_names_kerasModel_and_the_path(spark, tmp_path):
+    path = str(tmp_path / "no_such_model.keras")
+    with pytest.raises(ConfigurationError) as err:
+        KerasAveragingEstimator(kerasModel=path)
+    message = str(err.value)
+    assert "'kerasModel'" in message and path in message and "no file" in message
+    assert "Py4J" not in message and "java" not in message.lower()
+    with pytest.raises(ConfigurationError, match="'kerasModel'.*cannot be read"):
+        KerasAveragingEstimator(kerasModel="nosuchscheme://bucket/model.keras")
+
+
+def test_an_uncompiled_model_names_kerasModel_given_as_a_model_or_a_path(spark, regression_df, tmp_path):
+    uncompiled = make_model(compile=False)
+    with pytest.raises(ConfigurationError, match=r"^The 'kerasModel' parameter must be a compiled keras.Model. Got the uncompiled model"):
+        KerasAveragingEstimator(kerasModel=uncompiled)
+    path = str(tmp_path / "uncompiled.keras")
+    uncompiled.save(path)
+    est = KerasAveragingEstimator(kerasModel=path, numWorkers=N, batchSize=B)
+    with pytest.raises(ConfigurationError) as err:
+        est.fit(regression_df)
+    assert str(err.value).startswith("The 'kerasModel' parameter must be a compiled keras.Model. Got the uncompiled model"), str(err.value)
+    assert "'model'" not in str(err.value)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,14 @@
-"""Callbacks on the driver, validation, timing stats and the HTML report."""
+"""What a fit reports and how it continues: callbacks on the driver, validation, timing stats, the HTML report.
+
+Also the epochs a fit runs and reports: an ``averaging_frequency`` above an
+epoch's minibatches is cut with a warning; ``trainer.stats`` and
+``trainer.history`` both describe the latest fit; ``fit(initial_epoch=...)``
+continues a fit as ``keras.Model.fit`` does, with checkpoints too.
+"""
 
 import csv
 import json
+import logging
 import math
 import os
 
@@ -9,8 +16,16 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import make_model, regression_data
-from sparkdl_avg import ParameterAveragingTrainer, WorkerError
+from conftest import assert_weights_close, make_model, regression_data
+from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, WorkerError
+
+N, B, STEPS = 2, 8, 3  # workers, batch size, minibatches per worker per epoch (of DATA)
+DATA = regression_data(N * B * STEPS, seed=5)
+
+
+def _trainer(model=None, **kwargs):
+    kwargs = {"num_workers": N, "batch_size": B, "averaging_frequency": 2, "seed": 11, **kwargs}
+    return ParameterAveragingTrainer(model if model is not None else make_model(seed=1), **kwargs)
 
 
 class WeightsPerEpoch(keras.callbacks.Callback):
@@ -167,3 +182,123 @@ def test_tensorboard_callback_writes_epoch_and_round_scalars(spark, tmp_path):
     assert {"epoch_loss", "epoch_mae"} <= tags["train"]
     assert "batch_loss" in tags["train"]  # written once per round
     assert "epoch_loss" in tags["validation"]
+
+
+# ----------------------------------------------------------- a capped averaging_frequency
+# Issue 16, user-reported surprise B1: a silent cap.
+
+
+def test_an_averaging_frequency_above_the_epoch_warns_once_with_the_effective_value(spark, caplog):
+    trainer = _trainer(averaging_frequency=8)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer.fit(DATA, epochs=2, verbose=0)
+    warnings = [r.getMessage() for r in caplog.records if "averaging_frequency=8" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"the effective averaging_frequency is {STEPS}" in warnings[0]
+    assert [r.averaging_frequency for r in trainer.stats] == [STEPS, STEPS]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        _trainer(averaging_frequency=STEPS).fit(DATA, epochs=1, verbose=0)
+        _trainer(averaging_frequency=lambda epoch, rnd, logs: 2).fit(DATA, epochs=1, verbose=0)
+    assert not [r for r in caplog.records if "averaging_frequency=" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        _trainer(averaging_frequency=lambda epoch, rnd, logs: 10).fit(DATA, epochs=2, verbose=0)
+    assert len([r for r in caplog.records if "averaging_frequency=10" in r.getMessage()]) == 1
+
+
+# ----------------------------------------------------------- the latest fit's stats and history
+# Issue 16, user-reported surprise B3.
+
+
+def test_stats_and_history_describe_the_latest_fit(spark, tmp_path):
+    trainer = _trainer()
+    trainer.fit(DATA, epochs=2, verbose=0)
+    first = trainer.stats
+    assert len(first) == 4
+    history = trainer.fit(DATA, epochs=1, verbose=0)
+    assert trainer.history is history
+    assert len(trainer.stats) == 2 and [r.epoch for r in trainer.stats] == history.epoch * 2  # 2 rounds of epoch 0
+    assert trainer.stats.summary()["rounds"] == 2
+    assert len(first) == 4  # the previous fit's records are kept by whoever holds them
+    trainer.write_report(str(tmp_path / "report.html"))
+
+
+# ---------------------------------------------------------------- initial_epoch
+# Issue 16, user-reported surprise B4: continued fits.
+
+
+class _Epochs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.begun = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.begun.append(epoch)
+
+
+def test_initial_epoch_continues_a_fit_like_one_longer_fit(spark, caplog):
+    reference = make_model(seed=1)
+    ref_history = _trainer(reference).fit(DATA, epochs=4, verbose=0)
+
+    model = make_model(seed=1)
+    trainer = _trainer(model)
+    trainer.fit(DATA, epochs=2, verbose=0)
+    epochs = _Epochs()
+    with caplog.at_level(logging.INFO, logger="sparkdl_avg"):
+        history = trainer.fit(DATA, epochs=4, initial_epoch=2, verbose=2, callbacks=[epochs])
+    # the same data order (epochs 2 and 3), so the same weights as one fit of 4 epochs
+    assert_weights_close(model.get_weights(), reference.get_weights(), atol=1e-12)
+    assert history.epoch == [2, 3] and epochs.begun == [2, 3]
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"][2:], rtol=1e-12)
+    assert [r.epoch for r in trainer.stats] == [2, 2, 3, 3]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Epoch ")]
+    assert [line.split(" - ")[0] for line in lines] == ["Epoch 3/4", "Epoch 4/4"]
+
+
+def test_initial_epoch_is_validated(spark):
+    trainer = _trainer()
+    with pytest.raises(ConfigurationError, match=r"'initial_epoch' parameter must be an int in the range \[0, inf\)"):
+        trainer.fit(DATA, epochs=2, initial_epoch=-1, verbose=0)
+    with pytest.raises(ConfigurationError, match=r"'initial_epoch' parameter must be less than 'epochs' \(2\)"):
+        trainer.fit(DATA, epochs=2, initial_epoch=2, verbose=0)
+    with pytest.raises(ConfigurationError, match=r"'initial_epoch'.*Got 1.5"):
+        trainer.fit(DATA, epochs=2, initial_epoch=1.5, verbose=0)
+    assert len(trainer.stats) == 0
+
+
+class _StopAfterEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.model.stop_training = True
+
+
+def test_initial_epoch_with_checkpoints_and_resume(spark, tmp_path):
+    reference = make_model(seed=1)
+    _trainer(reference).fit(DATA, epochs=4, verbose=0)
+    directory = str(tmp_path / "ckpt")
+
+    model = make_model(seed=1)
+    _trainer(model).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
+    # continue in the same directory: its latest checkpoint is at epoch 2, where this fit starts
+    trainer = _trainer(model)
+    trainer.fit(DATA, epochs=4, initial_epoch=2, verbose=0, checkpoint_dir=directory, resume=True,
+                callbacks=[_StopAfterEpoch(2)])  # a "crash" after epoch 2: the checkpoint is at epoch 3
+    # the same command again resumes at epoch 3; the history holds epochs 2 and 3
+    fresh = make_model(seed=5)
+    history = _trainer(fresh).fit(DATA, epochs=4, initial_epoch=2, verbose=0, checkpoint_dir=directory, resume=True)
+    assert history.epoch == [2, 3] and len(history.history["loss"]) == 2
+    assert_weights_close(fresh.get_weights(), reference.get_weights(), atol=1e-12)
+
+    # a checkpoint before initial_epoch does not hold the model being continued: refused, model untouched
+    early = str(tmp_path / "early")
+    _trainer(make_model(seed=1)).fit(DATA, epochs=1, verbose=0, checkpoint_dir=early)
+    before = fresh.get_weights()
+    with pytest.raises(ConfigurationError, match=r"is at epoch 1, before initial_epoch=2"):
+        _trainer(fresh).fit(DATA, epochs=4, initial_epoch=2, verbose=0, checkpoint_dir=early, resume=True)
+    assert_weights_close(fresh.get_weights(), before, atol=0)

@@ -5,7 +5,8 @@ flags (``jobs/train.py``'s parser, ``cli.trainer_options``) and
 ``KerasAveragingEstimator``'s Params. Each row must be a config field (or a
 ``fit`` argument), a flag and, where it has one, a Param, each with the
 row's default; a bad value must give the same error through all three (the
-estimator's naming the camelCase Param).
+estimator's naming the camelCase Param), and the jobs' errors name the flag
+(``--batch-size``), never the option.
 """
 
 from __future__ import annotations
@@ -202,6 +203,62 @@ def test_a_bad_value_gets_the_same_error_through_every_entry_point(parse, model,
     assert f"'{row.param.name}'" in str(through_estimator.value)
     if row.param.name != name:
         assert f"'{name}'" not in str(through_estimator.value)
+
+
+# ----------------------------------------------------- the jobs' errors name the flag
+# Issue 16, user-reported surprise A: errors that named the option where the user had written a flag.
+
+
+def _bad_flag_values():
+    """One bad value per option with a flag and a check, as the command line would give it."""
+    bad = {"averaging_frequency": "0", "optimizer_state": "bogus", "on_nonfinite": "bogus", "seed": "-1",
+           "update_rule": "nope", "staging_dir": "", "checkpoint_every": "soon", "checkpoint_dir": "",
+           "state_transport": None, "aggregation": None, "check_data": None, "resume": None, "slow_warning": None,
+           "mlflow": None, "log_model": None, "experiment": "", "tracking_uri": "", "run_name": ""}
+    # None: a flag argparse checks itself (choices, store_true/store_false)
+    for row in options.OPTIONS:
+        if row.cli is None or row.check is None or bad.get(row.name, "") is None:
+            continue
+        if row.cli.choices is not None or row.cli.action is not None:
+            continue  # argparse checks choices and switches itself
+        yield row, bad.get(row.name, "-1")
+
+
+def test_every_flag_error_names_the_flag_not_the_option(capsys):
+    job = _train_job()
+    seen = []
+    for row, value in _bad_flag_values():
+        flag = row.cli.flag or "--" + row.name.replace("_", "-")
+        args = job.parse_args(["--data", "d", "--model", "m.keras", "--output-dir", "o", flag, value])
+
+        def main(argv, args=args):
+            config_args = cli.trainer_options(args)
+            from sparkdl_avg import TrainerConfig
+
+            TrainerConfig(**config_args)
+            cli.check_fit_flags(args)
+            cli.tracker(args)
+
+        assert cli.run(main) == 2, flag
+        line = capsys.readouterr().err
+        assert flag in line and f"'{row.name}'" not in line, (flag, line)
+        seen.append(flag)
+    assert {"--batch-size", "--epochs", "--initial-epoch", "--num-workers", "--checkpoint-every",
+            "--mlflow-experiment", "--mlflow-tracking-uri"} <= set(seen)
+
+
+def test_train_job_names_batch_size_and_epochs_the_same_way(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "jobs"))
+    job = _train_job()
+    common = ["--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "out"),
+              "--model-builder", "digits_model:build"]
+    lines = {}
+    for flags in (["--batch-size", "-1"], ["--epochs", "0"], ["--epochs", "2", "--initial-epoch", "2"]):
+        assert cli.run(job.main, [*common, *flags]) == 2
+        lines[flags[-2]] = capsys.readouterr().err.strip().splitlines()[-1]
+    assert lines["--batch-size"] == "error: The --batch-size flag must be an int in the range [1, inf). Got -1 instead."
+    assert lines["--epochs"] == "error: The --epochs flag must be an int in the range [1, inf). Got 0 instead."
+    assert lines["--initial-epoch"].startswith("error: The --initial-epoch flag must be less than --epochs (2)")
 
 
 # ---------------------------------------------------------- one message style

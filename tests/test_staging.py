@@ -1,9 +1,11 @@
-"""What killed drivers leave in the staging directory, and path checks of remote locations that never answer.
+"""What staging leaves behind, and path checks of remote locations that never answer.
 
 Issue: a driver killed with ``kill -9`` left its staging root (the whole
 staged training data) in the temp dir, and nothing removed it; a
 ``checkpoint_dir="gs://..."`` of a bucket that does not exist, without
-credentials, hung the fit for about ten minutes in silence.
+credentials, hung the fit for about ten minutes in silence. Data that
+staging refuses leaves no partial files and fails no task, and the staging
+root is readable by its owner only.
 """
 
 import glob
@@ -19,8 +21,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import make_model
-from sparkdl_avg import ParameterAveragingTrainer
+from conftest import file_mode as _mode
+from conftest import make_model, umask
+from sparkdl_avg import DataError, ParameterAveragingTrainer
 from sparkdl_avg.shared import fs
 from sparkdl_avg.driver import staging_roots
 from sparkdl_avg.errors import ConfigurationError, PathError
@@ -31,11 +34,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLED_DRIVER = """
 import os, signal, sys
 import numpy as np
-from sparkdl_avg import data, staging
+from sparkdl_avg.driver import staging, staging_roots
 root = staging_roots.StagingRoot.new(sys.argv[1], os.getpid())
 root.make(private=True)
 x = np.random.default_rng(0).normal(size=(256, 4))
-data.stage((x, x.sum(axis=1)), root=root.uri, x_shapes=[(4,)], x_dtype="float64")
+staging.stage((x, x.sum(axis=1)), root=root.uri, x_shapes=[(4,)], x_dtype="float64")
 print(root.uri, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -148,10 +151,69 @@ def test_a_killed_child_not_yet_reaped_owns_nothing(tmp_path):
 
 def test_a_remote_staging_root_is_neither_marked_nor_swept_beside(monkeypatch):
     swept = []
-    monkeypatch.setattr(staging, "remove_orphans", swept.append)
+    monkeypatch.setattr(staging_roots, "remove_orphans", swept.append)
     root = staging_roots.StagingRoot("mock:///base/sparkdl_avg-20250101-000000-1", "mock:///base")
     root.make(private=True)
     assert root.made and swept == []
+
+
+# ---------------------------------------------------------------- refused data, private roots
+# Issue 16, a user's first hour, item 2: files left behind or unreadable.
+
+
+def test_refused_staging_leaves_no_partial_files(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    n = 64
+    df = spark.range(n).select(
+        F.array(*[F.col("id").cast("double")] * 4).alias("features"),
+        F.when(F.col("id") == n - 1, F.lit(float("nan"))).otherwise(F.lit(1.0)).alias("label"),
+    ).repartition(4)
+    trainer = ParameterAveragingTrainer(make_model(), batch_size=4, staging_dir=str(tmp_path))
+    with pytest.raises(DataError, match="NaN"):
+        trainer.fit(df, epochs=1, verbose=0)
+    staged = [p for p in glob.glob(str(tmp_path / "**"), recursive=True) if os.path.isfile(p)]
+    assert staged == []
+    assert glob.glob(str(tmp_path / "sparkdl_avg-*" / "training-*")) == []
+    trainer.close()
+
+
+def test_local_staging_root_is_private(spark, tmp_path):
+    x = np.random.default_rng(0).normal(size=(32, 4))
+    y = x.sum(axis=1)
+    base = tmp_path / "staging"
+    with umask(0o022):
+        base.mkdir()
+        trainer = ParameterAveragingTrainer(make_model(), batch_size=4, staging_dir=str(base),
+                                            state_transport="files")
+        trainer.fit((x, y), epochs=1, verbose=0)
+    (root,) = glob.glob(str(base / "sparkdl_avg-*"))
+    assert _mode(root) == 0o700  # the staged data and the exchanged weights under it: owner only
+    assert _mode(base) == 0o755  # the user's staging_dir itself is left alone
+    trainer.close()
+    assert not os.path.exists(root)
+
+
+def test_refused_staging_data_is_reported_in_the_tasks_row_not_by_failing_it():
+    """A failed task makes Spark log an executor ERROR block (naming internal columns) and drops the Python worker."""
+    import pyarrow as pa
+
+    from sparkdl_avg.shared.value_checks import DataChecks
+    from sparkdl_avg.executor.stage_writer import export_arrow_batches
+
+    consumed = []
+
+    def batches():
+        for i in range(3):
+            consumed.append(i)
+            x = [[float("nan"), 1.0]] if i == 0 else [[0.0, 1.0]]
+            yield pa.record_batch([pa.array(x, pa.list_(pa.float64())), pa.array([1.0])], names=["x0", "y0"])
+
+    (row,) = export_arrow_batches(batches(), directory="/nonexistent", features=[("x0", 2)], labels=["y0"],
+                                  x_dtype="float64", y_dtype="float64", checks=DataChecks(finite=True))
+    assert consumed == [0, 1, 2]  # the whole input, so PySpark reuses the worker
+    error = row.column("error")[0].as_py()
+    assert row.column("rows")[0].as_py() == 0 and "Column 'x0'" in error and "NaN" in error, error
 
 
 # ---------------------------------------------------------------- remote path checks within a time limit

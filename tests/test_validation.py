@@ -528,6 +528,14 @@ def test_predict_on_a_ragged_row_is_a_data_error_on_the_driver(spark, model, fra
     assert trainer.predict(frames["good"]).count() == 64  # other actions are unaffected
 
 
+# Issue 16, a user's first hour, item 1: predicting on a column that is neither an array nor a Vector.
+def test_predict_rejects_an_unsupported_features_column(spark):
+    df = spark.createDataFrame([("a",)], "features string")
+    with pytest.raises(DataError, match=r"Column 'features' must be array<float>, array<double> or a pyspark.ml "
+                                        r"Vector. Got string instead"):
+        ParameterAveragingTrainer(make_model(), batch_size=4).predict(df)
+
+
 def test_every_call_without_a_session_raises_one_error_type(monkeypatch):
     """Issue 29 item 4: warm_up, numpy data and a model path without a session raised DataError in two places and
     ConfigurationError in the third; now SessionError, which both ``except`` clauses still catch."""

@@ -9,16 +9,15 @@ versions, assigned GPUs); it fails with one clear message naming the fix.
 The tasks consume their input, so their Python workers (now with TensorFlow
 imported) are reused by the first round.
 
-:func:`describe_python` runs on executors; :func:`check_executors` on the driver.
+:func:`check_executors` runs on the driver; the tasks' body is
+:mod:`sparkdl_avg.executor.describe`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
-from typing import Iterable, Iterator, List, Optional
+from typing import List, Optional
 
+from ..executor.describe import probe_batches
 from ..shared.remote_errors import last_line
 from .session import Engine
 
@@ -32,61 +31,15 @@ class ExecutorEnvironmentError(RuntimeError):
     """The executors' Python cannot run the trainer (a missing package, most often)."""
 
 
-def describe_python() -> dict:
-    """This process' Python as the trainer sees it (runs on an executor)."""
-    from .. import version
-
-    info = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "python": sys.executable,
-        "python_version": sys.version.split()[0],
-        "sparkdl_avg_file": os.path.join(os.path.dirname(os.path.abspath(__file__)), "__init__.py"),
-        "sparkdl_avg_version": version.__version__,
-    }
-    try:
-        from ..shared.quiet import import_tensorflow
-
-        tf = import_tensorflow()
-        import keras
-
-        info["tensorflow_version"] = tf.__version__
-        info["keras_version"] = keras.__version__
-    except Exception as exc:  # reported to the driver, which raises
-        info["import_error"] = f"{type(exc).__name__}: {exc}"
-    try:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        if ctx is not None:
-            from ..shared.devices import assigned_addresses
-
-            info["gpus"] = list(assigned_addresses(ctx.resources()))
-    except Exception:  # pragma: no cover - informative only
-        pass
-    return info
-
-
-def _probe_batches(batches: Iterable) -> Iterator:
-    """``mapInArrow`` body: the task's :func:`describe_python` as one JSON row."""
-    import json
-
-    import pyarrow as pa
-
-    for _ in batches:  # consume the input so PySpark reuses this worker
-        pass
-    yield pa.RecordBatch.from_pydict({"info": [json.dumps(describe_python())]})
-
-
 def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
-    """Runs :func:`describe_python` in ``num_tasks`` tasks; raises if executors lack a package.
+    """Runs :func:`~sparkdl_avg.executor.describe.describe_python` in ``num_tasks`` tasks; raises if executors lack a package.
 
     Args:
         spark: The SparkSession (classic or Connect) or its :class:`~sparkdl_avg.driver.session.Engine`.
         num_tasks: Tasks to run; default the cluster's default parallelism.
 
     Returns:
-        One description per task (see :func:`describe_python`).
+        One description per task (see :func:`~sparkdl_avg.executor.describe.describe_python`).
 
     Raises:
         ExecutorEnvironmentError: an executor cannot import ``sparkdl_avg``
@@ -98,7 +51,7 @@ def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
     n = max(1, int(num_tasks or engine.default_parallelism))
     try:
         with engine.labels("sparkdl_avg: check executors' Python"):
-            rows = engine.run_tasks(n, _probe_batches, "info string").collect()
+            rows = engine.run_tasks(n, probe_batches, "info string").collect()
         infos = [json.loads(r.info) for r in rows]
     except Exception as exc:
         # Not remote.run_job: the probe reports import errors in its result instead of raising, and
