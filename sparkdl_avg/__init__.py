@@ -46,9 +46,11 @@ from .errors import (  # noqa: E402
     CheckpointError,
     ConfigurationError,
     DataError,
+    ExecutorEnvironmentError,
     NotFittedError,
     PathError,
     SessionError,
+    SparkdlAvgError,
     WorkerError,
 )
 from .shared.stats import RoundRecord, TrainingStats, WorkerRecord  # noqa: E402
@@ -68,7 +70,7 @@ __all__ = [
     # what a fit reports
     "TrainingStats", "RoundRecord", "WorkerRecord",
     # errors
-    "ConfigurationError", "DataError", "WorkerError", "PathError", "CheckpointError", "SessionError",
-    "NotFittedError",
+    "SparkdlAvgError", "ConfigurationError", "DataError", "WorkerError", "PathError", "CheckpointError", "SessionError",
+    "NotFittedError", "ExecutorEnvironmentError",
     "__version__",
 ]

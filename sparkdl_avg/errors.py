@@ -1,27 +1,33 @@
-"""Error types raised by sparkdl_avg.
+"""Error types raised by sparkdl_avg: one hierarchy under :class:`SparkdlAvgError`.
 
-Every error subclasses a standard Python exception (``ValueError`` or
-``RuntimeError``) so that existing ``except`` clauses keep working, in the
-style of scikit-learn's ``InvalidParameterError``.
+Every error is a :class:`SparkdlAvgError` (``except sparkdl_avg.SparkdlAvgError``
+catches all of the library's) and subclasses a standard Python exception
+(``ValueError`` or ``RuntimeError``) so that existing ``except`` clauses keep
+working, in the style of scikit-learn's ``InvalidParameterError``. Unknown
+keyword arguments raise ``TypeError``, as any Python call does.
 """
 
 
-class ConfigurationError(ValueError):
+class SparkdlAvgError(Exception):
+    """The base of every error sparkdl_avg raises on purpose."""
+
+
+class ConfigurationError(SparkdlAvgError, ValueError):
     """A trainer parameter or the model has an invalid value."""
 
 
-class DataError(ValueError):
+class DataError(SparkdlAvgError, ValueError):
     """The training or evaluation data does not fit the model or the options.
 
     The message names the column (or array) and the value that was received.
     """
 
 
-class WorkerError(RuntimeError):
+class WorkerError(SparkdlAvgError, RuntimeError):
     """A task on an executor failed; the message names the epoch, round and worker."""
 
 
-class PathError(ValueError):
+class PathError(SparkdlAvgError, ValueError):
     """A path or URI cannot be used: no filesystem opens it, no file is there, or one is and may not be replaced.
 
     The message names the path.
@@ -44,5 +50,9 @@ class SessionError(DataError, ConfigurationError):
     """
 
 
-class NotFittedError(RuntimeError):
+class NotFittedError(SparkdlAvgError, RuntimeError):
     """A call needs a completed ``fit`` (``write_report``) and there has been none."""
+
+
+class ExecutorEnvironmentError(SparkdlAvgError, RuntimeError):
+    """The executors' Python cannot run the trainer (a missing package, most often); the message names the fix."""

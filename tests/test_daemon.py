@@ -205,7 +205,7 @@ def test_warm_up_without_a_session_names_what_to_do(monkeypatch):
 
 def test_executors_without_sparkdl_avg_under_its_daemon_get_the_fix_named(monkeypatch):
     from sparkdl_avg.driver import preflight
-    from sparkdl_avg.driver.preflight import ExecutorEnvironmentError
+    from sparkdl_avg import ExecutorEnvironmentError
     from sparkdl_avg.driver.session import Engine
 
     # What Spark reports when the daemon module cannot be imported (its text, abridged).

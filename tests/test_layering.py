@@ -150,3 +150,26 @@ def test_the_shims_are_the_modules_they_name():
     from sparkdl_avg.ml import KerasAveragingModel
 
     assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.ml"
+
+
+def test_every_error_the_library_raises_is_one_hierarchy():
+    import inspect
+
+    import sparkdl_avg
+    from sparkdl_avg import errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert len(classes) >= 9
+    for cls in classes:
+        assert issubclass(cls, errors.SparkdlAvgError), cls
+        assert cls is errors.SparkdlAvgError or issubclass(cls, (ValueError, RuntimeError)), cls  # old excepts work
+        assert getattr(sparkdl_avg, cls.__name__) is cls and cls.__name__ in sparkdl_avg.__all__
+    # no module of the package defines an error type of its own outside errors.py, but the jobs' usage error
+    import ast
+
+    defined = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and path.name != "errors.py":
+                defined.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert defined == ["driver/cli.py:UsageError"]

@@ -26,11 +26,10 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from ..errors import ConfigurationError, DataError, PathError
+from ..errors import ConfigurationError, DataError, ExecutorEnvironmentError, PathError
 from ..shared import fs
 from . import options as table
 from .config import check_fit_args
-from .preflight import ExecutorEnvironmentError
 
 EXIT_USAGE = 2
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from ..errors import ExecutorEnvironmentError
 from ..executor.describe import probe_batches
 from ..shared.remote_errors import last_line
 from .session import Engine
@@ -25,10 +26,6 @@ SHIP_HINT = (
     "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
     "or an --archives environment that has it installed; see README, 'Running on a cluster'"
 )
-
-
-class ExecutorEnvironmentError(RuntimeError):
-    """The executors' Python cannot run the trainer (a missing package, most often)."""
 
 
 def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
