@@ -491,7 +491,7 @@ def print_tables(results, profiles, probes=()):
           "schedule | state assign (setup) | load | span − busy | aggregate | update | budget ms | within |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        m = {k: 1000 * v for k, v in r["median"].items()}
+        m = {k: 1000 * v for k, v in r["median"].items() if v is not None}  # received_bytes: not known on Spark's path
         budget = 150 + 2000 * prof[r["size"]]["move_model_bytes_s"] if r["size"] in prof else float("nan")
         print(f"| {r['sweep']} | {r.get('transport', 'spark')} | {r['params']:,} | {r['k']} | {r['workers']} | {r['depth']} | {m['wall_s']:.0f} | "
               f"{m['compute_max_s']:.0f} | {m['round_overhead_s']:.0f} | {m['broadcast_s']:.0f} | {m['schedule_s']:.0f} | "
