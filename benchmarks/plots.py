@@ -96,7 +96,9 @@ def _median_of_repeats(cfgs):
     out = []
     for same in groups.values():
         first = dict(same[0])
-        first["median"] = {k: statistics.median(c["median"][k] for c in same) for k in first["median"]}
+        first["median"] = {k: (statistics.median(c["median"][k] for c in same)
+                           if all(c["median"][k] is not None for c in same) else None)  # received_bytes: Spark's path
+                       for k in first["median"]}
         out.append(first)
     return out
 
