@@ -20,6 +20,9 @@ Vectors are flat float32; a block never spans two slices cut at multiples
 of :data:`BLOCK` (:meth:`Encoded.slice`), so sharded reducers can decode
 their slice alone. The block size is chosen by measurement:
 ``benchmarks/compression.py`` (docs/benchmarks.md, "Compressed updates").
+int8 suits signed deltas of similar magnitude within a block (the weights');
+Adam's second moments span many magnitudes and diverge through it, while
+bf16 carries them (``benchmarks/compression_sim.py``, same section).
 """
 
 from __future__ import annotations
