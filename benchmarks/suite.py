@@ -132,7 +132,7 @@ def warm_workers(d, batch, workers):
 
     n = workers * batch
     with ParameterAveragingTrainer(build_model(d["weights"]), num_workers=workers, batch_size=batch,
-                                   averaging_frequency=1, seed=1) as tr:
+                                   averaging_frequency=1, seed=1, slow_warning=False) as tr:  # one round: not a speed
         tr.fit((d["x"][:n], d["y"][:n]), epochs=1, verbose=0)
 
 
