@@ -329,3 +329,10 @@ def test_the_jobs_check_the_fit_flags_together_before_spark_starts(parse):
     with pytest.raises(ConfigurationError) as info:
         cli.check_fit_flags(parse("--synchronization", "stale", "--checkpoint-dir", "/tmp/c", "--checkpoint-every", "3"))
     assert cli.flag_message(str(info.value)).startswith("The --checkpoint-every flag must be 'epoch' with synchronization")
+
+
+def test_parsed_rows_hand_none_to_their_parser():
+    # averaging_frequency=None is no schedule; update_rule=None and network_rate=None are the defaults
+    with pytest.raises(ConfigurationError, match="The 'averaging_frequency' parameter must be an int in the range"):
+        TrainerConfig(averaging_frequency=None)
+    TrainerConfig(update_rule=None, network_rate=None)

@@ -177,7 +177,7 @@ class BoolOrPath(Constraint):
 
 @dataclass(frozen=True)
 class Parsed(Constraint):
-    """Whatever ``parse(value)`` accepts; its ``ConfigurationError`` says what else it takes (``None`` passes)."""
+    """Whatever ``parse(value)`` accepts; its ``ConfigurationError`` says what else it takes."""
 
     parse: Callable[[Any], Any]
     what: str
@@ -186,8 +186,7 @@ class Parsed(Constraint):
         return True
 
     def __call__(self, name: str, value: Any) -> None:
-        if value is not None:
-            self.parse(value)
+        self.parse(value)
 
     def __str__(self) -> str:
         return self.what
@@ -218,6 +217,11 @@ def parse_rate(rate: Any) -> float:
                 break
     raise must_be("network_rate", "a link rate such as '1gbit', '10gbit' or '800mbit', or a positive number of bytes "
                   "per second", rate)
+
+
+def parse_optional_rate(rate: Any) -> Optional[float]:
+    """:func:`parse_rate`, with ``None`` (the option's default: 1 Gbit/s) kept."""
+    return None if rate is None else parse_rate(rate)
 
 
 def rounds_or_epoch(value: Any) -> Any:
@@ -598,7 +602,7 @@ OPTIONS: Tuple[Option, ...] = (
             "driver's link carries about one model's bytes each way per round. Give your link's rate when it is "
             "not 1 Gbit/s. Not used when every executor runs on the driver's host (``local[N]``, "
             "``local-cluster``). Measurements: docs/benchmarks.md, \"On a shaped network\".",
-        check=Parsed(parse_rate, "a link rate"),
+        check=Parsed(parse_optional_rate, "a link rate"),
         cli=Flag(metavar="RATE"),
         param=SparkParam("networkRate", "toString"),
     ),
