@@ -112,6 +112,9 @@ class Checkpoint:
         optimizer: Optimizer variables (``optimizer.variables`` order).
         rule_state: The update rule's state, name → arrays.
         meta: The run's seed, settings, schedule state, partial epoch and history.
+        feedback: Under error feedback (``update_compression``), the workers'
+            residual files, ``"<rounds back>/<worker>"`` → their bytes
+            (:meth:`sparkdl_avg.driver.feedback.FeedbackLedger.export`); empty otherwise.
     """
 
     epoch: int
@@ -121,6 +124,7 @@ class Checkpoint:
     optimizer: List[np.ndarray]
     rule_state: Dict[str, List[np.ndarray]] = field(default_factory=dict)
     meta: RunMeta = field(default_factory=lambda: RunMeta(seed=0))
+    feedback: Dict[str, bytes] = field(default_factory=dict)
 
 
 def _json_default(value: Any) -> Any:
@@ -236,6 +240,8 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
     for key, values in checkpoint.rule_state.items():
         for i, v in enumerate(values):
             arrays[f"rule/{key}/{i}"] = np.asarray(v)
+    for key, data in checkpoint.feedback.items():
+        arrays[f"feedback/{key}"] = np.frombuffer(data, np.uint8)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
@@ -250,6 +256,7 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         "num_weights": len(checkpoint.weights),
         "num_optimizer_variables": len(checkpoint.optimizer),
         "rule_state_sizes": {k: len(v) for k, v in checkpoint.rule_state.items()},
+        "feedback": sorted(checkpoint.feedback),
         "arrays_sha256": hashlib.sha256(data).hexdigest(),
     }
     # meta.json last: latest() takes a checkpoint whose meta.json exists as complete.
@@ -367,6 +374,7 @@ def load(uri: str) -> Checkpoint:
             weights=[arrays[f"weights/{i}"] for i in range(meta["num_weights"])],
             optimizer=[arrays[f"optimizer/{i}"] for i in range(meta["num_optimizer_variables"])],
             rule_state=rule_state,
+            feedback={key: arrays[f"feedback/{key}"].tobytes() for key in meta.get("feedback", [])},
             meta=RunMeta(**{f.name: meta[f.name] for f in dataclasses.fields(RunMeta) if f.name in meta}),
         )
     except KeyError as exc:

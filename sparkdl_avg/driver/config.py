@@ -64,6 +64,27 @@ def _post_init(self) -> None:
             f"state_transport={self.state_transport!r} instead."
         )
 
+    if self.error_feedback is not None and self.update_compression is None:
+        raise ConfigurationError(
+            "The 'error_feedback' parameter applies only with 'update_compression' (it keeps what the codec drops): "
+            f"set 'update_compression' or leave 'error_feedback' at None. Got error_feedback={self.error_feedback!r} "
+            "with update_compression=None instead."
+        )
+    if self.synchronization == "async" and _feedback(self):
+        raise ConfigurationError(
+            "Error feedback needs synchronization='sync' or 'stale' (a worker's residual goes to its chunk a fixed "
+            "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
+            "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
+            f"update_compression={self.update_compression!r} with synchronization='async' instead."
+        )
+
+
+def _feedback(self) -> bool:
+    """Whether workers keep residuals: ``error_feedback``, or by default for ``update_compression="int8"``."""
+    if self.update_compression is None:
+        return False
+    return self.error_feedback if self.error_feedback is not None else self.update_compression == "int8"
+
 
 _DOC = """Validated options of a parameter-averaging run (the constructor options of the trainer).
 
@@ -81,11 +102,13 @@ TrainerConfig = dataclasses.make_dataclass(
         "schedule": _schedule,
         "rule": _rule,
         "__post_init__": _post_init,
+        "feedback": property(_feedback),
         "__module__": __name__,  # make_dataclass's own module= needs Python 3.12
     },
     frozen=True,
 )
-for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__", _post_init)):
+for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__", _post_init),
+                      ("feedback", _feedback)):
     _method.__name__, _method.__qualname__ = _name, f"TrainerConfig.{_name}"
 
 

@@ -63,6 +63,7 @@ NONFINITE_POLICIES = ("raise", "skip")
 STATE_TRANSPORTS = ("auto", "spark", "files", "sql")
 AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
 SYNCHRONIZATIONS = ("sync", "stale", "async")
+UPDATE_COMPRESSIONS = ("bf16", "int8")  # sparkdl_avg.shared.delta_sums.COMPRESSIONS (the executors' side)
 
 
 class _Same:
@@ -131,13 +132,15 @@ class OneOf(Constraint):
 
 @dataclass(frozen=True)
 class Bool(Constraint):
-    """``True`` or ``False``."""
+    """``True`` or ``False`` (or ``None`` with ``allow_none``)."""
+
+    allow_none: bool = False
 
     def accepts(self, value: Any) -> bool:
-        return isinstance(value, bool)
+        return isinstance(value, bool) or (self.allow_none and value is None)
 
     def __str__(self) -> str:
-        return "a bool"
+        return "a bool or None" if self.allow_none else "a bool"
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,14 @@ def parse_rate(rate: Any) -> float:
 def parse_optional_rate(rate: Any) -> Optional[float]:
     """:func:`parse_rate`, with ``None`` (the option's default: 1 Gbit/s) kept."""
     return None if rate is None else parse_rate(rate)
+
+
+def on_off(text: str) -> bool:
+    """A flag's ``on``/``off`` (also ``true``/``false``, ``1``/``0``) as a bool."""
+    value = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"expected on or off, got {text!r}")
+    return value
 
 
 def rounds_or_epoch(value: Any) -> Any:
@@ -605,6 +616,35 @@ OPTIONS: Tuple[Option, ...] = (
         check=Parsed(parse_optional_rate, "a link rate"),
         cli=Flag(metavar="RATE"),
         param=SparkParam("networkRate", "toString"),
+    ),
+    Option(
+        "update_compression", None, "Optional[str]",
+        help="send each worker's round delta compressed: 'bf16' (2 bytes a value) or 'int8' (about 1 byte, "
+             "with error feedback)",
+        unset="float32 sums, uncompressed",
+        doc="Send each worker's *delta* from the round's starting state compressed instead of its float32 "
+            "sums (:mod:`sparkdl_avg.shared.delta_sums`); the sums are still added in float32, so only the wire "
+            "changes. ``\"bf16\"``: bfloat16, round to nearest even (0.5× the bytes). ``\"int8\"``: the weights "
+            "in int8 with a float32 scale per 256 values, the optimizer's variables in bf16 (int8 on Adam's "
+            "moments diverged in our measurements), with error feedback. Works with every update rule, "
+            "``synchronization=\"stale\"``, every ``state_transport`` and ``aggregation``, and Spark Connect. "
+            "Default ``None``: float32 sums. Measured in docs/benchmarks.md, \"Compressed updates\".",
+        check=OneOf((None,) + UPDATE_COMPRESSIONS),
+        cli=Flag(choices=UPDATE_COMPRESSIONS),
+        param=SparkParam("updateCompression", "toString"),
+    ),
+    Option(
+        "error_feedback", None, "Optional[bool]",
+        help="with update_compression: keep what the codec drops per worker and add it to its next delta",
+        unset="on for 'int8', off for 'bf16'",
+        doc="With ``update_compression``: each worker keeps what its codec dropped (its residual, in a file "
+            "under the staging directory, so a retried task or a lost executor changes nothing) and adds it "
+            "to its next round's delta, so nothing is lost over rounds (Seide et al. 2014; Karimireddy et al. "
+            "2019). Default ``None``: on for ``\"int8\"``, off for ``\"bf16\"`` (measured equal to float32 "
+            "without it). Not with ``synchronization=\"async\"``, whose chunks have no fixed predecessor.",
+        check=Bool(allow_none=True),
+        cli=Flag(type=on_off, metavar="on|off"),
+        param=SparkParam("errorFeedback", "toBoolean"),
     ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(

@@ -150,6 +150,8 @@ class Checkpointing:
         seed: The run's seed (data order).
         run_settings: What a resumed run must match (see :func:`checkpoint.check_compatible`).
         tracking: The fit's tracking state (``FitInfo.tracking``), saved as it is at each checkpoint.
+        feedback: The fit's residual files under error feedback (a
+            :class:`~sparkdl_avg.driver.feedback.FeedbackLedger`), saved with each checkpoint; ``None``: none.
     """
 
     directory: Optional[str]
@@ -160,6 +162,7 @@ class Checkpointing:
     seed: int
     run_settings: Dict[str, Any]
     tracking: Dict[str, Any] = field(default_factory=dict)
+    feedback: Any = None
 
     def after_round(self, rounds_in_fit: int, epoch: int, rounds_done: int, steps_done: int,
                     epoch_result: Optional[PartialResult]) -> None:
@@ -183,6 +186,7 @@ class Checkpointing:
                 weights=weights,
                 optimizer=opt_vars,
                 rule_state=self.rule_state.state or {},
+                feedback=self.feedback.export() if self.feedback is not None else {},
                 meta=checkpoint.RunMeta(
                     seed=self.seed,
                     run=self.run_settings,

@@ -36,6 +36,7 @@ from ..shared.aggregation import PartialResult
 from ..shared.modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
 from ..shared.staged_dataset import StagedDataset
 from ..shared.stats import RoundRecord, TrainingStats
+from .feedback import FeedbackLedger
 from .rules import UpdateRule
 from .transport import StateTransport
 
@@ -83,6 +84,7 @@ class RoundSettings:
     on_nonfinite: str
     epochs: int
     epoch_steps: int
+    compression: Optional[str] = None
 
 
 @dataclass
@@ -109,10 +111,11 @@ class RoundRunner:
         rule_state: The rule's state, updated in place each round.
         transport: How state and sums move (one per fit).
         stats: Where each round's record goes.
+        feedback: Under ``update_compression`` with error feedback, the fit's residual files.
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
-                 transport: StateTransport, stats: TrainingStats) -> None:
+                 transport: StateTransport, stats: TrainingStats, feedback: Optional[FeedbackLedger] = None) -> None:
         self.engine = engine
         self.model = model
         self.settings = settings
@@ -120,6 +123,7 @@ class RoundRunner:
         self.rule_state = rule_state
         self.transport = transport
         self.stats = stats
+        self.feedback = feedback
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int) -> PartialResult:
         """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``."""
@@ -133,9 +137,12 @@ class RoundRunner:
         result, t1 = self._job(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
             f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})", None,
-            f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps),
+            f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps,
+                                                        workers=range(s.num_workers)),
             range(s.num_workers), f"Round {rnd} of epoch {epoch}",
         )
+        if self.feedback is not None:
+            self.feedback.done(epoch, rnd, range(s.num_workers))
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
@@ -160,9 +167,12 @@ class RoundRunner:
         result, published = self._job(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1}, worker {part} "
             f"(slot {slot}; minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})", group,
-            f"e{epoch}-r{rnd}-w{part}", sent, optimizer, partial(self.task, epoch, rnd, steps_before, steps, slot=slot),
+            f"e{epoch}-r{rnd}-w{part}", sent, optimizer,
+            partial(self.task, epoch, rnd, steps_before, steps, slot=slot, workers=[part]),
             [part], f"Worker {part}'s chunk of round {rnd} of epoch {epoch}",
         )
+        if self.feedback is not None:
+            self.feedback.done(epoch, rnd, [part])
         return result, published, time.time()
 
     def _job(self, label: str, group: Optional[str], name: str, sent, optimizer, make_task, workers: Sequence[int],
@@ -195,6 +205,7 @@ class RoundRunner:
         """Finishes a round's or a chunk's record (the transport and its plan) and keeps it in ``stats``."""
         record.transport = self.transport.name
         record.aggregation, record.shards = self.transport.last_plan or ("", 0)
+        record.compression = self.settings.compression or ""
         self.stats.add(record)
         return record
 
@@ -203,23 +214,35 @@ class RoundRunner:
 
         ``weights``/``opt_vars``: the state the round started from; ``sent``:
         what the workers started from (:meth:`UpdateRule.to_send`); the
-        optimizer's iteration counter advances by ``steps``.
+        optimizer's iteration counter advances by ``steps``. Sums of deltas
+        (``update_compression``) are from ``sent`` and ``opt_vars``.
         """
-        average = [x / result.examples for x in result.weight_sums]  # float64
+        if result.delta_sums:
+            average = [np.asarray(s, np.float64) + x / result.examples for s, x in zip(sent, result.weight_sums)]
+        else:
+            average = [x / result.examples for x in result.weight_sums]  # float64
         new_weights = self.rule.apply(weights, sent, average, self.rule_state.state, mask, learning_rate)
-        new_opt = result.average(result.optimizer_sums, opt_vars) if self.settings.average_optimizer else list(opt_vars)
+        if not self.settings.average_optimizer:
+            new_opt = list(opt_vars)
+        elif result.delta_sums:
+            new_opt = [(np.asarray(v, np.float64) + x / result.examples).astype(np.asarray(v).dtype)
+                       for v, x in zip(opt_vars, result.optimizer_sums)]
+        else:
+            new_opt = result.average(result.optimizer_sums, opt_vars)
         it = iterations_index(self.model)
         new_opt[it] = np.asarray(int(opt_vars[it]) + steps, dtype=opt_vars[it].dtype)
         set_state(self.model, new_weights, new_opt)
 
-    def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None) -> RoundTask:
-        """The :class:`~sparkdl_avg.executor.worker.RoundTask` of round ``rnd`` of ``epoch`` (``slot``: see its doc)."""
+    def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None,
+             workers: Sequence[int] = ()) -> RoundTask:
+        """The :class:`~sparkdl_avg.executor.worker.RoundTask` of round ``rnd`` of ``epoch`` for ``workers`` (``slot``: see its doc)."""
         s = self.settings
         return RoundTask(
             spec=s.spec, fingerprint=s.fingerprint, state=state, results=sink, dataset=s.dataset,
             epoch=epoch, round=rnd, steps_before=steps_before, steps=steps, num_workers=s.num_workers,
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
+            feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:
@@ -299,4 +322,7 @@ def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: Par
         update_rule=rule_name,
         received_bytes=result.received_bytes,
         driver_sum_s=result.driver_sum_s,
+        sent_bytes=sum(w.sent_bytes for w in workers) if all(w.sent_bytes is not None for w in workers) else None,
+        encode_max_s=max(w.encode_s for w in workers),
+        feedback_max_s=max(w.feedback_s for w in workers),
     )

@@ -144,13 +144,16 @@ class StaleUpdater:
         delay = (self.applied - version) / self.n
         scale = (1.0 / max(1.0, delay) if self.aware else 1.0) / self.n
         if result.examples:
+            # w_i - w_read: sums of deltas (update_compression) are that already
             for w, total, s in zip(self.w, result.weight_sums, sent):
                 if _is_float(w):
-                    w += scale * (np.asarray(total, np.float64) / result.examples - s)
+                    mean = np.asarray(total, np.float64) / result.examples
+                    w += scale * (mean if result.delta_sums else mean - s)
             if self.average_optimizer and result.optimizer_sums is not None:
                 for i, (v, total, r) in enumerate(zip(self.opt, result.optimizer_sums, opt_read)):
                     if i != self.it and _is_float(v):
-                        v += scale * (np.asarray(total, np.float64) / result.examples - r)
+                        mean = np.asarray(total, np.float64) / result.examples
+                        v += scale * (mean if result.delta_sums else mean - r)
         else:
             scale = 0.0
         self.applied += 1

@@ -24,7 +24,7 @@ from ..errors import ConfigurationError, DataError, NotFittedError
 from ..shared import interrupt
 from ..shared.aggregation import PartialResult, merge
 from ..shared.example_order import steps_per_epoch
-from ..shared.fs import check_writable
+from ..shared.fs import check_writable, join
 from ..shared.modelspec import (
     ModelSpec,
     architecture_signature,
@@ -39,6 +39,7 @@ from . import resume as resume_mod
 from . import staging
 from . import transport as transport_mod
 from .config import TrainerConfig, check_fit_args, validate_model
+from .feedback import FeedbackLedger, lag_of
 from .options import TRAINER, Ints, constructor, document, of, require, trainer_entries
 from .progress import Progress
 from .rounds import RoundRunner, RoundSettings, RuleState
@@ -101,6 +102,7 @@ class _FitContext:
     progress: Progress
     checkpoints: resume_mod.Checkpointing
     stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
+    feedback: Optional[FeedbackLedger] = None  # update_compression with error feedback: the residual files
     rounds_in_fit: int = 0
     capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
 
@@ -451,6 +453,12 @@ class ParameterAveragingTrainer:
         group = f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
         labels = plan.engine.labels(f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=group)
         transport = self._transport(plan.engine, f"exchange-{self._fits}", plan.num_workers)
+        feedback = None
+        if cfg.feedback:  # beside the transport's files, deleted with the fit
+            feedback = FeedbackLedger(join(self._staging_root, f"exchange-{self._fits}/feedback"), plan.num_workers,
+                                      lag_of(cfg.synchronization, cfg.staleness))
+            if plan.restored is not None:
+                feedback.restore(plan.restored.feedback)
         settings = RoundSettings(
             spec=transport.ship_spec(plan.spec),
             fingerprint=plan.spec.fingerprint,
@@ -463,8 +471,10 @@ class ParameterAveragingTrainer:
             on_nonfinite=cfg.on_nonfinite,
             epochs=plan.epochs,
             epoch_steps=plan.epoch_steps,
+            compression=cfg.update_compression,
         )
-        rounds = RoundRunner(plan.engine, self.model, settings, plan.rule, self._rule_state, transport, self.stats)
+        rounds = RoundRunner(plan.engine, self.model, settings, plan.rule, self._rule_state, transport, self.stats,
+                             feedback)
         return _FitContext(
             rounds=rounds,
             transport=transport,
@@ -478,8 +488,10 @@ class ParameterAveragingTrainer:
             checkpoints=resume_mod.Checkpointing(
                 plan.checkpoint_dir, plan.checkpoint_every, self.model, self._rule_state, plan.schedule, self._seed,
                 plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
+                feedback=feedback,
             ),
             stale=self._stale_runner(rounds, group),
+            feedback=feedback,
         )
 
     def _stale_runner(self, rounds: RoundRunner, group: str) -> Optional[StaleRunner]:
@@ -519,6 +531,8 @@ class ParameterAveragingTrainer:
             raise
         finally:
             ctx.transport.close()
+            if ctx.feedback is not None:
+                ctx.feedback.close()
             for cb in observers:
                 cb.on_fit_end(info, error)
 
@@ -693,15 +707,19 @@ class ParameterAveragingTrainer:
 
     def _transport(self, engine, name: str, num_workers: int):
         """A :class:`~sparkdl_avg.driver.transport.StateTransport` from the options, its files under ``name``."""
+        from ..shared.delta_sums import DeltaLayout
         from ..shared.exchange import FlatLayout
 
         cfg = self.config
         weights, opt = get_state(self.model)
         optimizer_sums = cfg.optimizer_state == "average"  # what the workers' sums hold
-        model_bytes = FlatLayout.of(weights, opt if optimizer_sums else None).nbytes
+        layout = FlatLayout.of(weights, opt if optimizer_sums else None)
+        if cfg.update_compression:  # what a worker sends is then its compressed delta
+            layout = DeltaLayout(layout, cfg.update_compression, cfg.feedback)
         return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
-                                    cfg.aggregation, cfg.aggregation_shards, num_workers, model_bytes,
-                                    cfg.network_rate, optimizer_sums=optimizer_sums)
+                                    cfg.aggregation, cfg.aggregation_shards, num_workers, layout.nbytes,
+                                    cfg.network_rate, optimizer_sums=optimizer_sums,
+                                    compression=cfg.update_compression, feedback=cfg.feedback)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

@@ -40,6 +40,7 @@ from ..errors import ConfigurationError, PathError, WorkerError
 from ..executor import worker as worker_mod
 from ..shared import exchange
 from ..shared.aggregation import PartialResult, merge
+from ..shared.delta_sums import DeltaLayout, sum_deltas
 from ..shared.fs import join, make_dir, remove_tree
 from ..shared.remote_errors import run_job
 from .options import parse_rate
@@ -60,10 +61,19 @@ class StateTransport:
     name = ""
     last_plan: Optional[Tuple[str, int]] = None
 
-    def __init__(self, engine, depth: int = 2) -> None:
+    def __init__(self, engine, depth: int = 2, optimizer_sums: bool = True, compression: Optional[str] = None,
+                 feedback: bool = False) -> None:
         self.engine = engine
         self.depth = depth  # of the classic evaluation's (and SparkTransport's) treeAggregate
+        self.optimizer_sums = optimizer_sums  # whether the workers return optimizer sums (optimizer_state)
+        self.compression = compression  # update_compression: workers send compressed deltas
+        self.feedback = feedback
         self._spec_bc = None
+
+    def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
+        """The layout of the workers' sums of a round on this state: a ``FlatLayout``, or a ``DeltaLayout`` when compressed."""
+        flat = exchange.FlatLayout.of(weights, optimizer if self.optimizer_sums else None)
+        return DeltaLayout(flat, self.compression, self.feedback) if self.compression else flat
 
     def ship_spec(self, spec):
         """The handle tasks carry to build the model's replica: a broadcast (classic) or a stored file."""
@@ -134,7 +144,8 @@ class Published:
         state: The state source the tasks load (:mod:`sparkdl_avg.shared.exchange`).
         release: Deletes the broadcast or the files.
         directory: The job's directory under the exchange directory (file-based transports).
-        layout: The sums' :class:`~sparkdl_avg.shared.exchange.FlatLayout` (sql).
+        layout: The sums' :class:`~sparkdl_avg.shared.exchange.FlatLayout`, or under
+            ``update_compression`` their :class:`~sparkdl_avg.shared.delta_sums.DeltaLayout`.
     """
 
     state: Any
@@ -154,12 +165,20 @@ class SparkTransport(StateTransport):
 
     def publish(self, name, weights, optimizer):
         broadcast = self.engine.broadcast((weights, optimizer))
-        return Published(exchange.BroadcastState(broadcast), broadcast.unpersist)
+        return Published(exchange.BroadcastState(broadcast), broadcast.unpersist, layout=self.layout(weights, optimizer))
 
     def run(self, make_task, entry, workers, what, published):
-        task = make_task(published.state, exchange.ReturnSums())  # sums as task results
+        layout = published.layout
+        # sums (or compressed deltas) as task results
+        task = make_task(published.state, exchange.ReturnSums(layout if layout.compressed else None))
         results = _rdd_job(self.engine, task, entry, workers)
-        return run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), what)
+        total = run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), what)
+        if layout.compressed:  # the tree kept every worker's delta; summed here, in worker order
+            t0, c0 = time.perf_counter(), time.process_time()
+            total.received_bytes = sum(len(data) for _, data in total.deltas or [])
+            sum_deltas(layout, total)
+            total.driver_sum_s, total.driver_sum_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        return total
 
 
 class FileTransport(StateTransport):
@@ -173,35 +192,47 @@ class FileTransport(StateTransport):
 
     name = "files"
 
-    def __init__(self, engine, directory: str, depth: int = 2) -> None:
-        super().__init__(engine, depth)
+    def __init__(self, engine, directory: str, depth: int = 2, **options) -> None:
+        super().__init__(engine, depth, **options)
         self.directory = directory
 
     def publish(self, name, weights, optimizer):
         directory = join(self.directory, name)
         state = exchange.store_state(directory, "state", weights, optimizer)
-        return Published(state, partial(_remove_quietly, directory), directory)
+        return Published(state, partial(_remove_quietly, directory), directory, self.layout(weights, optimizer))
 
     def sink(self, published: "Published") -> exchange.StoreSums:
         """Where the workers of the job on ``published`` deliver: files of their own beside its state."""
-        return exchange.StoreSums(published.directory)
+        layout = published.layout
+        return exchange.StoreSums(published.directory, layout if layout.compressed else None)
 
     def run(self, make_task, entry, workers, what, published):
         results = _rdd_job(self.engine, make_task(published.state, self.sink(published)), entry, workers)
-        return self.add_delivered(run_job(results.collect, what), what, published.directory)
+        return self.add_delivered(run_job(results.collect, what), what, published.directory, published.layout)
 
-    def add_delivered(self, delivered: List[exchange.StoredResult], what: str, directory: str) -> PartialResult:
-        """The sum of what the workers' :class:`~sparkdl_avg.shared.exchange.StoreSums` delivered; deletes their files."""
+    def add_delivered(self, delivered: List[exchange.StoredResult], what: str, directory: str,
+                      layout=None) -> PartialResult:
+        """The sum of what the workers' :class:`~sparkdl_avg.shared.exchange.StoreSums` delivered; deletes their files.
+
+        ``layout``: the round's, when its workers sent compressed deltas (a ``DeltaLayout``).
+        """
         t0, c0 = time.perf_counter(), time.process_time()
         total = functools.reduce(merge, [d.result for d in delivered], None)
+        stored = [d.sums for d in delivered if d.sums is not None]
+        if layout is not None and layout.compressed:
+            try:
+                total.deltas = [(d.result.workers[0].worker, _read_and_remove(d.sums)) for d in delivered
+                                if d.sums is not None]
+            except (OSError, PathError) as exc:
+                raise _unreadable(what, directory, exc, "state_transport='files'", "state_transport='sql'") from exc
+            total.received_bytes = sum(len(data) for _, data in total.deltas)
+            sum_deltas(layout, total)
+            total.driver_sum_s, total.driver_sum_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            return total
         try:
-            weight_sums, optimizer_sums = _add_stored([d.sums for d in delivered if d.sums is not None])
+            weight_sums, optimizer_sums = _add_stored(stored)
         except (OSError, PathError) as exc:  # PathError: the staging URI cannot be opened from here
-            raise WorkerError(
-                f"Could not read the workers' results of {what[0].lower()}{what[1:]} under {directory!r}: {exc}. "
-                "With state_transport='files' the driver must read what executors write under staging_dir; use a "
-                "filesystem both see, or state_transport='sql'."
-            ) from exc
+            raise _unreadable(what, directory, exc, "state_transport='files'", "state_transport='sql'") from exc
         total.weight_sums, total.optimizer_sums = weight_sums, optimizer_sums
         total.received_bytes = sum(_nbytes(d.sums) for d in delivered if d.sums is not None)
         total.driver_sum_s, total.driver_sum_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -259,11 +290,9 @@ class SqlTransport(StateTransport):
     name = "sql"
 
     def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None,
-                 one_host_files: bool = False, network_rate: Optional[float] = None,
-                 optimizer_sums: bool = True) -> None:
-        super().__init__(engine)
+                 one_host_files: bool = False, network_rate: Optional[float] = None, **options) -> None:
+        super().__init__(engine, **options)
         self.directory = directory
-        self.optimizer_sums = optimizer_sums
         self.aggregation = aggregation
         self.shards = shards
         self.one_host_files = one_host_files
@@ -279,10 +308,8 @@ class SqlTransport(StateTransport):
 
     def publish(self, name, weights, optimizer):
         directory = join(self.directory, name)
-        # The sums' layout: with optimizer_state="reset" workers return no optimizer sums.
-        layout = exchange.FlatLayout.of(weights, optimizer if self.optimizer_sums else None)
         state = exchange.store_state(directory, "state", weights, optimizer)
-        return Published(state, partial(_remove_quietly, directory), directory, layout)
+        return Published(state, partial(_remove_quietly, directory), directory, self.layout(weights, optimizer))
 
     def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
@@ -319,20 +346,22 @@ class SqlTransport(StateTransport):
         results, pieces = _read_rows(table)
         received = table.nbytes
         if how == "files":  # the workers' files, read here in worker order (one host: the page cache)
-            n32, n64 = layout.sizes
             acc = None
             try:
-                for _, (uri, (off32, off64)) in sorted(pieces.items()):
+                for _, (uri, offsets) in sorted(pieces.items()):
+                    if layout.compressed:  # one byte array: the worker's whole delta
+                        data = exchange.read_range(uri, offsets[0], offsets[-1] - offsets[0])
+                        acc = layout.add(acc, data, 0, 1)
+                        received += len(data)
+                        continue
+                    n32, n64 = layout.sizes
+                    off32, off64 = offsets
                     stored = exchange.StoredArrays(uri, ((np.dtype(np.float32), (n32,), off32),
                                                          (np.dtype(np.float64), (n64,), off64)))
                     acc = exchange.add_slices(acc, tuple(exchange.load(stored)))
                     received += layout.nbytes
             except (OSError, PathError) as exc:
-                raise WorkerError(
-                    f"Could not read the workers' results of {what[0].lower()}{what[1:]} under "
-                    f"{published.directory!r}: {exc}. With aggregation='files' the driver must read what executors "
-                    "write under staging_dir; use a filesystem both see, or aggregation='storage'."
-                ) from exc
+                raise _unreadable(what, published.directory, exc, "aggregation='files'", "aggregation='storage'") from exc
             pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
         total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
@@ -358,6 +387,23 @@ class SqlTransport(StateTransport):
         _remove_quietly(self.directory)
 
 
+def _unreadable(what: str, directory: str, exc: BaseException, option: str, other: str) -> WorkerError:
+    """The error of a driver that cannot read the workers' result files under ``directory``."""
+    return WorkerError(
+        f"Could not read the workers' results of {what[0].lower()}{what[1:]} under {directory!r}: {exc}. "
+        f"With {option} the driver must read what executors write under staging_dir; use a "
+        f"filesystem both see, or {other}."
+    )
+
+
+def _read_and_remove(stored: exchange.StoredArrays) -> bytes:
+    """The bytes of a worker's compressed delta file (:class:`~sparkdl_avg.shared.exchange.StoreSums`); deletes it."""
+    try:
+        return exchange.load(stored)[0].tobytes()
+    finally:
+        exchange.remove(stored)
+
+
 def _read_rows(table):
     """``(worker results by worker id, pieces)`` of a round's Arrow rows.
 
@@ -381,7 +427,22 @@ def _read_rows(table):
 def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:
     """The round's :class:`PartialResult`: the workers' results merged in worker order, and the sums."""
     total = functools.reduce(merge, [results[w] for w in sorted(results)], None)
+    if layout.compressed:
+        total.delta_sums = True
     if not pieces:
+        return total
+    if layout.compressed:
+        if how == "files":
+            sums = [pieces[(0, -1)]]
+        elif how == "driver":
+            acc = None
+            for (_, _), data in sorted(pieces.items(), key=lambda item: item[0][1]):  # worker order
+                acc = layout.add(acc, data, 0, 1)
+            sums = [acc]
+        else:
+            by_shard = {shard: data for (shard, _), data in pieces.items()}
+            sums = [layout.parse_summed(by_shard[j], j, shards) for j in range(shards)]
+        total.weight_sums, total.optimizer_sums = layout.delta_sums(sums)
         return total
     if how == "files":
         total.weight_sums, total.optimizer_sums = layout.unflatten(*pieces[(0, -1)])
@@ -540,7 +601,8 @@ def _remove_quietly(uri: str) -> None:
 
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
            shards: Optional[int] = None, num_workers: Optional[int] = None, model_bytes: Optional[int] = None,
-           network_rate: Any = None, optimizer_sums: bool = True) -> StateTransport:
+           network_rate: Any = None, optimizer_sums: bool = True, compression: Optional[str] = None,
+           feedback: bool = False) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
@@ -562,6 +624,7 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
         ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect; a bad ``network_rate``.
     """
     directory = join(staging_root, fit_name)
+    options = dict(optimizer_sums=optimizer_sums, compression=compression, feedback=feedback)
     # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
     local_fs = "://" not in staging_root or staging_root.startswith("file://")
     one_host = engine.one_host
@@ -573,18 +636,18 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
                 f"broadcasts or RDDs). Got {mode!r} instead."
             )
         return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host,
-                            network_rate=rate, optimizer_sums=optimizer_sums)
+                            network_rate=rate, **options)
     if mode == "spark":
-        return SparkTransport(engine, depth)
+        return SparkTransport(engine, depth, **options)
     if mode == "sql":
-        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate, optimizer_sums=optimizer_sums)
+        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate, **options)
     if mode == "auto" and not (local_fs and one_host):
         if num_workers is not None and model_bytes is not None:
             tree = (driver_bound_pays(num_workers, model_bytes, rate) if rate is not None
                     else num_workers * model_bytes <= SPARK_TREE_BYTES)
             if tree:
-                return SparkTransport(engine, depth)
-        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate, optimizer_sums=optimizer_sums)
+                return SparkTransport(engine, depth, **options)
+        return SqlTransport(engine, directory, aggregation, shards, network_rate=rate, **options)
     if local_fs and not one_host:
         logger.warning(
             "state_transport='files' with the local staging directory %s while the master is %s: "
@@ -592,4 +655,4 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
             staging_root,
             engine.master,
         )
-    return FileTransport(engine, directory, depth)
+    return FileTransport(engine, directory, depth, **options)

@@ -33,6 +33,7 @@ from ..errors import WorkerError
 from ..shared import quiet, remote_errors
 from ..shared.aggregation import PartialResult, weighted
 from ..shared.custom_objects import import_custom_modules
+from ..shared.delta_sums import pack_result
 from ..shared.devices import configure_task_devices
 from ..shared.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.modelspec import ModelSpec, get_state, set_state
@@ -216,6 +217,10 @@ class RoundTask:
             (:mod:`sparkdl_avg.driver.stale_async`), the driver's worker that runs this
             chunk (its data is worker ``i``'s of round ``round``); ``None``
             in synchronous rounds, where the two are the same.
+        feedback: Under ``update_compression`` with error feedback, where the
+            workers read and write their residuals
+            (:class:`~sparkdl_avg.shared.delta_sums.FeedbackFiles`); the sink's
+            ``deltas`` says whether the round is compressed at all.
     """
 
     spec: Any
@@ -234,6 +239,7 @@ class RoundTask:
     average_optimizer: bool
     skip_nonfinite: bool = False
     slot: Any = None
+    feedback: Any = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -316,12 +322,26 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         traced=traced,
         trace_s=trace_s,
     )
+    deltas = getattr(task.results, "deltas", None)
+    if deltas is not None:  # update_compression: the delta from what was sent, encoded (and the residual kept)
+        avg = task.average_optimizer
+        packed, times = pack_result(deltas, task.feedback, worker, n, new_weights, new_opt if avg else None,
+                                    weights, opt_vars if avg else None, finite)
+        record.encode_s, record.feedback_s = times["encode_s"], times["feedback_s"]
+        record.sent_bytes = deltas.nbytes if packed is not None else 0
+        record.end = time.time()
+        if packed is None:
+            return PartialResult(examples=0 if task.skip_nonfinite else n, metric_sums=sums, workers=[record])
+        return PartialResult(examples=n, metric_sums=sums, workers=[record], deltas=[(worker, packed)])
     if not finite and task.skip_nonfinite:
         return PartialResult(examples=0, workers=[record])
+    weight_sums = weighted(new_weights, n)
+    optimizer_sums = weighted(new_opt, n) if task.average_optimizer else None
+    record.sent_bytes = sum(int(a.nbytes) for a in weight_sums + (optimizer_sums or []))
     return PartialResult(
         examples=n,
-        weight_sums=weighted(new_weights, n),
-        optimizer_sums=weighted(new_opt, n) if task.average_optimizer else None,
+        weight_sums=weight_sums,
+        optimizer_sums=optimizer_sums,
         metric_sums=sums,
         workers=[record],
     )

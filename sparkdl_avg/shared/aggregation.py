@@ -14,7 +14,7 @@ sums, which the identity tests rely on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,6 +38,13 @@ class PartialResult:
             (set by the transport that gathered it; ``None``: not known).
         driver_sum_s: The driver's seconds decoding and adding them.
         driver_sum_cpu_s: The CPU seconds of the driver's Python process in that time.
+        deltas: Under ``update_compression``, the workers' compressed deltas not yet
+            summed, ``(worker, delta)`` (a :class:`~sparkdl_avg.shared.delta_sums.Packed`
+            from the worker, its bytes once its sink delivered it); ``merge`` keeps
+            them all, so every path sums them in worker order
+            (:func:`~sparkdl_avg.shared.delta_sums.DeltaLayout.add`).
+        delta_sums: ``weight_sums``/``optimizer_sums`` hold ``Σ n_i · (s_i − sent)``,
+            the deltas from the state the round sent, not ``Σ n_i · s_i``.
     """
 
     examples: int
@@ -48,6 +55,8 @@ class PartialResult:
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
     driver_sum_cpu_s: float = 0.0
+    deltas: Optional[List[Tuple[int, Any]]] = None
+    delta_sums: bool = False
 
     def average(self, arrays: List[np.ndarray], like: List[np.ndarray]) -> List[np.ndarray]:
         """Divides sums by :attr:`examples`, cast to the dtypes of ``like``."""
@@ -83,6 +92,8 @@ def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[Pa
         optimizer_sums=_add(a.optimizer_sums, b.optimizer_sums),
         metric_sums=metric_sums,
         workers=a.workers + b.workers,
+        deltas=None if a.deltas is None and b.deltas is None else (a.deltas or []) + (b.deltas or []),
+        delta_sums=a.delta_sums or b.delta_sums,
     )
 
 

@@ -185,11 +185,28 @@ class BroadcastState:
 # ------------------------------------------------------------- result sinks
 
 
+def _delta_of(result):
+    """The one worker's compressed delta a result carries (``None``: it sends none)."""
+    return result.deltas[0][1] if result.deltas else None
+
+
 @dataclass(frozen=True)
 class ReturnSums:
-    """Workers return their sums as Spark task results."""
+    """Workers return their sums as Spark task results.
+
+    Attributes:
+        deltas: Under ``update_compression`` the round's
+            :class:`~sparkdl_avg.shared.delta_sums.DeltaLayout`: workers send
+            compressed deltas in its format (``None``: float32 sums).
+    """
+
+    deltas: Any = None
 
     def deliver(self, result, name: str):
+        packed = _delta_of(result)
+        if packed is not None:
+            worker = result.workers[0].worker
+            return dataclasses.replace(result, deltas=[(worker, self.deltas.shard_bytes(packed, 0, 1))])
         return result
 
 
@@ -198,16 +215,25 @@ class StoredResult:
     """A worker's result without its array sums, and the file holding them (``None``: it had no examples)."""
 
     result: Any
-    sums: Optional[StoredState]
+    sums: Any  # a StoredState; a StoredArrays of one byte array (a compressed delta); None
 
 
 @dataclass(frozen=True)
 class StoreSums:
-    """Workers write their weight and optimizer sums to a file of their own under ``directory``."""
+    """Workers write their weight and optimizer sums to a file of their own under ``directory``.
+
+    ``deltas``: as :class:`ReturnSums`'; the file then holds the worker's
+    compressed delta as one byte array.
+    """
 
     directory: str
+    deltas: Any = None
 
     def deliver(self, result, name: str) -> StoredResult:
+        packed = _delta_of(result)
+        if packed is not None:
+            data = np.frombuffer(self.deltas.shard_bytes(packed, 0, 1), np.uint8)
+            return StoredResult(dataclasses.replace(result, deltas=None), store(self.directory, name, [data]))
         if result.weight_sums is None:
             return StoredResult(result, None)
         stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums)
@@ -270,6 +296,8 @@ class FlatLayout:
     entries: Tuple[Tuple[bool, Tuple[int, ...]], ...]
     num_weights: int
     optimizer: bool
+
+    compressed = False  # a DeltaLayout (update_compression) says True
 
     @classmethod
     def of(cls, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> "FlatLayout":
@@ -395,20 +423,28 @@ def read_range(uri: str, offset: int, nbytes: int) -> bytes:
 class ArrowSums:
     """Workers yield their sums as Arrow rows, cut into ``shards`` shards (:data:`ROUND_SCHEMA`)."""
 
-    layout: FlatLayout
+    layout: Any  # a FlatLayout, or a DeltaLayout under update_compression
     shards: int = 1
+
+    @property
+    def deltas(self):
+        """The round's ``DeltaLayout`` when workers send compressed deltas (``None``: float32 sums)."""
+        return self.layout if self.layout.compressed else None
 
     def deliver(self, result, name: str):
         import pyarrow as pa
 
         rows = {"shard": [-1], "worker": [result.workers[0].worker], "meta": [encode_meta(result)],
                 "data": [None], "uri": [None], "offsets": [None]}
-        if result.weight_sums is not None:
-            f32, f64 = self.layout.flatten(result.weight_sums, result.optimizer_sums)
+        packed = _delta_of(result)
+        if packed is not None or result.weight_sums is not None:
+            if packed is None:
+                f32, f64 = self.layout.flatten(result.weight_sums, result.optimizer_sums)
             for j in range(self.shards):
+                data = (self.layout.shard_bytes(packed, j, self.shards) if packed is not None
+                        else self.layout.shard_bytes(f32, f64, j, self.shards))
                 for key, value in (("shard", j), ("worker", result.workers[0].worker), ("meta", None),
-                                   ("data", self.layout.shard_bytes(f32, f64, j, self.shards)), ("uri", None),
-                                   ("offsets", None)):
+                                   ("data", data), ("uri", None), ("offsets", None)):
                     rows[key].append(value)
         return pa.RecordBatch.from_pydict(rows, schema=round_arrow_schema())
 
@@ -423,8 +459,10 @@ class StoreFlat:
     """
 
     directory: str
-    layout: FlatLayout
+    layout: Any  # a FlatLayout, or a DeltaLayout under update_compression
     shards: int = 1
+
+    deltas = ArrowSums.deltas
 
     def deliver(self, result, name: str):
         import pyarrow as pa
@@ -432,9 +470,15 @@ class StoreFlat:
         worker = result.workers[0].worker
         rows = {"shard": [-1], "worker": [worker], "meta": [encode_meta(result)], "data": [None], "uri": [None],
                 "offsets": [None]}
-        if result.weight_sums is not None:
+        packed = _delta_of(result)
+        if packed is not None:  # one byte array of the shards back to back; offsets: where each starts, and the end
+            data, starts = self.layout.file_bytes(packed, self.shards)
+            stored = store(self.directory, name, [np.frombuffer(data, np.uint8)])
+            offsets = [stored.layout[0][2] + start for start in starts]
+        elif result.weight_sums is not None:
             stored = store(self.directory, name, list(self.layout.flatten(result.weight_sums, result.optimizer_sums)))
             offsets = [offset for _, _, offset in stored.layout]
+        if packed is not None or result.weight_sums is not None:
             for j in range(self.shards):
                 for key, value in (("shard", j), ("worker", worker), ("meta", None), ("data", None),
                                    ("uri", stored.uri), ("offsets", offsets)):
@@ -450,12 +494,14 @@ def round_arrow_schema():
                       ("uri", pa.string()), ("offsets", pa.list_(pa.int64()))])
 
 
-def _summed_row(shard: int, acc, layout: FlatLayout, shards: int) -> dict:
-    n32, n64 = layout.sizes
-    (a, b), (c, d) = layout.bounds(shard, shards)
-    f32, f64 = acc if acc is not None else (np.zeros(b - a, np.float32), np.zeros(d - c, np.float64))
-    return {"shard": shard, "worker": -1, "meta": None, "data": f32.tobytes() + f64.tobytes(), "uri": None,
-            "offsets": None}
+def _summed_row(shard: int, acc, layout, shards: int) -> dict:
+    if layout.compressed:
+        data = layout.summed_bytes(acc if acc is not None else layout.empty(shard, shards))
+    else:
+        (a, b), (c, d) = layout.bounds(shard, shards)
+        f32, f64 = acc if acc is not None else (np.zeros(b - a, np.float32), np.zeros(d - c, np.float64))
+        data = f32.tobytes() + f64.tobytes()
+    return {"shard": shard, "worker": -1, "meta": None, "data": data, "uri": None, "offsets": None}
 
 
 def _batch(rows: List[dict]):
@@ -487,12 +533,23 @@ def reduce_shuffled(layout: FlatLayout, shards: int, batches):
         for shard, rows in sorted(pieces.items()):
             acc = None
             for row in sorted(rows, key=lambda r: r["worker"]):
-                acc = add_slices(acc, _slice_of(row, layout, shard, shards))
+                if layout.compressed:
+                    acc = layout.add(acc, _delta_shard(row, shard), shard, shards)
+                else:
+                    acc = add_slices(acc, _slice_of(row, layout, shard, shards))
             out.append(_summed_row(shard, acc, layout, shards))
     except Exception as exc:
         raise remote_errors.failure(WorkerError, f"Summing the round's shard(s) {sorted(pieces)} failed: "
                              f"{type(exc).__name__}: {remote_errors.one_line(str(exc))}") from exc
     yield _batch(passed + out)
+
+
+def _delta_shard(row: dict, shard: int):
+    """A worker's compressed shard ``shard`` that a reducer's row holds or names (:class:`StoreFlat`'s offsets)."""
+    if row["data"] is not None:
+        return row["data"]
+    start, stop = row["offsets"][shard], row["offsets"][shard + 1]
+    return read_range(row["uri"], start, stop - start)
 
 
 def _slice_of(row: dict, layout: FlatLayout, shard: int, shards: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -77,6 +77,10 @@ class WorkerRecord(_ReadsLikeADict):
             before the task started; reported by the worker's first task only,
             and 0 for a worker forked from :mod:`sparkdl_avg.daemon` (which
             imported it once, before forking).
+        sent_bytes: Bytes of sums (or, under ``update_compression``, of its
+            compressed delta) it sent; 0 when it sent none; ``None`` in evaluation.
+        encode_s: Under ``update_compression``, its seconds computing and encoding its delta.
+        feedback_s: Under error feedback, its seconds reading and writing its residual file.
 
     A round where a worker built its replica or traced is not steady state:
     :func:`sparkdl_avg.driver.costmodel.steady_costs` leaves it out.
@@ -99,6 +103,9 @@ class WorkerRecord(_ReadsLikeADict):
     traced: bool = False
     trace_s: float = 0.0
     import_s: float = 0.0
+    sent_bytes: Optional[int] = None
+    encode_s: float = 0.0
+    feedback_s: float = 0.0
 
 
 @dataclass
@@ -120,6 +127,10 @@ class RoundRecord(_ReadsLikeADict):
     Python process spent on that and on the update: its own work per
     round, without the time it waits for a core, though memory-bound work
     still costs more CPU time when other processes share the cores).
+    What the workers sent: ``compression`` (``update_compression``, ``""``:
+    none), ``sent_bytes`` (the bytes of sums or compressed deltas all its
+    workers sent), ``encode_max_s`` and ``feedback_max_s`` (the slowest
+    worker's encoding and residual-file seconds).
 
     Under ``synchronization="stale"`` or ``"async"`` (:mod:`sparkdl_avg.driver.stale_async`)
     each record is one worker's *chunk*: ``num_workers`` is 1, ``round`` the
@@ -165,6 +176,10 @@ class RoundRecord(_ReadsLikeADict):
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
     driver_cpu_s: float = 0.0
+    compression: str = ""
+    sent_bytes: Optional[int] = None
+    encode_max_s: float = 0.0
+    feedback_max_s: float = 0.0
     chunk: Optional[int] = None
     slot: Optional[int] = None
     staleness: Optional[int] = None

@@ -1,0 +1,122 @@
+"""Error feedback's residuals over one fit, on the driver: which files each round reads and writes, and how long they live.
+
+Under ``update_compression`` with error feedback every worker keeps what its
+codec dropped (its residual) in a file under the fit's staging directory
+(:class:`~sparkdl_avg.shared.delta_sums.FeedbackFiles`, the executors'
+half). :class:`FeedbackLedger` numbers the fit's rounds in the order they
+start (``g``) and tells each round's task which round's residuals to add:
+round ``g`` reads ``g - lag``'s and writes its own. ``lag`` is 1 in
+synchronous training; with ``synchronization="stale"`` and staleness ``s`` it
+is ``s + 1``, the newest round whose every chunk has surely returned when a
+chunk of round ``g`` starts (the bound), so the choice never depends on
+timing and ``reproducible=True`` stays bitwise reproducible: ``s + 1``
+interleaved chains per worker, each losing nothing over rounds.
+
+A round's files are deleted once the round that reads them is complete; a
+checkpoint carries the newest ``lag`` complete rounds' files
+(:meth:`FeedbackLedger.export`), which a resumed fit writes back
+(:meth:`FeedbackLedger.restore`) to continue exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Dict, Iterable, Optional, Set, Tuple
+
+import pyarrow.fs as pafs
+
+from ..shared.delta_sums import FeedbackFiles
+from ..shared.fs import join, read_bytes, remove_tree, resolve, write_atomically
+
+logger = logging.getLogger("sparkdl_avg")
+
+
+class FeedbackLedger:
+    """The residual files of one fit's rounds (thread-safe: stale chunks start and end on several threads).
+
+    Args:
+        directory: Where the residual files live (under the fit's staging directory).
+        num_workers: Workers per round (``N``): a round is complete once all wrote their residual.
+        lag: Rounds between a residual's writer and its reader (see the module docstring).
+    """
+
+    def __init__(self, directory: str, num_workers: int, lag: int) -> None:
+        self.directory, self.num_workers, self.lag = directory, num_workers, lag
+        self._seq: Dict[Tuple[int, int], int] = {}  # (epoch, round) -> g
+        self._next = 0
+        self._written: Dict[int, Set[int]] = {}  # g -> workers whose residual file exists
+        self._lock = threading.Lock()
+
+    def files(self, epoch: int, rnd: int, workers: Iterable[int]) -> FeedbackFiles:
+        """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write."""
+        with self._lock:
+            g = self._seq.get((epoch, rnd))
+            if g is None:
+                g = self._seq[(epoch, rnd)] = self._next
+                self._next += 1
+            have = self._written.get(g - self.lag, set())
+            fresh = frozenset(w for w in workers if w not in have)
+            return FeedbackFiles(self.directory, _name(g - self.lag) if have else None, _name(g), fresh)
+
+    def done(self, epoch: int, rnd: int, workers: Iterable[int]) -> None:
+        """Records that ``workers`` of round ``rnd`` of ``epoch`` wrote their residuals (their tasks succeeded)."""
+        with self._lock:
+            g = self._seq[(epoch, rnd)]
+            written = self._written.setdefault(g, set())
+            written.update(workers)
+            complete = len(written) == self.num_workers
+            old = g - self.lag
+            stale = complete and old in self._written
+            if stale:
+                del self._written[old]
+        if stale:  # round g read them and is complete: no task reads them again, a retry included
+            for worker in range(self.num_workers):
+                _remove(join(self.directory, f"{_name(old)}-w{worker}.bin"))
+
+    def export(self) -> Dict[str, bytes]:
+        """The newest ``lag`` complete rounds' residual files, ``"<lag>/<worker>" -> bytes`` (a checkpoint's)."""
+        with self._lock:
+            complete = sorted(g for g, w in self._written.items() if len(w) == self.num_workers)[-self.lag:]
+        out = {}
+        for back, g in enumerate(reversed(complete), start=1):
+            for worker in range(self.num_workers):
+                out[f"{back}/{worker}"] = read_bytes(join(self.directory, f"{_name(g)}-w{worker}.bin"))
+        return out
+
+    def restore(self, files: Dict[str, bytes]) -> None:
+        """Writes a checkpoint's residual files (:meth:`export`) back as the rounds before this fit's first."""
+        with self._lock:
+            self._next = self.lag
+            for key, data in files.items():
+                back, worker = (int(part) for part in key.split("/"))
+                if back > self.lag or worker >= self.num_workers:
+                    continue  # of a fit with another staleness; its chains start afresh
+                g = self.lag - back
+                write_atomically(join(self.directory, f"{_name(g)}-w{worker}.bin"), data)
+                self._written.setdefault(g, set()).add(worker)
+
+    def close(self) -> None:
+        """Deletes every residual file of the fit; a failure is logged (it must not hide the fit's own error)."""
+        try:
+            remove_tree(self.directory)
+        except OSError as exc:
+            logger.warning("Could not delete %s: %s", self.directory, exc)
+
+
+def _name(g: int) -> str:
+    return f"g{g}"
+
+
+def _remove(uri: str) -> None:
+    fs, path = resolve(uri)
+    try:
+        fs.delete_file(path)
+    except (FileNotFoundError, OSError) as exc:
+        if not isinstance(exc, FileNotFoundError) and isinstance(fs, pafs.LocalFileSystem):
+            logger.warning("Could not delete %s: %s", uri, exc)
+
+
+def lag_of(synchronization: str, staleness: Optional[int]) -> int:
+    """Rounds between a residual's writer and its reader: 1 in sync, ``staleness + 1`` in stale."""
+    return 1 if synchronization == "sync" else int(staleness) + 1

@@ -1,0 +1,336 @@
+"""Compressed round sums (``update_compression``): a worker's delta on the wire, its shards' sums, its residual.
+
+Under ``update_compression`` a worker does not send ``n · w`` (its weights,
+optimizer variables, example-weighted) but its **delta** from the state the
+round sent it, in a codec of :mod:`sparkdl_avg.shared.compression`, with its
+example count ``n``; whoever sums (the driver, or reducer ``j`` of a sharded
+round) adds ``n · decode(delta)`` in float32, in worker order, and the driver
+sets ``start + Σ/Σn``. This module owns that format, its sum and the
+residual files of error feedback; the transports move its bytes
+(:mod:`sparkdl_avg.shared.exchange`, :mod:`sparkdl_avg.driver.transport`).
+
+**Segments.** A worker's state flattens as in
+:class:`~sparkdl_avg.shared.exchange.FlatLayout` (float32 values back to back,
+the rest in float64), cut into three segments: ``"w"``, the float32 weights;
+``"o"``, the float32 optimizer variables; ``"x"``, everything else (float64
+weights, counters), sent as raw float64 ``n · delta`` (a few values in
+practice). ``"int8"`` sends the weights in int8 and the optimizer variables in
+bf16: int8 on Adam's moments lost 0.025-0.031 accuracy and diverged with
+error feedback in the pre-study (docs/benchmarks.md, "Compressed updates").
+
+**Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of
+each segment, cut at whole int8 blocks, so a reducer decodes its shard alone
+and summing shard by shard gives exactly the elements of a whole sum.
+A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
+(float64), the int8 segments' scales (float32), then the payloads (bf16's
+uint16, then int8's). A summed shard is the segments' float64 and float32
+sums back to back. Every path (Spark's tree, the driver, the shuffle, the
+storage reducers, the files) adds with :meth:`DeltaLayout.add` in worker
+order, so all give bitwise the same sums.
+
+**Error feedback.** A worker adds its residual to its delta before encoding
+and keeps what the codec dropped (:func:`~sparkdl_avg.shared.compression.with_feedback`)
+in a file under the fit's staging directory, named by the round's place in
+the fit and the worker (:class:`FeedbackFiles`): the next round's task for that
+worker, on whatever executor, reads it; a retried task reads the same file
+and rewrites identical bytes, and a lost executor loses nothing (Spark reruns
+its task, which reads the same file). The residual is stored in its
+segment's codec (1 or 2 bytes a value, not 4): what that drops is the
+residual's own rounding, 1/254 of the residual for int8, which is already
+about 1/254 of the delta.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .compression import BLOCK, Encoded, decode, encode, with_feedback
+
+#: ``update_compression`` values (``None``: float32 sums, as without this module).
+COMPRESSIONS = ("bf16", "int8")
+
+#: Codec of the float32 weights and of the float32 optimizer variables, per ``update_compression``.
+SEGMENT_CODECS = {"bf16": ("bf16", "bf16"), "int8": ("int8", "bf16")}
+
+_HEADER = 8  # int64 n
+
+
+def _bounds(size: int, codec: str, shard: int, shards: int) -> Tuple[int, int]:
+    """``[lo, hi)`` of shard ``shard`` of a segment of ``size`` values (int8: at whole blocks)."""
+    unit = BLOCK if codec == "int8" else 1
+    units = -(-size // unit)
+    return min(size, units * shard // shards * unit), min(size, units * (shard + 1) // shards * unit)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One worker's compressed delta: its examples, the raw ``"x"`` segment (``n · delta``) and the encoded ones."""
+
+    examples: int
+    x: np.ndarray
+    encoded: Tuple[Encoded, ...]
+
+
+@dataclass(frozen=True)
+class DeltaLayout:
+    """How a worker's compressed delta lies in segments and shards, and how shards are summed.
+
+    The transports tell it from an uncompressed
+    :class:`~sparkdl_avg.shared.exchange.FlatLayout` by :attr:`compressed`.
+
+    Attributes:
+        flat: The sums' :class:`~sparkdl_avg.shared.exchange.FlatLayout` (the state's arrays).
+        compression: ``"bf16"`` or ``"int8"``.
+        feedback: Whether workers keep a residual (error feedback).
+    """
+
+    flat: Any
+    compression: str
+    feedback: bool
+
+    compressed = True
+
+    def __post_init__(self) -> None:
+        if self.compression not in SEGMENT_CODECS:
+            raise ValueError(f"unknown update_compression {self.compression!r}; expected one of {COMPRESSIONS}")
+
+    @property
+    def codecs(self) -> Tuple[str, str]:
+        """Codecs of the ``"w"`` and ``"o"`` segments."""
+        return SEGMENT_CODECS[self.compression]
+
+    @property
+    def sizes(self) -> Tuple[int, int, int]:
+        """Values of the ``"w"``, ``"o"`` and ``"x"`` segments."""
+        w = sum(int(np.prod(s)) for f32, s in self.flat.entries[: self.flat.num_weights] if f32)
+        n32, n64 = self.flat.sizes
+        return w, n32 - w, n64
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one worker's whole delta on the wire (what a round's plan sizes)."""
+        return sum(self._blob_sizes(0, 1))
+
+    @property
+    def float32_nbytes(self) -> int:
+        """Bytes of the same sums uncompressed (:attr:`FlatLayout.nbytes`)."""
+        return self.flat.nbytes
+
+    # -------------------------------------------------------------- worker side
+
+    def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int,
+             residual: Optional[List[np.ndarray]]) -> Tuple[Packed, Optional[List[np.ndarray]]]:
+        """A worker's :class:`Packed` delta from the state it was sent, and its next residual (``None``: no feedback).
+
+        ``optimizer``/``sent_optimizer``: ``None`` when the optimizer is not averaged.
+        ``residual``: the worker's residual per compressed segment (``None``: zero).
+        """
+        new32, new64 = self.flat.flatten(weights, optimizer)
+        old32, old64 = self.flat.flatten(sent_weights, sent_optimizer)
+        delta = new32 - old32
+        nw = self.sizes[0]
+        encoded, kept = [], []
+        for i, (codec, part) in enumerate(zip(self.codecs, (delta[:nw], delta[nw:]))):
+            if self.feedback:
+                e, r = with_feedback(part, residual[i] if residual is not None else None, codec)
+                kept.append(r)
+            else:
+                e = encode(part, codec)
+            encoded.append(e)
+        x = (new64 - old64) * np.float64(examples)
+        return Packed(int(examples), x, tuple(encoded)), (kept if self.feedback else None)
+
+    def _blob_sizes(self, shard: int, shards: int) -> List[int]:
+        sizes = [_HEADER]
+        (xa, xb) = _bounds(self.sizes[2], "f64", shard, shards)
+        sizes.append(8 * (xb - xa))
+        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        for (a, b), codec in zip(runs, self.codecs):
+            sizes.append(4 * (-(-(b - a) // BLOCK)) if codec == "int8" else 0)
+        for codec in ("bf16", "int8"):
+            for (a, b), c in zip(runs, self.codecs):
+                if c == codec:
+                    sizes.append((2 if codec == "bf16" else 1) * (b - a))
+        return sizes
+
+    def shard_bytes(self, packed: Packed, shard: int, shards: int) -> bytes:
+        """Shard ``shard`` of ``S`` of a worker's delta, as one value (the module's format)."""
+        xa, xb = _bounds(self.sizes[2], "f64", shard, shards)
+        pieces = [np.int64(packed.examples).tobytes(), packed.x[xa:xb].tobytes()]
+        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        slices = [e.slice(a, b) for e, (a, b) in zip(packed.encoded, runs)]
+        pieces += [s.scales.tobytes() for s in slices if s.scales is not None]
+        pieces += [s.payload.tobytes() for s in slices if s.codec == "bf16"]
+        pieces += [s.payload.tobytes() for s in slices if s.codec == "int8"]
+        return b"".join(pieces)
+
+    def file_bytes(self, packed: Packed, shards: int) -> Tuple[bytes, List[int]]:
+        """A worker's whole delta as one file: its shards back to back, and their ``S + 1`` offsets."""
+        blobs = [self.shard_bytes(packed, j, shards) for j in range(shards)]
+        offsets = [0]
+        for blob in blobs:
+            offsets.append(offsets[-1] + len(blob))
+        return b"".join(blobs), offsets
+
+    def parse(self, data, shard: int, shards: int) -> Packed:
+        """The :class:`Packed` slice a :meth:`shard_bytes` value holds (views into ``data``)."""
+        buf = memoryview(data)
+        examples = int(np.frombuffer(buf, np.int64, count=1)[0])
+        offset = _HEADER
+        xa, xb = _bounds(self.sizes[2], "f64", shard, shards)
+        x = np.frombuffer(buf, np.float64, count=xb - xa, offset=offset)
+        offset += 8 * (xb - xa)
+        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        scales = {}
+        for i, ((a, b), codec) in enumerate(zip(runs, self.codecs)):
+            if codec == "int8":
+                count = -(-(b - a) // BLOCK)
+                scales[i] = np.frombuffer(buf, np.float32, count=count, offset=offset)
+                offset += 4 * count
+        payloads = {}
+        for codec, dtype in (("bf16", np.uint16), ("int8", np.int8)):
+            for i, ((a, b), c) in enumerate(zip(runs, self.codecs)):
+                if c == codec:
+                    payloads[i] = np.frombuffer(buf, dtype, count=b - a, offset=offset)
+                    offset += np.dtype(dtype).itemsize * (b - a)
+        if offset != len(buf):
+            raise ValueError(f"a compressed shard of {len(buf)} bytes does not match its layout ({offset} bytes)")
+        encoded = tuple(Encoded(c, b - a, payloads[i], scales.get(i)) for i, ((a, b), c) in
+                        enumerate(zip(runs, self.codecs)))
+        return Packed(examples, x, encoded)
+
+    # ----------------------------------------------------------------- the sum
+
+    def empty(self, shard: int, shards: int) -> List[np.ndarray]:
+        """Zero sums of shard ``shard``: ``[w (float32), o (float32), x (float64)]``."""
+        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        xa, xb = _bounds(self.sizes[2], "f64", shard, shards)
+        return [np.zeros(b - a, np.float32) for a, b in runs] + [np.zeros(xb - xa, np.float64)]
+
+    def add(self, acc: Optional[List[np.ndarray]], data, shard: int, shards: int) -> List[np.ndarray]:
+        """``acc + n · decode(delta)`` for a worker's shard value ``data``, in place (``None``: zeros first)."""
+        acc = self.empty(shard, shards) if acc is None else acc
+        packed = self.parse(data, shard, shards)
+        weight = np.float32(packed.examples)
+        for sums, e in zip(acc[:2], packed.encoded):
+            values = decode(e)
+            values *= weight
+            np.add(sums, values, out=sums)
+        np.add(acc[2], packed.x, out=acc[2])
+        return acc
+
+    @staticmethod
+    def summed_bytes(acc: List[np.ndarray]) -> bytes:
+        """A summed shard as one value: ``x`` (float64), then ``w`` and ``o`` (float32)."""
+        return acc[2].tobytes() + acc[0].tobytes() + acc[1].tobytes()
+
+    def parse_summed(self, data, shard: int, shards: int) -> List[np.ndarray]:
+        """The sums a :meth:`summed_bytes` value holds (views), as :meth:`empty` orders them."""
+        zero = self.empty(shard, shards)
+        buf = memoryview(data)
+        x = np.frombuffer(buf, np.float64, count=zero[2].size)
+        w = np.frombuffer(buf, np.float32, count=zero[0].size, offset=x.nbytes)
+        o = np.frombuffer(buf, np.float32, count=zero[1].size, offset=x.nbytes + w.nbytes)
+        return [w, o, x]
+
+    def delta_sums(self, shard_sums: Sequence[List[np.ndarray]]) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """``(Σ n·Δweights, Σ n·Δoptimizer or None)`` from every shard's sums, in shard order."""
+        w, o, x = (np.concatenate([s[i] for s in shard_sums]) for i in range(3))
+        return self.flat.unflatten(np.concatenate([w, o]), x)
+
+    # ---------------------------------------------------------- the residuals
+
+    def residual_bytes(self, residual: Sequence[np.ndarray]) -> bytes:
+        """A residual (per compressed segment) in its segments' codecs, as a whole-delta value with ``n = 0``."""
+        encoded = tuple(encode(r, c) for r, c in zip(residual, self.codecs))
+        return self.shard_bytes(Packed(0, np.zeros(self.sizes[2]), encoded), 0, 1)
+
+    def read_residual(self, data) -> List[np.ndarray]:
+        """The residual per compressed segment of a :meth:`residual_bytes` value."""
+        return [decode(e) for e in self.parse(data, 0, 1).encoded]
+
+
+@dataclass(frozen=True)
+class FeedbackFiles:
+    """Where a round's workers read and write their residuals (error feedback), under the fit's staging directory.
+
+    Attributes:
+        directory: The fit's feedback directory.
+        read: The name of the round whose residuals this round's workers add (``None``: none, zero).
+        write: This round's name: worker ``i`` writes ``<directory>/<write>-w<i>.bin``.
+        fresh: Workers that start from a zero residual although ``read`` is set (none had one yet).
+    """
+
+    directory: str
+    read: Optional[str]
+    write: str
+    fresh: frozenset = frozenset()
+
+    def path(self, name: str, worker: int) -> str:
+        from .fs import join
+
+        return join(self.directory, f"{name}-w{worker}.bin")
+
+    def load(self, layout: DeltaLayout, worker: int) -> Optional[List[np.ndarray]]:
+        """Worker ``worker``'s residual to add this round (``None``: zero)."""
+        from .fs import read_bytes
+
+        if self.read is None or worker in self.fresh:
+            return None
+        uri = self.path(self.read, worker)
+        try:
+            return layout.read_residual(read_bytes(uri))
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"worker {worker}'s error-feedback residual {uri!r} is missing: every executor must read and write "
+                "the staging directory (staging_dir), which holds the residuals between rounds"
+            ) from None
+
+    def save(self, layout: DeltaLayout, worker: int, residual: Sequence[np.ndarray]) -> None:
+        """Writes worker ``worker``'s residual of this round (atomically: a retry rewrites the same bytes)."""
+        from .fs import write_atomically
+
+        write_atomically(self.path(self.write, worker), layout.residual_bytes(residual))
+
+
+def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: int, examples: int, weights,
+                optimizer, sent_weights, sent_optimizer, finite: bool) -> Tuple[Optional[Packed], Dict[str, float]]:
+    """What a worker of a compressed round sends, its residual written; and its ``{"encode_s", "feedback_s"}``.
+
+    ``encode_s``: seconds computing and encoding the delta; ``feedback_s``:
+    seconds reading and writing the residual file. A non-finite worker sends
+    nothing (``None``) and keeps the residual it had.
+    """
+    t0 = time.perf_counter()
+    residual = feedback.load(layout, worker) if feedback is not None else None
+    t1 = time.perf_counter()
+    if not finite:
+        packed, kept = None, residual
+    else:
+        packed, kept = layout.pack(weights, optimizer, sent_weights, sent_optimizer, examples, residual)
+    t2 = time.perf_counter()
+    if feedback is not None:
+        if kept is None:
+            kept = [np.zeros(size, np.float32) for size in layout.sizes[:2]]
+        feedback.save(layout, worker, kept)
+    return packed, {"encode_s": t2 - t1, "feedback_s": (t1 - t0) + (time.perf_counter() - t2)}
+
+
+def sum_deltas(layout: DeltaLayout, total):
+    """Sums the compressed deltas a :class:`~sparkdl_avg.shared.aggregation.PartialResult` carries, in worker order.
+
+    ``total.deltas`` (``(worker, bytes)`` of whole deltas) become its
+    ``weight_sums``/``optimizer_sums`` of deltas (``delta_sums``); returns ``total``.
+    """
+    acc = None
+    for _, data in sorted(total.deltas or [], key=lambda item: item[0]):
+        acc = layout.add(acc, data, 0, 1)
+    total.deltas = None
+    total.delta_sums = True
+    if acc is not None:
+        total.weight_sums, total.optimizer_sums = layout.delta_sums([acc])
+    return total
