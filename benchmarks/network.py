@@ -17,7 +17,16 @@ worker link, read from the hosts' kernel counters before and after each
 round (a Keras callback: ``on_train_batch_begin``/``end``); and each against
 its wire floor, bytes ÷ link rate. Medians over the measured rounds.
 
+``--compressions`` (among ``none``, ``bf16``, ``int8``; default ``none``
+only) runs each path once per compression, the trainer given
+``update_compression`` = ``None``, ``"bf16"``, ``"int8"``: each row records
+its ``compression`` (rows written before the option have none: float32
+sums), the bytes each worker sent per round (``sent_per_worker``: the round
+record's ``sent_bytes`` ÷ its workers) and the slowest worker's encoding and
+residual-file time (``encode_ms``, ``feedback_ms``, 0 without compression).
+
     .venv/bin/python benchmarks/network.py [--workers 4 8] [--rates 1gbit] [--params 1e5 1e6 3e6] [--rounds 6]
+        [--compressions none bf16 int8]
 
 Needs root (namespaces). Results: benchmarks/results/network.json, and the
 table printed for docs/benchmarks.md ("On a shaped network").
@@ -45,6 +54,7 @@ PATHS = {
     "auto": dict(),
     "auto+rate": dict(network_rate=None),  # auto told the links' rate (network_rate=the cluster's)
 }
+COMPRESSIONS = {"none": None, "bf16": "bf16", "int8": "int8"}  # --compressions -> update_compression
 BATCH = 32
 CONF = {"spark.executor.memory": "768m", "spark.driver.memory": "2g", "spark.driver.maxResultSize": "0"}
 
@@ -61,7 +71,7 @@ def mlp(params: float):
 
 
 def drive(args) -> None:
-    """On host 0: every (params, path) arm on the running cluster; appends rows to ``args.out``."""
+    """On host 0: every (params, path, compression) arm on the running cluster; appends rows to ``args.out``."""
     import keras
     import numpy as np
 
@@ -94,69 +104,80 @@ def drive(args) -> None:
             self.rounds.append(d)
 
     rows = []
-    for params in args.params:
-        for name in args.paths:
-            options = dict(PATHS[name])
-            if "network_rate" in options:
-                options["network_rate"] = cluster.rate
-            row = {"workers": workers, "rate": cluster.rate, "params": None, "path": name}
-            try:
-                with ParameterAveragingTrainer(mlp(params), num_workers=workers, batch_size=BATCH,
-                                               averaging_frequency=1, seed=0, slow_warning=False,
-                                               staging_dir=f"{store}/staging", **options) as trainer:
-                    trainer.fit(df, epochs=1, verbose=0)  # warm: replicas built, data staged
-                    model = trainer.model
-                    row["params"] = int(model.count_params())
-                    counter = Bytes()
-                    trainer.fit(df, epochs=1, verbose=0, callbacks=[counter])
-                    records = trainer.stats.records[1:]  # the first round of a fit also ships the model
-                    bytes_ = counter.rounds[1:]
-            except Exception as exc:  # noqa: BLE001 - recorded: a path that fails at a size is a result
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                continue
-            state = sum(np.asarray(v).nbytes for v in list(model.weights) + list(model.optimizer.variables))
-            med = statistics.median
-            row.update(
-                state_bytes=state,
-                transport=records[-1].transport, aggregation=records[-1].aggregation, shards=records[-1].shards,
-                aggregate_ms=1000 * med(r.aggregate_s for r in records),
-                round_ms=1000 * med(r.wall_s for r in records),
-                compute_ms=1000 * med(r.compute_max_s for r in records),
-                driver_rx=med(b[driver_ns]["rx"] for b in bytes_),
-                driver_tx=med(b[driver_ns]["tx"] for b in bytes_),
-                busiest_worker=med(max(max(b[ns]["rx"], b[ns]["tx"]) for ns in worker_ns) for b in bytes_),
-                store_rx=med(b[cluster.store.ns]["rx"] for b in bytes_) if cluster.store else 0,
-                rounds=len(records),
-            )
-            row["driver_in_floor_ms"] = 1000 * row["driver_rx"] / rate
-            row["driver_out_floor_ms"] = 1000 * row["driver_tx"] / rate
-            row["busiest_floor_ms"] = 1000 * row["busiest_worker"] / rate
+    arms = [(params, name, compression) for params in args.params for name in args.paths
+            for compression in args.compressions]
+    for params, name, compression in arms:
+        options = dict(PATHS[name], update_compression=COMPRESSIONS[compression])
+        if "network_rate" in options:
+            options["network_rate"] = cluster.rate
+        row = {"workers": workers, "rate": cluster.rate, "params": None, "path": name, "compression": compression}
+        try:
+            with ParameterAveragingTrainer(mlp(params), num_workers=workers, batch_size=BATCH,
+                                           averaging_frequency=1, seed=0, slow_warning=False,
+                                           staging_dir=f"{store}/staging", **options) as trainer:
+                trainer.fit(df, epochs=1, verbose=0)  # warm: replicas built, data staged
+                model = trainer.model
+                row["params"] = int(model.count_params())
+                counter = Bytes()
+                trainer.fit(df, epochs=1, verbose=0, callbacks=[counter])
+                records = trainer.stats.records[1:]  # the first round of a fit also ships the model
+                bytes_ = counter.rounds[1:]
+        except Exception as exc:  # noqa: BLE001 - recorded: a path that fails at a size is a result
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
+            continue
+        state = sum(np.asarray(v).nbytes for v in list(model.weights) + list(model.optimizer.variables))
+        med = statistics.median
+        row.update(
+            state_bytes=state,
+            transport=records[-1].transport, aggregation=records[-1].aggregation, shards=records[-1].shards,
+            aggregate_ms=1000 * med(r.aggregate_s for r in records),
+            round_ms=1000 * med(r.wall_s for r in records),
+            compute_ms=1000 * med(r.compute_max_s for r in records),
+            driver_rx=med(b[driver_ns]["rx"] for b in bytes_),
+            driver_tx=med(b[driver_ns]["tx"] for b in bytes_),
+            busiest_worker=med(max(max(b[ns]["rx"], b[ns]["tx"]) for ns in worker_ns) for b in bytes_),
+            store_rx=med(b[cluster.store.ns]["rx"] for b in bytes_) if cluster.store else 0,
+            sent_per_worker=med((r.sent_bytes or 0) / r.num_workers for r in records),
+            encode_ms=1000 * med(r.encode_max_s for r in records),
+            feedback_ms=1000 * med(r.feedback_max_s for r in records),
+            record_compression=records[-1].compression,
+            rounds=len(records),
+        )
+        row["driver_in_floor_ms"] = 1000 * row["driver_rx"] / rate
+        row["driver_out_floor_ms"] = 1000 * row["driver_tx"] / rate
+        row["busiest_floor_ms"] = 1000 * row["busiest_worker"] / rate
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
     spark.stop()
 
 
 def table(rows) -> str:
-    lines = ["| workers | rate | params | path (took) | aggregate ms | round ms | driver in / out per round "
-             "(× state) | in / out floor ms | busiest worker link (floor ms) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workers | rate | params | path (took) | compression | aggregate ms | round ms | "
+             "driver in / out per round (× state) | in / out floor ms | busiest worker link (floor ms) | "
+             "sent per worker | encode / feedback ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        compression = r.get("compression", "none")  # rows from before --compressions: float32 sums
         if "error" in r:
-            lines.append(f"| {r['workers']} | {r['rate']} | | {r['path']} | failed: {r['error'][:80]} | | | | |")
+            lines.append(f"| {r['workers']} | {r['rate']} | | {r['path']} | {compression} | failed: {r['error'][:80]} "
+                         "| | | | | | |")
             continue
+        sent = f"{r['sent_per_worker'] / 1e6:.1f} MB" if "sent_per_worker" in r else ""
+        coding = f"{r['encode_ms']:.0f} / {r['feedback_ms']:.0f}" if "encode_ms" in r else ""
         took = r["aggregation"] if r["transport"] == "sql" else r["transport"]
         s = r["state_bytes"]
         lines.append(
             f"| {r['workers']} | {r['rate']} | {r['params']:,} | {r['path']} ({took}{', ' + str(r['shards']) if r['shards'] else ''}) | "
-            f"{r['aggregate_ms']:.0f} | {r['round_ms']:.0f} | {r['driver_rx'] / 1e6:.1f} / {r['driver_tx'] / 1e6:.1f} MB "
+            f"{compression} | {r['aggregate_ms']:.0f} | {r['round_ms']:.0f} | {r['driver_rx'] / 1e6:.1f} / {r['driver_tx'] / 1e6:.1f} MB "
             f"({r['driver_rx'] / s:.2f} / {r['driver_tx'] / s:.2f}) | {r['driver_in_floor_ms']:.0f} / "
-            f"{r['driver_out_floor_ms']:.0f} | {r['busiest_worker'] / 1e6:.1f} MB ({r['busiest_floor_ms']:.0f}) |")
+            f"{r['driver_out_floor_ms']:.0f} | {r['busiest_worker'] / 1e6:.1f} MB ({r['busiest_floor_ms']:.0f}) | "
+            f"{sent} | {coding} |")
     return "\n".join(lines)
 
 
@@ -167,6 +188,8 @@ def main() -> None:
     p.add_argument("--params", type=float, nargs="+", default=[1e5, 1e6, 3e6])
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     p.add_argument("--rounds", type=int, default=6, help="measured rounds per arm (the first is left out)")
+    p.add_argument("--compressions", nargs="+", default=["none"], choices=list(COMPRESSIONS),
+                   help="update_compression arms per path (default: none only, float32 sums)")
     p.add_internal("--driver", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     args = p.parse_args()
@@ -183,7 +206,8 @@ def main() -> None:
                 t0 = time.monotonic()
                 with hosts.Cluster(hosts=workers + 1, rate=rate, worker_memory="1200m").running() as cluster:
                     cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--out", partial,
-                           "--rounds", str(args.rounds), "--params", *map(str, args.params), "--paths", *args.paths]
+                           "--rounds", str(args.rounds), "--params", *map(str, args.params), "--paths", *args.paths,
+                           "--compressions", *args.compressions]
                     proc = cluster.run(0, cmd, env=cluster.driver_env(), timeout=3600, check=False)
                     if proc.returncode:
                         print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)

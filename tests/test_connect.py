@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
-from parity import EstimatorPathMixin, ExecutorCheckMixin, TaskRetryMixin
+from parity import CompressedUpdatesMixin, EstimatorPathMixin, ExecutorCheckMixin, TaskRetryMixin
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.executor import worker as worker_module
 
@@ -90,6 +90,10 @@ class TestEstimatorPath(EstimatorPathMixin):
 
 class TestExecutorCheck(ExecutorCheckMixin):
     """``preflight.check_executors`` (classic: test_daemon.py)."""
+
+
+class TestCompressedUpdates(CompressedUpdatesMixin):
+    """``update_compression`` on every Spark SQL path, and a retried task (classic: test_update_compression.py)."""
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):

@@ -317,7 +317,8 @@ def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: 
         if kept is None:
             kept = [np.zeros(size, np.float32) for size in layout.sizes[:2]]
         feedback.save(layout, worker, kept)
-    return packed, {"encode_s": t2 - t1, "feedback_s": (t1 - t0) + (time.perf_counter() - t2)}
+    feedback_s = (t1 - t0) + (time.perf_counter() - t2) if feedback is not None else 0.0
+    return packed, {"encode_s": t2 - t1, "feedback_s": feedback_s}
 
 
 def sum_deltas(layout: DeltaLayout, total):
