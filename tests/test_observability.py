@@ -141,6 +141,7 @@ def test_report_is_self_contained_with_timeline_and_curves(spark, tmp_path):
     assert "Timeline" in html and "worker 1" in html and "driver" in html
     for trace in ('"name":"compute"', '"name":"data loading"', '"name":"val_loss"', '"name":"loss"'):
         assert trace in html, trace
+    assert "MB of sums per round (median)" in html
     assert "<script src=" not in html  # plotly.js is embedded: opens offline
     assert len(html) > 1_000_000
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]

@@ -170,7 +170,7 @@ def test_the_options_refuse_what_does_not_fit_naming_it():
 # ------------------------------------------------------------------ training
 
 
-def test_classic_transports_sum_compressed_deltas_bitwise_like_the_sql_round(spark):
+def test_classic_transports_sum_compressed_deltas_bitwise_like_the_sql_round(spark, tmp_path):
     reference = compressed_fit("int8", state_transport="sql", aggregation="driver")[0].get_weights()
     for options in ({"state_transport": "spark"}, {"state_transport": "spark", "aggregation_depth": 2},
                     {"state_transport": "files"}):
@@ -178,6 +178,12 @@ def test_classic_transports_sum_compressed_deltas_bitwise_like_the_sql_round(spa
         for got, want in zip(model.get_weights(), reference):
             np.testing.assert_array_equal(got, want, err_msg=str(options))
         assert trainer.stats.records[-1].received_bytes == trainer.stats.records[-1].sent_bytes
+    # The report's title says what each worker sent and what encoding it cost.
+    summary = trainer.stats.summary()
+    assert summary["sent_bytes_per_worker_median"] == trainer.stats.records[-1].sent_bytes / 2
+    html = open(trainer.write_report(str(tmp_path / "report.html")), encoding="utf-8").read()
+    sent = f"each worker sent {summary['sent_bytes_per_worker_median'] / 1e6:.3g} MB per round (int8 deltas, median)"
+    assert sent in html
 
 
 def test_compressed_training_follows_float32_training_with_every_rule(spark):

@@ -142,6 +142,18 @@ def _breakdown(fig, records: Sequence[dict], row: int) -> None:
         below = [b + t for b, t in zip(below, totals)]
 
 
+def _sent(records: Sequence[dict], summary: Dict[str, float]) -> str:
+    """The title's words on what each worker sent per round (and its compression's cost), or nothing."""
+    sent = summary.get("sent_bytes_per_worker_median")
+    if sent is None:
+        return ""
+    compression = records[-1].compression
+    if not compression:
+        return f"; each worker sent {sent / 1e6:.3g} MB of sums per round (median)"
+    return (f"; each worker sent {sent / 1e6:.3g} MB per round ({compression} deltas, median), encoding "
+            f"{summary['encode_s_median'] * 1000:.1f} ms")
+
+
 def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str, List[float]]] = None, title: str = "sparkdl_avg training report") -> str:
     """Writes the HTML report of ``records`` (``trainer.stats.records``) to ``path``.
 
@@ -183,7 +195,7 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
             f"{title}<br><sup>{summary['rounds']} rounds, {summary['examples']} examples, "
             f"{summary['wall_s']:.1f} s in rounds; compute share {summary['compute_share']:.0%}; "
             f"median per-round overhead {summary['overhead_s_median'] * 1000:.0f} ms; "
-            f"median straggler ratio {summary['straggler_ratio_median']:.2f}</sup>"
+            f"median straggler ratio {summary['straggler_ratio_median']:.2f}{_sent(records, summary)}</sup>"
         ),
         barmode="overlay",
         height=1100,

@@ -239,7 +239,10 @@ class TrainingStats:
         ``straggler_ratio_median`` is the median slowest/fastest compute ratio.
         Chunk records (asynchronous modes) count each epoch's span once
         (:func:`wall_time`), and their compute share is per worker; they add
-        ``staleness_max`` and ``delay_median``.
+        ``staleness_max`` and ``delay_median``. ``sent_bytes_per_worker_median``
+        is the median bytes a worker sent per round (``None`` where not known),
+        ``encode_s_median`` the median of the slowest worker's encoding
+        seconds (``update_compression``; 0 without it).
         """
         records = self.records[first:]
         if not records:
@@ -262,5 +265,9 @@ class TrainingStats:
                 r.compute_max_s / r.compute_min_s if r.compute_min_s > 0 else 1.0 for r in records
             ),
             "replicas_built": sum(r.replicas_built for r in records),
+            "sent_bytes_per_worker_median": (
+                statistics.median(r.sent_bytes / r.num_workers for r in records)
+                if all(r.sent_bytes is not None for r in records) else None),
+            "encode_s_median": statistics.median(r.encode_max_s for r in records),
             **extra,
         }
