@@ -51,7 +51,7 @@ def _state(seed, sizes=(700, 3, 130), opt_sizes=(700, 130)):
 @pytest.mark.parametrize("codec", ["int8", "bf16"])
 def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     sent_w, sent_o = _state(0)
-    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), codec, feedback=False)
+    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), codec, feedback=(False, False))
     workers = []
     for i in range(3):
         w, o = _state(10 + i)
@@ -80,18 +80,18 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
 def test_int8_sends_about_a_quarter_of_the_weights_bytes_and_bf16_half():
     sent_w, _ = _state(0)
     for codec, low, high in (("int8", 0.25, 0.27), ("bf16", 0.5, 0.51)):
-        layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=False)
+        layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False))
         assert low * layout.float32_nbytes < layout.nbytes < high * layout.float32_nbytes + 64, codec
 
 
 def test_a_value_of_another_layout_is_refused():
     sent_w, sent_o = _state(0)
-    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), "int8", feedback=False)
+    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), "int8", feedback=(False, False))
     data = layout.shard_bytes(layout.pack(*_state(1), sent_w, sent_o, 4, None)[0], 0, 1)
     with pytest.raises(ValueError, match="does not match its layout"):
         layout.parse(data + b"\0", 0, 1)
     with pytest.raises(ValueError, match="unknown update_compression 'fp8'"):
-        DeltaLayout(layout.flat, "fp8", feedback=False)
+        DeltaLayout(layout.flat, "fp8", feedback=(False, False))
 
 
 def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
@@ -99,7 +99,7 @@ def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
     sent_w, _ = _state(0, sizes=(4096,))
     errors = {}
     for feedback in (True, False):
-        layout = DeltaLayout(FlatLayout.of(sent_w, None), "int8", feedback=feedback)
+        layout = DeltaLayout(FlatLayout.of(sent_w, None), "int8", feedback=(feedback, feedback))
         rng = np.random.default_rng(3)
         total_sent, total_true, previous, step = np.zeros(4096), np.zeros(4096), None, 0.0
         for r in range(40):
@@ -125,7 +125,7 @@ def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
 
 def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips_a_checkpoint(tmp_path):
     directory = str(tmp_path / "feedback")
-    ledger = FeedbackLedger(directory, num_workers=2, lag=2)
+    ledger = FeedbackLedger(directory, num_workers=2, lag=2, compression="int8")
     seen = []
     for rnd in range(4):
         files = ledger.files(0, rnd, [0, 1])
@@ -138,8 +138,12 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
     assert seen == [None, None, "g0", "g1"]
     assert sorted(os.listdir(directory)) == ["g2-w0.bin", "g2-w1.bin", "g3-w0.bin", "g3-w1.bin"]
     exported = ledger.export()
-    assert exported == {"1/0": bytes([3, 0]), "1/1": bytes([3, 1]), "2/0": bytes([2, 0]), "2/1": bytes([2, 1])}
-    resumed = FeedbackLedger(str(tmp_path / "resumed"), num_workers=2, lag=2)
+    assert exported == {"int8/1/0": bytes([3, 0]), "int8/1/1": bytes([3, 1]), "int8/2/0": bytes([2, 0]),
+                        "int8/2/1": bytes([2, 1])}
+    other = FeedbackLedger(str(tmp_path / "other"), num_workers=2, lag=2, compression="bf16")
+    other.restore(exported)  # another format: its chains start from zero
+    assert other.files(5, 0, [0, 1]).read is None
+    resumed = FeedbackLedger(str(tmp_path / "resumed"), num_workers=2, lag=2, compression="int8")
     resumed.restore(exported)
     first, second = resumed.files(5, 0, [0, 1]), resumed.files(5, 1, [0, 1])
     assert first.read == "g0" and second.read == "g1"
@@ -239,7 +243,7 @@ def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights
                     callbacks=[_StopAfterRounds(7)])
     saved = ckpt.load(ckpt.latest(directory))
     assert (saved.epoch, saved.rounds_done) == (1, 2)
-    assert sorted(saved.feedback) == ["1/0", "1/1"]  # each worker's residual of the round before
+    assert sorted(saved.feedback) == ["int8/1/0", "int8/1/1"]  # each worker's residual of the round before
     resumed, _ = compressed_fit("int8", epochs=3, model=f32_model(seed=9),
                                 fit=dict(checkpoint_dir=directory, checkpoint_every=3, resume=True))
     assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)

@@ -15,9 +15,10 @@ frozen, picklable dataclass with ``__eq__`` and ``dataclasses.fields``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from ..errors import ConfigurationError
+from ..shared.delta_sums import segment_feedback
 from . import options
 from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS  # noqa: F401 (API)
 from .rules import UpdateRule, as_update_rule
@@ -70,7 +71,7 @@ def _post_init(self) -> None:
             f"set 'update_compression' or leave 'error_feedback' at None. Got error_feedback={self.error_feedback!r} "
             "with update_compression=None instead."
         )
-    if self.synchronization == "async" and _feedback(self):
+    if self.synchronization == "async" and any(_feedback(self)):
         raise ConfigurationError(
             "Error feedback needs synchronization='sync' or 'stale' (a worker's residual goes to its chunk a fixed "
             "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
@@ -79,11 +80,14 @@ def _post_init(self) -> None:
         )
 
 
-def _feedback(self) -> bool:
-    """Whether workers keep residuals: ``error_feedback``, or by default for ``update_compression="int8"``."""
+def _feedback(self) -> Tuple[bool, bool]:
+    """Per compressed segment (weights, optimizer variables), whether workers keep its residual (``error_feedback``).
+
+    ``(False, False)`` without ``update_compression``; see :func:`~sparkdl_avg.shared.delta_sums.segment_feedback`.
+    """
     if self.update_compression is None:
-        return False
-    return self.error_feedback if self.error_feedback is not None else self.update_compression == "int8"
+        return (False, False)
+    return segment_feedback(self.update_compression, self.error_feedback)
 
 
 _DOC = """Validated options of a parameter-averaging run (the constructor options of the trainer).

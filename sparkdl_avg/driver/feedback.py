@@ -24,8 +24,6 @@ import logging
 import threading
 from typing import Dict, Iterable, Optional, Set, Tuple
 
-import pyarrow.fs as pafs
-
 from ..shared.delta_sums import FeedbackFiles
 from ..shared.fs import join, read_bytes, remove_tree, resolve, write_atomically
 
@@ -39,10 +37,11 @@ class FeedbackLedger:
         directory: Where the residual files live (under the fit's staging directory).
         num_workers: Workers per round (``N``): a round is complete once all wrote their residual.
         lag: Rounds between a residual's writer and its reader (see the module docstring).
+        compression: ``update_compression``: the residuals' format, named in what a checkpoint carries.
     """
 
-    def __init__(self, directory: str, num_workers: int, lag: int) -> None:
-        self.directory, self.num_workers, self.lag = directory, num_workers, lag
+    def __init__(self, directory: str, num_workers: int, lag: int, compression: str) -> None:
+        self.directory, self.num_workers, self.lag, self.compression = directory, num_workers, lag, compression
         self._seq: Dict[Tuple[int, int], int] = {}  # (epoch, round) -> g
         self._next = 0
         self._written: Dict[int, Set[int]] = {}  # g -> workers whose residual file exists
@@ -75,23 +74,29 @@ class FeedbackLedger:
                 _remove(join(self.directory, f"{_name(old)}-w{worker}.bin"))
 
     def export(self) -> Dict[str, bytes]:
-        """The newest ``lag`` complete rounds' residual files, ``"<lag>/<worker>" -> bytes`` (a checkpoint's)."""
+        """The newest ``lag`` complete rounds' residual files, ``"<compression>/<rounds back>/<worker>" -> bytes``."""
         with self._lock:
             complete = sorted(g for g, w in self._written.items() if len(w) == self.num_workers)[-self.lag:]
         out = {}
         for back, g in enumerate(reversed(complete), start=1):
             for worker in range(self.num_workers):
-                out[f"{back}/{worker}"] = read_bytes(join(self.directory, f"{_name(g)}-w{worker}.bin"))
+                out[f"{self.compression}/{back}/{worker}"] = read_bytes(join(self.directory, f"{_name(g)}-w{worker}.bin"))
         return out
 
     def restore(self, files: Dict[str, bytes]) -> None:
-        """Writes a checkpoint's residual files (:meth:`export`) back as the rounds before this fit's first."""
+        """Writes a checkpoint's residual files (:meth:`export`) back as the rounds before this fit's first.
+
+        Residuals of another ``update_compression`` (another format) or of
+        rounds further back than ``lag`` (a larger staleness) are left out:
+        those chains start from zero.
+        """
         with self._lock:
             self._next = self.lag
             for key, data in files.items():
-                back, worker = (int(part) for part in key.split("/"))
-                if back > self.lag or worker >= self.num_workers:
-                    continue  # of a fit with another staleness; its chains start afresh
+                compression, back, worker = key.split("/")
+                back, worker = int(back), int(worker)
+                if compression != self.compression or back > self.lag or worker >= self.num_workers:
+                    continue
                 g = self.lag - back
                 write_atomically(join(self.directory, f"{_name(g)}-w{worker}.bin"), data)
                 self._written.setdefault(g, set()).add(worker)
@@ -109,12 +114,14 @@ def _name(g: int) -> str:
 
 
 def _remove(uri: str) -> None:
+    """Deletes a residual file; a failure is logged (the fit's directory goes at its end anyway)."""
     fs, path = resolve(uri)
     try:
         fs.delete_file(path)
-    except (FileNotFoundError, OSError) as exc:
-        if not isinstance(exc, FileNotFoundError) and isinstance(fs, pafs.LocalFileSystem):
-            logger.warning("Could not delete %s: %s", uri, exc)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("Could not delete %s: %s", uri, exc)
 
 
 def lag_of(synchronization: str, staleness: Optional[int]) -> int:

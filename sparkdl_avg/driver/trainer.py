@@ -454,9 +454,9 @@ class ParameterAveragingTrainer:
         labels = plan.engine.labels(f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=group)
         transport = self._transport(plan.engine, f"exchange-{self._fits}", plan.num_workers)
         feedback = None
-        if cfg.feedback:  # beside the transport's files, deleted with the fit
+        if any(cfg.feedback):  # residual files, beside the transport's, deleted with the fit
             feedback = FeedbackLedger(join(self._staging_root, f"exchange-{self._fits}/feedback"), plan.num_workers,
-                                      lag_of(cfg.synchronization, cfg.staleness))
+                                      lag_of(cfg.synchronization, cfg.staleness), cfg.update_compression)
             if plan.restored is not None:
                 feedback.restore(plan.restored.feedback)
         settings = RoundSettings(

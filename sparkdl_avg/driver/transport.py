@@ -62,7 +62,7 @@ class StateTransport:
     last_plan: Optional[Tuple[str, int]] = None
 
     def __init__(self, engine, depth: int = 2, optimizer_sums: bool = True, compression: Optional[str] = None,
-                 feedback: bool = False) -> None:
+                 feedback: Tuple[bool, bool] = (False, False)) -> None:
         self.engine = engine
         self.depth = depth  # of the classic evaluation's (and SparkTransport's) treeAggregate
         self.optimizer_sums = optimizer_sums  # whether the workers return optimizer sums (optimizer_state)
@@ -602,7 +602,7 @@ def _remove_quietly(uri: str) -> None:
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
            shards: Optional[int] = None, num_workers: Optional[int] = None, model_bytes: Optional[int] = None,
            network_rate: Any = None, optimizer_sums: bool = True, compression: Optional[str] = None,
-           feedback: bool = False) -> StateTransport:
+           feedback: Tuple[bool, bool] = (False, False)) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
