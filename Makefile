@@ -59,6 +59,7 @@ bench: env
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/advisor_check.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/straggler.py
 	$(SPARK_ENV) $(VENV)/bin/python benchmarks/cold_start.py
+	$(SPARK_ENV) $(VENV)/bin/python benchmarks/compressed_training.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/plots.py
 
@@ -87,10 +88,13 @@ hosts-up: env
 hosts-down:
 	$(PYTHON) scripts/hosts.py down
 
-## Aggregation paths on the shaped-network cluster (docs/benchmarks.md "On a shaped network", ~30 min, root);
-## the driver's session has README's settings (benchmarks/harness.py), results in benchmarks/results/network.json.
+## Aggregation paths on the shaped-network cluster (docs/benchmarks.md "On a shaped network", ~30 min, root),
+## then update_compression there (~14 min); the driver's session has README's settings (benchmarks/harness.py),
+## results in benchmarks/results/network.json and network_compression.json.
 bench-network: env
 	$(PY) benchmarks/network.py
+	$(PY) benchmarks/network.py --workers 8 --params 3e6 --paths "sql driver" "sql shuffle" auto \
+		--compressions none int8 bf16 --out benchmarks/results/network_compression.json
 
 clean:
 	rm -rf output build dist *.egg-info .pytest_cache
