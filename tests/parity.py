@@ -164,6 +164,8 @@ class CompressedUpdatesMixin:
                     assert low * plain.sent_bytes < record.sent_bytes < high * plain.sent_bytes, (compression, record)
                     assert all(w.encode_s > 0 for w in record.workers)
                     assert (record.feedback_max_s > 0) == (compression == "int8")  # bf16: no feedback by default
+                    # the reducers' decoding and summing, reported back with their shards
+                    assert (record.reduce_max_s > 0) == (options["aggregation"] in ("shuffle", "storage"))
                 assert not [f for f in os.listdir(trainer._staging_root) if f.startswith("exchange")]
             assert max(float(np.max(np.abs(a - b))) for a, b in zip(reference, f32_model().get_weights())) > 1e-3
 

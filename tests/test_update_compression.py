@@ -195,7 +195,9 @@ def test_compressed_training_follows_float32_training_with_every_rule(spark):
 
     for rule in ("average", "bmuf", "slowmo"):
         losses = {}
-        for codec, feedback in ((None, None), ("bf16", None), ("bf16", True), ("int8", None)):
+        arms = ((None, None), ("bf16", None), ("bf16", True), ("int8", None)) if rule == "average" else \
+            ((None, None), ("int8", None))
+        for codec, feedback in arms:
             # block momentum on top of Adam overshoots on this small problem; with SGD (momentum) it trains
             model = f32_model(optimizer=None if rule == "average" else keras.optimizers.SGD(0.05, momentum=0.5))
             model, trainer = compressed_fit(codec, epochs=3, model=model, update_rule=rule, error_feedback=feedback)

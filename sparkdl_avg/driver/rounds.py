@@ -322,6 +322,7 @@ def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: Par
         update_rule=rule_name,
         received_bytes=result.received_bytes,
         driver_sum_s=result.driver_sum_s,
+        reduce_max_s=result.reduce_s,
         sent_bytes=sum(w.sent_bytes for w in workers) if all(w.sent_bytes is not None for w in workers) else None,
         encode_max_s=max(w.encode_s for w in workers),
         feedback_max_s=max(w.feedback_s for w in workers),

@@ -343,7 +343,7 @@ class SqlTransport(StateTransport):
             )
         table = run_job(rows.toArrow, what)
         t0, c0 = time.perf_counter(), time.process_time()
-        results, pieces = _read_rows(table)
+        results, pieces, reduce_s = _read_rows(table)
         received = table.nbytes
         if how == "files":  # the workers' files, read here in worker order (one host: the page cache)
             acc = None
@@ -365,6 +365,7 @@ class SqlTransport(StateTransport):
             pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
         total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
+        total.reduce_s = reduce_s
         total.driver_sum_cpu_s = time.process_time() - c0
         return total
 
@@ -405,23 +406,28 @@ def _read_and_remove(stored: exchange.StoredArrays) -> bytes:
 
 
 def _read_rows(table):
-    """``(worker results by worker id, pieces)`` of a round's Arrow rows.
+    """``(worker results by worker id, pieces, the slowest reducer's seconds)`` of a round's Arrow rows.
 
     ``pieces``: ``{(shard, worker): data}`` (``worker`` -1: summed), or for
     the workers' file rows ``{worker: (uri, offsets)}``.
     """
-    results, pieces = {}, {}
+    import json
+
+    results, pieces, reduce_s = {}, {}, 0.0
     columns = table.to_pydict()
     for shard, worker, meta, data, uri, offsets in zip(
         columns["shard"], columns["worker"], columns["meta"], columns["data"], columns["uri"], columns["offsets"]
     ):
-        if meta is not None:
+        if meta is not None and shard < 0:
             results[worker] = exchange.decode_meta(meta)
-        elif data is not None:
+            continue
+        if meta is not None:  # a reducer's summed shard
+            reduce_s = max(reduce_s, json.loads(meta)["sum_s"])
+        if data is not None:
             pieces[(shard, worker)] = data
         elif uri is not None:
             pieces[worker] = (uri, tuple(offsets))
-    return results, pieces
+    return results, pieces, reduce_s
 
 
 def _assemble(results, pieces, layout, how: str, shards: int) -> PartialResult:

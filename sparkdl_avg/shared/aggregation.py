@@ -38,6 +38,8 @@ class PartialResult:
             (set by the transport that gathered it; ``None``: not known).
         driver_sum_s: The driver's seconds decoding and adding them.
         driver_sum_cpu_s: The CPU seconds of the driver's Python process in that time.
+        reduce_s: In a sharded Spark SQL round, the slowest reducer task's seconds reading and
+            summing its shard (decoding it, under ``update_compression``); 0 elsewhere.
         deltas: Under ``update_compression``, the workers' compressed deltas not yet
             summed, ``(worker, delta)`` (a :class:`~sparkdl_avg.shared.delta_sums.Packed`
             from the worker, its bytes once its sink delivered it); ``merge`` keeps
@@ -55,6 +57,7 @@ class PartialResult:
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
     driver_sum_cpu_s: float = 0.0
+    reduce_s: float = 0.0
     deltas: Optional[List[Tuple[int, Any]]] = None
     delta_sums: bool = False
 

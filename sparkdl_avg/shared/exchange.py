@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
@@ -383,7 +384,8 @@ def add_slices(acc: Optional[Tuple[np.ndarray, np.ndarray]], part: Tuple[np.ndar
 
 #: The rows of a Spark SQL round: what workers yield and reducers pass on. ``shard`` -1 with a ``meta``
 #: (a worker's result without its sums, as JSON) or ``shard`` j >= 0 with ``data`` (raw sums of that
-#: shard, :meth:`FlatLayout.shard_bytes`; ``worker`` -1 once summed) or ``uri`` (a file of
+#: shard, :meth:`FlatLayout.shard_bytes`; ``worker`` -1 once summed, its ``meta`` the reducer's
+#: ``{"sum_s": seconds}``) or ``uri`` (a file of
 #: :func:`store` holding the worker's two vectors, for reducers to read shard by shard).
 ROUND_SCHEMA = "shard int, worker int, meta string, data binary, uri string, offsets array<bigint>"
 
@@ -494,14 +496,18 @@ def round_arrow_schema():
                       ("uri", pa.string()), ("offsets", pa.list_(pa.int64()))])
 
 
-def _summed_row(shard: int, acc, layout, shards: int) -> dict:
+def _summed_row(shard: int, acc, layout, shards: int, seconds: float) -> dict:
+    """Shard ``shard``'s summed row; its ``meta`` says the reducer's seconds reading and summing it (``sum_s``)."""
+    import json
+
     if layout.compressed:
         data = layout.summed_bytes(acc if acc is not None else layout.empty(shard, shards))
     else:
         (a, b), (c, d) = layout.bounds(shard, shards)
         f32, f64 = acc if acc is not None else (np.zeros(b - a, np.float32), np.zeros(d - c, np.float64))
         data = f32.tobytes() + f64.tobytes()
-    return {"shard": shard, "worker": -1, "meta": None, "data": data, "uri": None, "offsets": None}
+    return {"shard": shard, "worker": -1, "meta": json.dumps({"sum_s": seconds}), "data": data, "uri": None,
+            "offsets": None}
 
 
 def _batch(rows: List[dict]):
@@ -531,13 +537,13 @@ def reduce_shuffled(layout: FlatLayout, shards: int, batches):
                     pieces.setdefault(row["shard"], []).append(row)
         out = []
         for shard, rows in sorted(pieces.items()):
-            acc = None
+            acc, start = None, time.perf_counter()
             for row in sorted(rows, key=lambda r: r["worker"]):
                 if layout.compressed:
                     acc = layout.add(acc, _delta_shard(row, shard), shard, shards)
                 else:
                     acc = add_slices(acc, _slice_of(row, layout, shard, shards))
-            out.append(_summed_row(shard, acc, layout, shards))
+            out.append(_summed_row(shard, acc, layout, shards, time.perf_counter() - start))
     except Exception as exc:
         raise remote_errors.failure(WorkerError, f"Summing the round's shard(s) {sorted(pieces)} failed: "
                              f"{type(exc).__name__}: {remote_errors.one_line(str(exc))}") from exc

@@ -127,6 +127,9 @@ class RoundRecord(_ReadsLikeADict):
     Python process spent on that and on the update: its own work per
     round, without the time it waits for a core, though memory-bound work
     still costs more CPU time when other processes share the cores).
+    ``reduce_max_s``: in a sharded Spark SQL round (``aggregation``
+    ``"shuffle"``/``"storage"``), the slowest reducer's seconds reading and
+    summing its shard, part of ``aggregate_s``.
     What the workers sent: ``compression`` (``update_compression``, ``""``:
     none), ``sent_bytes`` (the bytes of sums or compressed deltas all its
     workers sent), ``encode_max_s`` and ``feedback_max_s`` (the slowest
@@ -176,6 +179,7 @@ class RoundRecord(_ReadsLikeADict):
     received_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
     driver_cpu_s: float = 0.0
+    reduce_max_s: float = 0.0
     compression: str = ""
     sent_bytes: Optional[int] = None
     encode_max_s: float = 0.0
