@@ -51,7 +51,9 @@ def _state(seed, sizes=(700, 3, 130), opt_sizes=(700, 130)):
 @pytest.mark.parametrize("codec", ["int8", "bf16"])
 def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     sent_w, sent_o = _state(0)
-    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), codec, feedback=(False, False))
+    # optimizer variable 1 is a first moment ("m": int8 under "int8"), variable 2 another ("o": bf16)
+    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), codec, feedback=(False, False, False), moments=(1,))
+    assert layout.sizes == (700 + 3 + 130, 700, 130, 2)
     workers = []
     for i in range(3):
         w, o = _state(10 + i)
@@ -80,18 +82,18 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
 def test_int8_sends_about_a_quarter_of_the_weights_bytes_and_bf16_half():
     sent_w, _ = _state(0)
     for codec, low, high in (("int8", 0.25, 0.27), ("bf16", 0.5, 0.51)):
-        layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False))
+        layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False, False))
         assert low * layout.float32_nbytes < layout.nbytes < high * layout.float32_nbytes + 64, codec
 
 
 def test_a_value_of_another_layout_is_refused():
     sent_w, sent_o = _state(0)
-    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), "int8", feedback=(False, False))
+    layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), "int8", feedback=(False, False, False))
     data = layout.shard_bytes(layout.pack(*_state(1), sent_w, sent_o, 4, None)[0], 0, 1)
     with pytest.raises(ValueError, match="does not match its layout"):
         layout.parse(data + b"\0", 0, 1)
     with pytest.raises(ValueError, match="unknown update_compression 'fp8'"):
-        DeltaLayout(layout.flat, "fp8", feedback=(False, False))
+        DeltaLayout(layout.flat, "fp8", feedback=(False, False, False))
 
 
 def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
@@ -99,7 +101,7 @@ def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
     sent_w, _ = _state(0, sizes=(4096,))
     errors = {}
     for feedback in (True, False):
-        layout = DeltaLayout(FlatLayout.of(sent_w, None), "int8", feedback=(feedback, feedback))
+        layout = DeltaLayout(FlatLayout.of(sent_w, None), "int8", feedback=(feedback,) * 3)
         rng = np.random.default_rng(3)
         total_sent, total_true, previous, step = np.zeros(4096), np.zeros(4096), None, 0.0
         for r in range(40):

@@ -80,13 +80,14 @@ def _post_init(self) -> None:
         )
 
 
-def _feedback(self) -> Tuple[bool, bool]:
-    """Per compressed segment (weights, optimizer variables), whether workers keep its residual (``error_feedback``).
+def _feedback(self) -> Tuple[bool, ...]:
+    """Per compressed segment (weights, first moments, other optimizer variables), whether workers keep its residual.
 
-    ``(False, False)`` without ``update_compression``; see :func:`~sparkdl_avg.shared.delta_sums.segment_feedback`.
+    From ``error_feedback``; ``()`` without ``update_compression``; see
+    :func:`~sparkdl_avg.shared.delta_sums.segment_feedback`.
     """
     if self.update_compression is None:
-        return (False, False)
+        return ()
     return segment_feedback(self.update_compression, self.error_feedback)
 
 

@@ -707,19 +707,20 @@ class ParameterAveragingTrainer:
 
     def _transport(self, engine, name: str, num_workers: int):
         """A :class:`~sparkdl_avg.driver.transport.StateTransport` from the options, its files under ``name``."""
-        from ..shared.delta_sums import DeltaLayout
+        from ..shared.delta_sums import DeltaLayout, first_moments
         from ..shared.exchange import FlatLayout
 
         cfg = self.config
         weights, opt = get_state(self.model)
         optimizer_sums = cfg.optimizer_state == "average"  # what the workers' sums hold
         layout = FlatLayout.of(weights, opt if optimizer_sums else None)
+        moments = first_moments(self.model.optimizer.variables)
         if cfg.update_compression:  # what a worker sends is then its compressed delta
-            layout = DeltaLayout(layout, cfg.update_compression, cfg.feedback)
+            layout = DeltaLayout(layout, cfg.update_compression, cfg.feedback, moments)
         return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
                                     cfg.aggregation, cfg.aggregation_shards, num_workers, layout.nbytes,
                                     cfg.network_rate, optimizer_sums=optimizer_sums,
-                                    compression=cfg.update_compression, feedback=cfg.feedback)
+                                    compression=cfg.update_compression, feedback=cfg.feedback, moments=moments)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

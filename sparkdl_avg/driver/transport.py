@@ -62,18 +62,19 @@ class StateTransport:
     last_plan: Optional[Tuple[str, int]] = None
 
     def __init__(self, engine, depth: int = 2, optimizer_sums: bool = True, compression: Optional[str] = None,
-                 feedback: Tuple[bool, bool] = (False, False)) -> None:
+                 feedback: Tuple[bool, ...] = (), moments: Tuple[int, ...] = ()) -> None:
         self.engine = engine
         self.depth = depth  # of the classic evaluation's (and SparkTransport's) treeAggregate
         self.optimizer_sums = optimizer_sums  # whether the workers return optimizer sums (optimizer_state)
         self.compression = compression  # update_compression: workers send compressed deltas
-        self.feedback = feedback
+        self.feedback = feedback  # per compressed segment, whether workers keep its residual
+        self.moments = moments  # the optimizer's first moments (delta_sums.first_moments)
         self._spec_bc = None
 
     def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
         """The layout of the workers' sums of a round on this state: a ``FlatLayout``, or a ``DeltaLayout`` when compressed."""
         flat = exchange.FlatLayout.of(weights, optimizer if self.optimizer_sums else None)
-        return DeltaLayout(flat, self.compression, self.feedback) if self.compression else flat
+        return DeltaLayout(flat, self.compression, self.feedback, self.moments) if self.compression else flat
 
     def ship_spec(self, spec):
         """The handle tasks carry to build the model's replica: a broadcast (classic) or a stored file."""
@@ -608,7 +609,7 @@ def _remove_quietly(uri: str) -> None:
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
            shards: Optional[int] = None, num_workers: Optional[int] = None, model_bytes: Optional[int] = None,
            network_rate: Any = None, optimizer_sums: bool = True, compression: Optional[str] = None,
-           feedback: Tuple[bool, bool] = (False, False)) -> StateTransport:
+           feedback: Tuple[bool, ...] = (), moments: Tuple[int, ...] = ()) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
@@ -624,13 +625,17 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
     master and a URI staging directory, the tree up to
     :data:`SPARK_TREE_BYTES` of sums in all. ``fit_name`` names the fit's
     directory under ``staging_root``; ``optimizer_sums``: whether the
-    workers return optimizer sums (:class:`SqlTransport`).
+    workers return optimizer sums (:class:`SqlTransport`);
+    ``compression``, ``feedback``, ``moments``: ``update_compression``,
+    which compressed segments' residuals its workers keep, and the
+    optimizer's first moments (:class:`~sparkdl_avg.shared.delta_sums.DeltaLayout`;
+    ``model_bytes`` is then a compressed delta's size).
 
     Raises:
         ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect; a bad ``network_rate``.
     """
     directory = join(staging_root, fit_name)
-    options = dict(optimizer_sums=optimizer_sums, compression=compression, feedback=feedback)
+    options = dict(optimizer_sums=optimizer_sums, compression=compression, feedback=feedback, moments=moments)
     # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
     local_fs = "://" not in staging_root or staging_root.startswith("file://")
     one_host = engine.one_host

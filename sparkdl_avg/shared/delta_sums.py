@@ -9,14 +9,15 @@ sets ``start + Σ/Σn``. This module owns that format, its sum and the
 residual files of error feedback; the transports move its bytes
 (:mod:`sparkdl_avg.shared.exchange`, :mod:`sparkdl_avg.driver.transport`).
 
-**Segments.** A worker's state flattens as in
-:class:`~sparkdl_avg.shared.exchange.FlatLayout` (float32 values back to back,
-the rest in float64), cut into three segments: ``"w"``, the float32 weights;
-``"o"``, the float32 optimizer variables; ``"x"``, everything else (float64
-weights, counters), sent as raw float64 ``n · delta`` (a few values in
-practice). ``"int8"`` sends the weights in int8 and the optimizer variables in
-bf16: int8 on Adam's moments lost 0.025-0.031 accuracy and diverged with
-error feedback in the pre-study (docs/benchmarks.md, "Compressed updates").
+**Segments.** A worker's state is cut into four segments: ``"w"``, the
+float32 weights; ``"m"``, the optimizer's float32 first moments (its
+variables named ``*_momentum``: :func:`first_moments`); ``"o"``, its other
+float32 variables (second moments, accumulators); ``"x"``, everything else
+(float64 weights, counters), sent as raw float64 ``n · delta`` (a few values
+in practice). ``"int8"`` sends ``"w"`` and ``"m"`` in int8 and ``"o"`` in
+bf16: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged
+with error feedback in the pre-study, int8 on its first moments alone
+matched float32 (docs/benchmarks.md, "Compressed updates").
 
 **Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of
 each segment, cut at whole int8 blocks, so a reducer decodes its shard alone
@@ -55,15 +56,29 @@ from .compression import BLOCK, Encoded, decode, encode, with_feedback
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
 COMPRESSIONS = ("bf16", "int8")
 
-#: Codec of the float32 weights and of the float32 optimizer variables, per ``update_compression``.
-SEGMENT_CODECS = {"bf16": ("bf16", "bf16"), "int8": ("int8", "bf16")}
+#: Codecs of the compressed segments per ``update_compression``: the float32 weights (``"w"``), the
+#: optimizer's float32 first moments (``"m"``: its variables named ``*_momentum``, signed like the
+#: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators).
+SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "int8", "bf16")}
 
 
-def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, bool]:
+def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
     """Which segments keep a residual: ``error_feedback=None`` the int8 ones, ``True`` every one, ``False`` none."""
+    codecs = SEGMENT_CODECS[compression]
     if error_feedback is None:
-        return tuple(codec == "int8" for codec in SEGMENT_CODECS[compression])
-    return (bool(error_feedback),) * 2
+        return tuple(codec == "int8" for codec in codecs)
+    return (bool(error_feedback),) * len(codecs)
+
+
+def first_moments(optimizer_variables) -> Tuple[int, ...]:
+    """Positions of an optimizer's first moments among its variables: those whose path ends in ``_momentum``.
+
+    Keras names them so in Adam, AdamW, Nadam, Adamax, RMSprop, SGD and
+    Lion; they are signed and move like the weights, so int8 carries them.
+    Every other variable (second moments, accumulators, custom optimizers'
+    state) travels in bf16.
+    """
+    return tuple(i for i, v in enumerate(optimizer_variables) if str(getattr(v, "path", "")).endswith("_momentum"))
 
 _HEADER = 8  # int64 n
 
@@ -94,13 +109,15 @@ class DeltaLayout:
     Attributes:
         flat: The sums' :class:`~sparkdl_avg.shared.exchange.FlatLayout` (the state's arrays).
         compression: ``"bf16"`` or ``"int8"``.
-        feedback: Per compressed segment (``"w"``, ``"o"``), whether workers keep its residual
+        feedback: Per compressed segment (``"w"``, ``"m"``, ``"o"``), whether workers keep its residual
             (:func:`segment_feedback`).
+        moments: Positions of the optimizer's first moments among its variables (:func:`first_moments`).
     """
 
     flat: Any
     compression: str
-    feedback: Tuple[bool, bool]
+    feedback: Tuple[bool, ...]
+    moments: Tuple[int, ...] = ()
 
     compressed = True
 
@@ -114,16 +131,24 @@ class DeltaLayout:
         return any(self.feedback)
 
     @property
-    def codecs(self) -> Tuple[str, str]:
-        """Codecs of the ``"w"`` and ``"o"`` segments."""
+    def codecs(self) -> Tuple[str, ...]:
+        """Codecs of the compressed segments (``"w"``, ``"m"``, ``"o"``)."""
         return SEGMENT_CODECS[self.compression]
 
+    def _segment_of(self, entry: int) -> int:
+        """The compressed segment of a float32 entry of :attr:`flat`."""
+        if entry < self.flat.num_weights:
+            return 0
+        return 1 if entry - self.flat.num_weights in self.moments else 2
+
     @property
-    def sizes(self) -> Tuple[int, int, int]:
-        """Values of the ``"w"``, ``"o"`` and ``"x"`` segments."""
-        w = sum(int(np.prod(s)) for f32, s in self.flat.entries[: self.flat.num_weights] if f32)
-        n32, n64 = self.flat.sizes
-        return w, n32 - w, n64
+    def sizes(self) -> Tuple[int, ...]:
+        """Values of each compressed segment, then of ``"x"``."""
+        out = [0] * len(self.codecs)
+        for i, (f32, shape) in enumerate(self.flat.entries):
+            if f32:
+                out[self._segment_of(i)] += int(np.prod(shape))
+        return (*out, self.flat.sizes[1])
 
     @property
     def nbytes(self) -> int:
@@ -145,11 +170,10 @@ class DeltaLayout:
         ``residual``: the worker's residual per compressed segment (``None``: zero; an entry ``None``:
         a segment without feedback).
         """
-        delta, x = self._deltas(weights, optimizer, sent_weights, sent_optimizer)
+        parts, x = self._deltas(weights, optimizer, sent_weights, sent_optimizer)
         x *= np.float64(examples)
-        nw = self.sizes[0]
         encoded, kept = [], []
-        for i, (codec, part, feedback) in enumerate(zip(self.codecs, (delta[:nw], delta[nw:]), self.feedback)):
+        for i, (codec, part, feedback) in enumerate(zip(self.codecs, parts, self.feedback)):
             if feedback:
                 e, r = with_feedback(part, residual[i] if residual is not None else None, codec)
             else:
@@ -158,30 +182,32 @@ class DeltaLayout:
             kept.append(r)
         return Packed(int(examples), x, tuple(encoded)), (kept if self.keeps_residuals else None)
 
-    def _deltas(self, weights, optimizer, sent_weights, sent_optimizer) -> Tuple[np.ndarray, np.ndarray]:
-        """``new − sent`` as the float32 and float64 vectors of :meth:`FlatLayout.flatten`, without flattening either."""
+    def _deltas(self, weights, optimizer, sent_weights, sent_optimizer) -> Tuple[List[np.ndarray], np.ndarray]:
+        """``new − sent``: one float32 vector per compressed segment and the float64 ``"x"``, in entry order."""
         new = list(weights) + list(optimizer or [])
         old = list(sent_weights) + list(sent_optimizer or [])
         if len(new) != len(self.flat.entries) or len(old) != len(self.flat.entries):
             raise ValueError(f"The state holds {len(new)} arrays; its layout has {len(self.flat.entries)}.")
-        n32, n64 = self.flat.sizes
-        out32, out64 = np.empty(n32, np.float32), np.empty(n64, np.float64)
-        i32 = i64 = 0
-        for a, b, (is32, shape) in zip(new, old, self.flat.entries):
+        sizes = self.sizes
+        parts = [np.empty(n, np.float32) for n in sizes[:-1]]
+        x = np.empty(sizes[-1], np.float64)
+        at, ix = [0] * len(parts), 0
+        for i, (a, b, (is32, shape)) in enumerate(zip(new, old, self.flat.entries)):
             n = int(np.prod(shape))
             if is32:
-                np.subtract(np.ravel(a), np.ravel(b), out=out32[i32:i32 + n])
-                i32 += n
+                seg = self._segment_of(i)
+                np.subtract(np.ravel(a), np.ravel(b), out=parts[seg][at[seg]:at[seg] + n])
+                at[seg] += n
             else:
-                np.subtract(np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64), out=out64[i64:i64 + n])
-                i64 += n
-        return out32, out64
+                np.subtract(np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64), out=x[ix:ix + n])
+                ix += n
+        return parts, x
 
     def _blob_sizes(self, shard: int, shards: int) -> List[int]:
         sizes = [_HEADER]
-        (xa, xb) = _bounds(self.sizes[2], "f64", shard, shards)
+        (xa, xb) = _bounds(self.sizes[-1], "f64", shard, shards)
         sizes.append(8 * (xb - xa))
-        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        runs = self._runs(shard, shards)
         for (a, b), codec in zip(runs, self.codecs):
             sizes.append(4 * (-(-(b - a) // BLOCK)) if codec == "int8" else 0)
         for codec in ("bf16", "int8"):
@@ -192,9 +218,9 @@ class DeltaLayout:
 
     def shard_bytes(self, packed: Packed, shard: int, shards: int) -> bytes:
         """Shard ``shard`` of ``S`` of a worker's delta, as one value (the module's format)."""
-        xa, xb = _bounds(self.sizes[2], "f64", shard, shards)
+        xa, xb = _bounds(self.sizes[-1], "f64", shard, shards)
         pieces = [np.int64(packed.examples).tobytes(), packed.x[xa:xb].tobytes()]
-        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        runs = self._runs(shard, shards)
         slices = [e.slice(a, b) for e, (a, b) in zip(packed.encoded, runs)]
         pieces += [s.scales.tobytes() for s in slices if s.scales is not None]
         pieces += [s.payload.tobytes() for s in slices if s.codec == "bf16"]
@@ -214,10 +240,10 @@ class DeltaLayout:
         buf = memoryview(data)
         examples = int(np.frombuffer(buf, np.int64, count=1)[0])
         offset = _HEADER
-        xa, xb = _bounds(self.sizes[2], "f64", shard, shards)
+        xa, xb = _bounds(self.sizes[-1], "f64", shard, shards)
         x = np.frombuffer(buf, np.float64, count=xb - xa, offset=offset)
         offset += 8 * (xb - xa)
-        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
+        runs = self._runs(shard, shards)
         scales = {}
         for i, ((a, b), codec) in enumerate(zip(runs, self.codecs)):
             if codec == "int8":
@@ -238,42 +264,55 @@ class DeltaLayout:
 
     # ----------------------------------------------------------------- the sum
 
+    def _runs(self, shard: int, shards: int) -> List[Tuple[int, int]]:
+        """``[lo, hi)`` of shard ``shard`` in each compressed segment."""
+        return [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes, self.codecs)]
+
     def empty(self, shard: int, shards: int) -> List[np.ndarray]:
-        """Zero sums of shard ``shard``: ``[w (float32), o (float32), x (float64)]``."""
-        runs = [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes[:2], self.codecs)]
-        xa, xb = _bounds(self.sizes[2], "f64", shard, shards)
-        return [np.zeros(b - a, np.float32) for a, b in runs] + [np.zeros(xb - xa, np.float64)]
+        """Zero sums of shard ``shard``: one float32 array per compressed segment, then ``x`` (float64)."""
+        xa, xb = _bounds(self.sizes[-1], "f64", shard, shards)
+        return [np.zeros(b - a, np.float32) for a, b in self._runs(shard, shards)] + [np.zeros(xb - xa, np.float64)]
 
     def add(self, acc: Optional[List[np.ndarray]], data, shard: int, shards: int) -> List[np.ndarray]:
         """``acc + n · decode(delta)`` for a worker's shard value ``data``, in place (``None``: zeros first)."""
         acc = self.empty(shard, shards) if acc is None else acc
         packed = self.parse(data, shard, shards)
         weight = np.float32(packed.examples)
-        for sums, e in zip(acc[:2], packed.encoded):
+        for sums, e in zip(acc[:-1], packed.encoded):
             values = decode(e)
             values *= weight
             np.add(sums, values, out=sums)
-        np.add(acc[2], packed.x, out=acc[2])
+        np.add(acc[-1], packed.x, out=acc[-1])
         return acc
 
     @staticmethod
     def summed_bytes(acc: List[np.ndarray]) -> bytes:
-        """A summed shard as one value: ``x`` (float64), then ``w`` and ``o`` (float32)."""
-        return acc[2].tobytes() + acc[0].tobytes() + acc[1].tobytes()
+        """A summed shard as one value: ``x`` (float64), then each compressed segment's (float32)."""
+        return b"".join([acc[-1].tobytes()] + [a.tobytes() for a in acc[:-1]])
 
     def parse_summed(self, data, shard: int, shards: int) -> List[np.ndarray]:
         """The sums a :meth:`summed_bytes` value holds (views), as :meth:`empty` orders them."""
         zero = self.empty(shard, shards)
         buf = memoryview(data)
-        x = np.frombuffer(buf, np.float64, count=zero[2].size)
-        w = np.frombuffer(buf, np.float32, count=zero[0].size, offset=x.nbytes)
-        o = np.frombuffer(buf, np.float32, count=zero[1].size, offset=x.nbytes + w.nbytes)
-        return [w, o, x]
+        x = np.frombuffer(buf, np.float64, count=zero[-1].size)
+        out, offset = [], x.nbytes
+        for z in zero[:-1]:
+            out.append(np.frombuffer(buf, np.float32, count=z.size, offset=offset))
+            offset += 4 * z.size
+        return out + [x]
 
     def delta_sums(self, shard_sums: Sequence[List[np.ndarray]]) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
         """``(Σ n·Δweights, Σ n·Δoptimizer or None)`` from every shard's sums, in shard order."""
-        w, o, x = (np.concatenate([s[i] for s in shard_sums]) for i in range(3))
-        return self.flat.unflatten(np.concatenate([w, o]), x)
+        segments = [np.concatenate([s[i] for s in shard_sums]) for i in range(len(self.codecs) + 1)]
+        f32, at = np.empty(self.flat.sizes[0], np.float32), [0] * len(self.codecs)
+        i32 = 0
+        for i, (is32, shape) in enumerate(self.flat.entries):  # the segments' values back in entry order
+            if is32:
+                n, seg = int(np.prod(shape)), self._segment_of(i)
+                f32[i32:i32 + n] = segments[seg][at[seg]:at[seg] + n]
+                at[seg] += n
+                i32 += n
+        return self.flat.unflatten(f32, segments[-1])
 
     # ---------------------------------------------------------- the residuals
 
@@ -289,7 +328,7 @@ class DeltaLayout:
     def read_residual(self, data) -> List[Optional[np.ndarray]]:
         """The residual per compressed segment of a :meth:`residual_bytes` value (``None`` where it keeps none)."""
         buf, offset, out = memoryview(data), 0, []
-        for size, feedback in zip(self.sizes[:2], self.feedback):
+        for size, feedback in zip(self.sizes, self.feedback):
             if not feedback:
                 out.append(None)
                 continue
@@ -364,7 +403,7 @@ def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: 
     t2 = time.perf_counter()
     if feedback is not None:
         if kept is None:
-            kept = [np.zeros(size, np.float32) if fb else None for size, fb in zip(layout.sizes[:2], layout.feedback)]
+            kept = [np.zeros(size, np.float32) if fb else None for size, fb in zip(layout.sizes, layout.feedback)]
         feedback.save(layout, worker, kept)
     feedback_s = (t1 - t0) + (time.perf_counter() - t2) if feedback is not None else 0.0
     return packed, {"encode_s": t2 - t1, "feedback_s": feedback_s}
