@@ -33,8 +33,10 @@ import numpy as np
 import harness
 from bench_cnn import build_model, make_data
 
-ARMS = ("none", "bf16", "bf16+ef", "int8", "int8+ef", "int8+ef/bf16+ef")
-"""``codec[+ef]`` for the whole delta, or ``weights' codec/optimizer's codec``."""
+ARMS = ("none", "bf16", "bf16+ef", "int8", "int8+ef", "int8+ef/bf16+ef", "int8+ef/int8+ef/bf16")
+"""``codec[+ef]`` for the whole delta, ``weights' codec/optimizer's codec``, or ``weights' codec/first
+moments' codec/other optimizer variables' codec`` (first moments: the variables named ``*_momentum``,
+what ``update_compression="int8"`` sends in int8)."""
 
 
 def _flat(arrays):
@@ -68,8 +70,12 @@ def run(arm, k, seed, epochs, workers, x, y, xt, yt, batch=32):
     shards = np.array_split(np.random.default_rng(seed).permutation(len(x)), workers)
     steps = len(shards[0]) // batch
     parts = arm.split("/") if "/" in arm else [arm, arm]
-    plans = [(None if p == "none" else p.split("+")[0], p.endswith("+ef")) for p in parts]  # weights, optimizer
-    residuals = [[None, None] for _ in range(workers)]
+    if len(parts) == 2:
+        parts = [parts[0], parts[1], parts[1]]
+    plans = [(None if p == "none" else p.split("+")[0], p.endswith("+ef")) for p in parts]  # weights, m, others
+    residuals = [[None, None, None] for _ in range(workers)]
+    # Each optimizer value's plan: first moments (named *_momentum) or the others.
+    moment = np.concatenate([np.full(int(np.prod(v.shape)), v.path.endswith("_momentum")) for v in opt_vars])
     shapes_w, shapes_o = model.get_weights(), [v.numpy() for v in opt_vars]
     out = []
     iterations = 0
@@ -87,10 +93,11 @@ def run(arm, k, seed, epochs, workers, x, y, xt, yt, batch=32):
                 idx = order[w][start * batch:(start + n) * batch]
                 h = model.fit(x[idx], y[idx], batch_size=batch, epochs=1, verbose=0, shuffle=False)
                 losses.append(h.history["loss"][0])
-                deltas = (_flat(model.get_weights()) - w_global, _flat([v.numpy() for v in opt_vars]) - o_global)
-                offsets = (0, w_global.size)
-                for part, ((codec, feedback), delta, offset) in enumerate(zip(plans, deltas, offsets)):
-                    view = total[offset:offset + delta.size]
+                opt_delta = _flat([v.numpy() for v in opt_vars]) - o_global
+                deltas = (_flat(model.get_weights()) - w_global, opt_delta[moment], opt_delta[~moment])
+                sums = []
+                for part, ((codec, feedback), delta) in enumerate(zip(plans, deltas)):
+                    view = np.zeros_like(delta)
                     if codec is None:
                         view += delta
                     elif feedback:
@@ -98,6 +105,11 @@ def run(arm, k, seed, epochs, workers, x, y, xt, yt, batch=32):
                         c.add_decoded(view, e)
                     else:
                         c.add_decoded(view, c.encode(delta, codec))
+                    sums.append(view)
+                total[: w_global.size] += sums[0]
+                opt_total = np.zeros_like(opt_delta)
+                opt_total[moment], opt_total[~moment] = sums[1], sums[2]
+                total[w_global.size:] += opt_total
             total /= np.float32(workers)
             w_global = w_global + total[: w_global.size]
             o_global = o_global + total[w_global.size:]
