@@ -51,7 +51,7 @@ def _state(seed, sizes=(700, 3, 130), opt_sizes=(700, 130)):
 @pytest.mark.parametrize("codec", ["int8", "bf16"])
 def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     sent_w, sent_o = _state(0)
-    # optimizer variable 1 is a first moment ("m": int8 under "int8"), variable 2 another ("o": bf16)
+    # optimizer variable 1 is a first moment ("m"), variable 2 another ("o")
     layout = DeltaLayout(FlatLayout.of(sent_w, sent_o), codec, feedback=(False, False, False), moments=(1,))
     assert layout.sizes == (700 + 3 + 130, 700, 130, 2)
     workers = []

@@ -14,10 +14,11 @@ float32 weights; ``"m"``, the optimizer's float32 first moments (its
 variables named ``*_momentum``: :func:`first_moments`); ``"o"``, its other
 float32 variables (second moments, accumulators); ``"x"``, everything else
 (float64 weights, counters), sent as raw float64 ``n · delta`` (a few values
-in practice). ``"int8"`` sends ``"w"`` and ``"m"`` in int8 and ``"o"`` in
+in practice). ``"int8"`` sends ``"w"`` in int8 and ``"m"`` and ``"o"`` in
 bf16: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged
-with error feedback in the pre-study, int8 on its first moments alone
-matched float32 (docs/benchmarks.md, "Compressed updates").
+with error feedback in the pre-study; int8 on its first moments alone
+matched float32 but cost more in residual files than it saved on the wire
+(:data:`SEGMENT_CODECS`; docs/benchmarks.md, "Compressed updates").
 
 **Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of
 each segment, cut at whole int8 blocks, so a reducer decodes its shard alone
@@ -58,8 +59,11 @@ COMPRESSIONS = ("bf16", "int8")
 
 #: Codecs of the compressed segments per ``update_compression``: the float32 weights (``"w"``), the
 #: optimizer's float32 first moments (``"m"``: its variables named ``*_momentum``, signed like the
-#: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators).
-SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "int8", "bf16")}
+#: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators). int8 on
+#: ``"m"`` matched float32 too (0.336× the bytes with Adam against 0.418×), but its residual doubled the
+#: residual files and made the rounds on the shaped-network cluster slower, so ``"m"`` stays in bf16
+#: (docs/benchmarks.md, "Compressed updates").
+SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16")}
 
 
 def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
