@@ -619,15 +619,14 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "update_compression", None, "Optional[str]",
-        help="send each worker's round delta compressed: 'bf16' (2 bytes a value) or 'int8' (weights and first "
-             "moments at about 1 byte, with error feedback)",
+        help="send each worker's round delta compressed: 'bf16' (2 bytes a value) or 'int8' (the weights at "
+             "about 1 byte, with error feedback)",
         unset="float32 sums, uncompressed",
         doc="Send each worker's *delta* from the round's starting state compressed instead of its float32 "
             "sums (:mod:`sparkdl_avg.shared.delta_sums`); the sums are still added in float32, so only the wire "
             "changes. ``\"bf16\"``: bfloat16, round to nearest even (0.5× the bytes). ``\"int8\"``: the weights "
-            "and the optimizer's first moments (``*_momentum``) in int8 with a float32 scale per 256 values and "
-            "error feedback, its other variables in bf16 (int8 on Adam's second moments diverged in our "
-            "measurements): 0.34× with Adam. Works with every update rule, "
+            "in int8 with a float32 scale per 256 values and error feedback, the optimizer's variables in bf16 "
+            "(int8 on Adam's second moments diverged in our measurements): 0.42× with Adam. Works with every update rule, "
             "``synchronization=\"stale\"``, every ``state_transport`` and ``aggregation``, and Spark Connect. "
             "Default ``None``: float32 sums. Measured in docs/benchmarks.md, \"Compressed updates\".",
         check=OneOf((None,) + UPDATE_COMPRESSIONS),
