@@ -51,14 +51,16 @@ def main(argv=None) -> int:
 
     model = cli.load_model(args.model)
     trainer = ParameterAveragingTrainer(
-        model, num_workers=args.num_workers, batch_size=args.batch_size, staging_dir=args.staging_dir
+        model, num_workers=args.num_workers, batch_size=args.batch_size, staging_dir=args.staging_dir,
+        preprocess=args.preprocess,
     )
     spark = cli.spark_session("sparkdl_avg evaluate")
     try:
-        data = cli.read_data(spark, args.data, args.format, options, cli.as_list(features) + cli.as_list(labels))
+        data = cli.read_data(spark, args.data, args.format, options, cli.needed_columns(args, features, labels))
         cli.check_executors(spark, args.check_executors)
         with trainer:
-            metrics = trainer.evaluate(data, features_col=features, label_col=labels, return_dict=True)
+            metrics = trainer.evaluate(data, features_col=features, label_col=labels, return_dict=True,
+                                       sample_weight_col=args.sample_weight_col)
     finally:
         spark.stop()
     text = json.dumps(metrics, indent=1)

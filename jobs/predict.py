@@ -56,14 +56,14 @@ def main(argv=None) -> int:
     spark = cli.spark_session("sparkdl_avg predict")
     try:
         keep = cli.as_list(cli.columns(args.keep_cols, "")) if args.keep_cols else None
-        data = cli.read_data(spark, args.data, args.format, options, cli.as_list(features) + (keep or []))
+        data = cli.read_data(spark, args.data, args.format, options, cli.needed_columns(args, features, keep or []))
         if not args.overwrite and fs.hadoop_exists(spark.sparkContext, args.output):
             raise cli.UsageError(f"Output {args.output!r} already exists; pass --overwrite to replace it")
         cli.check_executors(spark, args.check_executors)
-        trainer = ParameterAveragingTrainer(model, batch_size=32)
+        trainer = ParameterAveragingTrainer(model, batch_size=32, preprocess=args.preprocess)
         out = trainer.predict(data, features_col=features, prediction_col=args.prediction_col,
                               probability_col=probability, batch_size=args.batch_size)
-        dropped = set(cli.as_list(features))
+        dropped = set() if args.preprocess is not None else set(cli.as_list(features))
         kept = keep if keep is not None else [c for c in data.columns if c not in dropped]
         new = [args.prediction_col] + ([probability] if probability and probability in out.columns else [])
         out.select(*kept, *new).write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)

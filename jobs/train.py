@@ -93,7 +93,7 @@ def main(argv=None) -> int:
 
     spark = cli.spark_session("sparkdl_avg train")
     try:
-        needed = cli.as_list(features) + cli.as_list(labels)
+        needed = cli.needed_columns(args, features, labels)
         data = cli.read_data(spark, args.data, args.format, options, needed)
         validation = None
         if args.validation_data:

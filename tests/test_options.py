@@ -215,8 +215,8 @@ def _bad_flag_values():
            "update_rule": "nope", "staging_dir": "", "checkpoint_every": "soon", "checkpoint_dir": "",
            "state_transport": None, "aggregation": None, "check_data": None, "resume": None, "slow_warning": None,
            "mlflow": None, "log_model": None, "experiment": "", "tracking_uri": "", "run_name": "",
-           "error_feedback": None}
-    # None: a flag argparse checks itself (choices, store_true/store_false)
+           "error_feedback": None, "preprocess": None, "class_weight": None, "sample_weight_col": ""}
+    # None: a flag argparse checks itself (choices, store_true/store_false, a type that parses)
     for row in options.OPTIONS:
         if row.cli is None or row.check is None or bad.get(row.name, "") is None:
             continue

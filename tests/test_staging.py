@@ -198,6 +198,7 @@ def test_refused_staging_data_is_reported_in_the_tasks_row_not_by_failing_it():
     """A failed task makes Spark log an executor ERROR block (naming internal columns) and drops the Python worker."""
     import pyarrow as pa
 
+    from sparkdl_avg.shared.columns import Column, Field
     from sparkdl_avg.shared.value_checks import DataChecks
     from sparkdl_avg.executor.stage_writer import export_arrow_batches
 
@@ -209,8 +210,9 @@ def test_refused_staging_data_is_reported_in_the_tasks_row_not_by_failing_it():
             x = [[float("nan"), 1.0]] if i == 0 else [[0.0, 1.0]]
             yield pa.record_batch([pa.array(x, pa.list_(pa.float64())), pa.array([1.0])], names=["x0", "y0"])
 
-    (row,) = export_arrow_batches(batches(), directory="/nonexistent", features=[("x0", 2)], labels=["y0"],
-                                  x_dtype="float64", y_dtype="float64", checks=DataChecks(finite=True))
+    columns = [Column("x0", "x0", "tensor", Field((2,), "float64"), "x", 0),
+               Column("y0", "y0", "tensor", Field((), "float64"), "y", 0)]
+    (row,) = export_arrow_batches(batches(), directory="/nonexistent", columns=columns, checks=DataChecks(finite=True))
     assert consumed == [0, 1, 2]  # the whole input, so PySpark reuses the worker
     error = row.column("error")[0].as_py()
     assert row.column("rows")[0].as_py() == 0 and "Column 'x0'" in error and "NaN" in error, error

@@ -81,11 +81,13 @@ def test_stage_arrays_round_trip(arrays, staged):
     x, y = arrays
     assert staged.num_examples == 100
     assert staged.x_shapes == ((4,),) and staged.y_shapes == ((),)
-    assert staged.x_dtype == "float64" and staged.y_dtype == "float64"
+    assert [f.dtype for f in staged.x_fields] == ["float64"] and [f.dtype for f in staged.y_fields] == ["float64"]
     idx = np.array([99, 0, 57, 3, 3])
-    rx, ry = read_examples(staged, idx)  # flat rows: (n, Σ input sizes), (n, Σ label sizes)
+    examples = read_examples(staged, idx)  # one array per input and per output, in the examples' order
+    ((rx,), (ry,)) = examples.xs, examples.ys
+    assert rx.dtype == np.float64 and examples.weights is None
     np.testing.assert_array_equal(rx, x[idx])
-    np.testing.assert_array_equal(ry, y[idx][:, None])
+    np.testing.assert_array_equal(ry, y[idx])
 
 
 @pytest.mark.parametrize("worker_id", [0, 1])

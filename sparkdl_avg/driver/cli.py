@@ -53,6 +53,20 @@ def add_data_args(p: argparse.ArgumentParser, label: bool = True) -> None:
     _add_flag(g, table.option("features_col"))
     if label:
         _add_flag(g, table.option("label_col"))
+        _add_flag(g, table.option("sample_weight_col"))
+    _add_flag(g, table.option("preprocess"))
+
+
+def needed_columns(args: argparse.Namespace, *columns) -> List[str]:
+    """The columns :func:`read_data` must find: those given (lists or names) and ``--sample-weight-col``.
+
+    With ``--preprocess`` the features and labels name the function's
+    output, which its dry run checks (naming what is missing), so none is required here.
+    """
+    if getattr(args, "preprocess", None) is not None:
+        return []
+    weight = getattr(args, "sample_weight_col", None)
+    return [c for value in columns for c in as_list(value)] + ([weight] if weight else [])
 
 
 def add_model_args(p: argparse.ArgumentParser, builder: bool = True) -> None:

@@ -1,9 +1,10 @@
 """Driver side of distributed inference: add a model's outputs to a DataFrame.
 
-The features go through an iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``,
+The columns the model's inputs come from (or the raw columns a preprocessing
+function reads) go through an iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``,
 Spark ≥ 4.1) whose body, :func:`sparkdl_avg.executor.predict.predict_batches`, runs on
 executors with the replica cached per Python worker and sees each Arrow
-batch's feature values as one numpy array (no pandas, no per-row objects).
+batch's numeric columns as numpy arrays (no pandas, no per-row objects).
 Every other column of the DataFrame passes through untouched (Vectors
 included, also from a columnar source such as Parquet: see
 :func:`_udf_input`).
@@ -17,9 +18,9 @@ import pyarrow as pa
 from ..errors import DataError
 from ..executor.predict import PredictTask, predict_batches
 from ..shared import remote_errors
-from ..shared.modelspec import ModelSpec, input_shapes, inputs_dtype
+from ..shared.modelspec import ModelSpec, input_dtypes, input_shapes
 from .session import Engine
-from .staging import column_list, feature_column
+from .staging import column_list, input_column
 
 CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
 BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")
@@ -59,27 +60,58 @@ def _holds_udt(data_type) -> bool:
     return False
 
 
-def _udf_input(df, features):
-    """``(DataFrame, arguments)`` to call the prediction UDF on: ``features`` passed twice.
+def _udf_input(df, arguments):
+    """``(DataFrame, arguments)`` to call the prediction UDF on: ``arguments`` and the first one again.
 
     Spark ≥ 4.2 hands an Arrow UDF whose child is a columnar scan (Parquet,
     ORC) the scan's column batches and converts the columns it passes
     through with a converter that has no user-defined types, so any Vector
     column next to the features fails with ``UNSUPPORTED_DATATYPE``. When
-    the schema holds one, the features are computed in a projection of
-    their own (``transform`` keeps it from being trivial) and referenced
-    twice, which Spark's optimizer does not merge into the UDF: a row-based
-    operator then sits between the scan and the UDF, the path that carries
-    every type. Otherwise the UDF stays directly on the source (Spark
-    deduplicates the two identical arguments; Python sees one column).
+    the schema holds one, array arguments are computed in a projection of
+    their own (``transform`` keeps it from being trivial) and the first is
+    referenced twice, which Spark's optimizer does not merge into the UDF: a
+    row-based operator then sits between the scan and the UDF, the path that
+    carries every type. Otherwise the UDF stays directly on the source (Spark
+    deduplicates the two identical arguments; Python sees them once each).
     """
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     if not any(_holds_udt(f.dataType) for f in df.schema.fields):
-        return df, (features, features)
-    name = "__sparkdl_avg_features"
-    projected = df.withColumn(name, F.transform(features, lambda v: v))
-    return projected, (F.col(name), F.col(name))
+        return df, (*arguments, arguments[0])
+    projected, columns = df, []
+    for k, expr in enumerate(arguments):
+        name = f"__sparkdl_avg_in{k}"
+        data_type = projected.select(expr).schema.fields[0].dataType
+        if isinstance(data_type, T.ArrayType):
+            expr = F.transform(expr, lambda v: v)
+        projected = projected.withColumn(name, expr)
+        columns.append(F.col(name))
+    return projected, (*columns, columns[0])
+
+
+def udf_inputs(df, model, features_col, preprocess=None, what: str = "input"):
+    """How ``df`` feeds ``model``: ``(expressions, StagedDataset without files)`` for :class:`PredictTask`.
+
+    Without ``preprocess``, one expression per model input
+    (:func:`sparkdl_avg.driver.staging.input_column`); with it, the raw
+    columns the function reads, found by its dry run on a few rows
+    (:func:`sparkdl_avg.driver.staging.dry_run`).
+    """
+    from ..shared.columns import Column, Field
+    from ..shared.staged_dataset import StagedDataset
+    from .staging import _quoted, dry_run
+
+    x_fields = tuple(Field(shape, dtype) for shape, dtype in zip(input_shapes(model), input_dtypes(model)))
+    names = column_list(features_col, len(x_fields), "features_col", "input")
+    if preprocess is not None:
+        preprocess, staged, _ = dry_run(df, preprocess, names, x_fields, (), "float32", None, None, what)
+        columns = tuple(Column(c, c, "raw", None, "raw") for c in staged)
+        exprs = [_quoted(c) for c in staged]
+        return exprs, StagedDataset((), columns, tuple(names), x_fields, (), (), preprocess=preprocess)
+    pairs = [input_column(df, c, k, len(x_fields), field, what) for k, (c, field) in enumerate(zip(names, x_fields))]
+    columns = tuple(Column(f"x{k}", col.source, col.kind, col.field, "x", k) for k, (_, col) in enumerate(pairs))
+    return [expr for expr, _ in pairs], StagedDataset((), columns, tuple(c.name for c in columns), x_fields, (), ())
 
 
 def add_predictions(
@@ -90,15 +122,17 @@ def add_predictions(
     probability_col: Optional[str] = "probability",
     batch_size: int = 1024,
     spec: Optional[ModelSpec] = None,
+    preprocess=None,
 ):
     """Returns ``df`` with the model's outputs added (lazily, like any transformation).
 
     Args:
         df: Spark DataFrame with a features column.
         model: A compiled (or loaded) ``keras.Model``; its current weights are used.
-        features_col: Column of ``array<float|double>`` or ``pyspark.ml``
-            Vectors; a list of columns, one per input, for a model with
-            several inputs.
+        features_col: Column of ``array<float|double>``, numbers, ``pyspark.ml``
+            Vectors, bytes or strings (string inputs) or Spark images; a list
+            of columns, one per input, for a model with several inputs; with
+            ``preprocess``, the names of its outputs.
         prediction_col: Output column: the class index (double) for
             classifiers; the value (double) or values (``array<double>``) for
             regression. A model with several outputs counts as regression;
@@ -108,10 +142,14 @@ def add_predictions(
             leaves it out. Ignored for regression.
         batch_size: Examples per ``predict_on_batch`` call on the executors.
         spec: The model's :class:`ModelSpec` if already made.
+        preprocess: The preprocessing function training applied
+            (:class:`~sparkdl_avg.shared.preprocess.Preprocess` or a function), or ``None``;
+            it runs on the executors with ``training=False``.
 
     Raises:
         DataError: a missing or mistyped features column, or an output column
-            that already exists; from the action that computes the
+            that already exists; with ``preprocess``, its failure or misfit on
+            the first rows (one small Spark job); from the action that computes the
             predictions (``collect()``, ...), a row of the wrong width or a
             null one (see :func:`sparkdl_avg.shared.remote_errors.decode_user_actions`).
     """
@@ -120,18 +158,16 @@ def add_predictions(
     from pyspark.sql import functions as F
     from pyspark.sql.functions import arrow_udf
 
+    from ..shared.preprocess import Preprocess
+
     if not isinstance(df, DataFrame):
         raise DataError(f"The data to predict on must be a Spark DataFrame. Got {type(df).__name__} instead.")
     kind = output_kind(model)
-    x_shapes = input_shapes(model)
-    x_dtype = inputs_dtype(model)
-    names = column_list(features_col, len(x_shapes), "features_col", "input")
-    parts = [feature_column(df, c, shape, x_dtype, what="input") for c, shape in zip(names, x_shapes)]
-    features = parts[0] if len(parts) == 1 else F.concat(*parts)
     outputs = [prediction_col] + ([probability_col] if probability_col and kind != "regression" else [])
     for name in outputs:
         if name in df.columns:
             raise DataError(f"Output column {name!r} is already in the DataFrame; choose another name.")
+    exprs, inputs = udf_inputs(df, model, features_col, Preprocess.of(preprocess))
 
     spec = spec or ModelSpec.from_model(model)
     engine = Engine(df.sparkSession)
@@ -142,11 +178,9 @@ def add_predictions(
         spec=ship(spec),
         fingerprint=spec.fingerprint,
         weights=ship(model.get_weights()),
-        x_shapes=x_shapes,
-        x_dtype=x_dtype,
+        inputs=inputs,
         batch_size=batch_size,
         kind=kind,
-        features_col=", ".join(names),
     )
     if kind == "regression":
         width = sum(math.prod(o.shape[1:]) for o in model.outputs)
@@ -155,10 +189,10 @@ def add_predictions(
         return_type = "prediction double, probability array<double>"
 
     @arrow_udf(return_type)
-    def predict(batches: Iterator[Tuple[pa.Array, pa.Array]]) -> Iterator[pa.Array]:
-        return predict_batches(task, (x for x, _ in batches))
+    def predict(batches: Iterator[Tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+        return predict_batches(task, batches)
 
-    source, arguments = _udf_input(df, features)
+    source, arguments = _udf_input(df, exprs)
     tmp = "__sparkdl_avg_outputs"
     out = source.withColumn(tmp, predict(*arguments))
     columns = [F.col(f"`{c}`") for c in df.columns] + [F.col(f"{tmp}.prediction").alias(prediction_col)]

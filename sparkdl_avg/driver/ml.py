@@ -27,6 +27,7 @@ from pyspark.ml.param.shared import (
     HasPredictionCol,
     HasProbabilityCol,
     HasSeed,
+    HasWeightCol,
 )
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
@@ -37,6 +38,9 @@ from . import options
 from .session import Engine, is_connect
 
 KERAS_FILE = "model.keras"
+PREPROCESS_FILE = "preprocess.pkl"
+"""The stage's preprocessing function, pickled with cloudpickle (only when it has one): loading a stage that has
+one unpickles code, as loading any pickle does; load stages only from paths you trust."""
 
 #: The estimator's Params of the table's options (the rest are the stages' own: kerasModel, featuresCols, ...).
 _OPTION_PARAMS = tuple(o for o in options.OPTIONS if o.param is not None)
@@ -92,9 +96,21 @@ class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
 
 
 class _KerasStage:
-    """Holds the Keras model of a stage as ``.keras`` bytes (what persistence writes)."""
+    """Holds the Keras model of a stage as ``.keras`` bytes and its preprocessing function (what persistence writes)."""
 
     _keras_bytes: Optional[bytes] = None
+    _preprocess = None  # a sparkdl_avg.shared.preprocess.Preprocess, or None
+
+    def setPreprocess(self, value: Any):
+        """Sets the preprocessing function (see the trainer's ``preprocess``); ``None`` removes it. Returns the stage."""
+        from ..shared.preprocess import Preprocess
+
+        self._preprocess = Preprocess.of(value)
+        return self
+
+    def getPreprocess(self):
+        """The preprocessing function, or ``None``."""
+        return None if self._preprocess is None else self._preprocess.function()
 
     def _set_keras(self, model: Any) -> None:
         import keras
@@ -166,6 +182,18 @@ def _read_keras_file(spark, path: str) -> bytes:
         raise error(f"which cannot be read: {first}") from None
 
 
+def _read_optional_file(spark, path: str) -> Optional[bytes]:
+    """The bytes of the file at ``path``, or ``None`` when there is none (a stage saved without a preprocessing function)."""
+    if is_connect(spark):
+        try:
+            rows = spark.read.format("binaryFile").load(path).select("content").collect()
+        except Exception:  # noqa: BLE001 - [PATH_NOT_FOUND]: the stage has no such file
+            return None
+        return bytes(rows[0][0]) if rows else None
+    sc = spark.sparkContext
+    return fs.hadoop_read_bytes(sc, path) if fs.hadoop_exists(sc, path) else None
+
+
 def _write_file_task(path: str, data: bytes, batches):
     """``mapInArrow`` body of the one task that writes a stage's ``.keras`` file under Spark Connect."""
     import pyarrow as pa
@@ -205,6 +233,9 @@ class _KerasStageWriter(MLWriter):
             raise ConfigurationError("Cannot save a stage without a Keras model; call setKerasModel(model) first.")
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
         _write_keras_file(self.sparkSession, path.rstrip("/") + "/" + KERAS_FILE, self.instance._keras_bytes)
+        if self.instance._preprocess is not None:
+            _write_keras_file(self.sparkSession, path.rstrip("/") + "/" + PREPROCESS_FILE,
+                              self.instance._preprocess.payload)
 
     def _handleOverwrite(self, path: str) -> None:
         if not is_connect(self.sparkSession):
@@ -225,6 +256,11 @@ class _KerasStageReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         instance._keras_bytes = _read_keras_file(self.sparkSession, path.rstrip("/") + "/" + KERAS_FILE)
+        payload = _read_optional_file(self.sparkSession, path.rstrip("/") + "/" + PREPROCESS_FILE)
+        if payload is not None:
+            import pickle
+
+            instance.setPreprocess(pickle.loads(payload))
         return instance
 
 
@@ -284,7 +320,8 @@ def _param_entry(o) -> str:
 
 
 @_from_table
-class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol, HasSeed, MLWritable, MLReadable):
+class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol, HasSeed, HasWeightCol, MLWritable,
+                              MLReadable):
     """Trains a compiled Keras model by parameter averaging as a Spark ML ``Estimator``.
 
     The Params of the trainer's options come from :data:`sparkdl_avg.driver.options.OPTIONS`
@@ -298,6 +335,10 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
             several inputs (overrides featuresCol).
         labelCols: One label column per model output, for models with
             several outputs (overrides labelCol).
+        preprocess: A function run on the executors that maps a minibatch
+            of raw columns to the model's inputs and labels (the trainer's
+            ``preprocess``); the fitted model applies it in ``transform``
+            and both stages save it (``preprocess.pkl``). Default ``None``.
         predictionCol: Output column of the fitted model. Default "prediction".
         probabilityCol: Output column of class probabilities. Default "probability".
         inferenceBatchSize: Examples per predict call in transform. Default 1024.
@@ -317,6 +358,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         kerasModel: Any = None,
         featuresCols: Optional[list] = None,
         labelCols: Optional[list] = None,
+        preprocess: Any = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         inferenceBatchSize: int = 1024,
@@ -331,6 +373,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         kwargs = dict(self._input_kwargs)
         options.check_names(type(self).__name__, kwargs, self._init_names)
         self._set_keras(kwargs.pop("kerasModel", None))
+        self.setPreprocess(kwargs.pop("preprocess", None))
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
     def setKerasModel(self, value: Any) -> "KerasAveragingEstimator":
@@ -352,6 +395,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         flat = {o.name: self._option(o) for o in _OPTION_PARAMS if o.scope in (options.TRAINER, options.RULE)}
         if not self.isSet(self.seed):  # Spark's default seed is a (possibly negative) hash of the class name
             flat["seed"] = self.getOrDefault(self.seed) & 0x7FFFFFFF
+        flat["preprocess"] = self._preprocess
         return options.from_flat(flat)
 
     def _fit_options(self) -> dict:
@@ -381,7 +425,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
                 history = trainer.fit(dataset, **self._fit_options(), callbacks=[tracker] if tracker else None)
         except (ConfigurationError, DataError) as exc:
             raise type(exc)(_camel_case_message(str(exc))) from None
-        fitted = KerasAveragingModel(kerasModel=model)
+        fitted = KerasAveragingModel(kerasModel=model, preprocess=self._preprocess)
         fitted.history = history
         fitted.stats = trainer.stats
         self._copyValues(fitted)
@@ -419,10 +463,12 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         inferenceBatchSize: int = 1024,
+        preprocess: Any = None,
     ) -> None:
         super().__init__()
         kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
         self._set_keras(kwargs.pop("kerasModel", None))
+        self.setPreprocess(kwargs.pop("preprocess", None))
         self._set(**kwargs)
         self.history = None
         self.stats = None
@@ -447,4 +493,5 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
             prediction_col=self.getPredictionCol(),
             probability_col=self.getProbabilityCol(),
             batch_size=batch,
+            preprocess=self._preprocess,
         )

@@ -195,6 +195,73 @@ class Parsed(Constraint):
         return self.what
 
 
+@dataclass(frozen=True)
+class Function(Constraint):
+    """A function executors can receive (:meth:`sparkdl_avg.shared.preprocess.Preprocess.of` says why not), or ``None``."""
+
+    def accepts(self, value: Any) -> bool:
+        return True
+
+    def __call__(self, name: str, value: Any) -> None:
+        from ..shared.preprocess import Preprocess
+
+        Preprocess.of(value, name)
+
+    def __str__(self) -> str:
+        return "a function of a batch (a dict of numpy arrays) or None"
+
+
+@dataclass(frozen=True)
+class ClassWeights(Constraint):
+    """A dict of class index (int ≥ 0) → weight (a number ≥ 0), or ``None``, as Keras' ``class_weight``."""
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return True
+        return isinstance(value, dict) and bool(value) and all(
+            Ints(0).accepts(k) and isinstance(v, numbers.Real) and not isinstance(v, bool) and v >= 0
+            for k, v in value.items())
+
+    def __str__(self) -> str:
+        return "a dict of class index (an int >= 0) to weight (a number >= 0), or None"
+
+
+def import_function(text: str) -> Any:
+    """``MODULE:FUNCTION`` (``--preprocess``) as the function; the module must be importable on the driver.
+
+    Raises ``argparse.ArgumentTypeError``, whose message argparse prints as the flag's error.
+    """
+    import argparse
+    import importlib
+
+    module_name, sep, name = str(text).partition(":")
+    if not sep or not module_name or not name:
+        raise argparse.ArgumentTypeError(f"expected MODULE:FUNCTION, got {text!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise argparse.ArgumentTypeError(f"cannot import module {module_name!r} ({exc}); put it on the driver's path and ship it "
+                         "to executors with --py-files") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise argparse.ArgumentTypeError(f"module {module_name!r} has no function {name!r}")
+    return fn
+
+
+def parse_class_weight(text: str) -> Dict[int, float]:
+    """``--class-weight``'s ``CLASS=WEIGHT,...`` (``0=1,1=5``) as a dict."""
+    weights = {}
+    for part in str(text).split(","):
+        key, sep, value = part.partition("=")
+        try:
+            weights[int(key)] = float(value)
+        except ValueError:
+            raise ValueError(f"expected CLASS=WEIGHT,... such as 0=1,1=5, got {text!r}") from None
+        if not sep:
+            raise ValueError(f"expected CLASS=WEIGHT,... such as 0=1,1=5, got {text!r}")
+    return weights
+
+
 def parse_rate(rate: Any) -> float:
     """Bytes per second of a link rate: a positive number (bytes/s) or a string such as ``"1gbit"``, ``"800mbit"``.
 
@@ -647,6 +714,27 @@ OPTIONS: Tuple[Option, ...] = (
         cli=Flag(type=on_off, metavar="on|off"),
         param=SparkParam("errorFeedback", "toBoolean"),
     ),
+    Option(
+        "preprocess", None, "Any",
+        help="a function run on the executors that maps a minibatch of raw columns (a dict of numpy arrays) to the "
+             "model's inputs and labels (decode images, tokenize, augment); in fit, evaluate and predict",
+        unset="the columns feed the model as they are",
+        doc="A function ``fn(batch, seeds=None, training=False)`` that maps a minibatch of raw DataFrame columns "
+            "(a dict of numpy arrays: numbers, object arrays of ``bytes``/``str``, dicts for structs) to a dict "
+            "holding the model's inputs and labels by name (``features_col``, ``label_col`` and "
+            "``sample_weight_col`` then name its keys; a name it does not return is taken from the batch). It "
+            "runs on the executors, per minibatch, in ``fit``, ``evaluate`` and ``predict``; ``seeds`` (one "
+            "int64 per example from the fit's seed, the epoch and the example) makes random augmentation repeat "
+            "bitwise; ``training`` is True only in ``fit``'s rounds. Only the columns it reads are staged, as "
+            "they came (found by running it on a few rows on the driver first, which also checks its output "
+            "against the model). Shipped by value when defined in ``__main__``; otherwise its module must be "
+            "importable on the executors. Default ``None``. See README, \"Images, text and ids\".",
+        check=Function(),
+        cli=Flag(metavar="MODULE:FUNCTION", type=import_function, group="data",
+                 help="a function that maps a minibatch of raw columns (a dict of numpy arrays) to the model's "
+                      "inputs and labels, run on the executors (decode images, tokenize, augment); ship its module "
+                      "with --py-files"),
+    ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(
         "epochs", 1, "int", scope=FIT,
@@ -708,6 +796,21 @@ OPTIONS: Tuple[Option, ...] = (
         help="continue from the latest checkpoint in --checkpoint-dir, if there is one",
         check=BoolOrPath(),
         cli=Flag(action="store_true"),
+    ),
+    Option(
+        "sample_weight_col", None, "Optional[str]", scope=FIT,
+        help="column of each example's weight in the loss (Keras' sample_weight)",
+        unset="every example weighs 1",
+        check=Text("a column name"),
+        cli=Flag(metavar="COL", group="data"),
+        param=SparkParam("weightCol", "toString", shared=True),
+    ),
+    Option(
+        "class_weight", None, "Optional[dict]", scope=FIT,
+        help="weight of each class in the loss, as Keras' class_weight ({class index: weight}; a flag: 0=1,1=5)",
+        unset="every class weighs 1",
+        check=ClassWeights(),
+        cli=Flag(metavar="CLASS=WEIGHT,...", type=parse_class_weight),
     ),
     # ------------------------------------------------- MLflow tracking (sparkdl_avg.driver.tracking.MlflowLogger)
     Option(

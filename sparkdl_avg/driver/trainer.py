@@ -10,6 +10,7 @@ how state moves is :mod:`sparkdl_avg.driver.transport`'s; checkpoint policy is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -30,9 +31,11 @@ from ..shared.modelspec import (
     architecture_signature,
     check_model_loads,
     get_state,
+    input_dtypes,
     input_shapes,
     inputs_dtype,
 )
+from ..shared.preprocess import Preprocess
 from ..shared.staged_dataset import StagedDataset
 from ..shared.stats import TrainingStats
 from . import resume as resume_mod
@@ -40,7 +43,7 @@ from . import staging
 from . import transport as transport_mod
 from .config import TrainerConfig, check_fit_args, validate_model
 from .feedback import FeedbackLedger, lag_of
-from .options import TRAINER, Ints, constructor, document, of, require, trainer_entries
+from .options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
 from .progress import Progress
 from .rounds import RoundRunner, RoundSettings, RuleState
 from .schedules import AveragingSchedule, FixedPeriod, next_period
@@ -170,14 +173,17 @@ class ParameterAveragingTrainer:
         self._fits = 0
         self.history = None  # the History of the latest completed fit
         self._rule_state = RuleState()  # carried over to the next fit of this trainer
+        self._preprocess = Preprocess.of(self.config.preprocess)
         self._root = StagingRoot.new(staging_dir, id(self))
         self._staging_root = self._root.uri
         self._finalizer = weakref.finalize(self, self._root.remove)
 
     # ------------------------------------------------------------------ data
 
-    def _stage(self, data, features_col: str, label_col: str, what: str) -> StagedDataset:
-        key = staging.data_key(data, features_col, label_col)
+    def _stage(self, data, features_col: str, label_col: str, what: str,
+               sample_weight_col: Optional[str] = None) -> StagedDataset:
+        """Stages ``data`` once (:func:`sparkdl_avg.driver.staging.stage`); the same data again reuses the files."""
+        key = staging.data_key(data, features_col, label_col, sample_weight_col, self._preprocess)
         if key is not None and key in self._staged:
             return self._staged[key][1]
         self._make_staging_root(engine_for(data))
@@ -185,12 +191,15 @@ class ParameterAveragingTrainer:
             data,
             root=self._staging_root,
             x_shapes=input_shapes(self.model),
-            x_dtype=inputs_dtype(self.model),
+            x_dtype=input_dtypes(self.model),
+            label_dtype=inputs_dtype(self.model),
             num_outputs=len(self.model.outputs),
             features_col=features_col,
             label_col=label_col,
             what=what,
             checks=staging.data_checks(self.model, self.config.check_data),
+            sample_weight_col=sample_weight_col,
+            preprocess=self._preprocess,
         )
         if key is not None:
             self._staged[key] = (data, staged)  # holding `data` keeps its id() unique
@@ -246,6 +255,8 @@ class ParameterAveragingTrainer:
         checkpoint_every: Any = "epoch",
         resume: Any = False,
         initial_epoch: int = 0,
+        sample_weight_col: Optional[str] = None,
+        class_weight: Optional[Dict[int, float]] = None,
     ):
         """Trains the model by parameter averaging for ``epochs`` passes over ``data``.
 
@@ -300,6 +311,15 @@ class ParameterAveragingTrainer:
                 ``epochs``. With ``resume``, a checkpoint's epoch (which must
                 not be before ``initial_epoch``) is where the fit starts.
                 Default 0.
+            sample_weight_col: DataFrame column of each example's weight in
+                the loss, as Keras' ``sample_weight`` (numpy data: pass
+                ``(x, y, sample_weight)``); also used for ``validation_data``
+                when it has the column. An example weighs the same on
+                whichever worker it lands. Default ``None``: all weigh 1.
+            class_weight: ``{class index: weight}``, as Keras'
+                ``class_weight``: each example's weight is multiplied by its
+                class's (its label, or the label's argmax); models with one
+                output. Default ``None``.
 
         Returns:
             A ``keras.callbacks.History``: ``history.history["loss"]`` has one
@@ -321,7 +341,8 @@ class ParameterAveragingTrainer:
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
         plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
-                          checkpoint_every, resume, initial_epoch)  # every check before any Spark job; data staged
+                          checkpoint_every, resume, initial_epoch, sample_weight_col,
+                          class_weight)  # every check before any Spark job; data staged
         callback_list = self._callback_list(plan, callbacks)
         ctx = self._start(plan, callback_list)  # this fit's stats, job group, transport and round runner
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
@@ -332,21 +353,24 @@ class ParameterAveragingTrainer:
         return self.model.history
 
     def _plan(self, data, validation_data, epochs: int, features_col, label_col, verbose, shuffle: bool,
-              checkpoint_dir: Optional[str], checkpoint_every: Any, resume: Any, initial_epoch: int) -> "_FitPlan":
+              checkpoint_dir: Optional[str], checkpoint_every: Any, resume: Any, initial_epoch: int,
+              sample_weight_col: Optional[str] = None, class_weight: Optional[dict] = None) -> "_FitPlan":
         """``fit``'s steps before its first round; returns the :class:`_FitPlan`.
 
         In this order: the checks (before any Spark job), the checkpoint to
         resume from located, the data staged, the settings, and the
         checkpoint restored into the model.
         """
-        verbose = self._check_fit_args(epochs, initial_epoch, verbose, shuffle, checkpoint_dir, checkpoint_every, resume)
+        verbose = self._check_fit_args(epochs, initial_epoch, verbose, shuffle, checkpoint_dir, checkpoint_every, resume,
+                                       sample_weight_col, class_weight)
         staging.refuse_pandas(data, "training")
         engine = engine_for(data)
         num_workers = self._num_workers(engine)
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)
-        train, val, staging_s = self._stage_fit_data(data, validation_data, features_col, label_col)
+        train, val, staging_s = self._stage_fit_data(data, validation_data, features_col, label_col,
+                                                     sample_weight_col, class_weight)
         epoch_steps = self._epoch_steps(train, num_workers)
         cfg = self.config
         schedule = cfg.schedule()
@@ -369,12 +393,20 @@ class ParameterAveragingTrainer:
         return plan
 
     def _check_fit_args(self, epochs: int, initial_epoch: int, verbose, shuffle: Any, checkpoint_dir: Optional[str],
-                        checkpoint_every: Any, resume: Any):
+                        checkpoint_every: Any, resume: Any, sample_weight_col: Optional[str] = None,
+                        class_weight: Optional[dict] = None):
         """Checks ``fit``'s arguments and probes ``checkpoint_dir``, before any Spark job; returns ``verbose`` resolved."""
         verbose = check_fit_args(
             self.config.synchronization, epochs=epochs, initial_epoch=initial_epoch, verbose=verbose, shuffle=shuffle,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+            sample_weight_col=sample_weight_col, class_weight=class_weight,
         )["verbose"]
+        if class_weight is not None and len(self.model.outputs) > 1:
+            raise ConfigurationError(
+                "The 'class_weight' parameter applies to models with one output, as in keras.Model.fit; weigh the "
+                f"examples of a model with {len(self.model.outputs)} outputs with sample_weight_col. Got "
+                f"class_weight={class_weight!r} instead."
+            )
         if checkpoint_dir is not None:  # before any job: not after an epoch of training
             check_writable(checkpoint_dir, "The 'checkpoint_dir' parameter")
         return verbose
@@ -391,15 +423,23 @@ class ParameterAveragingTrainer:
             )
         return num_workers
 
-    def _stage_fit_data(self, data, validation_data, features_col, label_col) -> Tuple[StagedDataset, Optional[StagedDataset], float]:
-        """Stages the training and validation data; returns them and the seconds it took (``TrainingStats.staging_s``)."""
+    def _stage_fit_data(self, data, validation_data, features_col, label_col, sample_weight_col=None,
+                        class_weight=None) -> Tuple[StagedDataset, Optional[StagedDataset], float]:
+        """Stages the training and validation data; returns them and the seconds it took (``TrainingStats.staging_s``).
+
+        The validation data is weighted by ``sample_weight_col`` when it has
+        the column (as Keras weighs ``validation_data`` given with weights);
+        ``class_weight`` applies to the training data only, as in Keras.
+        """
         staging_started = time.perf_counter()
-        train = self._stage(data, features_col, label_col, "training")
-        val = (
-            self._stage(validation_data, features_col, label_col, "validation")
-            if validation_data is not None
-            else None
-        )
+        train = self._stage(data, features_col, label_col, "training", sample_weight_col)
+        if class_weight is not None:
+            train = dataclasses.replace(train, class_weight=tuple(sorted((int(k), float(v))
+                                                                         for k, v in class_weight.items())))
+        val = None
+        if validation_data is not None:
+            weights = sample_weight_col if _has_column(validation_data, sample_weight_col) else None
+            val = self._stage(validation_data, features_col, label_col, "validation", weights)
         return train, val, time.perf_counter() - staging_started
 
     def _epoch_steps(self, train: StagedDataset, num_workers: int) -> int:
@@ -734,6 +774,7 @@ class ParameterAveragingTrainer:
         label_col: str = "label",
         batch_size: Optional[int] = None,
         return_dict: bool = False,
+        sample_weight_col: Optional[str] = None,
     ):
         """Computes the compiled loss and metrics on the cluster.
 
@@ -748,6 +789,9 @@ class ParameterAveragingTrainer:
             batch_size: Examples per evaluation minibatch. Default: the
                 trainer's ``batch_size``.
             return_dict: Return ``{name: value}`` instead of a list.
+            sample_weight_col: DataFrame column of each example's weight, as
+                Keras' ``sample_weight`` (numpy data: pass ``(x, y,
+                sample_weight)``). Default ``None``.
 
         Returns:
             Like ``keras.Model.evaluate``: the loss alone when the model has no
@@ -758,7 +802,8 @@ class ParameterAveragingTrainer:
         staging.refuse_pandas(data, "evaluation")
         engine = engine_for(data)
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
-        staged = self._stage(data, features_col, label_col, "evaluation")
+        require("sample_weight_col", sample_weight_col, Text("a column name"))
+        staged = self._stage(data, features_col, label_col, "evaluation", sample_weight_col)
         parts = self.config.num_workers or engine.default_parallelism
         transport = self._transport(engine, f"evaluate-{uuid.uuid4().hex[:8]}", parts)
         try:
@@ -799,7 +844,8 @@ class ParameterAveragingTrainer:
         from .inference import add_predictions
 
         require("batch_size", batch_size, Ints(1))
-        return add_predictions(data, self.model, features_col, prediction_col, probability_col, batch_size)
+        return add_predictions(data, self.model, features_col, prediction_col, probability_col, batch_size,
+                               preprocess=self._preprocess)
 
     def write_report(self, path: str, title: Optional[str] = None) -> str:
         """Writes the HTML training report of the latest fit (see :mod:`sparkdl_avg.driver.report`).
@@ -861,6 +907,13 @@ def _warn_capped(k: int, epoch_steps: int, num_examples: int, num_workers: int, 
         "%d (one round per epoch) and any larger value trains the same model.",
         k, epoch_steps, num_examples, num_workers, batch_size, epoch_steps,
     )
+
+
+def _has_column(data, column: Optional[str]) -> bool:
+    """Whether ``data`` is a DataFrame with ``column``."""
+    from pyspark.sql import DataFrame
+
+    return column is not None and isinstance(data, DataFrame) and column in data.columns
 
 
 def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:

@@ -37,7 +37,7 @@ from ..shared.delta_sums import pack_result
 from ..shared.devices import configure_task_devices
 from ..shared.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.modelspec import ModelSpec, get_state, set_state
-from ..shared.staged_dataset import StagedDataset, read_examples, structure, unflatten
+from ..shared.staged_dataset import StagedDataset, read_examples
 from ..shared.stats import WorkerRecord
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -54,6 +54,7 @@ _STEP_FUNCTIONS: Dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 _THREADS_CONFIGURED = False
 BUILD_COUNT = 0  # replicas this process has built; reported with each result
+_NO_WEIGHTS = np.zeros((0,), np.float32)  # the step function's weights argument for unweighted data
 
 
 def _value(handle):
@@ -138,7 +139,7 @@ def _evict(fingerprint: str) -> None:
 
 def _step_key(fingerprint: str, dataset: StagedDataset) -> tuple:
     """The key of a replica's step function in ``_STEP_FUNCTIONS``: the replica and the data's shapes."""
-    return (fingerprint, dataset.x_shapes, dataset.y_shapes, dataset.x_dtype, dataset.y_dtype)
+    return (fingerprint, dataset.signature)
 
 
 def _steps_function(model, fingerprint: str, dataset: StagedDataset):
@@ -148,31 +149,35 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     overrides included) in a graph loop, which saves the per-minibatch Python
     dispatch of ``train_on_batch`` (a large share of a small CNN's step time:
     docs/benchmarks.md, "CNN on 20,000 synthetic 28×28 images").
-    It takes one tensor per model input and per output; cached per replica
-    and data shapes, with the number of examples left open, so shorter
-    rounds do not retrace.
+    It takes one tensor per model input and per output, in the dtype each
+    takes, and the sample weights (a tensor, empty when the data has none);
+    cached per replica and data signature, with the number of examples left
+    open, so shorter rounds do not retrace.
     """
     import tensorflow as tf
+
+    from ..shared.staged_dataset import structure
 
     key = _step_key(fingerprint, dataset)
     fn = _STEP_FUNCTIONS.get(key)
     if fn is not None:
         return fn
+    weighted = dataset.weighted
 
     @tf.function(
         input_signature=[
-            [tf.TensorSpec((None, *shape), dataset.x_dtype) for shape in dataset.x_shapes],
-            [tf.TensorSpec((None, *shape), dataset.y_dtype) for shape in dataset.y_shapes],
+            [tf.TensorSpec((None, *f.shape), f.dtype) for f in dataset.x_fields],
+            [tf.TensorSpec((None, *f.shape), f.dtype) for f in dataset.y_fields],
+            tf.TensorSpec((None,), tf.float32),
             tf.TensorSpec((), tf.int32),
             tf.TensorSpec((), tf.int32),
         ]
     )
-    def train_steps(xs, ys, steps, batch):
+    def train_steps(xs, ys, weights, steps, batch):
         def minibatch(lo):
-            return (
-                structure([x[lo : lo + batch] for x in xs]),
-                structure([y[lo : lo + batch] for y in ys]),
-            )
+            inputs = structure([a[lo : lo + batch] for a in xs])
+            labels = structure([a[lo : lo + batch] for a in ys])
+            return (inputs, labels, weights[lo : lo + batch]) if weighted else (inputs, labels)
 
         logs = model.train_step(minibatch(0))
         for i in tf.range(1, steps):
@@ -280,7 +285,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     positions = worker_positions(
         task.steps_before, task.steps, worker, task.num_workers, task.batch_size
     )
-    x, y = read_examples(task.dataset, order.indices(positions.start, positions.stop))
+    examples = read_examples(task.dataset, order.indices(positions.start, positions.stop), seed=task.seed,
+                             epoch=task.epoch, training=True, batch_size=task.batch_size)
     loaded = time.time()
 
     traced = _step_key(task.fingerprint, task.dataset) not in _STEP_FUNCTIONS
@@ -290,12 +296,13 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     trace_s = time.time() - loaded if traced else 0.0
     model.reset_metrics()
     logs = steps_fn(
-        unflatten(x, task.dataset.x_shapes),
-        unflatten(y, task.dataset.y_shapes),
+        examples.xs,
+        examples.ys,
+        examples.weights if examples.weights is not None else _NO_WEIGHTS,
         np.int32(task.steps),
         np.int32(task.batch_size),
     )
-    n = len(x)
+    n = len(examples)
     # After reset_metrics() the logs are running means over the round's
     # minibatches (example-weighted), so n · mean is the round's sum.
     sums = {name: float(value) * n for name, value in logs.items()}
@@ -386,6 +393,7 @@ class EvalTask:
         dataset: The staged evaluation data.
         num_parts: Parts the data is split into (one task each).
         batch_size: Examples per evaluation minibatch.
+        what: The data, for messages ("validation data").
     """
 
     spec: Any
@@ -394,6 +402,7 @@ class EvalTask:
     dataset: StagedDataset
     num_parts: int
     batch_size: int
+    what: str = "evaluation data"
 
 
 def evaluate_part(task: EvalTask, part: int) -> PartialResult:
@@ -403,24 +412,26 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
     weights, opt_vars = task.state.load()
     set_state(model, weights, opt_vars)
     rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
-    x, y = read_examples(task.dataset, np.arange(rows.start, rows.stop))
-    xs, ys = unflatten(x, task.dataset.x_shapes), unflatten(y, task.dataset.y_shapes)
+    examples = read_examples(task.dataset, np.arange(rows.start, rows.stop), batch_size=task.batch_size,
+                             what=task.what)
     loaded = time.time()
     sums: Dict[str, float] = {}
-    for lo in range(0, len(x), task.batch_size):
-        hi = lo + task.batch_size
-        logs = model.test_on_batch(structure([a[lo:hi] for a in xs]), structure([a[lo:hi] for a in ys]), return_dict=True)
+    n = len(examples)
+    for lo in range(0, n, task.batch_size):
+        hi = min(n, lo + task.batch_size)
+        data = examples.data(lo, hi)
+        logs = model.test_on_batch(*data[:2], sample_weight=data[2] if len(data) > 2 else None, return_dict=True)
         for name, value in logs.items():
-            sums[name] = sums.get(name, 0.0) + float(value) * len(x[lo:hi])
+            sums[name] = sums.get(name, 0.0) + float(value) * (hi - lo)
     return PartialResult(
-        examples=len(x),
+        examples=n,
         metric_sums=sums,
         workers=[
             WorkerRecord(
                 worker=part,
                 host=socket.gethostname(),
                 pid=os.getpid(),
-                examples=len(x),
+                examples=n,
                 start=start,
                 end=time.time(),
                 load_s=loaded - start,

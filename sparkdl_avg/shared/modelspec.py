@@ -133,9 +133,17 @@ def input_shapes(model) -> Tuple[Tuple[int, ...], ...]:
 
 
 def inputs_dtype(model) -> str:
-    """The dtype features are staged in: ``float64`` if every input is float64, else ``float32``."""
+    """The dtype of float labels: ``float64`` if every input is float64, else ``float32``."""
     dtypes = {str(t.dtype) for t in model.inputs}
     return "float64" if dtypes == {"float64"} else "float32"
+
+
+def input_dtypes(model) -> Tuple[str, ...]:
+    """Each model input's dtype, in the order of ``model.inputs`` (``"string"`` for a string input).
+
+    Features are staged in these, so an ``int64`` input gets its ids exactly.
+    """
+    return tuple(str(getattr(t.dtype, "name", t.dtype)) for t in model.inputs)
 
 
 def keras_to_bytes(model) -> bytes:
