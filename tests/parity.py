@@ -16,6 +16,7 @@ Mixin                  classic subclass            Connect subclass
 ``EstimatorPathMixin`` test_ml.py                  test_connect.py
 ``ExecutorCheckMixin`` test_daemon.py              test_connect.py
 ``CompressedUpdatesMixin`` test_update_compression.py test_connect.py
+``DataKindsMixin``     test_data_kinds.py          test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests
@@ -24,6 +25,8 @@ only through the subclasses (whose names start with ``Test``).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 

@@ -487,7 +487,8 @@ class ParameterAveragingTrainer:
         """Starts the fit's record (``trainer.stats``), job group and transport; returns what its epochs share."""
         cfg = self.config
         # trainer.stats and trainer.history describe the latest fit (as keras.Model.fit's History does)
-        self.stats = TrainingStats(staging_s=plan.staging_s)
+        self.stats = TrainingStats(staging_s=plan.staging_s, staged_bytes=plan.train.nbytes,
+                                   validation_staged_bytes=plan.val.nbytes if plan.val is not None else 0)
         self.history = None
         self._fits += 1
         group = f"sparkdl_avg-fit-{id(self):x}-{self._fits}"

@@ -210,11 +210,17 @@ class TrainingStats:
             data before its first round (the data's checks and copy, see
             :mod:`sparkdl_avg.driver.staging`); about 0 when an earlier fit of the
             same trainer had staged the same data.
+        staged_bytes: Bytes of the fit's staged training data (its Arrow
+            columns as written: images and text as they came, numbers in
+            the model inputs' dtypes); 0 for a fit made without staging.
+        validation_staged_bytes: Likewise for the validation data (0: none).
     """
 
-    def __init__(self, staging_s: float = 0.0) -> None:
+    def __init__(self, staging_s: float = 0.0, staged_bytes: int = 0, validation_staged_bytes: int = 0) -> None:
         self.records: List[RoundRecord] = []
         self.staging_s = staging_s
+        self.staged_bytes = staged_bytes
+        self.validation_staged_bytes = validation_staged_bytes
 
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)
@@ -246,7 +252,8 @@ class TrainingStats:
         ``staleness_max`` and ``delay_median``. ``sent_bytes_per_worker_median``
         is the median bytes a worker sent per round (``None`` where not known),
         ``encode_s_median`` the median of the slowest worker's encoding
-        seconds (``update_compression``; 0 without it).
+        seconds (``update_compression``; 0 without it); ``staged_bytes`` the
+        training data's staged bytes.
         """
         records = self.records[first:]
         if not records:
@@ -273,5 +280,6 @@ class TrainingStats:
                 statistics.median(r.sent_bytes / r.num_workers for r in records)
                 if all(r.sent_bytes is not None for r in records) else None),
             "encode_s_median": statistics.median(r.encode_max_s for r in records),
+            "staged_bytes": self.staged_bytes,
             **extra,
         }
