@@ -198,3 +198,396 @@ def _fail_after_first_attempt(real, task, iterator, marker):
         open(marker, "w").close()
         raise RuntimeError("injected failure after the residual was written")
     return iter(results)
+
+
+# ------------------------------------------------------------------ data as users keep it (issue 37)
+#
+# Module-level on purpose: a preprocessing function travels to the executors pickled with cloudpickle, by
+# reference unless its module is registered by value; executors cannot import this module, so the trainers
+# and stages that take these functions are made inside ``shipped_by_value()``, which pickles them by value.
+
+
+@contextlib.contextmanager
+def shipped_by_value():
+    """Functions of this module made into a trainer's or stage's ``preprocess`` inside the block travel by value."""
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def decode_digits(batch, seeds=None, training=False):
+    """PNG bytes (``content``) to ``image`` floats in [0, 1]; in training, a seeded random left-right flip per example."""
+    import tensorflow as tf
+
+    images = np.stack([tf.io.decode_png(b).numpy() for b in batch["content"]]).astype("float32") / 255.0
+    if training:
+        flip = np.array([np.random.default_rng(int(s)).random() < 0.5 for s in seeds], dtype=bool)
+        images[flip] = images[flip, :, ::-1]
+    return {"image": images}
+
+
+def decode_wrong_shape(batch):
+    """Gives ``image`` of 7x7x1 per row where the model takes 8x8x1."""
+    return {"image": np.zeros((len(batch["content"]), 7, 7, 1), "float32")}
+
+
+DIGITS_ROWS = 128
+
+
+@functools.lru_cache(maxsize=None)
+def digits_png():
+    """``(paths, pngs, labels, images)``: scikit-learn's first 128 digits as PNG bytes (as binaryFile gives them).
+
+    ``images`` are what :func:`decode_digits` gives with ``training=False`` (``(n, 8, 8, 1)`` float32).
+    """
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = np.round(digits.images[:DIGITS_ROWS] / 16 * 255).astype(np.uint8)[..., None]
+    labels = digits.target[:DIGITS_ROWS].astype(np.int32)
+    pngs = [tf.io.encode_png(p).numpy() for p in pixels]
+    paths = [f"file:/data/digits/{y}/img{i:03d}.png" for i, y in enumerate(labels)]
+    return paths, pngs, labels, pixels.astype("float32") / 255.0
+
+
+def digits_frame(session, bad_row=None):
+    """The digits as a DataFrame of ``row, path, content, label`` (``binaryFile``'s path and content); row
+    ``bad_row`` holds bytes that do not decode."""
+    import pyarrow as pa
+
+    paths, pngs, labels, _ = digits_png()
+    pngs = list(pngs)
+    if bad_row is not None:
+        pngs[bad_row] = b"not a png"
+    table = pa.table({"row": np.arange(len(pngs), dtype=np.int64), "path": paths,
+                      "content": pa.array(pngs, pa.binary()), "label": labels})
+    return session.createDataFrame(table)
+
+
+def digits_cnn(seed=0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    out = keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(h))
+    model = keras.Model(inputs, out)
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+ID_VOCABULARY = [2**24 + 1, 2**24 + 3, 2**53 + 1]
+# Each exact id next to what rounding would make of it (float32: 2^24 + 1 -> 2^24, 2^24 + 3 -> 2^24 + 4;
+# float64: 2^53 + 1 -> 2^53), and one small id: the rounded ones are out of the vocabulary.
+IDS = np.resize(np.array([2**24 + 1, 2**24, 2**24 + 3, 2**24 + 4, 2**53 + 1, 2**53, 7, 2**24 + 1], np.int64), 64)
+ID_LABELS = np.resize(np.array([1, 0, 1, 0, 1, 0, 0, 1], np.int32), 64)
+
+
+def id_model(seed=0):
+    """int64 ids -> IntegerLookup (ids above 2^24 and 2^53) -> Embedding -> softmax: the id itself picks the row."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((1,), dtype="int64")
+    index = keras.layers.IntegerLookup(vocabulary=np.array(ID_VOCABULARY, np.int64))(inputs)
+    h = keras.layers.Flatten()(keras.layers.Embedding(len(ID_VOCABULARY) + 1, 4)(index))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+    model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+WORDS = ["good", "great", "fun", "bad", "awful", "dull", "film", "plot"]
+
+
+@functools.lru_cache(maxsize=None)
+def texts():
+    """``(texts, labels)``: 64 three-word reviews, labelled 1 when they hold more good words than bad ones."""
+    rng = np.random.default_rng(37)
+    words = rng.integers(0, len(WORDS), size=(64, 3))
+    text = [" ".join(WORDS[w] for w in row) for row in words]
+    score = ((words < 3).sum(axis=1) - ((words >= 3) & (words < 6)).sum(axis=1))
+    return text, (score > 0).astype(np.int32)
+
+
+def text_model(seed=0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    vectorize = keras.layers.TextVectorization(max_tokens=12, output_sequence_length=3)
+    vectorize.adapt(texts()[0])
+    inputs = keras.Input((1,), dtype="string")
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(12, 4)(vectorize(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(h))
+    model.compile(keras.optimizers.Adam(0.05), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+IMAGE_STRUCT_FIELDS = ("origin", "height", "width", "nChannels", "mode", "data")
+
+
+def image_schema():
+    """The schema of ``spark.read.format("image")`` (``pyspark.ml.image.ImageSchema.imageSchema``, which needs a JVM)."""
+    from pyspark.sql import types as T
+
+    image = T.StructType([
+        T.StructField("origin", T.StringType(), True),
+        T.StructField("height", T.IntegerType(), True),
+        T.StructField("width", T.IntegerType(), True),
+        T.StructField("nChannels", T.IntegerType(), True),
+        T.StructField("mode", T.IntegerType(), True),
+        T.StructField("data", T.BinaryType(), True),
+    ])
+    return T.StructType([T.StructField("image", image, True)])
+
+
+def image_rows(rgb, origins):
+    """Rows of Spark's image struct (OpenCV's BGR bytes, mode 16 = CV_8UC3) for ``(n, h, w, 3)`` uint8 RGB images."""
+    return [((origin, int(img.shape[0]), int(img.shape[1]), 3, 16, bytes(img[..., ::-1].tobytes())),)
+            for img, origin in zip(rgb, origins)]
+
+
+def _probabilities(df, key="row"):
+    rows = sorted(df.select(key, "probability").collect(), key=lambda r: r[key])
+    return np.stack([r.probability.toArray() for r in rows])
+
+
+class DataKindsMixin:
+    """Data as users keep it (issue 37): int64 ids, text, PNG bytes with a preprocessing function, sample weights,
+    Spark's image struct, through fit, evaluate, predict and the estimator."""
+
+    def test_int64_ids_stay_exact_through_fit_evaluate_and_predict(self, session):
+        import keras
+        import pyarrow as pa
+
+        from sparkdl_avg import DataError
+
+        df = session.createDataFrame(pa.table({"row": np.arange(len(IDS)), "id": IDS, "label": ID_LABELS}))
+        model = id_model()
+        trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+        before = model.get_weights()
+        trainer.fit(df, features_col="id", epochs=1, verbose=0)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), before)) > 1e-3
+        got = _probabilities(trainer.predict(df, features_col="id"))
+        want = model.predict(IDS.reshape(-1, 1), verbose=0)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        # each exact id is looked up as itself: its rounded neighbour (out of the vocabulary) predicts otherwise
+        for exact, rounded in ((0, 1), (2, 3), (4, 5)):
+            assert np.abs(got[exact] - got[rounded]).max() > 1e-4, (IDS[exact], IDS[rounded])
+        evaluation = trainer.evaluate(df, features_col="id", return_dict=True)
+        reference = model.evaluate(IDS.reshape(-1, 1), ID_LABELS, return_dict=True, verbose=0)
+        for name in ("loss", "accuracy"):
+            assert evaluation[name] == pytest.approx(reference[name], abs=1e-5), name
+
+        # a float32 input cannot take ids above 2^24: refused by the staging, before any round
+        inputs = keras.Input((1,))
+        lossy = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(inputs))
+        lossy.compile("sgd", "sparse_categorical_crossentropy")
+        weights = lossy.get_weights()
+        refused = ParameterAveragingTrainer(lossy, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+        with pytest.raises(DataError, match=r"Column 'id' holds \d+ .*float32 cannot hold exactly.*2\^24") as info:
+            refused.fit(df, features_col="id", epochs=1, verbose=0)
+        assert int(str(info.value).split(" holds ")[1].split(" ")[0]) > 2**24
+        assert refused.stats.records == []
+        assert_weights_close(lossy.get_weights(), weights, atol=0)
+
+    def test_a_text_model_fits_on_a_string_column_and_matches_keras(self, session):
+        import pyarrow as pa
+
+        text, labels = texts()
+        df = session.createDataFrame(pa.table({"row": np.arange(len(text)), "text": text, "label": labels}))
+        model = text_model()
+        trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+        history = trainer.fit(df, features_col="text", epochs=2, verbose=0)
+        assert history.history["loss"][1] < history.history["loss"][0]
+        x = np.array(text, dtype=object).reshape(-1, 1)
+        evaluation = trainer.evaluate(df, features_col="text", return_dict=True)
+        reference = model.evaluate(x, labels, return_dict=True, verbose=0)
+        for name in ("loss", "accuracy"):
+            assert evaluation[name] == pytest.approx(reference[name], abs=1e-5), name
+        got = _probabilities(trainer.predict(df, features_col="text"))
+        want = model.predict(x, verbose=0)[:, 0]
+        np.testing.assert_allclose(got[:, 1], want, rtol=0, atol=1e-6)
+
+    def test_png_bytes_with_a_seeded_augmenting_preprocess_repeat_bitwise_and_stage_compactly(self, session):
+        import pyarrow as pa
+
+        _, pngs, labels, images = digits_png()
+        df = digits_frame(session)
+
+        def fit():
+            model = digits_cnn()
+            with shipped_by_value():
+                trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2,
+                                                    seed=5, preprocess=decode_digits)
+            trainer.fit(df, features_col="image", epochs=1, verbose=0)
+            return model, trainer
+
+        first, trainer = fit()
+        again, _ = fit()
+        assert_weights_close(again.get_weights(), first.get_weights(), atol=0)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(first.get_weights(), digits_cnn().get_weights())) > 1e-3
+
+        (staged,) = [s for _, s in trainer._staged.values()]
+        assert [(c.name, c.kind) for c in staged.columns] == [("content", "raw"), ("label", "raw")]
+        nbytes = sum(f.nbytes for f in staged.files)
+        assert nbytes == trainer.stats.staged_bytes > 0
+        own = pa.array(pngs, pa.binary()).nbytes + labels.nbytes
+        assert nbytes <= 1.05 * own, (nbytes, own)
+
+        # evaluate and predict decode with training=False: no flips, so they equal Keras on the decoded images
+        evaluation = trainer.evaluate(df, features_col="image", return_dict=True)
+        reference = first.evaluate(images, labels, return_dict=True, verbose=0)
+        for name in ("loss", "accuracy"):
+            assert evaluation[name] == pytest.approx(reference[name], abs=1e-5), name
+        got = _probabilities(trainer.predict(df, features_col="image"))
+        np.testing.assert_allclose(got, first.predict(images, verbose=0), rtol=0, atol=1e-6)
+
+    def test_a_preprocess_that_raises_names_the_function_row_path_and_cause(self, session):
+        import tensorflow as tf
+
+        from sparkdl_avg import DataError, WorkerError
+
+        try:
+            tf.io.decode_png(b"not a png")
+        except Exception as exc:  # noqa: BLE001 - the cause, as the function meets it
+            cause = str(exc).strip().splitlines()[0].split("}}")[-1].strip()
+        paths = digits_png()[0]
+        for bad_row, dry_run in ((3, True), (77, False)):
+            model = digits_cnn()
+            with shipped_by_value():
+                trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2,
+                                                    seed=5, preprocess=decode_digits)
+            with pytest.raises((DataError, WorkerError)) as info:
+                trainer.fit(digits_frame(session, bad_row), features_col="image", epochs=1, verbose=0)
+            message = str(info.value)
+            assert "'parity.decode_digits'" in message, message
+            assert f"row {bad_row} of the training data" in message, message
+            assert paths[bad_row] in message, message
+            assert "InvalidArgumentError" in message and cause in message, message
+            if dry_run:  # the driver's dry run on the first rows: nothing staged, no round
+                assert isinstance(info.value, DataError) and trainer._staged == {}, message
+            else:  # past the dry run's rows: the worker that decodes it
+                assert trainer._staged != {}, message
+
+    def test_a_preprocess_output_of_the_wrong_shape_fails_before_any_round(self, session):
+        from sparkdl_avg import DataError
+
+        model = digits_cnn()
+        weights = model.get_weights()
+        with shipped_by_value():
+            trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2, seed=5,
+                                                preprocess=decode_wrong_shape)
+        with pytest.raises(DataError) as info:
+            trainer.fit(digits_frame(session), features_col="image", epochs=1, verbose=0)
+        message = str(info.value)
+        assert "'parity.decode_wrong_shape'" in message and "'image'" in message, message
+        assert "(7, 7, 1)" in message and "(8, 8, 1)" in message, message
+        assert trainer._staged == {} and trainer.stats.records == []
+        assert_weights_close(model.get_weights(), weights, atol=0)
+
+    def test_sample_and_class_weights_equal_keras_fit(self, session, floatx64):
+        import keras
+        import pyarrow as pa
+
+        from conftest import clone_compiled
+        from sparkdl_avg import DataError
+
+        rng = np.random.default_rng(21)
+        x = np.asarray(rng.normal(size=(64, 4)), np.float32).astype(np.float64)
+        y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int32)
+        w = rng.integers(0, 9, size=64) / 4.0  # float32-exact, zeros included
+        class_weight = {0: 0.5, 1: 3.0}
+        factor = np.where(y == 1, 3.0, 0.5)
+
+        def pair(**fit):
+            model = make_model(outputs=2, loss="sparse_categorical_crossentropy", output_activation="softmax",
+                               metrics=(), seed=8)
+            ref = clone_compiled(model, keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                                 metrics=())
+            ref.fit(x, y, batch_size=8, shuffle=False, epochs=1, verbose=0, **fit)
+            trainer = ParameterAveragingTrainer(model, num_workers=1, batch_size=8, averaging_frequency=3, seed=0)
+            return model, ref, trainer
+
+        model, ref, trainer = pair(sample_weight=w)
+        trainer.fit((x, y, w), epochs=1, shuffle=False, verbose=0)
+        assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-10)
+
+        model, ref, trainer = pair(class_weight=class_weight)
+        trainer.fit((x, y), epochs=1, shuffle=False, verbose=0, class_weight=class_weight)
+        assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-10)
+
+        df = session.createDataFrame(pa.table({"features": list(x), "label": y, "w": w}))
+        model, ref, trainer = pair(sample_weight=w * factor)  # Keras takes one of the two at a time
+        trainer.fit(df, epochs=1, shuffle=False, verbose=0, sample_weight_col="w", class_weight=class_weight)
+        assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-10)
+        unweighted = make_model(outputs=2, loss="sparse_categorical_crossentropy", output_activation="softmax",
+                                metrics=(), seed=8)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), unweighted.get_weights())) > 1e-3
+        got = trainer.evaluate(df, sample_weight_col="w")
+        assert got == pytest.approx(model.evaluate(x, y, sample_weight=w, verbose=0), rel=1e-9)
+        assert got != pytest.approx(model.evaluate(x, y, verbose=0), rel=1e-3)
+
+        negative = w.copy()
+        negative[37] = -0.25
+        bad = session.createDataFrame(pa.table({"features": list(x), "label": y, "w": negative}))
+        with pytest.raises(DataError, match=r"Column 'w' holds the sample weight -0\.25 .*expected weights >= 0"):
+            trainer.fit(bad, epochs=1, verbose=0, sample_weight_col="w")
+
+    def test_spark_image_structs_train_and_predict_and_a_wrong_size_names_the_origin(self, session):
+        import keras
+
+        from sparkdl_avg import DataError
+
+        rng = np.random.default_rng(3)
+        rgb = rng.integers(0, 256, size=(64, 4, 4, 3), dtype=np.uint8)
+        labels = (rgb[..., 0].mean(axis=(1, 2)) > rgb[..., 2].mean(axis=(1, 2))).astype(np.int32)
+        origins = [f"file:/data/images/{i:02d}.png" for i in range(64)]
+        schema = image_schema().add("label", "int").add("row", "int")
+        rows = [(*r, int(y), i) for i, (r, y) in enumerate(zip(image_rows(rgb, origins), labels))]
+        df = session.createDataFrame(rows, schema)
+
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((4, 4, 3))
+        h = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+        model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
+        history = trainer.fit(df, features_col="image", epochs=2, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        got = _probabilities(trainer.predict(df, features_col="image"))
+        # RGB: the channels Spark stores as BGR reach the model reversed, as decode_png gives them
+        np.testing.assert_allclose(got, model.predict(rgb.astype("float32"), verbose=0), rtol=0, atol=1e-6)
+        assert np.abs(got - model.predict(rgb[..., ::-1].astype("float32"), verbose=0)).max() > 1e-4
+
+        odd = list(rows)
+        odd[41] = ((origins[41], 5, 4, 3, 16, bytes(60)), int(labels[41]), 41)
+        with pytest.raises(DataError, match=r"Column 'image' holds an image of 5x4x3 .*origin "
+                                            r"'file:/data/images/41\.png'.* takes 4x4x3"):
+            ParameterAveragingTrainer(keras.models.clone_model(model), num_workers=2, batch_size=8).fit(
+                session.createDataFrame(odd, schema), features_col="image", verbose=0)
+
+    def test_the_estimator_with_preprocess_fits_transforms_saves_and_loads(self, session, tmp_path):
+        from pyspark.ml import Pipeline, PipelineModel
+
+        from sparkdl_avg.ml import KerasAveragingEstimator
+
+        _, _, _, images = digits_png()
+        df = digits_frame(session)
+        with shipped_by_value():
+            estimator = KerasAveragingEstimator(kerasModel=digits_cnn(), preprocess=decode_digits,
+                                                featuresCol="image", numWorkers=2, batchSize=16,
+                                                averagingFrequency=2, seed=5, epochs=1)
+        fitted = Pipeline(stages=[estimator]).fit(df)
+        stage = fitted.stages[0]
+        assert stage.getPreprocess() is not None
+        got = _probabilities(fitted.transform(df))
+        np.testing.assert_allclose(got, stage.kerasModel.predict(images, verbose=0), rtol=0, atol=1e-6)
+        path = str(tmp_path / "pipeline")
+        fitted.write().save(path)
+        stage_dir = os.path.join(path, "stages", os.listdir(os.path.join(path, "stages"))[0])
+        assert {"model.keras", "preprocess.pkl"} <= set(os.listdir(stage_dir))
+        loaded = PipelineModel.load(path)
+        np.testing.assert_array_equal(_probabilities(loaded.transform(df)), got)

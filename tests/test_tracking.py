@@ -52,6 +52,34 @@ def _steps(client, run_id, key):
 # ---------------------------------------------------------------- what a fit logs
 
 
+def _halve_and_join(batch, training=False):
+    """A preprocessing function: two raw columns (a scalar and an array) become the model's 4 features, halved."""
+    return {"features": np.concatenate([batch["first"][:, None], batch["rest"]], axis=1) / 2.0}
+
+
+def test_a_fit_with_a_preprocessing_function_logs_a_pyfunc_model_that_applies_it(spark, store):
+    """Issue 37: MLflow's model of a fit with preprocess= takes the raw columns, as training did."""
+    import pyarrow as pa
+    from pyspark import cloudpickle
+
+    uri, _ = store
+    x, y = _data()
+    raw = {"first": x[:, 0] * 2.0, "rest": list(x[:, 1:] * 2.0), "label": y}
+    df = spark.createDataFrame(pa.table(raw))
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
+    try:
+        trainer = _trainer(preprocess=_halve_and_join)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    logger = MlflowLogger(experiment="exp", tracking_uri=uri)
+    trainer.fit(df, epochs=1, callbacks=[logger], verbose=0)
+    assert logger.not_logged == []
+    assert MlflowClient(uri).get_run(logger.run_id).data.params["preprocess"] == "test_tracking._halve_and_join"
+    pandas = df.toPandas()
+    got = mlflow.pyfunc.load_model(f"runs:/{logger.run_id}/model").predict(pandas[["first", "rest"]])
+    np.testing.assert_allclose(got, trainer.model.predict(x, verbose=0), rtol=1e-6)
+
+
 def test_a_fit_logs_params_epoch_metrics_the_model_and_reports(spark, store, tmp_path):
     uri, client = store
     x, y = _data()

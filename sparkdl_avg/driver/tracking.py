@@ -318,6 +318,18 @@ class MlflowLogger(keras.callbacks.Callback):
 
         path = os.path.join(tmp, ARTIFACT_MODEL)
         model = self._fit.trainer.model
+        preprocess = getattr(self._fit.trainer, "_preprocess", None)
+        if preprocess is not None:  # raw columns in: the function, then the model (sparkdl_avg.driver.pyfunc)
+            from . import pyfunc
+
+            keras_file = os.path.join(tmp, "keras", "model.keras")
+            os.makedirs(os.path.dirname(keras_file))
+            model.save(keras_file)
+            features = self._fit.params.get("features_col", "features") if self._fit.params else "features"
+            pyfunc.save(path, keras_file, preprocess.payload, features if isinstance(features, list) else [features],
+                        _requirements() + ["numpy", "pyarrow"])
+            self._client.log_artifacts(self.run_id, path, ARTIFACT_MODEL)
+            return
         mlflow.keras.save_model(
             model,
             path,

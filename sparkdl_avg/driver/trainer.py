@@ -640,7 +640,8 @@ class ParameterAveragingTrainer:
 
         settings, engine = ctx.rounds.settings, plan.engine
         params = {o.name: getattr(self.config, o.name) for o in of(TRAINER)}
-        params.update(update_rule=plan.rule.describe(), averaging_frequency=plan.schedule.describe(), seed=self._seed)
+        params.update(update_rule=plan.rule.describe(), averaging_frequency=plan.schedule.describe(), seed=self._seed,
+                      preprocess=self._preprocess.name if self._preprocess is not None else None)
         params.update(epochs=plan.epochs, initial_epoch=plan.initial_epoch, shuffle=plan.shuffle,
                       features_col=plan.features_col, label_col=plan.label_col,
                       checkpoint_dir=plan.checkpoint_dir, checkpoint_every=plan.checkpoint_every)
