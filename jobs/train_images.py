@@ -136,17 +136,21 @@ def main(argv=None) -> int:
             predictions = trainer.predict(test_df, features_col="image").select("label", "prediction").toArrow()
             summary = trainer.stats.summary()
             trainer.write_report(out.file("report.html"), title="sparkdl_avg: a CNN on PNG/JPEG files")
-            file_bytes = int(train_df.agg(F.sum(F.length("content"))).first()[0])
+            sizes = train_df.agg(F.sum(F.length("content")), F.sum(F.length("path")), F.count("*")).first()
+            file_bytes, path_bytes, rows = (int(v) for v in sizes)
         agreement = float(np.mean(predictions.column("label").to_numpy()
                                   == predictions.column("prediction").to_numpy()))
         print(f"Held-out test accuracy: {test['accuracy']:.4f} (loss {test['loss']:.4f}); predict agrees on "
               f"{agreement:.4f}")
-        print(f"Staged {summary['staged_bytes']} bytes for {file_bytes} bytes of PNG/JPEG files "
-              f"({summary['staged_bytes'] / file_bytes:.3f}x)")
+        extra = summary["staged_bytes"] - file_bytes - path_bytes
+        print(f"Staged {summary['staged_bytes']} bytes: the {file_bytes} bytes of {rows} PNG/JPEG files as they came, "
+              f"their paths ({path_bytes} bytes, to name a file that fails to decode) and {extra} bytes of labels "
+              "and offsets")
         model.save(out.file("model.keras"))
         trainer.stats.to_json(out.file("stats.json"))
         out.write_json("metrics.json", {"test": test, "predict_accuracy": agreement, "history": history.history,
-                                        "summary": summary, "file_bytes": file_bytes})
+                                        "summary": summary, "file_bytes": file_bytes, "path_bytes": path_bytes,
+                                        "rows": rows})
         out.commit(keep_on_error=True)  # the trained model is not lost: the error says where it is
     finally:
         out.cleanup()

@@ -218,7 +218,7 @@ def shipped_by_value():
 
 
 def decode_digits(batch, seeds=None, training=False):
-    """PNG bytes (``content``) to ``image`` floats in [0, 1]; in training, a seeded random left-right flip per example."""
+    """PNG bytes (``content``) to ``image`` floats in [0, 1]; in training, a seeded random flip per example."""
     import tensorflow as tf
 
     images = np.stack([tf.io.decode_png(b).numpy() for b in batch["content"]]).astype("float32") / 255.0
@@ -329,16 +329,16 @@ IMAGE_STRUCT_FIELDS = ("origin", "height", "width", "nChannels", "mode", "data")
 
 
 def image_schema():
-    """The schema of ``spark.read.format("image")`` (``pyspark.ml.image.ImageSchema.imageSchema``, which needs a JVM)."""
+    """The schema of ``spark.read.format("image")`` (``ImageSchema.imageSchema``, which needs a JVM)."""
     from pyspark.sql import types as T
 
     image = T.StructType([
         T.StructField("origin", T.StringType(), True),
-        T.StructField("height", T.IntegerType(), True),
-        T.StructField("width", T.IntegerType(), True),
-        T.StructField("nChannels", T.IntegerType(), True),
-        T.StructField("mode", T.IntegerType(), True),
-        T.StructField("data", T.BinaryType(), True),
+        T.StructField("height", T.IntegerType(), False),
+        T.StructField("width", T.IntegerType(), False),
+        T.StructField("nChannels", T.IntegerType(), False),
+        T.StructField("mode", T.IntegerType(), False),
+        T.StructField("data", T.BinaryType(), False),
     ])
     return T.StructType([T.StructField("image", image, True)])
 
@@ -402,7 +402,9 @@ class DataKindsMixin:
         trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
         history = trainer.fit(df, features_col="text", epochs=2, verbose=0)
         assert history.history["loss"][1] < history.history["loss"][0]
-        x = np.array(text, dtype=object).reshape(-1, 1)
+        import tensorflow as tf
+
+        x = tf.constant(np.array(text).reshape(-1, 1))  # Keras' fit and predict take strings as a tf.string tensor
         evaluation = trainer.evaluate(df, features_col="text", return_dict=True)
         reference = model.evaluate(x, labels, return_dict=True, verbose=0)
         for name in ("loss", "accuracy"):
@@ -431,11 +433,13 @@ class DataKindsMixin:
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(first.get_weights(), digits_cnn().get_weights())) > 1e-3
 
         (staged,) = [s for _, s in trainer._staged.values()]
-        assert [(c.name, c.kind) for c in staged.columns] == [("content", "raw"), ("label", "raw")]
+        # what the function reads, the label it passes through, and the path that names a row it fails on
+        assert [(c.name, c.kind) for c in staged.columns] == [("content", "raw"), ("label", "raw"), ("path", "raw")]
         nbytes = sum(f.nbytes for f in staged.files)
         assert nbytes == trainer.stats.staged_bytes > 0
-        own = pa.array(pngs, pa.binary()).nbytes + labels.nbytes
-        assert nbytes <= 1.05 * own, (nbytes, own)
+        paths, *_ = digits_png()
+        own = pa.array(pngs, pa.binary()).nbytes + labels.nbytes + pa.array(paths, pa.string()).nbytes
+        assert nbytes <= 1.05 * own, (nbytes, own)  # as they came: nothing decoded or widened
 
         # evaluate and predict decode with training=False: no flips, so they equal Keras on the decoded images
         evaluation = trainer.evaluate(df, features_col="image", return_dict=True)
@@ -545,7 +549,7 @@ class DataKindsMixin:
         rgb = rng.integers(0, 256, size=(64, 4, 4, 3), dtype=np.uint8)
         labels = (rgb[..., 0].mean(axis=(1, 2)) > rgb[..., 2].mean(axis=(1, 2))).astype(np.int32)
         origins = [f"file:/data/images/{i:02d}.png" for i in range(64)]
-        schema = image_schema().add("label", "int").add("row", "int")
+        schema = image_schema().add("label", "integer").add("row", "integer")
         rows = [(*r, int(y), i) for i, (r, y) in enumerate(zip(image_rows(rgb, origins), labels))]
         df = session.createDataFrame(rows, schema)
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
-from parity import CompressedUpdatesMixin, EstimatorPathMixin, ExecutorCheckMixin, TaskRetryMixin
+from parity import (CompressedUpdatesMixin, DataKindsMixin, EstimatorPathMixin, ExecutorCheckMixin,
+                    TaskRetryMixin)
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.executor import worker as worker_module
 
@@ -94,6 +95,10 @@ class TestExecutorCheck(ExecutorCheckMixin):
 
 class TestCompressedUpdates(CompressedUpdatesMixin):
     """``update_compression`` on every Spark SQL path, and a retried task (classic: test_update_compression.py)."""
+
+
+class TestDataKinds(DataKindsMixin):
+    """Ids, text, PNG bytes, weights, image structs and the estimator (classic: test_data_kinds.py)."""
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):

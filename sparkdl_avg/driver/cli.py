@@ -427,5 +427,10 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
 
 
 def flags_dict(args: argparse.Namespace) -> Dict[str, Any]:
-    """The parsed flags as JSON-friendly data, for metrics files."""
-    return {k: v for k, v in vars(args).items()}
+    """The parsed flags as JSON-friendly data, for metrics files (a function as ``module:name``, as given)."""
+    def plain(value):
+        if callable(value):
+            return f"{getattr(value, '__module__', '')}:{getattr(value, '__qualname__', repr(value))}"
+        return value
+
+    return {k: plain(v) for k, v in vars(args).items()}

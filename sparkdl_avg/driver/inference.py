@@ -13,6 +13,7 @@ included, also from a columnar source such as Parquet: see
 import math
 from typing import Iterator, Optional, Tuple
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError
@@ -114,6 +115,46 @@ def udf_inputs(df, model, features_col, preprocess=None, what: str = "input"):
     return [expr for expr, _ in pairs], StagedDataset((), columns, tuple(c.name for c in columns), x_fields, (), ())
 
 
+class PredictCache:
+    """What a caller's repeated ``predict`` calls can share: the model's spec and weights as shipped.
+
+    Describing the model (:meth:`ModelSpec.from_model`: its ``.keras``
+    archive) and broadcasting it cost about 0.1 s a call on a 31k-parameter
+    CNN, a tenth of predicting 40,000 images on ``local[2]``. They are kept
+    while the model object, its compile settings and the Spark application
+    stay the same; the weights while their bytes do (a fit in between
+    changes them, and they are shipped again).
+    """
+
+    def __init__(self) -> None:
+        self._spec = None  # (key, spec, shipped)
+        self._weights = None  # (key, shipped)
+
+    def spec(self, model, engine, ship):
+        import json
+
+        import keras
+
+        key = (engine.key, id(model), json.dumps(model.get_compile_config(), sort_keys=True, default=str),
+               keras.config.floatx())
+        if self._spec is None or self._spec[0] != key:
+            spec = ModelSpec.from_model(model)
+            self._spec = (key, spec, ship(spec))
+        return self._spec[1], self._spec[2]
+
+    def weights(self, model, engine, ship):
+        import hashlib
+
+        weights = model.get_weights()
+        digest = hashlib.sha1()
+        for w in weights:
+            digest.update(memoryview(np.ascontiguousarray(w)).cast("B"))
+        key = (engine.key, id(model), digest.hexdigest())
+        if self._weights is None or self._weights[0] != key:
+            self._weights = (key, ship(weights))
+        return self._weights[1]
+
+
 def add_predictions(
     df,
     model,
@@ -123,6 +164,7 @@ def add_predictions(
     batch_size: int = 1024,
     spec: Optional[ModelSpec] = None,
     preprocess=None,
+    cache: Optional[PredictCache] = None,
 ):
     """Returns ``df`` with the model's outputs added (lazily, like any transformation).
 
@@ -145,6 +187,7 @@ def add_predictions(
         preprocess: The preprocessing function training applied
             (:class:`~sparkdl_avg.shared.preprocess.Preprocess` or a function), or ``None``;
             it runs on the executors with ``training=False``.
+        cache: A :class:`PredictCache` the caller keeps between calls, or ``None``.
 
     Raises:
         DataError: a missing or mistyped features column, or an output column
@@ -169,15 +212,19 @@ def add_predictions(
             raise DataError(f"Output column {name!r} is already in the DataFrame; choose another name.")
     exprs, inputs = udf_inputs(df, model, features_col, Preprocess.of(preprocess))
 
-    spec = spec or ModelSpec.from_model(model)
     engine = Engine(df.sparkSession)
     remote_errors.decode_user_actions()  # a ragged row fails the user's action as a DataError, not a PythonException
     # Connect has no broadcasts: the model and weights travel in the UDF itself (once per query plan).
     ship = (lambda value: value) if engine.connect else engine.broadcast
+    cache = cache or PredictCache()
+    if spec is not None:
+        shipped = ship(spec)
+    else:
+        spec, shipped = cache.spec(model, engine, ship)
     task = PredictTask(
-        spec=ship(spec),
+        spec=shipped,
         fingerprint=spec.fingerprint,
-        weights=ship(model.get_weights()),
+        weights=cache.weights(model, engine, ship),
         inputs=inputs,
         batch_size=batch_size,
         kind=kind,

@@ -494,4 +494,13 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
             probability_col=self.getProbabilityCol(),
             batch_size=batch,
             preprocess=self._preprocess,
+            cache=self._predict_cache(),
         )
+
+    def _predict_cache(self):
+        """The :class:`~sparkdl_avg.driver.inference.PredictCache` of this stage's ``transform`` calls."""
+        from .inference import PredictCache
+
+        if getattr(self, "_cache", None) is None:
+            self._cache = PredictCache()
+        return self._cache

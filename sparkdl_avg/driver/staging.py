@@ -21,12 +21,13 @@ from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigurationError, DataError
 from ..executor.stage_writer import check_staged, export_arrow_batches, export_pairs
 from ..shared.columns import TEXT, Column, Field, exact_cast, is_image_struct, raw_value, stage_numpy
 from ..shared.fs import join, make_dir, remove_tree
-from ..shared.preprocess import Preprocess
+from ..shared.preprocess import ORIGIN_COLUMNS, Preprocess
 from ..shared.remote_errors import raise_reported, run_job
 from ..shared.staged_dataset import StagedDataset, StagedFile, write_columns
 from ..shared.value_checks import DataChecks, LabelShape, check_label_shape, check_values
@@ -370,8 +371,9 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
 
     Returns:
         The function with the columns it read, the DataFrame columns to
-        stage (those it read, and the names it does not return that the
-        batch passes through), and the labels' fields (shape from the
+        stage (those it read, the names it does not return that the batch
+        passes through, and a string ``path`` column, which names a row
+        the function fails on in a round), and the labels' fields (shape from the
         output; integers as int32, else ``label_float``).
 
     Raises:
@@ -415,6 +417,9 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
         _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
     wanted = [*x_names, *y_names, *([weight] if weight else [])]
     staged = list(read) + [c for c in wanted if c not in out and c in batch and c not in read]
+    # Where a row came from (binaryFile's path), so that a row the function fails on in a round is named by it.
+    staged += [c for c in ORIGIN_COLUMNS if c in batch and c not in staged and sample.schema.field(c).type in
+               (pa.string(), pa.large_string())]
     return preprocess.with_columns(read), staged, tuple(y_fields)
 
 

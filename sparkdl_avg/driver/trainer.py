@@ -174,6 +174,7 @@ class ParameterAveragingTrainer:
         self.history = None  # the History of the latest completed fit
         self._rule_state = RuleState()  # carried over to the next fit of this trainer
         self._preprocess = Preprocess.of(self.config.preprocess)
+        self._predict_cache = None  # predict's shipped spec and weights (sparkdl_avg.driver.inference.PredictCache)
         self._root = StagingRoot.new(staging_dir, id(self))
         self._staging_root = self._root.uri
         self._finalizer = weakref.finalize(self, self._root.remove)
@@ -843,11 +844,13 @@ class ParameterAveragingTrainer:
             probability_col: Output column for classifiers; ``None`` omits it.
             batch_size: Examples per ``predict_on_batch`` call. Default 1024.
         """
-        from .inference import add_predictions
+        from .inference import PredictCache, add_predictions
 
         require("batch_size", batch_size, Ints(1))
+        if self._predict_cache is None:
+            self._predict_cache = PredictCache()
         return add_predictions(data, self.model, features_col, prediction_col, probability_col, batch_size,
-                               preprocess=self._preprocess)
+                               preprocess=self._preprocess, cache=self._predict_cache)
 
     def write_report(self, path: str, title: Optional[str] = None) -> str:
         """Writes the HTML training report of the latest fit (see :mod:`sparkdl_avg.driver.report`).

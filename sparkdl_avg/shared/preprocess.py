@@ -48,7 +48,8 @@ from .example_order import _splitmix64, epoch_key
 
 _FUNCTIONS: Dict[str, Callable] = {}  # unpickled functions of this process, by digest
 _LOCK = threading.Lock()
-_ORIGIN_COLUMNS = ("path", "origin")  # columns that say where a row came from (binaryFile, the image source)
+ORIGIN_COLUMNS = ("path", "origin")
+"""Columns that say where a row came from (``binaryFile``'s, the image source's): a failure names the row by them."""
 
 
 def example_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
@@ -245,7 +246,7 @@ class Preprocess:
             where = f"a batch of {n} rows from row {first} of the {what}"
         else:
             row = int(row_ids[failing]) if row_ids is not None else first + failing
-            origin = next((f"; {c} {_take(batch[c], failing)[0]!r}" for c in _ORIGIN_COLUMNS
+            origin = next((f"; {c} {_take(batch[c], failing)[0]!r}" for c in ORIGIN_COLUMNS
                            if c in batch and not isinstance(batch[c], dict)), "")
             if not origin and any(isinstance(v, dict) and "origin" in v for v in batch.values()):
                 image = next(v for v in batch.values() if isinstance(v, dict) and "origin" in v)
