@@ -18,8 +18,10 @@ their whole input iterator, which PySpark requires to reuse the worker.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import re
 import socket
 import threading
 import time
@@ -192,6 +194,43 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     return train_steps
 
 
+@contextlib.contextmanager
+def naming_failing_rows(model, dataset: StagedDataset, examples, indices: np.ndarray, what: str):
+    """Turns a failure of the model on string inputs (bytes a layer cannot decode) into a ``DataError`` naming the row.
+
+    Only for models with a string input, where a layer of the model decodes
+    the data (``tf.io.decode_png``, a tokenizer): on an error, each example
+    is run through the model alone until one fails, and the error names its
+    input, column and row (its index in the staged data). Other failures
+    pass through unchanged.
+    """
+    from ..errors import DataError
+    from ..shared.columns import TEXT
+    from ..shared.staged_dataset import structure
+
+    try:
+        yield
+    except Exception as exc:
+        text = [k for k, f in enumerate(dataset.x_fields) if f.dtype == TEXT]
+        if not text or isinstance(exc, DataError):
+            raise
+        for i in range(min(len(examples), 4096)):
+            try:
+                model(structure([x[i: i + 1] for x in examples.xs]), training=False)
+            except Exception as row_exc:  # noqa: BLE001 - the example the model cannot take
+                k = text[0] if len(text) == 1 else next(
+                    (j for j in text if str(examples.xs[j][i]) in str(row_exc)), text[0])
+                column = next((c.source for c in dataset.columns if c.name == dataset.x_names[k]), dataset.x_names[k])
+                value = repr(examples.xs[k][i].reshape(-1)[0])[:60]
+                cause = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(row_exc).__name__}: {row_exc}")  # Keras' bold text
+                raise DataError(
+                    f"The model failed on row {int(indices[i])} of the {what}: its string input {k} (column "
+                    f"{column!r}) holds {value}, which the model's layers cannot take: "
+                    f"{remote_errors.one_line(cause)}"
+                ) from exc
+        raise
+
+
 @dataclass(frozen=True)
 class RoundTask:
     """What every worker of one round needs (pickled into the round's closure).
@@ -295,13 +334,15 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         steps_fn.get_concrete_function()
     trace_s = time.time() - loaded if traced else 0.0
     model.reset_metrics()
-    logs = steps_fn(
-        examples.xs,
-        examples.ys,
-        examples.weights if examples.weights is not None else _NO_WEIGHTS,
-        np.int32(task.steps),
-        np.int32(task.batch_size),
-    )
+    indices = order.indices(positions.start, positions.stop)
+    with naming_failing_rows(model, task.dataset, examples, indices, "training data"):
+        logs = steps_fn(
+            examples.xs,
+            examples.ys,
+            examples.weights if examples.weights is not None else _NO_WEIGHTS,
+            np.int32(task.steps),
+            np.int32(task.batch_size),
+        )
     n = len(examples)
     # After reset_metrics() the logs are running means over the round's
     # minibatches (example-weighted), so n · mean is the round's sum.
@@ -420,7 +461,8 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
     for lo in range(0, n, task.batch_size):
         hi = min(n, lo + task.batch_size)
         data = examples.data(lo, hi)
-        logs = model.test_on_batch(*data[:2], sample_weight=data[2] if len(data) > 2 else None, return_dict=True)
+        with naming_failing_rows(model, task.dataset, examples, np.arange(rows.start, rows.stop), task.what):
+            logs = model.test_on_batch(*data[:2], sample_weight=data[2] if len(data) > 2 else None, return_dict=True)
         for name, value in logs.items():
             sums[name] = sums.get(name, 0.0) + float(value) * (hi - lo)
     return PartialResult(
