@@ -294,3 +294,39 @@ def test_the_train_job_takes_preprocess_and_sample_weight_col(spark, tmp_path, m
     saved = keras.models.load_model(str(out / "model.keras"))
     for got, want in zip(saved.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------------------ a layer that cannot decode a row
+
+
+def test_a_layer_that_cannot_decode_a_row_is_named_with_the_row_input_and_column():
+    """A model that decodes PNG bytes itself (a string input): the failing example is found and named."""
+    import keras
+    import tensorflow as tf
+
+    from sparkdl_avg.executor.worker import naming_failing_rows
+    from sparkdl_avg.shared.staged_dataset import Examples
+
+    class Decode(keras.layers.Layer):
+        def call(self, x):
+            return tf.map_fn(lambda b: tf.cast(tf.reshape(tf.io.decode_png(b[0], channels=1), (8, 8, 1)),
+                                               tf.float32), x, fn_output_signature=tf.float32)
+
+    inputs = keras.Input((1,), dtype="string")
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(Decode()(inputs))))
+    _, pngs, labels, _ = digits_png()
+    xs = np.array(list(pngs[:6]), dtype=object).reshape(-1, 1)
+    xs[4, 0] = b"not a png"
+    dataset = StagedDataset((), (Column("x0", "content", "text", Field((1,), "string"), "x", 0),), ("x0",),
+                            (Field((1,), "string"),), (), ())
+    with pytest.raises(DataError) as err:
+        with naming_failing_rows(model, dataset, Examples([xs], []), np.arange(100, 106), "training data"):
+            model(xs)
+    message = str(err.value)
+    assert message.startswith("The model failed on row 104 of the training data: its string input 0 (column "
+                              "'content') holds b'not a png'"), message
+    assert "InvalidArgumentError" in message and "\x1b[" not in message
+    # a failure with nothing to do with the rows passes through as it was
+    with pytest.raises(ZeroDivisionError):
+        with naming_failing_rows(model, dataset, Examples([xs[:4]], []), np.arange(4), "training data"):
+            1 / 0
