@@ -23,7 +23,6 @@ and ``report.html`` to ``--output-dir``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -78,27 +77,6 @@ def decode(batch, seeds=None, training=False):
     return {"image": images}
 
 
-def build_model(seed: int):
-    """A ~10k-parameter CNN for 8×8×1 images and 10 classes."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ],
-        name="digits_images_cnn",
-    )
-    model.compile(optimizer=keras.optimizers.Adam(2e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
@@ -108,6 +86,7 @@ def main(argv=None) -> int:
     from sparkdl_avg import ParameterAveragingTrainer
     from sparkdl_avg.cli import spark_session
     from sparkdl_avg.shared import fs
+    from train_digits import build_model  # the CNN of make train: 8×8×1 images, 10 classes
 
     out = fs.OutputDir(args.output_dir, overwrite=args.overwrite)
     out.check()  # before any work: refuses an existing or unwritable --output-dir

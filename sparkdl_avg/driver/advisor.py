@@ -327,23 +327,23 @@ def _single_process_step(model, spec, head, features_col, label_col, batch_size:
     """
     import numpy as np
 
-    from ..shared.modelspec import input_shapes, inputs_dtype
-    from ..shared.staged_dataset import read_examples, structure, unflatten
+    from ..shared.modelspec import input_dtypes, input_shapes, inputs_dtype
+    from ..shared.staged_dataset import read_examples, structure
     from . import staging
     from .staging_roots import StagingRoot
 
     root = StagingRoot.new(staging_dir, id(head))
     try:
         root.make(private=engine.one_host)
-        staged = staging.stage(head, root=root.uri, x_shapes=input_shapes(model), x_dtype=inputs_dtype(model),
+        staged = staging.stage(head, root=root.uri, x_shapes=input_shapes(model), x_dtype=input_dtypes(model),
+                                label_dtype=inputs_dtype(model),
                                 num_outputs=len(model.outputs), features_col=features_col, label_col=label_col,
                                 what="training", checks=staging.data_checks(model))
         steps = staged.num_examples // batch_size
-        x, y = read_examples(staged, np.arange(steps * batch_size))
+        examples = read_examples(staged, np.arange(steps * batch_size))
     finally:
         root.remove()
-    xs = structure(unflatten(x, staged.x_shapes))
-    ys = structure(unflatten(y, staged.y_shapes))
+    xs, ys = structure(examples.xs), structure(examples.ys)
     best = math.inf
     for per_call in sorted({1, max(1, min(k, steps))}):
         copy = spec.build()

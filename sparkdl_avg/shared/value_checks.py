@@ -1,10 +1,8 @@
 """The value checks of staged data: what ``check_data`` checks and the messages that name the culprit.
 
 This module owns :class:`DataChecks` (which checks to make), :func:`check_values`
-(finite values, label ranges), :func:`check_label_shape` (labels shaped as
-their loss needs: class indices or vectors the output's size) and
-:func:`list_values` (an Arrow list column
-whose rows must all hold the same number of values, as features do). They
+(finite values, label ranges) and :func:`check_label_shape` (labels shaped as
+their loss needs: class indices or vectors the output's size). They
 raise :class:`~sparkdl_avg.errors.DataError` wherever they run: on the driver
 for numpy data (:mod:`sparkdl_avg.driver.staging`), and on executors inside the staging
 and prediction bodies (:mod:`sparkdl_avg.executor.stage_writer`,
@@ -20,8 +18,6 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import DataError
 
@@ -144,25 +140,3 @@ def check_label_shape(shape: Optional[Tuple[int, ...]], name: str, checks: Optio
     got = ("one number per row" if one else f"vectors of length {shape[0]}" if len(shape) == 1
            else f"arrays of shape {shape} per row")
     raise DataError(f"{expected.loss} expects {want}; {name} holds {got}: {advice}.")
-
-
-def list_values(column: pa.Array, name: str, width: int, dtype: str) -> np.ndarray:
-    """The Arrow list column ``column`` as a ``(rows, width)`` numpy array of ``dtype``.
-
-    Raises:
-        DataError: a null row, a row of another length than ``width``, or
-            a null value inside a row.
-    """
-    if column.null_count:
-        raise DataError(f"Column '{name}' contains null rows; expected {width} values per row.")
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(lengths != width)
-    if bad.size:
-        raise DataError(
-            f"Column '{name}' has a row of {int(lengths[bad[0]])} values; expected "
-            f"{width} values per row (the model's input or label size)."
-        )
-    values = column.flatten()
-    if values.null_count:
-        raise DataError(f"Column '{name}' contains null values inside its arrays.")
-    return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(column), width)
