@@ -65,6 +65,8 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=40000)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--kinds", nargs="+", default=["floats", "png"], choices=["floats", "png"])
+    p.add_argument("--source", choices=["cached", "parquet"], default="cached",
+                   help="the Spark arms read the Parquet files once and cache them (default), or read them each time")
     p.add_internal("--one-thread-probe", action="store_true")
     args = p.parse_args()
     if args.one_thread_probe:
@@ -82,23 +84,31 @@ def main() -> None:
     model.save(os.path.join(tempfile.gettempdir(), "sparkdl_avg-bench-inference.keras"))
     with open(os.path.join(tempfile.gettempdir(), "sparkdl_avg-bench-inference.keras"), "rb") as f:
         keras_bytes = f.read()  # what predict_batch_udf's workers load, as users load their model from a file
-    spark = harness.session("local[2]")
+    # With --source parquet, each of the 2 files is one task (Spark would otherwise pack both into one split).
+    spark = harness.session("local[2]", conf={"spark.sql.files.openCostInBytes": str(1 << 30)}
+                            if args.source == "parquet" else None)
     tmp = tempfile.mkdtemp(prefix="sparkdl_avg-bench-inference-")
     frames = {}
     if "floats" in args.kinds:
         pa_table = pa.table({"features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 784)})
         import pyarrow.parquet as pq
 
-        pq.write_table(pa_table.cast(pa.schema([("features", pa.list_(pa.float32()))])), f"{tmp}/floats.parquet")
-        frames["floats"] = spark.read.parquet(f"{tmp}/floats.parquet").repartition(2).cache()
+        os.makedirs(f"{tmp}/floats.parquet")
+        table = pa_table.cast(pa.schema([("features", pa.list_(pa.float32()))]))
+        for i, half in enumerate((table.slice(0, len(x) // 2), table.slice(len(x) // 2))):  # 2 files: 2 tasks
+            pq.write_table(half, f"{tmp}/floats.parquet/part-{i}.parquet")
+        frames["floats"] = source(spark.read.parquet(f"{tmp}/floats.parquet"), args.source)
     pngs = None
     if "png" in args.kinds:
         import pyarrow.parquet as pq
 
         pixels = np.clip(np.round((x - x.min()) / (x.max() - x.min()) * 255), 0, 255).astype(np.uint8)
         pngs = [tf.io.encode_png(image).numpy() for image in pixels]
-        pq.write_table(pa.table({"content": pa.array(pngs, pa.binary())}), f"{tmp}/png.parquet")
-        frames["png"] = spark.read.parquet(f"{tmp}/png.parquet").repartition(2).cache()
+        os.makedirs(f"{tmp}/png.parquet")
+        table = pa.table({"content": pa.array(pngs, pa.binary())})
+        for i, half in enumerate((table.slice(0, len(x) // 2), table.slice(len(x) // 2))):
+            pq.write_table(half, f"{tmp}/png.parquet/part-{i}.parquet")
+        frames["png"] = source(spark.read.parquet(f"{tmp}/png.parquet"), args.source)
     for df in frames.values():
         assert df.count() == len(x)
 
@@ -199,6 +209,11 @@ def main() -> None:
         base = statistics.median(times[f"floats: {ONE_PROCESS}"])
         print(f"\nCeiling of two single-threaded workers with a free data path: 2 × {args.examples / one:.0f} "
               f"= {2 * args.examples / one:.0f} examples/s = {2 * base / one:.2f}× one process.")
+
+
+def source(df, how: str):
+    """``df`` in 2 partitions, cached (``"cached"``), or straight from its 2 Parquet files (``"parquet"``)."""
+    return df.repartition(2).cache() if how == "cached" else df
 
 
 def one_thread_arm(args) -> float:

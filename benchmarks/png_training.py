@@ -12,14 +12,16 @@ random crop (pad 2 pixels, crop back to 28×28):
   ``model.fit``;
 * ``trainer`` on ``local[2]``: ``spark.read.format("binaryFile")``, the label
   from the path, ``ParameterAveragingTrainer(preprocess=decode_augment)``
-  with README's settings, 2 workers, ``averaging_frequency`` k; the
-  augmentation seeded per example (``seeds``).
+  with README's settings, 2 workers, ``averaging_frequency`` k (32 and
+  128); the images decoded with ``sparkdl_avg.decode_images``, the
+  augmentation vectorised and seeded per example (``seeds``).
 
 Each arm trains ``--epochs`` epochs from the same initial weights; the first
 epoch (tracing, staging, replicas built) is reported apart and the later
 ones' median is the epoch time. Arms alternate, ``--repeats`` times;
 held-out accuracy on decoded test images. Also records the staged bytes
-against the files' bytes. Usage::
+against the files' bytes and the seconds staging took (before the first
+epoch: one Spark task per partition binaryFile makes). Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/png_training.py
 
@@ -44,17 +46,22 @@ from bench_cnn import EpochTimer, build_model, make_data  # noqa: E402
 
 
 def decode_augment(batch, seeds=None, training=False):
-    """The trainer's preprocessing: PNG bytes → 28×28×1 float32; in training a seeded flip and a 2-pixel crop."""
-    import tensorflow as tf
+    """The trainer's preprocessing: PNG bytes → 28×28×1 float32; in training a seeded flip and a 2-pixel crop.
 
-    images = np.stack([tf.io.decode_png(b).numpy() for b in batch["content"]]).astype(np.float32) / 255.0
+    Decoded in one graph call per minibatch (``sparkdl_avg.decode_images``); the augmentation is vectorised,
+    each example's choices taken from its seed (uniform 63-bit integers), so it repeats bitwise.
+    """
+    from sparkdl_avg import decode_images
+
+    images = decode_images(batch["content"], channels=1).astype(np.float32) / 255.0
     if training:
+        n = len(images)
         padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)))
-        for i, seed in enumerate(seeds):
-            rng = np.random.default_rng(seed)
-            dy, dx = rng.integers(0, 5, size=2)
-            image = padded[i, dy: dy + 28, dx: dx + 28]
-            images[i] = image[:, ::-1] if rng.random() < 0.5 else image
+        dy, dx, flip = seeds % 5, (seeds // 5) % 5, (seeds // 25) % 2 == 1
+        rows = dy[:, None] + np.arange(28)[None, :]
+        cols = dx[:, None] + np.arange(28)[None, :]
+        images = padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+        images[flip] = images[flip, :, ::-1]
     return {"image": images}
 
 
@@ -108,6 +115,7 @@ def run_trainer(files, test, weights, epochs, batch, k, workers):
         summary = trainer.stats.summary()
     return {"epoch_s": timer.times, "accuracy": float(model.evaluate(*test, verbose=0)[1]),
             "staged_bytes": summary["staged_bytes"], "compute_share": summary["compute_share"],
+            "staging_s": trainer.stats.staging_s,
             "overhead_s_median": summary["overhead_s_median"]}
 
 
@@ -117,7 +125,7 @@ def main() -> None:
     p.add_argument("--test-examples", type=int, default=4000)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--averaging-frequency", type=int, default=32)
+    p.add_argument("--averaging-frequencies", type=int, nargs="+", default=[32, 128])
     args = p.parse_args()
 
     x, y = make_data(args.examples + args.test_examples, seed=4)
@@ -132,17 +140,17 @@ def main() -> None:
 
     files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(directory)
              .withColumn("label", F.regexp_extract("path", r"/(\d+)/[^/]+$", 1).cast("int")))
-    arms = {
-        "keras + tf.data (1 process)": lambda: run_tf_data(directory, test, weights, args.epochs, args.batch_size),
-        f"trainer local[2] k={args.averaging_frequency}": lambda: run_trainer(
-            files, test, weights, args.epochs, args.batch_size, args.averaging_frequency, 2),
-    }
+    arms = {"keras + tf.data (1 process)": lambda: run_tf_data(directory, test, weights, args.epochs, args.batch_size)}
+    for k in args.averaging_frequencies:
+        arms[f"trainer local[2] k={k}"] = lambda k=k: run_trainer(files, test, weights, args.epochs, args.batch_size,
+                                                                   k, 2)
     runs = {name: [] for name in arms}
     for _ in range(args.repeats):
         for name, fn in arms.items():
             runs[name].append(fn())
             r = runs[name][-1]
             print(f"{name}: epochs {[round(t, 2) for t in r['epoch_s']]} accuracy {r['accuracy']:.3f}", flush=True)
+    partitions = files.rdd.getNumPartitions()
     spark.stop()
 
     rows = []
@@ -155,14 +163,16 @@ def main() -> None:
     for r in rows:
         r["ratio_to_tf_data"] = r["epoch_s_median"] / base
     staged = statistics.median(r["staged_bytes"] for r in runs[list(arms)[1]])
-    harness.write_results(args.out, args, runs=runs, rows=rows, file_bytes=file_bytes, staged_bytes=staged)
+    staging_s = statistics.median(r["staging_s"] for name in list(arms)[1:] for r in runs[name])
+    harness.write_results(args.out, args, runs=runs, rows=rows, file_bytes=file_bytes, staged_bytes=staged,
+                          staging_s_median=staging_s, partitions=partitions)
     print("| arm | epoch (median of epochs 2+) | first epoch | ratio to tf.data | held-out accuracy |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['arm']} | {r['epoch_s_median']:.2f} s | {r['first_epoch_s_median']:.2f} s | "
               f"{r['ratio_to_tf_data']:.2f} | {r['accuracy_median']:.3f} |")
     print(f"staged {staged} bytes for {file_bytes} bytes of PNG files ({staged / file_bytes:.3f}x; the rest: "
-          "paths, labels, offsets)")
+          f"paths, labels, offsets), in {staging_s:.1f} s (median; {partitions} partitions of binaryFile)")
 
 
 if __name__ == "__main__":

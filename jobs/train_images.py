@@ -11,8 +11,8 @@ class (``<images>/<label>/<name>.png``), read with
 images; nothing downloaded) as PNG (or ``--encoding jpeg``) files with
 TensorFlow's encoders into a temporary folder (removed at the end). The bytes are staged as
 they came; the preprocessing function :func:`decode` runs on the executors:
-it decodes each minibatch with ``tf.io.decode_image`` and, in training,
-shifts every image by up to one pixel at random, seeded per example (so a
+it decodes each minibatch with ``sparkdl_avg.decode_images`` and, in
+training, shifts every image by up to one pixel at random, seeded per example (so a
 re-run gives bitwise the same model). It holds out 20% of the files, trains
 with :class:`ParameterAveragingTrainer`, evaluates and predicts through the
 same function, and writes ``model.keras``, ``metrics.json`` (history,
@@ -65,15 +65,18 @@ def write_digits(directory: str, encoding: str) -> int:
 
 
 def decode(batch, seeds=None, training=False):
-    """The preprocessing function: PNG/JPEG bytes → 8×8×1 float32 images in [0, 1], shifted at random in training."""
-    import tensorflow as tf
+    """The preprocessing function: PNG/JPEG bytes → 8×8×1 float32 images in [0, 1], shifted at random in training.
 
-    images = np.stack([tf.io.decode_image(data, channels=1, expand_animations=False).numpy()
-                       for data in batch["content"]]).astype("float32") / 255.0
+    ``decode_images`` decodes the minibatch in one TensorFlow call; each example's shift comes from its seed
+    (a uniform 63-bit integer derived from the fit's seed, the epoch and the example), so a re-run, a retried
+    task and a resumed fit shift every image the same way.
+    """
+    from sparkdl_avg import decode_images
+
+    images = decode_images(batch["content"], channels=1).astype("float32") / 255.0
     if training:
         for i, seed in enumerate(seeds):
-            dy, dx = np.random.default_rng(seed).integers(-1, 2, size=2)
-            images[i] = np.roll(images[i], (int(dy), int(dx)), axis=(0, 1))
+            images[i] = np.roll(images[i], (int(seed % 3) - 1, int(seed // 3 % 3) - 1), axis=(0, 1))
     return {"image": images}
 
 

@@ -53,6 +53,7 @@ from .errors import (  # noqa: E402
     SparkdlAvgError,
     WorkerError,
 )
+from .shared.preprocess import decode_images, example_seeds  # noqa: E402
 from .shared.stats import RoundRecord, TrainingStats, WorkerRecord  # noqa: E402
 from .version import __version__  # noqa: E402
 
@@ -65,6 +66,8 @@ __all__ = [
     "warm_up", "DAEMON_MODULE", "RECOMMENDED_CONF",
     # should it be distributed?
     "advise", "Advice",
+    # data as users keep it: helpers for preprocessing functions
+    "decode_images", "example_seeds",
     # pipelines and tracking
     "KerasAveragingEstimator", "KerasAveragingModel", "MlflowLogger",
     # what a fit reports

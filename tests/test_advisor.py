@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from conftest import make_model, regression_data
+from conftest import make_model, regression_data, run_job_in_process
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer, advise
 from sparkdl_avg.driver.advisor import CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs
 
@@ -325,26 +325,24 @@ def test_fit_warns_once_when_slower_than_one_process_unless_silenced(spark, capl
 # ------------------------------------------------------------------ the job
 
 
-def test_the_advise_job_prints_the_answer_and_writes_html_and_json(tmp_path):
-    import os
-    import subprocess
-    import sys
-
+def test_the_advise_job_prints_the_answer_and_writes_html_and_json(spark, tmp_path, monkeypatch, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
     from sklearn.datasets import load_digits
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     d = load_digits()
     pq.write_table(pa.table({"features": [r.tolist() for r in d.data.astype("float32")],
                              "label": d.target.astype("int64")}), str(tmp_path / "digits.parquet"))
-    env = dict(os.environ, PYTHONPATH=os.path.join(root, "jobs"), PYSPARK_PYTHON=sys.executable)
-    command = [sys.executable, "jobs/advise.py", "--data", str(tmp_path / "digits.parquet"), "--model-builder",
-               "digits_model:build", "--epochs", "5", "--averaging-frequency", "8", "--budget", "40",
-               "--output", str(tmp_path / "advice.html")]
-    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
+    model = _tiny_mlp()
+    model.optimizer.build(model.trainable_variables)  # saved with its variables: loads without a warning
+    model.save(str(tmp_path / "mlp.keras"))
+    command = ["--data", str(tmp_path / "digits.parquet"), "--model", str(tmp_path / "mlp.keras"), "--epochs", "5",
+               "--averaging-frequency", "8", "--budget", "40", "--output", str(tmp_path / "advice.html")]
+    # jobs/advise.py's main on this module's session (conftest.run_job_in_process)
+    code, _ = run_job_in_process(spark, monkeypatch, "advise", *command)
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    lines = out.out.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(("Stay on one machine", "Use ")))
     assert lines[first + 2].split() == ["workers", "k", "epoch", "s", "total", "s", "speed-up", "efficiency"]
     saved = json.loads((tmp_path / "advice.json").read_text())
@@ -352,5 +350,5 @@ def test_the_advise_job_prints_the_answer_and_writes_html_and_json(tmp_path):
     assert {r["averaging_frequency"] for r in saved["rows"]} >= {None, 1, 8}
     assert saved["summary"] in (tmp_path / "advice.html").read_text(encoding="utf-8").replace("&#x27;", "'")
     # an existing output is kept, refused before Spark starts
-    again = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "already exists; pass --overwrite to replace it" in again.stderr
+    again, asked = run_job_in_process(spark, monkeypatch, "advise", *command)
+    assert again == 2 and asked == [] and "already exists; pass --overwrite to replace it" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -226,9 +227,15 @@ def test_load_model_errors():
         cli.load_model(path="/nonexistent/model.keras")
 
 
-def _job(*args):
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"))
+def _job(*args, env=None):
+    env = env or dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"))
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _jobs(*commands, env=None):
+    """:func:`_job` of each command, all started at once (each is mostly one core importing TensorFlow)."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: _job(*args, env=env), commands))
 
 
 def _error_line(proc) -> str:
@@ -260,20 +267,24 @@ def test_train_job_help_documents_every_trainer_option():
 
 
 def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_path):
-    common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "out")]
-    # a trainer option: the trainer's own validator, before any Spark work
-    proc = _job(*common, "--model-builder", "digits_model:build", "--batch-size", "0")
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert _error_line(proc).startswith("error: The --batch-size flag must be an int")
-    proc = _job(*common, "--model-builder", "no_such_module_xyz:build")
-    assert proc.returncode == 2 and _error_line(proc).startswith("error: Cannot import module")
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "model.keras").write_text("old")
-    proc = _job(*common, "--model-builder", "digits_model:build")
-    assert proc.returncode == 2 and "already exists; pass --overwrite" in _error_line(proc)
-    assert (tmp_path / "out" / "model.keras").read_text() == "old"
+    common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet")]
+    out = ["--output-dir", str(tmp_path / "out")]
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "model.keras").write_text("old")
+    bad_option, bad_builder, existing, usage = _jobs(
+        # a trainer option: the trainer's own validator, before any Spark work
+        [*common, *out, "--model-builder", "digits_model:build", "--batch-size", "0"],
+        [*common, *out, "--model-builder", "no_such_module_xyz:build"],
+        [*common, "--output-dir", str(tmp_path / "existing"), "--model-builder", "digits_model:build"],
+        ["jobs/train.py", "--data", "x"],
+    )
+    assert bad_option.returncode == 2, bad_option.stderr[-2000:]
+    assert _error_line(bad_option).startswith("error: The --batch-size flag must be an int")
+    assert bad_builder.returncode == 2 and _error_line(bad_builder).startswith("error: Cannot import module")
+    assert existing.returncode == 2 and "already exists; pass --overwrite" in _error_line(existing)
+    assert (tmp_path / "existing" / "model.keras").read_text() == "old"
     # argparse's own errors also exit 2
-    assert _job("jobs/train.py", "--data", "x").returncode == 2
+    assert usage.returncode == 2
 
 
 # Issue 16, a user's first hour, item 2: files left behind or unreadable.
@@ -283,21 +294,19 @@ def test_a_failing_train_job_leaves_no_temporary_directory(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"), TMPDIR=str(scratch))
     common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "out"),
               "--model-builder", "digits_model:build"]
-    for extra in (["--batch-size", "0"], ["--model-builder", "no_such_module_xyz:build"]):
-        proc = subprocess.run([sys.executable, *common, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=300)
+    for proc in _jobs([*common, "--batch-size", "0"], [*common, "--model-builder", "no_such_module_xyz:build"], env=env):
         assert proc.returncode == 2, proc.stderr[-2000:]
     assert glob.glob(str(scratch / "sparkdl_avg-*")) == []
 
 
 def test_train_job_refuses_unwritable_output_and_checkpoint_dirs_before_starting_spark(tmp_path):
     common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--model-builder", "digits_model:build"]
-    proc = _job(*common, "--output-dir", "/proc/x/out")
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert _error_line(proc).startswith(
+    output, proc = _jobs([*common, "--output-dir", "/proc/x/out"],
+                         [*common, "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", "/sys/x"])
+    assert output.returncode == 2, output.stderr[-2000:]
+    assert _error_line(output).startswith(
         "error: The --output-dir flag must be a directory this process can write. Got '/proc/x/out' instead: "
     )
-    proc = _job(*common, "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", "/sys/x")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert _error_line(proc).startswith(
         "error: The --checkpoint-dir flag must be a directory this process can write. Got '/sys/x' instead: "

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -188,11 +189,15 @@ def test_a_job_submitted_with_sparkdl_avg_in_py_files_keeps_pysparks_daemon(tmp_
         assert proc.returncode == 0, proc.stderr[-2000:]
         return [line for line in proc.stdout.splitlines() if line.startswith("DAEMON ")]
 
-    assert setting() == [f"DAEMON {DAEMON_MODULE} true"]
-    assert setting("--py-files", str(shipped)) == ["DAEMON None true"]  # the daemon could not import the zip
-    assert setting("--conf", "spark.python.daemon.module=pyspark.daemon") == ["DAEMON None true"]
+    runs = [(), ("--py-files", str(shipped)), ("--conf", "spark.python.daemon.module=pyspark.daemon"),
+            ("--conf", "spark.python.unix.domain.socket.enabled=false")]
+    with ThreadPoolExecutor(len(runs)) as pool:  # the four spark-submits (a JVM and imports each) run together
+        default, py_files, users_daemon, users_socket = pool.map(lambda args: setting(*args), runs)
+    assert default == [f"DAEMON {DAEMON_MODULE} true"]
+    assert py_files == ["DAEMON None true"]  # the daemon could not import the zip
+    assert users_daemon == ["DAEMON None true"]
     # The user's own choice stands.
-    assert setting("--conf", "spark.python.unix.domain.socket.enabled=false") == [f"DAEMON {DAEMON_MODULE} None"]
+    assert users_socket == [f"DAEMON {DAEMON_MODULE} None"]
 
 
 def test_warm_up_without_a_session_names_what_to_do(monkeypatch):

@@ -1,14 +1,23 @@
-"""The jobs, run the way users run them: through spark-submit."""
+"""The jobs, run the way users run them: through spark-submit.
+
+Each spark-submit here takes 10-60 s, most of it one core's work (a JVM,
+TensorFlow's imports, a session): the module starts those of its selected
+tests together, ``JOBS_AT_ONCE`` at a time, and each test waits for its own
+(the ``submitted`` fixture).
+"""
 
 import json
 import os
 import subprocess
 import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+JOBS_AT_ONCE = 3
 
 
 def _submit(*args, job="train_digits.py", timeout=600):
@@ -32,12 +41,60 @@ def _submit(*args, job="train_digits.py", timeout=600):
     )
 
 
-@pytest.mark.slow
-def test_train_digits_job_reaches_accuracy_and_keeps_existing_model(tmp_path):
+READ_ERRORS = ["text file", "s3a"]
+
+
+def _read_error_data(work, kind):
+    return work / "train.txt" if kind == "text file" else "s3a://bucket/x"
+
+
+@pytest.fixture(scope="module")
+def submitted(request, tmp_path_factory):
+    """The spark-submits of the module's selected tests, started at once, the longest first.
+
+    ``result(name)`` waits for one and returns its ``CompletedProcess``;
+    ``work`` is their directory; ``existing`` the bytes of the model that
+    the ``existing`` job must leave in place.
+    """
     import keras
 
-    out = tmp_path / "digits"
-    proc = _submit("--output-dir", str(out))
+    work = tmp_path_factory.mktemp("jobs")
+    selected = {getattr(item, "originalname", item.name) for item in request.session.items
+                if item.module is request.module}
+    jobs = {}  # name: (args, job), the longest first
+    if "test_train_images_job_trains_on_png_files_decoded_on_the_executors" in selected:
+        jobs["images"] = (("--output-dir", str(work / "images"), "--epochs", "8"), "train_images.py")
+    existing = None
+    if "test_train_digits_job_reaches_accuracy_and_keeps_existing_model" in selected:
+        jobs["digits"] = (("--output-dir", str(work / "digits")), "train_digits.py")
+        (work / "existing").mkdir()
+        keras.utils.set_random_seed(0)
+        keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)]).save(str(work / "existing" / "model.keras"))
+        existing = (work / "existing" / "model.keras").read_bytes()
+        jobs["existing"] = (("--output-dir", str(work / "existing"), "--epochs", "1"), "train_digits.py")
+    if "test_train_job_names_the_root_cause_of_a_read_error" in selected:
+        (work / "train.txt").write_text("label,features\n1,0.5\n")
+        for kind in READ_ERRORS:
+            jobs[kind] = (("--data", str(_read_error_data(work, kind)), "--model-builder", "digits_model:build",
+                           "--output-dir", str(work / f"out-{kind}")), "train.py")
+    if "test_job_errors_reach_stderr_under_spark_submit" in selected:
+        jobs["batch_size"] = (("--data", str(work / "x.parquet"), "--model-builder", "digits_model:build",
+                               "--output-dir", str(work / "out-batch-size"), "--batch-size", "0"), "train.py")
+        jobs["usage"] = (("--data", "x"), "train.py")  # argparse's own error
+    pool = ThreadPoolExecutor(JOBS_AT_ONCE)
+    futures = {name: pool.submit(_submit, *args, job=job) for name, (args, job) in jobs.items()}
+    try:
+        yield types.SimpleNamespace(work=work, result=lambda name: futures[name].result(), existing=existing)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.slow
+def test_train_digits_job_reaches_accuracy_and_keeps_existing_model(submitted):
+    import keras
+
+    out = submitted.work / "digits"
+    proc = submitted.result("digits")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Held-out test accuracy:" in proc.stdout
     assert "Epoch 20/20" in proc.stdout  # per-epoch progress
@@ -49,13 +106,12 @@ def test_train_digits_job_reaches_accuracy_and_keeps_existing_model(tmp_path):
     assert len(stats) == metrics["summary"]["rounds"] > 0
     model = keras.saving.load_model(str(out / "model.keras"))
     assert model.output_shape == (None, 10)
-    before = (out / "model.keras").read_bytes()
 
-    # Without --overwrite an existing model is never replaced.
-    again = _submit("--output-dir", str(out), "--epochs", "1")
+    # Without --overwrite an existing model is never replaced (one saved before that job started).
+    again = submitted.result("existing")
     assert again.returncode == 2
     assert "already exists; pass --overwrite" in _error_line(again)
-    assert (out / "model.keras").read_bytes() == before
+    assert (submitted.work / "existing" / "model.keras").read_bytes() == submitted.existing
 
 
 def _error_line(proc) -> str:
@@ -67,33 +123,29 @@ def _error_line(proc) -> str:
 
 
 @pytest.mark.slow
-def test_job_errors_reach_stderr_under_spark_submit(tmp_path):
+def test_job_errors_reach_stderr_under_spark_submit(submitted):
     """spark-submit merges its Python application's stderr into its stdout; the jobs write past that."""
-    proc = _submit("--data", str(tmp_path / "x.parquet"), "--model-builder", "digits_model:build",
-                   "--output-dir", str(tmp_path / "out"), "--batch-size", "0", job="train.py")
+    proc = submitted.result("batch_size")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert _error_line(proc) == "error: The --batch-size flag must be an int in the range [1, inf). Got 0 instead."
-    usage = _submit("--data", "x", job="train.py")  # argparse's own error
+    usage = submitted.result("usage")  # argparse's own error
     assert usage.returncode == 2
     assert "train.py: error: the following arguments are required: --output-dir" in usage.stderr
     assert "error" not in usage.stdout
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["text file", "s3a"])
-def test_train_job_names_the_root_cause_of_a_read_error(tmp_path, kind):
+@pytest.mark.parametrize("kind", READ_ERRORS)
+def test_train_job_names_the_root_cause_of_a_read_error(submitted, kind):
     """Not the failed py4j call ("An error occurred while calling o49.load"): the cause under its Java trace (item 9)."""
     import pyspark
 
+    data = _read_error_data(submitted.work, kind)
     if kind == "text file":
-        data = tmp_path / "train.txt"
-        data.write_text("label,features\n1,0.5\n")
         cause = f"java.lang.RuntimeException: file:{data} is not a Parquet file."
     else:
-        data = "s3a://bucket/x"
         cause = "java.lang.ClassNotFoundException: Class org.apache.hadoop.fs.s3a.S3AFileSystem not found"
-    proc = _submit("--data", str(data), "--model-builder", "digits_model:build",
-                   "--output-dir", str(tmp_path / "out"), job="train.py")
+    proc = submitted.result(kind)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = _error_line(proc)
     assert line.startswith(f"error: Cannot read --data '{data}' as parquet: {cause}"), line
@@ -102,14 +154,14 @@ def test_train_job_names_the_root_cause_of_a_read_error(tmp_path, kind):
         jars = os.listdir(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
         hadoop = next(j for j in jars if j.startswith("hadoop-client-api-"))[len("hadoop-client-api-"):-len(".jar")]
         assert f"pass --packages org.apache.hadoop:hadoop-aws:{hadoop} to spark-submit" in line
-    assert not (tmp_path / "out").exists()
+    assert not (submitted.work / f"out-{kind}").exists()
 
 
 @pytest.mark.slow
-def test_train_images_job_trains_on_png_files_decoded_on_the_executors(tmp_path):
+def test_train_images_job_trains_on_png_files_decoded_on_the_executors(submitted):
     """Issue 37: PNG files read with binaryFile, labels from the path, a preprocessing function in __main__."""
-    out = tmp_path / "images"
-    proc = _submit("--output-dir", str(out), "--epochs", "8", job="train_images.py")
+    out = submitted.work / "images"
+    proc = submitted.result("images")
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["test"]["accuracy"] >= 0.85, metrics["test"]

@@ -13,15 +13,13 @@ Data sets are scikit-learn's bundled ones (no downloads), kept small.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import keras
 
-from conftest import make_model, record_jobs, regression_data
+from conftest import make_model, record_jobs, regression_data, run_job_in_process
 from parity import EstimatorPathMixin
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.shared import remote_errors
@@ -30,8 +28,6 @@ from sparkdl_avg.ml import KERAS_FILE, KerasAveragingEstimator, KerasAveragingMo
 WINE_CLASSES = 3
 N, B = 2, 8  # workers and batch size of the fits on ``regression_df``
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 
 
 # --------------------------------------------------------------------- helpers
@@ -359,19 +355,17 @@ def test_predict_on_vectors_read_from_parquet(spark, tmp_path):
     assert all(isinstance(r.extra, SparseVector) and r.extra[r.id % 3] == 1.0 for r in rows)
 
 
-def test_predict_job_on_vectors_read_from_parquet(spark, tmp_path):
+def test_predict_job_on_vectors_read_from_parquet(spark, tmp_path, monkeypatch, capsys):
     x = _vector_parquet(spark, tmp_path / "v.parquet")
     model = make_model()
     model.save(str(tmp_path / "model.keras"))
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-         os.path.join(ROOT, "jobs", "predict.py"), "--data", str(tmp_path / "v.parquet"),
-         "--model", str(tmp_path / "model.keras"), "--output", str(tmp_path / "pred"), "--no-check-executors"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "Wrote 24 predictions" in proc.stdout
+    # jobs/predict.py's main on this module's session (spark-submit runs it in test_standalone.py)
+    code, asked = run_job_in_process(spark, monkeypatch, "predict", "--data", str(tmp_path / "v.parquet"),
+                                     "--model", str(tmp_path / "model.keras"), "--output", str(tmp_path / "pred"),
+                                     "--no-check-executors")
+    out = capsys.readouterr()
+    assert code == 0 and asked, (out.out + out.err)[-3000:]
+    assert "Wrote 24 predictions" in out.out
     rows = sorted(spark.read.parquet(str(tmp_path / "pred")).collect(), key=lambda r: r.id)
     np.testing.assert_allclose([r.prediction for r in rows], model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)  # keras.Model.predict computes in float32
 

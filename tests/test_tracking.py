@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -12,7 +11,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")  # the [dev] extra installs it; CI must not skip: see test_mlflow_is_installed
 from mlflow import MlflowClient  # noqa: E402
 
-from conftest import assert_weights_close, make_model, regression_data  # noqa: E402
+from conftest import assert_weights_close, make_model, regression_data, run_job_in_process  # noqa: E402
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer  # noqa: E402
 from sparkdl_avg.tracking import LOGGED_TAG, MlflowLogger, TrackingWarning, from_options  # noqa: E402
 
@@ -251,9 +250,11 @@ def test_the_estimator_logs_into_the_pipeline_run_with_pyspark_autolog(spark, st
         KerasAveragingEstimator(kerasModel=make_model(), mlflowExperiment="").fit(df)
 
 
-def test_train_job_logs_to_mlflow(tmp_path):
+def test_train_job_logs_to_mlflow(spark, tmp_path, monkeypatch, capsys):
+    """jobs/train.py's MLflow flags, its ``main`` run here on the module's session (conftest.run_job_in_process)."""
     from sklearn.datasets import load_digits
 
+    import keras
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -262,17 +263,24 @@ def test_train_job_logs_to_mlflow(tmp_path):
     table = pa.table({"features": [r.tolist() for r in digits.data[:n].astype("float32")],
                       "label": digits.target[:n].astype("int64")})
     pq.write_table(table, str(tmp_path / "digits.parquet"))
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.optimizer.build(model.trainable_variables)  # saved with its variables: loads without a warning
+    model.save(str(tmp_path / "mlp.keras"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(uri).create_experiment("jobs", artifact_location=str(tmp_path / "artifacts"))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"), PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [sys.executable, "jobs/train.py", "--data", str(tmp_path / "digits.parquet"), "--model-builder",
-         "digits_model:build", "--epochs", "2", "--batch-size", "16", "--averaging-frequency", "4", "--seed", "1",
-         "--validation-split", "0.25", "--output-dir", str(tmp_path / "out"), "--mlflow-experiment", "jobs",
-         "--mlflow-tracking-uri", uri, "--mlflow-run-name", "from-the-job"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    try:
+        code, _ = run_job_in_process(
+            spark, monkeypatch, "train", "--data", str(tmp_path / "digits.parquet"), "--model",
+            str(tmp_path / "mlp.keras"), "--epochs", "2", "--batch-size", "16", "--averaging-frequency", "4", "--seed",
+            "1", "--validation-split", "0.25", "--output-dir", str(tmp_path / "out"), "--mlflow-experiment", "jobs",
+            "--mlflow-tracking-uri", uri, "--mlflow-run-name", "from-the-job")
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+    assert code == 0, capsys.readouterr().err[-3000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("jobs").experiment_id])
     assert run.info.run_name == "from-the-job" and run.info.status == "FINISHED"
@@ -283,12 +291,10 @@ def test_train_job_logs_to_mlflow(tmp_path):
     assert {"model", "stats.json", "report.html"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
-def test_the_job_names_the_flag_of_a_bad_tracking_option(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "jobs"))
-    proc = subprocess.run(
-        [sys.executable, "jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "o"),
-         "--model-builder", "digits_model:build", "--mlflow-experiment", ""],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 2
-    assert "error: The --mlflow-experiment flag must be a non-empty str or None. Got '' instead." in proc.stderr
+def test_the_job_names_the_flag_of_a_bad_tracking_option(spark, tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "jobs"))  # digits_model
+    code, asked = run_job_in_process(
+        spark, monkeypatch, "train", "--data", str(tmp_path / "none.parquet"), "--output-dir", str(tmp_path / "o"),
+        "--model-builder", "digits_model:build", "--mlflow-experiment", "")
+    assert code == 2 and asked == []  # before Spark
+    assert "error: The --mlflow-experiment flag must be a non-empty str or None. Got '' instead." in capsys.readouterr().err

@@ -66,6 +66,47 @@ def example_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
     return (mixed >> np.uint64(1)).astype(np.int64)
 
 
+_DECODERS: Dict[int, Callable] = {}  # decode_images' compiled decoders of this process, by channels
+
+
+def decode_images(contents, channels: int = 0) -> np.ndarray:
+    """Encoded images (PNG, JPEG, GIF, BMP) as one ``uint8`` array ``(n, height, width, channels)``.
+
+    For preprocessing functions: ``decode_images(batch["content"])`` decodes a
+    minibatch of ``binaryFile`` bytes in one TensorFlow graph call (a
+    ``tf.function`` of ``tf.map_fn`` over ``tf.io.decode_image``, traced once
+    per process), about a third faster than decoding image by image in
+    Python, and the images stay exactly what ``tf.io.decode_image`` gives.
+
+    Args:
+        contents: The encoded images: an array or list of ``bytes``.
+        channels: Channels to decode to (1 gray, 3 RGB, 4 RGBA); 0 (default)
+            keeps each file's own, which must then be the same for all.
+
+    Raises:
+        DataError: the images do not all have one size (resize them in the
+            function first), or one does not decode.
+    """
+    import tensorflow as tf
+
+    decoder = _DECODERS.get(channels)
+    if decoder is None:
+        def decode(data):
+            return tf.map_fn(lambda one: tf.io.decode_image(one, channels=channels, expand_animations=False), data,
+                             fn_output_signature=tf.TensorSpec((None, None, channels or None), tf.uint8))
+
+        decoder = _DECODERS[channels] = tf.function(decode, reduce_retracing=True)
+    values = np.asarray(contents, dtype=object).reshape(-1)
+    try:
+        return decoder(tf.constant(values, dtype=tf.string)).numpy()
+    except (tf.errors.InvalidArgumentError, ValueError) as exc:
+        lines = [line.strip() for line in str(getattr(exc, "message", exc)).splitlines()]
+        why = next((line for line in lines if line and not line.startswith(("Graph execution", "Detected at",
+                                                                             "File ", "[[", "{{"))), lines[0])
+        raise DataError(f"decode_images: {type(exc).__name__}: {why} (the images must decode and have one size; "
+                        f"{len(values)} given)") from None
+
+
 def _describe(fn: Callable) -> str:
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
@@ -187,13 +228,26 @@ class Preprocess:
         return replace(self, columns=tuple(columns))
 
     def function(self) -> Callable:
-        """The function, unpickled once per process."""
+        """The function, unpickled once per process.
+
+        Raises:
+            ConfigurationError: it cannot be unpickled here, most often because
+                its module is not importable on the executors.
+        """
         with _LOCK:
             fn = _FUNCTIONS.get(self.digest)
             if fn is None:
                 import pickle
 
-                fn = _FUNCTIONS[self.digest] = pickle.loads(self.payload)
+                try:
+                    fn = _FUNCTIONS[self.digest] = pickle.loads(self.payload)
+                except Exception as exc:  # noqa: BLE001 - ModuleNotFoundError above all
+                    raise ConfigurationError(
+                        f"The preprocessing function {self.name!r} cannot be loaded on this executor: "
+                        f"{_one_line(exc)}. Ship its module to the executors (--py-files, "
+                        "spark.sparkContext.addPyFile, or spark.addArtifacts(..., pyfile=True) under Spark "
+                        "Connect), or define the function in the notebook or the job script itself."
+                    ) from None
             return fn
 
     def call(self, batch: Mapping, seeds: Optional[np.ndarray], training: bool):
@@ -221,6 +275,7 @@ class Preprocess:
         Raises:
             DataError: the function raised, or returned something that is not a dict.
         """
+        self.function()  # a function that cannot be loaded is not the rows' fault
         try:
             out = self.call(batch, seeds, training)
         except Exception as exc:  # noqa: BLE001 - the user's code: name it, the row and the cause
