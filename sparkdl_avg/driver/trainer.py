@@ -467,6 +467,10 @@ class ParameterAveragingTrainer:
             "update_rule": rule.describe(),
             "averaging_frequency": schedule.describe(),
             "shuffle": shuffle,
+            # what the examples are (issue 37); absent from older checkpoints, where they were all unset
+            "preprocess": train.preprocess.name if train.preprocess is not None else None,
+            "sample_weight_col": next((c.source for c in train.columns if c.role == "w"), train.weight_name),
+            "class_weight": [list(pair) for pair in train.class_weight] if train.class_weight else None,
         }
 
     def _callback_list(self, plan: "_FitPlan", callbacks):
