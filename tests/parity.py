@@ -69,6 +69,34 @@ class TaskRetryMixin:
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
         assert np.isfinite(trainer.stats.records[-1]["loss"])
 
+    def test_a_task_retried_after_it_ran_the_augmenting_preprocess_gives_the_clean_runs_weights(
+            self, session, monkeypatch, tmp_path):
+        df = digits_frame(session)
+
+        def fit():
+            model = digits_cnn()
+            trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2,
+                                                seed=5, preprocess=decode_digits)
+            trainer.fit(df, features_col="image", epochs=2, verbose=0)
+            return model
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
+        try:
+            clean = fit()
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        real = worker_module.run_round_partition
+        marker = str(tmp_path / "failed-once")
+        monkeypatch.setattr(worker_module, "run_round_partition",
+                            lambda task, it: _fail_after_first_attempt(real, task, it, marker))
+        try:
+            retried = fit()
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        assert os.path.exists(marker)  # the first attempt decoded, augmented and trained, then failed
+        assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
+
 
 def _fail_first_attempt(real, task, iterator, marker):
     from pyspark import TaskContext
