@@ -59,8 +59,8 @@ def submitted(request, tmp_path_factory):
     import keras
 
     work = tmp_path_factory.mktemp("jobs")
-    selected = {getattr(item, "originalname", item.name) for item in request.session.items
-                if item.module is request.module}
+    items = [item for item in request.session.items if item.module is request.module]
+    selected = {getattr(item, "originalname", item.name) for item in items}
     jobs = {}  # name: (args, job), the longest first
     if "test_train_images_job_trains_on_png_files_decoded_on_the_executors" in selected:
         jobs["images"] = (("--output-dir", str(work / "images"), "--epochs", "8"), "train_images.py")
@@ -72,9 +72,11 @@ def submitted(request, tmp_path_factory):
         keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)]).save(str(work / "existing" / "model.keras"))
         existing = (work / "existing" / "model.keras").read_bytes()
         jobs["existing"] = (("--output-dir", str(work / "existing"), "--epochs", "1"), "train_digits.py")
-    if "test_train_job_names_the_root_cause_of_a_read_error" in selected:
+    kinds = [item.callspec.params["kind"] for item in items
+             if getattr(item, "originalname", None) == "test_train_job_names_the_root_cause_of_a_read_error"]
+    if kinds:
         (work / "train.txt").write_text("label,features\n1,0.5\n")
-        for kind in READ_ERRORS:
+        for kind in kinds:
             jobs[kind] = (("--data", str(_read_error_data(work, kind)), "--model-builder", "digits_model:build",
                            "--output-dir", str(work / f"out-{kind}")), "train.py")
     if "test_job_errors_reach_stderr_under_spark_submit" in selected:

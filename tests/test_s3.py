@@ -277,12 +277,12 @@ def test_stage_arrays_to_s3_and_read_examples_back(s3_store, prefix):
     staged = data_mod.stage((x, y), root=s3_store.uri(f"{prefix}/staging"), x_shapes=[(4, 2)], x_dtype="float64")
     assert [f.uri.split("/")[-1] for f in staged.files] == ["part-00000.arrow"]
     assert staged.files[0].uri.startswith(f"s3://{s3_store.bucket}/{prefix}/staging/training-")
-    assert staged.num_examples == 50 and staged.y_dtype == "int32"
+    assert staged.num_examples == 50 and [f.dtype for f in staged.y_fields] == ["int32"]
     assert objects(s3_store, prefix) == [staged.files[0].uri.split("/", 3)[3]]  # no temporary object left
     indices = np.array([49, 0, 7, 7, 23])
-    got_x, got_y = staged_dataset.read_examples(staged, indices)
-    np.testing.assert_array_equal(got_x, x.reshape(50, -1)[indices])
-    np.testing.assert_array_equal(got_y[:, 0], y[indices])
+    examples = staged_dataset.read_examples(staged, indices)
+    np.testing.assert_array_equal(examples.xs[0], x[indices])
+    np.testing.assert_array_equal(examples.ys[0], y[indices])
     fs.remove_tree(s3_store.uri(f"{prefix}/staging"))
     assert objects(s3_store, prefix) == []
 

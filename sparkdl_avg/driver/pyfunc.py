@@ -73,8 +73,7 @@ def _column(series) -> np.ndarray:
 def save(path: str, keras_file: str, preprocess_payload: bytes, features_col: Sequence[str],
          pip_requirements: Sequence[str]) -> None:
     """Writes the pyfunc model of a Keras model saved at ``keras_file`` and its pickled preprocessing function."""
-    import sparkdl_avg
-
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # sparkdl_avg/, shipped in the model
     folder = os.path.dirname(keras_file)
     pickled = os.path.join(folder, "preprocess.pkl")
     with open(pickled, "wb") as f:
@@ -83,6 +82,6 @@ def save(path: str, keras_file: str, preprocess_payload: bytes, features_col: Se
         path,
         python_model=PreprocessedKerasModel(features_col),
         artifacts={"keras_model": keras_file, "preprocess": pickled},
-        code_paths=[os.path.dirname(os.path.abspath(sparkdl_avg.__file__))],
+        code_paths=[package],
         pip_requirements=list(pip_requirements),
     )
