@@ -7,13 +7,13 @@ run in-process on that session.
 from __future__ import annotations
 
 import json
-import os
 import threading
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from conftest import run_job_in_process
 from parity import DataKindsMixin, digits_cnn, digits_png, image_schema, shipped_by_value
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.shared.columns import Column, Field, exact_cast, raw_value, read_column, stage_arrow
@@ -233,29 +233,7 @@ class TestDataKinds(DataKindsMixin):
     """Ids, text, PNG bytes, weights, image structs and the estimator (Connect: test_connect.py)."""
 
 
-class _Session:
-    """The module's session for jobs/train.py's ``main``, which stops its session at the end: this one stays."""
-
-    def __init__(self, spark):
-        self._spark = spark
-
-    def __getattr__(self, name):
-        return getattr(self._spark, name)
-
-    def stop(self):
-        pass
-
-
 def test_the_train_job_takes_preprocess_and_sample_weight_col(spark, tmp_path, monkeypatch):
-    import importlib.util
-
-    import sparkdl_avg.cli as cli
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("train_job_data_kinds", os.path.join(root, "jobs", "train.py"))
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
-
     paths, pngs, labels, _ = digits_png()
     weights = np.where(labels % 2 == 0, 2.0, 0.5)
     data = str(tmp_path / "digits.parquet")
@@ -263,13 +241,13 @@ def test_the_train_job_takes_preprocess_and_sample_weight_col(spark, tmp_path, m
                                     "w": weights})).write.parquet(data)
     model_path = str(tmp_path / "cnn.keras")
     digits_cnn().save(model_path)
-    monkeypatch.setattr(cli, "spark_session", lambda name: _Session(spark))
     out = tmp_path / "out"
     with shipped_by_value():  # executors cannot import tests/parity.py
-        code = job.main(["--data", data, "--model", model_path, "--preprocess", "parity:decode_digits",
-                         "--features-col", "image", "--sample-weight-col", "w", "--class-weight", "0=3,1=1",
-                         "--num-workers", "2", "--batch-size", "16", "--averaging-frequency", "2", "--epochs", "1",
-                         "--seed", "5", "--no-check-executors", "--output-dir", str(out)])
+        code, _ = run_job_in_process(
+            spark, monkeypatch, "train", "--data", data, "--model", model_path, "--preprocess", "parity:decode_digits",
+            "--features-col", "image", "--sample-weight-col", "w", "--class-weight", "0=3,1=1", "--num-workers", "2",
+            "--batch-size", "16", "--averaging-frequency", "2", "--epochs", "1", "--seed", "5",
+            "--no-check-executors", "--output-dir", str(out))
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["flags"]["preprocess"] == "parity:decode_digits" and metrics["flags"]["sample_weight_col"] == "w"
