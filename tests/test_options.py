@@ -337,3 +337,16 @@ def test_parsed_rows_hand_none_to_their_parser():
     with pytest.raises(ConfigurationError, match="The 'averaging_frequency' parameter must be an int in the range"):
         TrainerConfig(averaging_frequency=None)
     TrainerConfig(update_rule=None, network_rate=None)
+
+
+def test_a_value_that_is_also_an_option_name_stays_a_value_in_the_jobs_messages():
+    """Issue 38 item 6: aggregation='shuffle' read 'Got aggregation=--no-shuffle' in the jobs' errors."""
+    with pytest.raises(ConfigurationError) as err:
+        TrainerConfig(aggregation="shuffle", state_transport="spark")
+    message = cli.flag_message(str(err.value))
+    assert "--aggregation='shuffle'" in message or "aggregation='shuffle'" in message, message
+    assert "--no-shuffle" not in message and "--state-transport" in message, message
+    with pytest.raises(ConfigurationError) as err:
+        TrainerConfig(aggregation_shards=2, aggregation="driver")
+    message = cli.flag_message(str(err.value))
+    assert "'shuffle'" in message and "--no-shuffle" not in message and "--aggregation-shards" in message, message

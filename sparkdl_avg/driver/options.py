@@ -903,12 +903,17 @@ def param_names() -> Dict[str, str]:
 def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
     """``message`` with each quoted option name (``'batch_size'``) of ``names`` replaced by its entry.
 
-    With ``quote=False`` the replacement is written bare (flags: ``--batch-size``).
+    With ``quote=False`` the replacement is written bare (flags: ``--batch-size``). A quoted word
+    that is also a value some option takes (``'shuffle'``, an ``aggregation``) is a value in the
+    messages (``Got aggregation='shuffle'``), and stays: issue 38 found the jobs turning it into
+    ``--no-shuffle``. ``The 'shuffle' parameter`` is renamed by the callers' own rule.
     """
     import re
 
+    values = {c for o in OPTIONS if isinstance(o.check, OneOf) for c in o.check.choices if isinstance(c, str)}
+
     def sub(m: "re.Match") -> str:
-        if m.group(1) not in names:
+        if m.group(1) not in names or m.group(1) in values:
             return m.group(0)
         new = names[m.group(1)]
         return f"'{new}'" if quote else new
