@@ -242,6 +242,20 @@ def test_the_slow_warning_compares_the_epoch_with_one_process_at_one_workers_spe
     assert slower_than_one_process(fast, num_examples=200_000, num_workers=8, batch_size=32) is None
 
 
+def test_the_slow_warning_does_not_advise_a_larger_k_when_a_round_already_spans_the_epoch():
+    # averaging_frequency=500 cut to the epoch's 22 minibatches per worker: one round per epoch already
+    one_round = [_record(22, 0.8, 0.0, 5.0, built=True)] + [_record(22, 0.066, 0.004, 1.0)] * 3
+    message = slower_than_one_process(one_round, num_examples=1445, num_workers=2, batch_size=32)
+    assert "in 1 round's overhead" in message
+    assert "Raise averaging_frequency" not in message
+    assert ("Each round already spans a worker's whole epoch (22 minibatches, as many as averaging_frequency can "
+            "reach), so the data is too small for a round's fixed cost: train with keras.Model.fit") in message
+    # with rounds to spare, raising k is the advice, with its ceiling
+    message = slower_than_one_process([_record(4, 0.012, 0.001, 1.0)] * 3, num_examples=1445,
+                                      num_workers=2, batch_size=32)
+    assert "Raise averaging_frequency (now 4; up to the 22 minibatches of a worker's epoch)" in message
+
+
 # The first epoch of the README quickstart as measured on local[2] (1,445 examples, 2 workers, batch 32, k=8): Spark
 # gave the second round to another pair of Python workers, so two of its three rounds built replicas and traced.
 QUICKSTART_EPOCH = [

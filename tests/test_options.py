@@ -330,6 +330,11 @@ def test_the_jobs_check_the_fit_flags_together_before_spark_starts(parse):
     with pytest.raises(ConfigurationError) as info:
         cli.check_fit_flags(parse("--synchronization", "stale", "--checkpoint-dir", "/tmp/c", "--checkpoint-every", "3"))
     assert cli.flag_message(str(info.value)).startswith("The --checkpoint-every flag must be 'epoch' with synchronization")
+    with pytest.raises(ConfigurationError) as info:  # issue 38: nothing was checkpointed, without a word
+        cli.check_fit_flags(parse("--checkpoint-every", "2"))
+    assert cli.flag_message(str(info.value)).startswith(
+        "The --checkpoint-every flag applies only with a --checkpoint-dir (where the checkpoints go; without one "
+        "nothing is checkpointed)")
 
 
 def test_parsed_rows_hand_none_to_their_parser():

@@ -88,6 +88,15 @@ def test_trainer_config_is_the_single_validator(kwargs):
           "Got aggregation='shuffle' with state_transport='spark' instead."]),
         (dict(state_transport="files", aggregation="driver"),
          ["'aggregation'", "Got aggregation='driver' with state_transport='files' instead."]),
+        # issue 38: these were silently ignored
+        (dict(state_transport="files", aggregation_shards=2),
+         ["'aggregation_shards'", "'state_transport'", "'sql' or 'auto'",
+          "Got aggregation_shards=2 with state_transport='files' instead."]),
+        (dict(state_transport="spark", aggregation_shards=2), ["Got aggregation_shards=2 with state_transport='spark'"]),
+        (dict(staleness_aware=False),
+         ["'staleness_aware'", "'stale' or 'async'", "Got staleness_aware=False with synchronization='sync' instead."]),
+        (dict(aggregation="storage", aggregation_shards=10**6),
+         ["'aggregation_shards'", "must be an int in the range [1, 1024] or None. Got 1000000 instead."]),
     ],
 )
 def test_options_that_would_be_ignored_are_refused_at_construction(kwargs, needles):
@@ -111,10 +120,22 @@ def test_options_that_would_be_ignored_are_refused_at_construction(kwargs, needl
         dict(state_transport="sql", aggregation="driver"),
         dict(state_transport="auto", aggregation="storage"),
         dict(state_transport="spark", aggregation="auto"),
+        dict(synchronization="stale", staleness_aware=False),
+        dict(aggregation="storage", aggregation_shards=1024),
     ],
 )
 def test_options_that_apply_are_accepted(kwargs):
     TrainerConfig(**kwargs)
+
+
+def test_more_aggregation_shards_than_the_model_has_parameters_are_refused(model):
+    parameters = model.count_params()
+    with pytest.raises(ConfigurationError) as err:
+        ParameterAveragingTrainer(model, aggregation="storage", aggregation_shards=parameters + 1)
+    assert str(err.value).startswith(
+        f"The 'aggregation_shards' parameter must be at most the model's {parameters} parameters")
+    assert f"Got aggregation_shards={parameters + 1} instead." in str(err.value)
+    ParameterAveragingTrainer(model, aggregation="storage", aggregation_shards=parameters)
 
 
 def test_valid_arguments_are_stored_unchanged(model):
@@ -181,6 +202,9 @@ def test_model_with_undefined_input_shape():
         (dict(epochs=True), r"'epochs'.*Got True instead"),
         (dict(verbose=5), r"'verbose'.*Got 5 instead"),
         (dict(verbose="loud"), r"'verbose'.*Got 'loud' instead"),
+        # issue 38: nothing was checkpointed, without a word
+        (dict(checkpoint_every=2), r"^The 'checkpoint_every' parameter applies only with a 'checkpoint_dir' .*"
+                                   r"Got checkpoint_every=2 without a 'checkpoint_dir' instead\.$"),
     ],
 )
 def test_invalid_fit_arguments(spark, model, xy, kwargs, pattern):

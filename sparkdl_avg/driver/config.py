@@ -57,6 +57,20 @@ def _post_init(self) -> None:
             "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
             f"Got aggregation_shards={self.aggregation_shards!r} with aggregation={self.aggregation!r} instead."
         )
+    if self.synchronization == "sync" and self.staleness_aware != options.option("staleness_aware").default:
+        raise ConfigurationError(
+            "The 'staleness_aware' parameter applies only when 'synchronization' is 'stale' or 'async' (it scales "
+            "updates by their delay; 'sync' updates have none): set 'synchronization' or leave 'staleness_aware' "
+            f"at its default (True). Got staleness_aware={self.staleness_aware!r} with synchronization='sync' "
+            "instead."
+        )
+    if self.aggregation_shards is not None and self.state_transport in ("spark", "files"):
+        raise ConfigurationError(
+            "The 'aggregation_shards' parameter applies only when 'state_transport' is 'sql' or 'auto' (the sql "
+            f"round's sharded aggregations; {self.state_transport!r} sums on the driver): set 'state_transport' to "
+            f"'sql' or leave 'aggregation_shards' at None. Got aggregation_shards={self.aggregation_shards!r} with "
+            f"state_transport={self.state_transport!r} instead."
+        )
     if self.aggregation != "auto" and self.state_transport in ("spark", "files"):
         raise ConfigurationError(
             "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
@@ -144,6 +158,12 @@ def check_fit_args(synchronization: str = "sync", **values: Any) -> Dict[str, An
     if values.get("resume") is True and checkpoint_dir is None:
         raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
     checkpoint_every = values.get("checkpoint_every", "epoch")
+    if checkpoint_dir is None and checkpoint_every != "epoch":
+        raise ConfigurationError(
+            "The 'checkpoint_every' parameter applies only with a 'checkpoint_dir' (where the checkpoints go; "
+            "without one nothing is checkpointed): give a 'checkpoint_dir' or leave 'checkpoint_every' at 'epoch'. "
+            f"Got checkpoint_every={checkpoint_every!r} without a 'checkpoint_dir' instead."
+        )
     if synchronization != "sync" and checkpoint_dir is not None and checkpoint_every != "epoch":
         raise ConfigurationError(
             f"The 'checkpoint_every' parameter must be 'epoch' with synchronization={synchronization!r}: "
@@ -155,6 +175,25 @@ def check_fit_args(synchronization: str = "sync", **values: Any) -> Dict[str, An
 
         values = {**values, "verbose": 1 if sys.stdout.isatty() else 2}
     return values
+
+
+def check_with_model(config: Any, model: Any) -> None:
+    """The checks of options against the (validated) model, before any Spark job.
+
+    ``aggregation_shards`` cuts the state's values into slices: more slices
+    than the model has parameters would leave some empty and cost a reducer
+    task each per round.
+
+    Raises:
+        ConfigurationError: naming the option and the model's size.
+    """
+    shards, parameters = config.aggregation_shards, model.count_params()
+    if shards is not None and shards > parameters:
+        raise ConfigurationError(
+            f"The 'aggregation_shards' parameter must be at most the model's {parameters} parameters (each slice "
+            f"of the sums holds some of them; the default is one per worker). Got aggregation_shards={shards!r} "
+            "instead."
+        )
 
 
 def validate_model(model: Any, name: str = "model") -> None:

@@ -241,14 +241,21 @@ def slower_than_one_process(records, num_examples: int, num_workers: int, batch_
     if not epoch > single:
         return None
     steps = num_examples // (num_workers * batch_size)
+    per_epoch = math.ceil(steps / min(k, steps))
+    overhead = f"{per_epoch} rounds'" if per_epoch != 1 else "1 round's"
+    if k < steps:
+        advice = (f"Raise averaging_frequency (now {k}; up to the {steps} minibatches of a worker's epoch), "
+                  "train with keras.Model.fit, or measure with sparkdl_avg.advise(model, data).")
+    else:  # one round per epoch already: a larger k is cut to the epoch, so naming it would advise the impossible
+        advice = (f"Each round already spans a worker's whole epoch ({steps} minibatches, as many as "
+                  "averaging_frequency can reach), so the data is too small for a round's fixed cost: train "
+                  "with keras.Model.fit, or train on more data per epoch.")
     return (
         f"This fit is slower than one process would be: an epoch takes {_s(epoch)} on {num_workers} workers "
-        f"({_s(steps * t_step)} computing, {_s(math.ceil(steps / min(k, steps)) * fixed)} in "
-        f"{math.ceil(steps / min(k, steps))} rounds' overhead), while one process at one worker's speed "
+        f"({_s(steps * t_step)} computing, {_s(per_epoch * fixed)} in "
+        f"{overhead} overhead), while one process at one worker's speed "
         f"({t_step * 1000:.1f} ms per minibatch, the median of {rounds} round{'s' if rounds != 1 else ''} without "
-        f"replica builds or tracing) would take {_s(single)}. Raise averaging_frequency (now {k}), "
-        "train with keras.Model.fit, or measure with sparkdl_avg.advise(model, data). Silence this with "
-        "slow_warning=False."
+        f"replica builds or tracing) would take {_s(single)}. {advice} Silence this with slow_warning=False."
     )
 
 

@@ -41,7 +41,7 @@ from ..shared.stats import TrainingStats
 from . import resume as resume_mod
 from . import staging
 from . import transport as transport_mod
-from .config import TrainerConfig, check_fit_args, validate_model
+from .config import TrainerConfig, check_fit_args, check_with_model, validate_model
 from .feedback import FeedbackLedger, lag_of
 from .options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
 from .progress import Progress
@@ -164,6 +164,7 @@ class ParameterAveragingTrainer:
         seed, staging_dir = options["seed"], options["staging_dir"]  # read below
         self.config = TrainerConfig(**options)
         validate_model(model)
+        check_with_model(self.config, model)
         self.model = model
         self.stats = TrainingStats()  # the round records of the latest fit (a new one per fit)
         self._seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
