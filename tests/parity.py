@@ -123,6 +123,34 @@ class EstimatorPathMixin:
         with pytest.raises(ConfigurationError, match=r"'kerasModel' parameter must be .* Got '.*nothing.keras' instead"):
             KerasAveragingEstimator(kerasModel=str(tmp_path / "nothing.keras"))
 
+    def test_a_pipeline_checkpoints_and_resumes_bitwise(self, session, tmp_path):
+        """Issue 38: the estimator had no checkpointDir, checkpointEvery or resume, though fit and the jobs have."""
+        import pyarrow as pa
+        from pyspark.ml import Pipeline
+
+        from sparkdl_avg.ml import KerasAveragingEstimator
+
+        x, y = regression_data(96, seed=5)
+        df = session.createDataFrame(pa.table({"features": list(x), "label": y}))
+        directory = str(tmp_path / "ckpt")
+
+        def estimator(epochs, **params):
+            return KerasAveragingEstimator(kerasModel=make_model(seed=4), numWorkers=2, batchSize=8,
+                                           averagingFrequency=3, epochs=epochs, seed=3, **params)
+
+        whole = estimator(3).fit(df)
+        first = Pipeline(stages=[estimator(2, checkpointDir=directory, checkpointEvery=2)]).fit(df)
+        assert first.stages[0].history.epoch == [0, 1]
+        assert sorted(n for n in os.listdir(directory) if n.startswith("ckpt-")), os.listdir(directory)
+        with pytest.raises(ConfigurationError, match=r"The 'checkpointDir' .* already holds checkpoints .* Pass "
+                                                     r"resume=True"):
+            estimator(3, checkpointDir=directory).fit(df)
+        resumed = Pipeline(stages=[estimator(3, checkpointDir=directory, resume=True)]).fit(df).stages[0]
+        assert resumed.history.epoch == [0, 1, 2]  # the checkpoint's epochs, then the one it had not trained
+        assert resumed.history.history["loss"][:2] == first.stages[0].history.history["loss"]
+        assert_weights_close(resumed.kerasModel.get_weights(), whole.kerasModel.get_weights(), atol=0)
+        assert estimator(3, checkpointDir=directory, resume=True).getCheckpointEvery() == "epoch"
+
 
 class ExecutorCheckMixin:
     """``preflight.check_executors`` runs one probe per default-parallelism slot (2 on both test sessions)."""

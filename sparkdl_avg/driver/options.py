@@ -794,18 +794,21 @@ OPTIONS: Tuple[Option, ...] = (
         help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)",
         check=Text("a local path or a pyarrow.fs URI"),
         cli=Flag(metavar="PATH_OR_URI"),
+        param=SparkParam("checkpointDir", "toString"),
     ),
     Option(
         "checkpoint_every", "epoch", "Any", scope=FIT,
         help="'epoch' or a number of rounds",
         check=RoundsOrEpoch(),
         cli=Flag(to_option=rounds_or_epoch),
+        param=SparkParam("checkpointEvery", "identity"),
     ),
     Option(
         "resume", False, "Any", scope=FIT,
         help="continue from the latest checkpoint in --checkpoint-dir, if there is one",
         check=BoolOrPath(),
         cli=Flag(action="store_true"),
+        param=SparkParam("resume", "identity"),
     ),
     Option(
         "sample_weight_col", None, "Optional[str]", scope=FIT,
