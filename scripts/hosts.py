@@ -4,9 +4,13 @@ Each host is a Linux network namespace (``sdla-h0`` ...) with one veth link
 to a bridge in a namespace of its own (``sdla-br``), an address in
 10.213.0.0/24 (private, used only inside these namespaces), a link shaped
 with ``tc tbf`` in both directions (``rate`` per host, default 1 Gbit/s, the
-driver's host included) and a mount namespace of its own with a private
-tmpfs on ``/tmp`` (Spark's local and work directories live there), so hosts
-share only the network and the code and venv on disk. Host 0 runs the Spark
+driver's host included), a host name of its own (a UTS namespace: the
+namespace's name, resolvable on every host) and a mount namespace of its own
+with a private tmpfs on ``/tmp`` (Spark's local and work directories and the
+default staging directory live there), so hosts share only the network and
+the code, venv and state directory on disk. These may live anywhere, also
+under ``/tmp`` (a clone there): each host binds them back over its private
+``/tmp``. Host 0 runs the Spark
 standalone master and the driver (and a Spark Connect server on request);
 hosts 1 .. H-1 run one 1-core worker each; the store host (``sdla-s3``)
 runs SeaweedFS's S3 gateway (tests/s3server.py), its link unshaped unless
@@ -15,9 +19,14 @@ runs SeaweedFS's S3 gateway (tests/s3server.py), its link unshaped unless
 Command line (as root)::
 
     python scripts/hosts.py up [--hosts 4] [--rate 1gbit] [--store-rate RATE] [--no-store]
+                               [--worker-memory 1g] [--connect] [--ttl-s 10800] [--state-dir DIR]
     python scripts/hosts.py run 0 -- python my_job.py    # a command on host 0, cluster env set
+    python scripts/hosts.py status                        # each host's services, alive or not
     python scripts/hosts.py counters                      # bytes through each host's link
     python scripts/hosts.py down
+
+Flags are checked before anything starts (``error: ...``, exit code 2);
+``status``, ``counters`` and ``run`` without a cluster say so (exit code 1).
 
 ``up`` first removes what an earlier run left (every ``sdla-*`` namespace and
 its processes), and arms a watchdog that tears the cluster down after
@@ -36,7 +45,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -58,10 +70,83 @@ MASTER_PORT = 7077
 CONNECT_PORT = 15002
 S3_PORT = 8333
 BUCKET = "sparkdl-avg"  # created at start: s3://sparkdl-avg/... is the cluster's shared storage
+DEFAULT_STATE_DIR = os.path.join(ROOT, "output", "hosts")
+PRIVATE = "/tmp"  # each host's own tmpfs
+
+
+MAX_HOSTS = 245  # addresses .10 .. .254 of SUBNET's /24
+MIN_TTL_S = 60.0  # the watchdog must not tear a cluster down while it comes up (~20 s)
 
 
 class HostsError(RuntimeError):
     """The cluster cannot start here (not root, no namespaces, no ``tc``) or did not come up; says what is missing."""
+
+
+class NoClusterError(HostsError):
+    """No cluster is up for this state directory (no state file, or its host 0 is gone)."""
+
+
+def _named(param: str, value: object, cli: bool) -> str:
+    """How a message names a setting: ``--ttl-s -5`` for the command line, ``ttl_s=-5`` for Python."""
+    if cli:
+        shown = f"{value:g}" if isinstance(value, float) else (repr(value) if isinstance(value, str) else value)
+        return f"--{param.replace('_', '-')} {shown}"
+    return f"{param}={value!r}"
+
+
+_RATE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(tbit|gbit|mbit|kbit|bit)", re.IGNORECASE)
+_RATE_UNITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+_MEMORY = re.compile(r"[1-9]\d*[mgt]b?", re.IGNORECASE)
+
+
+def _rate_error(param: str, rate: object, cli: bool) -> ValueError:
+    return ValueError(f"{'--' + param.replace('_', '-') if cli else repr(param)} must be a link rate such as "
+                      f"'1gbit' or '250mbit' (a number and tbit, gbit, mbit, kbit or bit, as tc writes rates; at "
+                      f"least 8bit, tc's least). Got {_named(param, rate, cli)}.")
+
+
+def rate_bytes(rate: str, param: str = "rate", cli: bool = False) -> float:
+    """Bytes per second of a ``tc`` rate such as ``"1gbit"``, ``"250mbit"``, ``"100kbit"`` (units in bits).
+
+    Raises:
+        ValueError: not such a rate, or below 8 bit/s (names ``param``).
+    """
+    match = _RATE.fullmatch(rate) if isinstance(rate, str) else None
+    if match is None or float(match.group(1)) * _RATE_UNITS[match.group(2).lower()] < 8:
+        raise _rate_error(param, rate, cli)
+    return float(match.group(1)) * _RATE_UNITS[match.group(2).lower()] / 8
+
+
+def check_options(hosts: int = 4, rate: str = "1gbit", store_rate: Optional[str] = None, worker_memory: str = "1g",
+                  ttl_s: float = 3 * 3600, state_dir: Optional[str] = None, cli: bool = False) -> None:
+    """Checks :class:`Cluster`'s settings before anything starts; ``cli``: messages name the flags.
+
+    Raises:
+        ValueError: the first bad setting, named with its value and what was expected.
+    """
+    def name(param: str) -> str:
+        return "--" + param.replace("_", "-") if cli else f"'{param}'"
+
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or not 2 <= hosts <= MAX_HOSTS:
+        raise ValueError(f"{name('hosts')} must be an int from 2 to {MAX_HOSTS}: host 0 runs the master and the "
+                         f"driver and each other host one worker, so a cluster needs at least 2 (addresses come "
+                         f"from one /24). Got {_named('hosts', hosts, cli)}.")
+    rate_bytes(rate, "rate", cli)
+    if store_rate is not None:
+        rate_bytes(store_rate, "store_rate", cli)
+    if not isinstance(worker_memory, str) or not _MEMORY.fullmatch(worker_memory):
+        raise ValueError(f"{name('worker_memory')} must be a size such as '512m', '1g' or '2g' (a whole number "
+                         f"above 0 and m, g or t: what each worker offers its executors). "
+                         f"Got {_named('worker_memory', worker_memory, cli)}.")
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) \
+            or ttl_s < MIN_TTL_S:
+        raise ValueError(f"{name('ttl_s')} must be a finite number of seconds of at least {MIN_TTL_S:g}: a watchdog "
+                         f"tears the cluster down after it, and coming up takes about 20 s. "
+                         f"Got {_named('ttl_s', ttl_s, cli)}.")
+    if state_dir is not None and os.path.abspath(state_dir) == PRIVATE:
+        raise ValueError(f"{name('state_dir')} must not be {PRIVATE} itself: each host mounts a private {PRIVATE} "
+                         f"there and binds back only the state directory; give a directory in it, such as "
+                         f"{PRIVATE}/hosts. Got {_named('state_dir', state_dir, cli)}.")
 
 
 def _sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
@@ -69,15 +154,6 @@ def _sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.Com
     if check and proc.returncode != 0:
         raise HostsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
-
-
-def rate_bytes(rate: str) -> float:
-    """Bytes per second of a ``tc`` rate such as ``"1gbit"``, ``"250mbit"``, ``"100kbit"``."""
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * scale / 8
-    raise ValueError(f"Expected a rate such as '1gbit' or '250mbit'. Received: rate={rate!r}")
 
 
 def check_requirements() -> None:
@@ -120,28 +196,21 @@ class Cluster:
         store_rate: The store's link rate; ``None`` (default) leaves it unshaped.
         worker_memory: What each worker offers executors. Default ``"1g"``.
         state_dir: Where the state file, logs and the store's data go (on
-            the shared disk: tooling, not something the hosts share).
-            Default ``output/hosts``.
-        ttl_s: Seconds after which a watchdog tears the cluster down. Default 3 h.
+            the shared disk: tooling, not something the hosts share; under
+            ``/tmp`` too, bound into each host). Default ``output/hosts``.
+        ttl_s: Seconds after which a watchdog tears the cluster down, at
+            least :data:`MIN_TTL_S`. Default 3 h.
         python: The interpreter of drivers and executors (the venv's).
+
+    Raises:
+        ValueError: a bad setting (:func:`check_options`), before anything starts.
     """
 
     def __init__(self, hosts: int = 4, rate: str = "1gbit", store: bool = True, store_rate: Optional[str] = None,
                  worker_memory: str = "1g", state_dir: Optional[str] = None, ttl_s: float = 3 * 3600,
                  python: Optional[str] = None) -> None:
-        if hosts < 2:
-            raise ValueError(f"Expected at least 2 hosts (a driver and a worker). Received: hosts={hosts}")
-        rate_bytes(rate)
-        if store_rate:
-            rate_bytes(store_rate)
-        self.state_dir = os.path.abspath(state_dir or os.path.join(ROOT, "output", "hosts"))
-        for what, path in (("the repository", ROOT), ("the interpreter", os.path.abspath(python or sys.executable))):
-            if path == "/tmp" or path.startswith("/tmp/"):
-                raise ValueError(f"Expected {what} outside /tmp: each host has a private /tmp and would not see "
-                                 f"it. Received: {path!r}")
-        if self.state_dir == "/tmp" or self.state_dir.startswith("/tmp/"):
-            raise ValueError(f"Expected a state_dir outside /tmp: each host has a private /tmp, so drivers on the "
-                             f"hosts could not read the state file there. Received: state_dir={self.state_dir!r}")
+        check_options(hosts, rate, store_rate, worker_memory, ttl_s, state_dir)
+        self.state_dir = os.path.abspath(state_dir or DEFAULT_STATE_DIR)
         self.python = python or sys.executable
         self.worker_memory = worker_memory
         self.ttl_s = ttl_s
@@ -175,7 +244,17 @@ class Cluster:
         return self.hosts + ([self.store] if self.store else [])
 
     def host(self, index: int) -> Host:
-        return self.store if index == -1 and self.store else self.hosts[index]
+        """Host ``index``: 0 .. H-1, or -1 for the store.
+
+        Raises:
+            ValueError: no such host here.
+        """
+        if index == -1 and self.store is not None:
+            return self.store
+        if 0 <= index < len(self.hosts):
+            return self.hosts[index]
+        raise ValueError(f"There is no host {index} in this cluster: its hosts are 0 to {len(self.hosts) - 1}"
+                         + (", and -1 is the store." if self.store is not None else " (and no store)."))
 
     def store_env(self) -> Dict[str, str]:
         """The AWS variables that point ``pyarrow.fs`` at the store (every host has them)."""
@@ -228,8 +307,9 @@ class Cluster:
         os.makedirs(os.path.join(self.state_dir, "logs"), exist_ok=True)
         try:
             self._network()
+            etc_hosts = self._etc_hosts()
             for host in self.all_hosts():
-                host.anchor = self._anchor(host)
+                host.anchor = self._anchor(host, etc_hosts)
             self._watchdog()
             self._save()
             if self.store is not None:
@@ -263,18 +343,60 @@ class Cluster:
                     if made.returncode != 0:
                         raise HostsError(f"Cannot shape {dev} with tc tbf (kernel module sch_tbf?): {made.stderr.strip()}")
 
-    def _anchor(self, host: Host) -> int:
-        """Starts the process whose mount namespace (a private tmpfs on /tmp) the host's processes enter."""
+    def shared_paths(self) -> List[str]:
+        """What the hosts share that lies under ``/tmp`` (the repository, the venv, the state directory).
+
+        Each host binds these back over its private ``/tmp``, at the same
+        paths, so a clone under ``/tmp`` works as one elsewhere; outermost
+        first, none inside another.
+        """
+        venv = os.path.dirname(os.path.dirname(os.path.abspath(self.python)))
+        found: List[str] = []
+        for path in sorted({p for base in (ROOT, venv, self.state_dir) for p in (base, os.path.realpath(base))}):
+            if path.startswith(PRIVATE + "/") and not any(path.startswith(kept + "/") for kept in found):
+                found.append(path)
+        return found
+
+    def _etc_hosts(self) -> str:
+        """Writes the hosts' ``/etc/hosts`` (this machine's, plus each host's name and address); returns its path."""
+        path = os.path.join(self.state_dir, "etc-hosts")
+        try:
+            with open("/etc/hosts") as f:
+                base = f.read()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        names = "".join(f"{h.address} {h.ns}\n" for h in self.all_hosts())
+        with open(path, "w") as f:
+            f.write(base.rstrip("\n") + f"\n# scripts/hosts.py: the cluster's hosts\n{names}")
+        return path
+
+    def _anchor(self, host: Host, etc_hosts: str) -> int:
+        """Starts the process whose namespaces (mount: a private /tmp; UTS: the host's name) its processes enter."""
         ready = os.path.join(self.state_dir, f"anchor-{host.ns}.pid")
         with contextlib.suppress(FileNotFoundError):
             os.remove(ready)
-        script = (f"mount -t tmpfs -o size=8g,mode=1777 {PREFIX}-tmp /tmp && mkdir -p /tmp/spark-local /tmp/spark-work "
-                  f"&& echo $$ > {ready} && exec sleep {int(self.ttl_s) + 600}")
+        q = shlex.quote
+        shared = self.shared_paths()
+        if len(shared) > 7:  # sh redirects only fds 0-9
+            raise HostsError(f"Too many paths under /tmp to bind into each host: {shared}")
+        lines = ["set -e"]
+        if shared:
+            # Open them before the tmpfs hides them; the bind goes through the open directory (/proc/self/fd:
+            # not canonicalized, which would look the path up again, in the new tmpfs).
+            lines.append("exec " + " ".join(f"{3 + i}<{q(path)}" for i, path in enumerate(shared)))
+        lines.append(f"mount -t tmpfs -o size=8g,mode=1777 {PREFIX}-tmp {PRIVATE}")
+        for i, path in enumerate(shared):
+            lines.append(f"mkdir -p {q(path)} && mount --no-canonicalize --bind /proc/self/fd/{3 + i} {q(path)}")
+        if shared:
+            lines.append("exec " + " ".join(f"{3 + i}<&-" for i in range(len(shared))))
+        lines += [f"mount --bind {q(etc_hosts)} /etc/hosts", f"hostname {q(host.ns)}",
+                  f"mkdir -p {PRIVATE}/spark-local {PRIVATE}/spark-work", f"echo $$ > {q(ready)}",
+                  f"exec sleep {int(self.ttl_s) + 600}"]
         log = os.path.join(self.state_dir, "logs", f"anchor-{host.ns}.log")
         with open(log, "wb") as err:
-            subprocess.Popen(["ip", "netns", "exec", host.ns, "unshare", "--mount", "--propagation", "private", "--",
-                              "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=err, start_new_session=True)
+            subprocess.Popen(["ip", "netns", "exec", host.ns, "unshare", "--mount", "--uts", "--propagation",
+                              "private", "--", "sh", "-c", "\n".join(lines)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(FileNotFoundError, ValueError):
@@ -283,15 +405,16 @@ class Cluster:
             time.sleep(0.05)
         with open(log, errors="replace") as f:
             cause = f.read()[-2000:].strip() or "no output"
-        raise HostsError(f"{host.ns}: could not mount a private /tmp (unshare --mount, mount -t tmpfs) within 10 s: "
-                         f"{cause}")
+        raise HostsError(f"{host.ns}: could not set up its namespaces (unshare --mount --uts, a tmpfs on /tmp, "
+                         f"binds of {shared or 'nothing'}, /etc/hosts, hostname) within 10 s: {cause}")
 
     def _watchdog(self) -> None:
         """Arms a process that runs ``down --run-id`` after ``ttl_s``; it tears down only this run (see :func:`down`)."""
         self.run_id = uuid.uuid4().hex
         proc = subprocess.Popen(
-            ["sh", "-c", f"sleep {int(self.ttl_s)}; exec {self.python} {os.path.abspath(__file__)} down "
-                         f"--state-dir {self.state_dir} --run-id {self.run_id}"],
+            ["sh", "-c", f"sleep {int(self.ttl_s)}; exec {shlex.quote(self.python)} "
+                         f"{shlex.quote(os.path.abspath(__file__))} down --state-dir {shlex.quote(self.state_dir)} "
+                         f"--run-id {self.run_id}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.watchdog = proc.pid
         with open(CURRENT, "w") as f:  # the one cluster these namespace names allow, whoever started it
@@ -328,7 +451,8 @@ class Cluster:
             self.start_worker(host.index, timeout_s=None)
         log = os.path.join(self.state_dir, "logs", "master.log")
         self._wait(lambda: _count(log, "Registering worker") >= len(self.workers), timeout_s,
-                   f"{len(self.workers)} workers to register with the master", "master")
+                   f"{len(self.workers)} workers to register with the master", "master", driver.pids["master"],
+                   {f"worker-{h.index}": h.pids["worker"] for h in self.workers})
 
     def start_worker(self, index: int, timeout_s: Optional[float] = 120.0) -> None:
         """(Re)starts the Spark worker of host ``index`` (1 core, ``worker_memory``).
@@ -346,7 +470,8 @@ class Cluster:
         self._save()
         if timeout_s is not None:
             self._wait(lambda: _count(log, "Registering worker") > before, timeout_s,
-                       f"host {index}'s worker to register with the master", "master")
+                       f"host {index}'s worker to register with the master", "master",
+                       others={f"worker-{index}": host.pids["worker"]})
 
     def start_connect(self, timeout_s: float = 120.0, **conf: str) -> str:
         """Starts a Spark Connect server on host 0 against the master; returns its ``sc://`` URL."""
@@ -374,15 +499,24 @@ class Cluster:
             _kill_tree(pid)
             self._save()
 
-    def _wait(self, ready, timeout_s: float, what: str, log: str, pid: int = 0) -> None:
-        """Polls ``ready()`` until ``timeout_s``; fails at once if ``pid`` (the awaited process) exits."""
+    def _wait(self, ready, timeout_s: float, what: str, log: str, pid: int = 0,
+              others: Optional[Dict[str, int]] = None) -> None:
+        """Polls ``ready()`` until ``timeout_s``; fails at once if ``pid`` (the awaited process) exits.
+
+        ``others``: more processes it waits on, by log name (e.g. workers): one that exits fails it too,
+        with that log's tail (a worker that cannot start never registers).
+        """
+        watched = {log: pid} if pid else {}
+        watched.update(others or {})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if ready():
                 return
-            if pid and (not os.path.exists(f"/proc/{pid}") or _zombie(pid)):
+            gone = [name for name, p in watched.items() if not os.path.exists(f"/proc/{p}") or _zombie(p)]
+            if gone:
                 timeout_s = time.monotonic() - deadline + timeout_s
-                what += f" (it exited after {timeout_s:.0f} s)"
+                what += f" ({gone[0]} exited after {timeout_s:.0f} s)"
+                log = gone[0]
                 break
             time.sleep(0.5)
         tail = ""
@@ -394,7 +528,7 @@ class Cluster:
     # ------------------------------------------------------- on a host
 
     def _enter(self, host: Host, cwd: Optional[str] = None) -> List[str]:
-        return ["nsenter", "-t", str(host.anchor), "-n", "-m", f"--wd={cwd or ROOT}", "--"]
+        return ["nsenter", "-t", str(host.anchor), "-n", "-m", "-u", f"--wd={cwd or ROOT}", "--"]
 
     def spawn(self, host: Host, argv: Sequence[str], log: str, env: Optional[Dict[str, str]] = None,
               cwd: Optional[str] = None) -> int:
@@ -477,10 +611,22 @@ class Cluster:
 
     @classmethod
     def attach(cls, state_path: Optional[str] = None) -> "Cluster":
-        """The running cluster described by ``state_path`` (default ``$SPARKDL_AVG_HOSTS``)."""
-        path = state_path or os.environ.get(STATE_ENV) or os.path.join(ROOT, "output", "hosts", "state.json")
-        with open(path) as f:
-            state = json.load(f)
+        """The running cluster described by ``state_path`` (default ``$SPARKDL_AVG_HOSTS``, else output/hosts/state.json).
+
+        Raises:
+            NoClusterError: no state file there, or the cluster it describes stopped (its host 0 is gone).
+        """
+        path = state_path or os.environ.get(STATE_ENV) or os.path.join(DEFAULT_STATE_DIR, "state.json")
+        hint = "" if os.path.dirname(os.path.abspath(path)) == DEFAULT_STATE_DIR else \
+            f" --state-dir {shlex.quote(os.path.dirname(os.path.abspath(path)))}"
+        try:
+            with open(path) as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            raise NoClusterError(f"no cluster is up; run `hosts.py up{hint}`") from None
+        anchor = state["hosts"][0]["anchor"]
+        if not anchor or not os.path.exists(f"/proc/{anchor}") or _zombie(anchor):
+            raise NoClusterError(f"no cluster is up (the one {path} describes stopped); run `hosts.py up{hint}`")
         cluster = cls.__new__(cls)
         cluster.state_dir, cluster.python = state["state_dir"], state["python"]
         cluster.worker_memory, cluster.ttl_s, cluster.rate = state["worker_memory"], state["ttl_s"], state["rate"]
@@ -530,7 +676,7 @@ def down(state_dir: Optional[str] = None, run_id: Optional[str] = None) -> List[
     deletes ``state_dir``'s store data. With ``run_id`` (a watchdog's call)
     it does nothing unless that run is still the current one.
     """
-    state_dir = os.path.abspath(state_dir or os.path.join(ROOT, "output", "hosts"))
+    state_dir = os.path.abspath(state_dir or DEFAULT_STATE_DIR)
     current: Dict[str, object] = {}
     with contextlib.suppress(OSError, ValueError):
         with open(CURRENT) as f:
@@ -579,25 +725,39 @@ def _zombie(pid: int) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line (see the module's docstring); returns the exit code: 2 for a bad flag, 1 for a failure."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up_p = sub.add_parser("up", help="start the hosts, the Spark standalone cluster and the store")
-    up_p.add_argument("--hosts", type=int, default=4, help="hosts, host 0 (master, driver) included (default 4)")
-    up_p.add_argument("--rate", default="1gbit", help="each host's link rate, a tc rate (default 1gbit)")
+    up_p.add_argument("--hosts", type=int, default=4,
+                      help=f"hosts, host 0 (master, driver) included: 2 to {MAX_HOSTS} (default 4)")
+    up_p.add_argument("--rate", default="1gbit", help="each host's link rate, a tc rate in bits (default 1gbit)")
     up_p.add_argument("--store-rate", default=None, help="the store's link rate (default: unshaped)")
     up_p.add_argument("--no-store", action="store_true", help="no S3 store")
-    up_p.add_argument("--worker-memory", default="1g")
+    up_p.add_argument("--worker-memory", default="1g", help="what each worker offers executors (default 1g)")
     up_p.add_argument("--connect", action="store_true", help="also a Spark Connect server on host 0")
-    up_p.add_argument("--ttl-s", type=float, default=3 * 3600, help="tear down after this many seconds")
+    up_p.add_argument("--ttl-s", type=float, default=3 * 3600,
+                      help=f"tear down after this many seconds, at least {MIN_TTL_S:g} (default 10800)")
     for name in ("down", "status", "counters"):
         sub.add_parser(name)
     run_p = sub.add_parser("run", help="run a command on a host (0: the driver's), with the cluster's environment")
-    run_p.add_argument("host", type=int)
+    run_p.add_argument("host", type=int, help="0 .. H-1, or -1: the store's")
     run_p.add_argument("argv", nargs=argparse.REMAINDER)
     for p in sub.choices.values():
-        p.add_argument("--state-dir", default=None)
+        p.add_argument("--state-dir", default=None,
+                       help="the state file's, logs' and store's directory (default output/hosts)")
     sub.choices["down"].add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    state_path = os.path.join(os.path.abspath(args.state_dir), "state.json") if args.state_dir else None
+    try:
+        if args.command == "up":
+            check_options(args.hosts, args.rate, args.store_rate, args.worker_memory, args.ttl_s, args.state_dir,
+                          cli=True)
+        elif args.state_dir is not None:
+            check_options(state_dir=args.state_dir, cli=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.command == "up":
             cluster = Cluster(args.hosts, args.rate, not args.no_store, args.store_rate, args.worker_memory,
@@ -615,7 +775,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "down":
             print("removed " + (" ".join(down(args.state_dir, args.run_id)) or "nothing"))
         elif args.command in ("status", "counters"):
-            cluster = Cluster.attach(os.path.join(args.state_dir, "state.json") if args.state_dir else None)
+            cluster = Cluster.attach(state_path or os.path.join(DEFAULT_STATE_DIR, "state.json"))
             if args.command == "status":
                 for h in cluster.all_hosts():
                     alive = {k: os.path.exists(f"/proc/{p}") for k, p in h.pids.items()}
@@ -623,14 +783,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             else:
                 print(json.dumps(cluster.counters(), indent=1))
         else:
-            cluster = Cluster.attach(os.path.join(args.state_dir, "state.json") if args.state_dir else None)
+            cluster = Cluster.attach(state_path or os.path.join(DEFAULT_STATE_DIR, "state.json"))
+            try:
+                host = cluster.host(args.host)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             cmd = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             env = cluster.driver_env() if args.host == 0 else {}
-            return subprocess.call(cluster._enter(cluster.host(args.host), os.getcwd()) + cmd,
-                                   env={**cluster.host_env(cluster.host(args.host)), **env})
-    except (HostsError, FileNotFoundError) as exc:
+            return subprocess.call(cluster._enter(host, os.getcwd()) + cmd, env={**cluster.host_env(host), **env})
+    except (HostsError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted" + ("; the cluster was taken down" if args.command == "up" else ""),
+              file=sys.stderr)
+        return 130
     return 0
 
 

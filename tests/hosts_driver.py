@@ -8,9 +8,9 @@ digests, metrics, error messages) as JSON, so the test compares a cluster
 run with a ``local[3]`` one. Scenarios:
 
 - ``default_staging``: a fit with the default staging directory; records the error.
-- ``fit``: a fit (2 epochs) staged on the store with checkpoints there, then
-  ``evaluate`` and ``predict``; then a new trainer resumes the checkpoint of
-  epoch 1 to epoch 3.
+- ``fit``: a fit (2 epochs) staged on the store with checkpoints there (its
+  round records' host names too), then ``evaluate`` and ``predict``; then a
+  new trainer resumes the checkpoint of epoch 1 to epoch 3.
 - ``whole``: 3 epochs at once (what the resumed fit must equal).
 - ``stale``: ``synchronization="stale"``, ``reproducible=True``.
 - ``kill``: the ``fit`` scenario's first fit while host 2's processes are
@@ -162,6 +162,7 @@ def run(name: str, spark, df, test, store: str) -> dict:
             out["digest"] = digest(m)
             out["longest_round_s"] = max(r.wall_s for r in t.stats.records)
             out["aggregations"] = sorted({r.aggregation or r.transport for r in t.stats.records})
+            out["hosts"] = sorted({w.host for r in t.stats.records for w in r.workers})  # where the replicas ran
             if name == "fit":
                 out["evaluate"] = t.evaluate(test, return_dict=True)
                 rows = t.predict(test).select("prediction").collect()

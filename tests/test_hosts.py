@@ -1,7 +1,8 @@
 """Fits on hosts that share nothing but a network: scripts/hosts.py's namespaced cluster, S3 as the store.
 
 Four hosts (host 0: the master and the driver, hosts 1-3: a 1-core worker
-each), each in its own network and mount namespace (a private ``/tmp``), on
+each), each in its own network, mount and UTS namespace (a private ``/tmp``, a
+host name of its own), on
 1 Gbit/s links, and SeaweedFS's S3 gateway on a fifth. The drivers run on
 host 0 (tests/hosts_driver.py, a program as a user's job would be) and
 report weights digests, which must equal those of the same fits on
@@ -25,7 +26,7 @@ import hosts  # noqa: E402
 DRIVER = os.path.join(ROOT, "tests", "hosts_driver.py")
 
 
-# Outside /tmp: each host's /tmp is its own, and drivers there read the state and write results here.
+# Drivers on the hosts read the state and write results here (bound into each host wherever it is).
 STATE = os.path.join(ROOT, "output", f"hosts-test-{os.getpid()}")
 
 
@@ -102,6 +103,12 @@ def test_fit_evaluate_and_predict_across_hosts_equal_local_bitwise(run, referenc
     assert got["predictions"] == want["predictions"]
 
 
+def test_round_records_name_the_host_each_replica_ran_on(run, reference, cluster):
+    # Each host has a name of its own (a UTS namespace): the workers' hosts across hosts, host 0's on local[3].
+    assert run["fit"]["hosts"] == sorted(h.ns for h in cluster.workers)
+    assert reference["fit"]["hosts"] == [cluster.hosts[0].ns]
+
+
 def test_a_checkpoint_on_the_store_resumes_across_hosts_to_the_uninterrupted_weights(run, reference):
     assert run["fit"]["resumed_digest"] == reference["whole"]["digest"] == reference["fit"]["resumed_digest"]
     assert run["fit"]["resumed_digest"] != run["fit"]["digest"]  # a third epoch was trained
@@ -142,12 +149,18 @@ def test_link_counters_see_the_fits_bytes_and_the_driver_link_is_shaped(cluster,
     assert "tbf" not in qdisc(cluster.store.ns, "eth0") + qdisc(hosts.BRIDGE_NS, f"{hosts.PREFIX}-ps")
 
 
-def test_hosts_have_private_temp_dirs(cluster):
+def test_hosts_have_private_temp_dirs_and_names_that_resolve(cluster):
     marker = f"/tmp/sparkdl-avg-private-{os.getpid()}"
     cluster.run(1, ["touch", marker])
     assert cluster.run(1, ["ls", marker], check=False).returncode == 0
     assert cluster.run(2, ["ls", marker], check=False).returncode != 0
     assert not os.path.exists(marker)
+    assert cluster.run(2, ["hostname"]).stdout.strip() == cluster.hosts[2].ns
+    # Every host resolves every other's name to its address (the hosts' own /etc/hosts).
+    resolved = cluster.run(1, [sys.executable, "-c", "import socket, sys; print(socket.gethostbyname(sys.argv[1]))",
+                               cluster.hosts[3].ns]).stdout.strip()
+    assert resolved == cluster.hosts[3].address
+    assert os.uname().nodename != cluster.hosts[0].ns  # this machine's name is its own
 
 
 def test_up_twice_then_down_leaves_no_namespace_or_process(cluster, connect):
@@ -166,8 +179,3 @@ def test_up_twice_then_down_leaves_no_namespace_or_process(cluster, connect):
     assert not [p for p in pids if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
     assert hosts.down(state) == []  # safe to run again
     shutil.rmtree(state, ignore_errors=True)
-
-
-def test_a_state_dir_under_tmp_is_refused_naming_it():
-    with pytest.raises(ValueError, match="state_dir outside /tmp"):
-        hosts.Cluster(state_dir="/tmp/hosts")
