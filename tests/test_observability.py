@@ -143,6 +143,7 @@ def test_report_is_self_contained_with_timeline_and_curves(spark, tmp_path):
         assert trace in html, trace
     assert "MB of sums per round (median)" in html
     assert "<script src=" not in html  # plotly.js is embedded: opens offline
+    assert f"<head><title>sparkdl_avg training report: {model.name}</title>" in html  # issue 38: the tab showed the file name
     assert len(html) > 1_000_000
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
 
@@ -162,6 +163,47 @@ def test_verbose_logs_one_line_per_epoch_and_a_summary(spark, caplog):
     with caplog.at_level("INFO", logger="sparkdl_avg"):
         trainer.fit((x, y), epochs=1, verbose=0)
     assert not [r for r in caplog.records if r.name == "sparkdl_avg"]
+
+
+class _CrashAfterRounds(keras.callbacks.Callback):
+    def __init__(self, rounds):
+        super().__init__()
+        self.left = rounds
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.left -= 1
+        if not self.left:
+            raise KeyboardInterrupt("simulated crash")
+
+
+def test_epoch_lines_count_this_fits_rounds_in_the_workers_metric_order(spark, caplog, tmp_path):
+    """Issue 38: "1 rounds"; after a resume "3 rounds" when 2 ran, and accuracy before loss (the checkpoint's order)."""
+    x, y = regression_data(128, seed=7)  # 4 minibatches per worker and epoch
+
+    def trainer(k):
+        model = make_model(metrics=[keras.metrics.MeanAbsoluteError(name="abs_error")])  # sorts before 'loss'
+        return ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=k, seed=0,
+                                         slow_warning=False)
+
+    def epoch_lines():
+        lines = [r.getMessage() for r in caplog.records if r.name == "sparkdl_avg" and r.getMessage().startswith("Epoch")]
+        caplog.clear()
+        return lines
+
+    with caplog.at_level("INFO", logger="sparkdl_avg"):
+        trainer(4).fit((x, y), epochs=1, verbose=2)
+        assert epoch_lines()[0].startswith("Epoch 1/1 - 1 round - ")
+        directory = str(tmp_path / "ckpt")
+        with pytest.raises(KeyboardInterrupt):  # checkpoints after each round; epoch 2's first is the last
+            trainer(1).fit((x, y), epochs=2, verbose=2, checkpoint_dir=directory, checkpoint_every=1,
+                           callbacks=[_CrashAfterRounds(6)])
+        first = epoch_lines()
+        assert first[0].startswith("Epoch 1/2 - 4 rounds - ") and " - loss: " in first[0]
+        assert first[0].index(" - loss: ") < first[0].index(" - abs_error: "), first[0]
+        trainer(1).fit((x, y), epochs=2, verbose=2, checkpoint_dir=directory, resume=True)
+        [resumed] = epoch_lines()
+    assert resumed.startswith("Epoch 2/2 - 2 rounds after the checkpoint's 2 - "), resumed
+    assert resumed.index(" - loss: ") < resumed.index(" - abs_error: "), resumed
 
 
 def test_tensorboard_callback_writes_epoch_and_round_scalars(spark, tmp_path):

@@ -7,7 +7,9 @@ update rules and stale synchronization, checkpoints, and the format itself.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -236,7 +238,7 @@ class _StopAfterRounds:
         return Stop()
 
 
-def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights(spark, tmp_path):
+def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights(spark, tmp_path, caplog):
     reference, _ = compressed_fit("int8", epochs=3)
     directory = str(tmp_path / "ckpt")
     model = f32_model()
@@ -248,6 +250,17 @@ def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights
     saved = ckpt.load(ckpt.latest(directory))
     assert (saved.epoch, saved.rounds_done) == (1, 2)
     assert sorted(saved.feedback) == ["int8/1/0", "int8/1/1"]  # each worker's residual of the round before
+    # issue 38: resumed with another compression, the residuals were dropped without a word
+    other = str(tmp_path / "copy")
+    shutil.copytree(directory, other)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        compressed_fit(None, epochs=2, fit=dict(checkpoint_dir=other, resume=True))
+    dropped = [r.getMessage() for r in caplog.records if "error-feedback residuals" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].startswith(f"Resuming from {ckpt.latest(directory).replace(directory, other)} "
+                                                       "without its error-feedback residuals"), dropped
+    assert ("update_compression='int8' and this fit uses update_compression=None without error feedback, so the 2 "
+            "residual(s)") in dropped[0]
+    assert dropped[0].endswith("Resume with update_compression='int8' to keep them.")
     resumed, _ = compressed_fit("int8", epochs=3, model=f32_model(seed=9),
                                 fit=dict(checkpoint_dir=directory, checkpoint_every=3, resume=True))
     assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)

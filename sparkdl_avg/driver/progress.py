@@ -77,18 +77,22 @@ class Progress:
             )
             self._bar.update(record.averaging_frequency if steps is None else steps)
 
-    def epoch_end(self, epoch: int, rounds_done: int, logs: Dict[str, float]) -> None:
+    def epoch_end(self, epoch: int, rounds_run: int, logs: Dict[str, float], resumed_after: int = 0) -> None:
+        """Logs the epoch's line: ``rounds_run`` rounds in this fit, after ``resumed_after`` a checkpoint had."""
         if not self.verbose:
             return
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         elapsed = time.perf_counter() - self._t_epoch
+        rounds = f"{rounds_run} round{'s' if rounds_run != 1 else ''}"
+        if resumed_after:
+            rounds += f" after the checkpoint's {resumed_after}"
         logger.info(
-            "Epoch %d/%d - %d rounds - %.1fs - %.0f examples/s - %s",
+            "Epoch %d/%d - %s - %.1fs - %.0f examples/s - %s",
             epoch + 1,
             self.epochs,
-            rounds_done,
+            rounds,
             elapsed,
             self._examples / elapsed if elapsed > 0 else 0.0,
             format_logs(logs),
@@ -98,10 +102,11 @@ class Progress:
         if not self.verbose or not summary:
             return
         logger.info(
-            "Time in rounds: %.1fs over %d rounds; compute %.0f%% (slowest worker), overhead "
+            "Time in rounds: %.1fs over %d round%s; compute %.0f%% (slowest worker), overhead "
             "%.0f ms per round (median), straggler ratio %.2f (median), replicas built %d",
             summary["wall_s"],
             summary["rounds"],
+            "s" if summary["rounds"] != 1 else "",
             100 * summary["compute_share"],
             1000 * summary["overhead_s_median"],
             summary["straggler_ratio_median"],

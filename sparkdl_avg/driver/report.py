@@ -10,6 +10,7 @@ JavaScript is embedded in the file, so the report opens offline.
 
 from __future__ import annotations
 
+import html
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
@@ -192,7 +193,7 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
     _breakdown(fig, records, row=3)
     fig.update_layout(
         title=(
-            f"{title}<br><sup>{summary['rounds']} rounds, {summary['examples']} examples, "
+            f"{title}<br><sup>{summary['rounds']} round{'s' if summary['rounds'] != 1 else ''}, {summary['examples']} examples, "
             f"{summary['wall_s']:.1f} s in rounds; compute share {summary['compute_share']:.0%}; "
             f"median per-round overhead {summary['overhead_s_median'] * 1000:.0f} ms; "
             f"median straggler ratio {summary['straggler_ratio_median']:.2f}{_sent(records, summary)}</sup>"
@@ -205,6 +206,9 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
     fig.update_xaxes(title_text="seconds", row=1, col=1)
     fig.update_xaxes(title_text="epoch", row=2, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=1)
-    with replace_atomically(path, suffix=".html") as tmp:
-        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+    page = fig.to_html(include_plotlyjs=True, full_html=True)
+    # plotly's page has no <title>: a browser tab or bookmark would show the file name only
+    page = page.replace("<head>", f"<head><title>{html.escape(title)}</title>", 1)
+    with replace_atomically(path, suffix=".html") as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(page)
     return path

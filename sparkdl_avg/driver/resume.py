@@ -133,6 +133,34 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
     return saved
 
 
+def warn_dropped_residuals(uri: str, saved: checkpoint.Checkpoint, compression: Optional[str], keeps: bool) -> int:
+    """Warns when this fit drops the error-feedback residuals the checkpoint carries; returns how many.
+
+    A checkpoint of an ``update_compression`` fit with error feedback holds
+    each worker's residual (what its codec rounded off and its next delta
+    adds back). A fit resumed with another ``update_compression``, or with
+    error feedback off, starts those chains from zero: the weights lose one
+    round's rounding at most, which is why this warns rather than refuses,
+    and says how to keep them.
+
+    Args:
+        compression: This fit's ``update_compression``.
+        keeps: Whether this fit keeps residuals (error feedback on for some segment).
+    """
+    dropped = sorted(key for key in saved.feedback if not keeps or key.split("/")[0] != compression)
+    if dropped:
+        was = sorted({key.split("/")[0] for key in dropped})
+        logger.warning(
+            "Resuming from %s without its error-feedback residuals: it was written by a fit with "
+            "update_compression=%s and this fit uses update_compression=%r%s, so the %d residual(s) (what the "
+            "codec had rounded off and the next round would have added back) are dropped. Resume with "
+            "update_compression=%s to keep them.",
+            uri, " and ".join(repr(c) for c in was), compression, "" if keeps else " without error feedback",
+            len(dropped), " or ".join(repr(c) for c in was),
+        )
+    return len(dropped)
+
+
 @dataclass
 class Checkpointing:
     """Saves one fit's checkpoints after every ``every`` rounds or after every epoch (and at its end).

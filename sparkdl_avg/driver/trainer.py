@@ -392,6 +392,7 @@ class ParameterAveragingTrainer:
                 initial_epoch, saved=saved,
             )
             self._seed = plan.restored.meta.seed
+            resume_mod.warn_dropped_residuals(checkpoint_uri, plan.restored, cfg.update_compression, any(cfg.feedback))
         return plan
 
     def _check_fit_args(self, epochs: int, initial_epoch: int, verbose, shuffle: Any, checkpoint_dir: Optional[str],
@@ -617,7 +618,8 @@ class ParameterAveragingTrainer:
             if slow_pending:
                 slow_pending = not self._warn_if_slow(ctx.rounds.settings, last=epoch == plan.epochs - 1)
             logs = self._validate(plan, ctx, logs)
-            ctx.progress.epoch_end(epoch, rounds_done, logs)
+            resumed_after = begin.rounds_done if begin is not None else 0
+            ctx.progress.epoch_end(epoch, rounds_done - resumed_after, logs, resumed_after)
             ctx.callbacks.on_epoch_end(epoch, logs)
             ctx.checkpoints.after_epoch(epoch, last=epoch == plan.epochs - 1 or self.model.stop_training)
             if self.model.stop_training:

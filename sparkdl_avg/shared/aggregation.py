@@ -86,9 +86,10 @@ def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[Pa
         return b
     if b is None:
         return a
-    metric_sums = dict(a.metric_sums)
-    for k, v in b.metric_sums.items():
-        metric_sums[k] = metric_sums.get(k, 0.0) + v
+    # b's names first: the workers' order (loss, then the compiled metrics), which a result restored from a
+    # checkpoint's JSON (sorted names) would otherwise impose on the epoch's logs
+    metric_sums = {k: a.metric_sums.get(k, 0.0) + v for k, v in b.metric_sums.items()}
+    metric_sums.update((k, v) for k, v in a.metric_sums.items() if k not in b.metric_sums)
     return PartialResult(
         examples=a.examples + b.examples,
         weight_sums=_add(a.weight_sums, b.weight_sums),
