@@ -31,14 +31,18 @@ logger = logging.getLogger("sparkdl_avg")
 KEEP = 2  # checkpoints a fit keeps: the latest and the newest earlier one that verifies, to fall back to
 
 
-def find(checkpoint_dir: Optional[str], resume: Any) -> Optional[str]:
+def find(checkpoint_dir: Optional[str], resume: Any, listed: Optional[list] = None) -> Optional[str]:
     """The checkpoint to resume from, if any; refuses to write over another run's checkpoints.
 
     With ``resume=True`` that is the latest; :func:`locate` also checks that it reads back.
+    ``listed``: ``checkpoint.candidates(checkpoint_dir)`` when the caller has
+    them already (listing again would repeat its warnings about ``LATEST``).
     """
     if checkpoint_dir is None:
         return resume if isinstance(resume, str) else None
-    found = checkpoint.latest(checkpoint_dir)
+    if listed is None:
+        listed = checkpoint.candidates(checkpoint_dir)
+    found = listed[0] if listed else None
     if isinstance(resume, str):
         if found is not None and found.rstrip("/") != resume.rstrip("/"):
             raise ConfigurationError(
@@ -68,13 +72,14 @@ def locate(checkpoint_dir: Optional[str], resume: Any) -> Tuple[Optional[str], O
             damaged, or, with ``resume=True``, none in the directory reads back.
         ConfigurationError: as :func:`find`.
     """
-    uri = find(checkpoint_dir, resume)
+    listed = checkpoint.candidates(checkpoint_dir) if checkpoint_dir is not None else None
+    uri = find(checkpoint_dir, resume, listed)
     if uri is None:
         return None, None
     if resume is not True:
         return uri, checkpoint.load(uri)
     first: Optional[CheckpointError] = None
-    for candidate in checkpoint.candidates(checkpoint_dir):
+    for candidate in listed:
         try:
             saved = checkpoint.load(candidate)
         except CheckpointError as exc:
