@@ -221,6 +221,7 @@ class Cluster:
         ]
         self.store: Optional[Host] = Host(-1, STORE_NS, f"{SUBNET}.5", "store", store_rate) if store else None
         self.watchdog = 0
+        self.shared = self._shared_paths()
 
     # ----------------------------------------------------------- addresses
 
@@ -343,12 +344,12 @@ class Cluster:
                     if made.returncode != 0:
                         raise HostsError(f"Cannot shape {dev} with tc tbf (kernel module sch_tbf?): {made.stderr.strip()}")
 
-    def shared_paths(self) -> List[str]:
+    def _shared_paths(self) -> List[str]:
         """What the hosts share that lies under ``/tmp`` (the repository, the venv, the state directory).
 
         Each host binds these back over its private ``/tmp``, at the same
         paths, so a clone under ``/tmp`` works as one elsewhere; outermost
-        first, none inside another.
+        first, none inside another (:attr:`shared`, kept in the state file).
         """
         venv = os.path.dirname(os.path.dirname(os.path.abspath(self.python)))
         found: List[str] = []
@@ -376,7 +377,7 @@ class Cluster:
         with contextlib.suppress(FileNotFoundError):
             os.remove(ready)
         q = shlex.quote
-        shared = self.shared_paths()
+        shared = self.shared
         if len(shared) > 7:  # sh redirects only fds 0-9
             raise HostsError(f"Too many paths under /tmp to bind into each host: {shared}")
         lines = ["set -e"]
@@ -527,6 +528,12 @@ class Cluster:
 
     # ------------------------------------------------------- on a host
 
+    def sees(self, path: str) -> bool:
+        """Whether the hosts see ``path`` of this machine: outside ``/tmp``, or in what they share there."""
+        path = os.path.abspath(path)
+        return not (path == PRIVATE or path.startswith(PRIVATE + "/")) or \
+            any(path == p or path.startswith(p + "/") for p in self.shared)
+
     def _enter(self, host: Host, cwd: Optional[str] = None) -> List[str]:
         return ["nsenter", "-t", str(host.anchor), "-n", "-m", "-u", f"--wd={cwd or ROOT}", "--"]
 
@@ -603,7 +610,7 @@ class Cluster:
     def _save(self) -> None:
         state = {"hosts": [asdict(h) for h in self.hosts], "store": asdict(self.store) if self.store else None,
                  "state_dir": self.state_dir, "python": self.python, "worker_memory": self.worker_memory,
-                 "ttl_s": self.ttl_s, "rate": self.rate, "watchdog": self.watchdog}
+                 "ttl_s": self.ttl_s, "rate": self.rate, "watchdog": self.watchdog, "shared": self.shared}
         tmp = self.state_path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(state, f, indent=1)
@@ -630,7 +637,7 @@ class Cluster:
         cluster = cls.__new__(cls)
         cluster.state_dir, cluster.python = state["state_dir"], state["python"]
         cluster.worker_memory, cluster.ttl_s, cluster.rate = state["worker_memory"], state["ttl_s"], state["rate"]
-        cluster.watchdog = state["watchdog"]
+        cluster.watchdog, cluster.shared = state["watchdog"], state.get("shared", [])
         cluster.hosts = [Host(**h) for h in state["hosts"]]
         cluster.store = Host(**state["store"]) if state["store"] else None
         return cluster
@@ -701,8 +708,9 @@ def down(state_dir: Optional[str] = None, run_id: Optional[str] = None) -> List[
             time.sleep(0.05)
     for ns in names:
         _sh("ip", "netns", "del", ns, check=False)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(state_dir, "state.json"))
+    for name in ("state.json", "etc-hosts"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(state_dir, name))
     shutil.rmtree(os.path.join(state_dir, "store"), ignore_errors=True)
     return names
 
@@ -790,6 +798,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             cmd = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            if not cluster.sees(os.getcwd()):
+                print(f"error: The current directory {os.getcwd()} is in this machine's {PRIVATE}, which the hosts "
+                      f"do not see (each has its own; of {PRIVATE} they share only "
+                      f"{', '.join(cluster.shared) or 'nothing'}); run from another directory, such as {ROOT}.",
+                      file=sys.stderr)
+                return 2
             env = cluster.driver_env() if args.host == 0 else {}
             return subprocess.call(cluster._enter(host, os.getcwd()) + cmd, env={**cluster.host_env(host), **env})
     except (HostsError, OSError) as exc:

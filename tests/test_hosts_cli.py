@@ -24,9 +24,10 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import hosts  # noqa: E402
 
 
-def hosts_py(*args: str, script: str = SCRIPT, python: str = sys.executable, timeout: float = 30) -> tuple:
-    """Runs ``python scripts/hosts.py ARGS``; returns (exit code, stdout, stderr)."""
-    proc = subprocess.run([python, script, *args], capture_output=True, text=True, timeout=timeout)
+def hosts_py(*args: str, script: str = SCRIPT, python: str = sys.executable, timeout: float = 30,
+             cwd: str = ROOT) -> tuple:
+    """Runs ``python scripts/hosts.py ARGS`` in ``cwd``; returns (exit code, stdout, stderr)."""
+    proc = subprocess.run([python, script, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -103,8 +104,27 @@ def test_run_on_a_host_the_cluster_lacks_names_the_hosts_it_has(tmp_path):
         2, "", "error: There is no host 7 in this cluster: its hosts are 0 to 2 (and no store).\n")
 
 
+
+def test_run_from_a_directory_in_this_machines_tmp_names_what_the_hosts_share(tmp_path):
+    state = str(tmp_path)  # wherever pytest's temp is: the state dir the hosts share
+    cluster = hosts.Cluster(hosts=2, store=False, state_dir=state)
+    cluster.hosts[0].anchor = os.getpid()
+    cluster._save()
+    elsewhere = f"/tmp/sdla-cwd-{os.getpid()}"
+    os.makedirs(elsewhere, exist_ok=True)
+    try:
+        proc = subprocess.run([sys.executable, SCRIPT, "run", "--state-dir", state, "0", "--", "true"],
+                              capture_output=True, text=True, cwd=elsewhere, timeout=30)
+    finally:
+        os.rmdir(elsewhere)
+    shared = ", ".join(cluster.shared) or "nothing"
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", f"error: The current directory {elsewhere} is in this machine's /tmp, which the hosts do not see "
+               f"(each has its own; of /tmp they share only {shared}); run from another directory, such as {ROOT}.\n")
+
+
 @pytest.mark.slow
-def test_the_tool_works_from_a_copy_of_the_repository_under_tmp(tmp_path_factory):
+def test_the_tool_works_from_a_copy_of_the_repository_under_tmp():
     """A copy under /tmp (the working tree's tracked files, the venv linked): up, a command on a worker host, down."""
     try:
         hosts.check_requirements()
@@ -126,7 +146,7 @@ def test_the_tool_works_from_a_copy_of_the_repository_under_tmp(tmp_path_factory
         open(marker, "w").close()  # in this machine's /tmp, outside what the hosts share: no host sees it
 
         code, out, err = hosts_py("up", "--hosts", "2", "--no-store", "--state-dir", state,
-                                  script=script, python=python, timeout=180)
+                                  script=script, python=python, timeout=180, cwd=repo)
         assert code == 0, out + err
         with open(f"{state}/state.json") as f:
             anchors = [h["anchor"] for h in json.load(f)["hosts"]]
@@ -134,12 +154,13 @@ def test_the_tool_works_from_a_copy_of_the_repository_under_tmp(tmp_path_factory
                  "print(socket.gethostname(), os.path.exists(sys.argv[1]), os.path.exists(sys.argv[2]), "
                  "os.environ['SPARK_HOME'].startswith(sys.argv[3]))")
         code, out, err = hosts_py("run", "--state-dir", state, "1", "--", python, "-c", probe, script, marker, repo,
-                                  script=script, python=python)
+                                  script=script, python=python, cwd=repo)  # the user's directory: the copy
         assert (code, out) == (0, "sdla-h1 True False True\n"), err
         code, out, err = hosts_py("down", "--state-dir", state, script=script, python=python)
         assert code == 0 and sorted(out.split()) == ["removed", hosts.BRIDGE_NS, "sdla-h0", "sdla-h1"], out + err
         assert hosts.PREFIX + "-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert not [p for p in anchors if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
+        assert not {"state.json", "etc-hosts"} & set(os.listdir(state))
     finally:
         hosts.down(state)
         shutil.rmtree(base, ignore_errors=True)
