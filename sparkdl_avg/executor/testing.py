@@ -5,7 +5,8 @@ what the stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.driver.stal
 do about a slow executor. Install it where the round runner looks up the
 executor body each round::
 
-    from sparkdl_avg import testing, worker
+    from sparkdl_avg import testing
+    from sparkdl_avg.executor import worker
     monkeypatch.setattr(worker, "run_round_partition", testing.Straggler(slot=0, factor=3.0))
 """
 
