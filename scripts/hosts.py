@@ -352,8 +352,12 @@ class Cluster:
         first, none inside another (:attr:`shared`, kept in the state file).
         """
         venv = os.path.dirname(os.path.dirname(os.path.abspath(self.python)))
+        # Every path a symlink on the way passes through must resolve on the hosts too (a venv linked to a
+        # venv linked elsewhere), and the install an interpreter links to (its prefix: the standard library).
+        paths = {p for base in (ROOT, venv, self.state_dir) for p in _hops(base)}
+        paths |= {os.path.dirname(os.path.dirname(p)) for p in _hops(self.python)}
         found: List[str] = []
-        for path in sorted({p for base in (ROOT, venv, self.state_dir) for p in (base, os.path.realpath(base))}):
+        for path in sorted(paths):
             if path.startswith(PRIVATE + "/") and not any(path.startswith(kept + "/") for kept in found):
                 found.append(path)
         return found
@@ -641,6 +645,21 @@ class Cluster:
         cluster.hosts = [Host(**h) for h in state["hosts"]]
         cluster.store = Host(**state["store"]) if state["store"] else None
         return cluster
+
+
+def _hops(path: str) -> List[str]:
+    """``path`` (absolute) and each path it becomes as its symlinks resolve, one link at a time."""
+    hops = [os.path.abspath(path)]
+    for _ in range(40):  # as many links as Linux follows
+        parts = hops[-1].strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/" + "/".join(parts[:i])
+            if os.path.islink(prefix):
+                hops.append(os.path.normpath(os.path.join(os.path.dirname(prefix), os.readlink(prefix), *parts[i:])))
+                break
+        else:
+            break
+    return hops
 
 
 def _spark_home(python: str) -> str:
