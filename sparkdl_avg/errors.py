@@ -35,7 +35,7 @@ class PathError(SparkdlAvgError, ValueError):
 
 
 class CheckpointError(PathError):
-    """A checkpoint cannot be read back: a file of it is missing, truncated or altered.
+    """A checkpoint cannot be written (a full disk) or read back: a file of it is missing, truncated or altered.
 
     The message names the checkpoint and what to do (resume from the previous
     one, which ``fit(resume=True)`` does by itself when one verifies).

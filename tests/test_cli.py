@@ -337,7 +337,8 @@ def test_a_failed_commit_keeps_the_outputs_and_says_where(tmp_path, monkeypatch)
     with pytest.raises(PathError) as err:
         out.commit(keep_on_error=True)
     kept = str(err.value).split(" were saved to ")[1].split(" instead")[0]
-    assert str(err.value).startswith(f"Cannot write the --output-dir '{tmp_path / 'out'}': [Errno 28] No space left on device.")
+    assert str(err.value).startswith(f"Cannot write the --output-dir '{tmp_path / 'out'}': the disk is full (no space "
+                                     "left on device).")
     assert "(metrics.json, model.keras)" in str(err.value)
     out.cleanup()  # what the job's finally does: the kept files stay
     assert open(os.path.join(kept, "model.keras")).read() == "trained"

@@ -130,9 +130,10 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp, monkeypatch):
         real(uri, data, overwrite)
 
     monkeypatch.setattr(fs, "write_atomically", failing)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"^Cannot write a checkpoint to the 'checkpoint_dir' .*: disk full\. "
+                                              r"The model in memory is intact"):
         ckpt.save(tmp, ckpt.Checkpoint(2, 0, 0, [np.full(3, 9.0)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)))
-    assert ckpt.latest(tmp) == first
+    assert ckpt.latest(tmp) == first and sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000000"]  # nothing half-written
     loaded = ckpt.load(first)
     np.testing.assert_array_equal(loaded.weights[0], np.ones(3))
     np.testing.assert_array_equal(loaded.rule_state["delta"][0], np.full(3, 0.5))

@@ -47,6 +47,7 @@ each kept checkpoint back (the new one and usually one more) at every save.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -225,7 +226,8 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
     Raises:
         CheckpointError: the new checkpoint does not read back as written;
             ``LATEST`` still names the previous one and nothing was deleted.
-        OSError: writing failed (``LATEST`` unchanged, nothing deleted).
+            Or writing failed (a full disk: the message says so, naming the
+            ``checkpoint_dir``); then also nothing of the new checkpoint is left.
     """
     existing = _names(_entries(directory))
     sequence = int(existing[-1][len(PREFIX) :]) + 1 if existing else 0
@@ -245,7 +247,6 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
-    fs.write_atomically(join(target, ARRAYS), data)
     meta = {
         **dataclasses.asdict(checkpoint.meta),
         "format_version": FORMAT_VERSION,
@@ -259,8 +260,12 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         "feedback": sorted(checkpoint.feedback),
         "arrays_sha256": hashlib.sha256(data).hexdigest(),
     }
-    # meta.json last: latest() takes a checkpoint whose meta.json exists as complete.
-    fs.write_atomically(join(target, META), json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
+    try:
+        fs.write_atomically(join(target, ARRAYS), data)
+        # meta.json last: latest() takes a checkpoint whose meta.json exists as complete.
+        fs.write_atomically(join(target, META), json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode())
+    except OSError as exc:  # a full disk, most often: the fit has run for a while by now
+        raise _not_written(directory, target, exc, keep, len(data)) from None
 
     # Verified before the commit point: LATEST never names a checkpoint that was written damaged,
     # and no earlier checkpoint is deleted for one that does not read back.
@@ -272,10 +277,43 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
         ) from None
 
     # The commit point: LATEST names the new checkpoint only once it is complete.
-    fs.write_atomically(join(directory, LATEST), name.encode())
+    try:
+        fs.write_atomically(join(directory, LATEST), name.encode())
+    except OSError as exc:
+        raise _not_written(directory, target, exc, keep, len(data)) from None
     for old in _to_prune(directory, existing, keep):
         fs.remove_tree(join(directory, old))
     return target
+
+
+def _not_written(directory: str, target: str, exc: OSError, keep: int, nbytes: int) -> CheckpointError:
+    """The error of a checkpoint that could not be written (``exc``), once its partial files are removed.
+
+    ``keep`` and ``nbytes`` (the checkpoint's arrays) size the room the
+    message asks for: ``keep`` checkpoints stay and one more is being written.
+
+    What is left is what it was before :func:`save`: ``LATEST`` (replaced
+    atomically, or not at all) names the last complete checkpoint, and no
+    incomplete one remains for a resume to consider, nor takes the space.
+    The message names the ``checkpoint_dir``, the cause (a full disk, most
+    often: :func:`sparkdl_avg.shared.fs.write_failure`), and what is intact.
+    """
+    with contextlib.suppress(Exception):
+        fs.remove_tree(target)
+    try:
+        last = latest(directory)
+    except Exception:  # the directory cannot be listed either: say nothing about it rather than guess
+        last = None
+        kept = "."
+    else:
+        kept = (f"; the last complete checkpoint, {last!r}, is unchanged and fit(resume=True) continues from it."
+                if last is not None else "; no checkpoint of this run was completed before.")
+    return CheckpointError(
+        f"Cannot write a checkpoint to the 'checkpoint_dir' {directory!r}: {fs.write_failure(exc)}. The model "
+        f"in memory is intact (it holds the weights this checkpoint was to save){kept} Nothing of the new "
+        f"checkpoint ({target!r}) was left. Free space there, or give a 'checkpoint_dir' with room for "
+        f"{keep + 1} checkpoints of {nbytes / 1e6:.2g} MB."
+    )
 
 
 def _verify(uri: str) -> Optional[Exception]:

@@ -16,6 +16,7 @@ row per partition, never the data.
 from __future__ import annotations
 
 import math
+import posixpath
 import uuid
 from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -23,10 +24,10 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ConfigurationError, DataError
+from ..errors import ConfigurationError, DataError, PathError
 from ..executor.stage_writer import check_staged, export_arrow_batches, export_pairs
 from ..shared.columns import TEXT, Column, Field, exact_cast, is_image_struct, raw_value, stage_numpy
-from ..shared.fs import join, make_dir, remove_tree
+from ..shared.fs import is_full, join, make_dir, remove_tree, write_failure
 from ..shared.preprocess import ORIGIN_COLUMNS, Preprocess
 from ..shared.remote_errors import raise_reported, run_job
 from ..shared.staged_dataset import StagedDataset, StagedFile, write_columns
@@ -526,6 +527,7 @@ def stage(
 
     Raises:
         DataError: naming the column or array and what was received.
+        PathError: the filesystem of ``root`` filled up (:func:`no_room`).
     """
     from pyspark import RDD
     from pyspark.sql import DataFrame
@@ -556,10 +558,30 @@ def stage(
                        sample_weight_col, preprocess)
         if staged.num_examples == 0:
             raise DataError(f"The {what} data is empty (0 rows).")
-    except BaseException:
+    except BaseException as exc:
         remove_tree(directory)  # a refused or failed staging leaves no partial files
+        if is_full(exc):
+            raise no_room(root, what, exc, directory) from None
         raise
     return staged
+
+
+def no_room(root: str, what: str, exc: OSError, directory: str) -> PathError:
+    """The error of staging that filled the filesystem of the trainer's ``root`` (under ``staging_dir``).
+
+    ``exc`` is the failed write: on the driver (numpy data), or reported by
+    a staging task (:func:`sparkdl_avg.shared.remote_errors.reported_full`),
+    with the file's URI as its ``filename``; else the message names the
+    data's ``directory``. Raised after the partly staged files are removed,
+    before any round: the model is as it was.
+    """
+    staging_dir = posixpath.dirname(root.rstrip("/"))
+    where = f" (writing {exc.filename or join(directory, '')!r})"
+    return PathError(
+        f"Cannot stage the {what} data in the 'staging_dir' {staging_dir!r}: {write_failure(exc)}{where}. "
+        "The model is unchanged and the partly staged data was removed. Free space there, or give a "
+        "'staging_dir' on a larger filesystem."
+    )
 
 
 def data_key(data: Any, features_col: str, label_col: str, sample_weight_col: Optional[str] = None,

@@ -10,7 +10,9 @@ model input's dtype, bytes, text and images kept as they came), checking the
 values on the way (:mod:`sparkdl_avg.shared.value_checks`), and yields one
 small row describing it; data the checks refuse is reported in that row, not
 by failing the task, and the driver raises it as ``DataError``
-(:func:`sparkdl_avg.shared.remote_errors.reported`). A task holds one
+(:func:`sparkdl_avg.shared.remote_errors.reported`); so is a write to a full
+filesystem (:func:`sparkdl_avg.shared.remote_errors.reported_full`), which the
+driver raises as a ``PathError`` naming ``staging_dir``. A task holds one
 partition at a time. Nothing here touches driver state, and both bodies run
 in-process on plain iterators.
 """
@@ -25,7 +27,7 @@ import pyarrow as pa
 from ..errors import DataError
 from ..shared import remote_errors
 from ..shared.columns import Column, stage_arrow, stage_numpy
-from ..shared.fs import join
+from ..shared.fs import is_full, join
 from ..shared.staged_dataset import write_columns
 from ..shared.value_checks import DataChecks, check_values
 
@@ -44,6 +46,29 @@ def check_staged(array: pa.Array, column: Column, checks: Optional[DataChecks], 
         where = f"row {row} of its partition" if partition else f"row {row}"
         raise DataError(f"{name} holds the sample weight {values[values < 0][0].item()!r} ({where}); "
                         "expected weights >= 0.")
+
+
+class _Full(Exception):
+    """A staged file could not be written because its filesystem is full (``error``, writing ``uri``)."""
+
+    def __init__(self, error: OSError, uri: str) -> None:
+        super().__init__(str(error))
+        self.error, self.uri = error, uri
+
+
+def _write(uri: str, arrays) -> int:
+    """:func:`write_columns`; a full filesystem raises :class:`_Full`, reported in the task's row.
+
+    Reported rather than failing the task: a failed task makes Spark log its
+    stack traces and, on a cluster, retry it onto the same full disk. Other
+    write errors fail the task as before (a retry may get past them).
+    """
+    try:
+        return write_columns(uri, arrays)
+    except OSError as exc:
+        if is_full(exc):
+            raise _Full(exc, uri) from None
+        raise
 
 
 def export_arrow_batches(
@@ -95,10 +120,12 @@ def export_arrow_batches(
         uri, nbytes = "", 0
         if rows:
             uri = join(directory, f"part-{TaskContext.get().partitionId():05d}.arrow")
-            nbytes = write_columns(uri, {name: pa.concat_arrays(arrays) for name, arrays in parts.items()})
+            nbytes = _write(uri, {name: pa.concat_arrays(arrays) for name, arrays in parts.items()})
         error = None
     except DataError as exc:
         uri, rows, label_widths, nbytes, error = "", 0, None, 0, remote_errors.reported(exc, batches)
+    except _Full as full:
+        uri, rows, label_widths, nbytes, error = "", 0, None, 0, remote_errors.reported_full(full.error, full.uri, batches)
     yield pa.record_batch(
         [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_widths or []], pa.list_(pa.int32())),
          pa.array([nbytes], pa.int64()), pa.array([error], pa.string())],
@@ -185,8 +212,10 @@ def export_pairs(
                 arrays[label.name] = stage_numpy(np.stack(values), label)
                 check_staged(arrays[label.name], label, checks, partition=False, name=label.source)
             uri = join(directory, f"part-{index:05d}.arrow")
-            nbytes = write_columns(uri, arrays)
+            nbytes = _write(uri, arrays)
             result = (uri, len(xs[0]), shapes, nbytes, None)
     except DataError as exc:
         result = ("", 0, (), 0, remote_errors.reported(exc, pairs))
+    except _Full as full:
+        result = ("", 0, (), 0, remote_errors.reported_full(full.error, full.uri, pairs))
     yield result

@@ -20,6 +20,7 @@ goes through here. It holds no state and runs on executors too.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -322,6 +323,35 @@ def not_writable(subject: str, uri: str, cause: str) -> PathError:
     """The ``PathError`` of an output location that cannot be written, in the package's words."""
     cause = " ".join(str(cause).split()).rstrip(".") or "the write failed"
     return PathError(f"{subject} must be a directory this process can write. Got {uri!r} instead: {cause}.")
+
+
+# What a full filesystem says, by errno and in the text of errors that carry none (pyarrow keeps the
+# errno; shutil.copytree's Error only lists "[Errno 28] No space left on device" per file).
+_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that failed because the filesystem has no room left (``ENOSPC``, ``EDQUOT``)."""
+    return isinstance(exc, OSError) and (exc.errno in _FULL or any(text in str(exc) for text in _FULL.values()))
+
+
+def write_failure(exc: BaseException) -> str:
+    """Why a write failed, in a few words on one line, for messages that go on to say what is intact.
+
+    ``"the disk is full (no space left on device)"`` (or ``"the disk quota
+    is exceeded"``) when :func:`is_full`; else the error's own text, and for
+    ``shutil.copytree``'s ``Error``, which lists every file that failed, the
+    first file's reason only.
+    """
+    if is_full(exc):
+        quota = exc.errno == errno.EDQUOT or _FULL[errno.EDQUOT] in str(exc)
+        return "the disk quota is exceeded" if quota else "the disk is full (no space left on device)"
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        first = exc.args[0][0]  # (source, destination, why)
+        cause = str(first[-1]) if isinstance(first, tuple) else str(first)
+    else:
+        cause = str(exc) or type(exc).__name__
+    return " ".join(cause.split()).rstrip(".")
 
 
 def _file_in_the_way(filesystem: pafs.FileSystem, path: str, uri: str, in_parent: bool = False) -> str:
@@ -627,6 +657,8 @@ class OutputDir:
                 temporary directory (:meth:`cleanup` then leaves it) and raise
                 a ``PathError`` that says where it is: for outputs that took
                 long to make, such as a trained model. Default ``False``.
+                Either way, a copy that failed part-way (a full disk) leaves
+                nothing next to the directory.
         """
         try:
             return self._commit()
@@ -634,10 +666,10 @@ class OutputDir:
             if not keep_on_error or self._local is None:
                 raise
             kept, self._local = self._local, None
-            cause = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+            # Short, and the useful part first: a failed copytree's own text lists every file, ~1 kB.
             raise PathError(
-                f"Cannot write the {self.flag} {self.uri!r}: {cause}. Its files ({', '.join(sorted(os.listdir(kept)))}) "
-                f"were saved to {kept} instead; copy them from there."
+                f"Cannot write the {self.flag} {self.uri!r}: {write_failure(exc)}. Its files "
+                f"({', '.join(sorted(os.listdir(kept)))}) were saved to {kept} instead; copy them from there."
             ) from exc
 
     def _commit(self) -> str:
@@ -668,13 +700,13 @@ class OutputDir:
         parent = posixpath.dirname(path.rstrip("/"))
         tmp = _temp_path(path)
         fs.create_dir(parent, recursive=True)
-        if isinstance(fs, pafs.LocalFileSystem):
-            shutil.copytree(self.local, tmp)
-            _set_default_modes(tmp)
-        else:
-            pafs.copy_files(self.local, tmp, destination_filesystem=fs)
         old = None
         try:
+            if isinstance(fs, pafs.LocalFileSystem):
+                shutil.copytree(self.local, tmp)
+                _set_default_modes(tmp)
+            else:
+                pafs.copy_files(self.local, tmp, destination_filesystem=fs)
             if fs.get_file_info(path).type != pafs.FileType.NotFound:
                 old = _temp_path(path, ".old")
                 fs.move(path, old)

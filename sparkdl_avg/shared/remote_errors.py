@@ -23,7 +23,9 @@ this module.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import json
 import re
 import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Type, TypeVar
@@ -33,6 +35,9 @@ from . import interrupt
 
 T = TypeVar("T")
 _FRAME = re.compile(r"\s*(at [\w$.<>/]+\(.*\)|\.\.\. \d+ more)\s*$")
+
+# The start of a staging task's result-row message for a full filesystem (reported_full), not a DataError.
+_FULL = "sparkdl_avg.Full: "
 
 # Searched in this order: a data error wins over the worker failure that may wrap it.
 _MARKERS = {
@@ -83,9 +88,31 @@ def reported(exc: DataError, rest: Iterable) -> str:
     return str(exc)
 
 
+def reported_full(exc: OSError, uri: str, rest: Iterable) -> str:
+    """Executor side: a staging task's failed write to a full filesystem as a message for its result row.
+
+    As :func:`reported`, for an ``OSError`` that
+    :func:`sparkdl_avg.shared.fs.is_full` recognises, writing ``uri``: Spark
+    would log the task's failure with two stack traces (and retry it on a
+    cluster, to fill the disk again); the driver raises it as an ``OSError``
+    with the ``errno`` of a full disk, naming ``uri``
+    (:func:`raise_reported`), for the caller to name its parameter.
+    """
+    for _ in rest:
+        pass
+    return _FULL + json.dumps([exc.errno or errno.ENOSPC, " ".join(str(exc).split()), uri])
+
+
 def raise_reported(messages: Iterable[Optional[str]], columns: Optional[Mapping[str, str]] = None) -> None:
-    """Driver side: raises the first ``DataError`` staging tasks reported (:func:`reported`), if any."""
+    """Driver side: raises the first error staging tasks reported, if any.
+
+    A ``DataError`` (:func:`reported`), or the ``OSError`` of a full
+    filesystem (:func:`reported_full`: ``errno``, ``strerror`` and the
+    file's URI as ``filename``).
+    """
     for message in messages:
+        if message and message.startswith(_FULL):
+            raise OSError(*json.loads(message[len(_FULL):]))
         if message:
             raise DataError(_user_columns(message, columns)) from None
 
