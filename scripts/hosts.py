@@ -442,7 +442,8 @@ class Cluster:
         probe = ("import os, sys, pyarrow.fs as f; s = f.S3FileSystem(endpoint_override=os.environ['AWS_ENDPOINT_URL'], "
                  "allow_bucket_creation=True); s.create_dir(sys.argv[1]); "
                  "o = s.open_output_stream(sys.argv[1] + '/.probe'); o.write(b'ok'); o.close(); "
-                 "assert s.open_input_stream(sys.argv[1] + '/.probe').read() == b'ok'")
+                 "assert s.open_input_stream(sys.argv[1] + '/.probe').read() == b'ok'; "
+                 "s.delete_file(sys.argv[1] + '/.probe')")  # the bucket is the users': leave nothing of ours
         self._wait(lambda: self.run(0, [self.python, "-c", probe, BUCKET], timeout=20, check=False).returncode == 0,
                    timeout_s, "the S3 store to accept a write", "store")
 

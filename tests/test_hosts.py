@@ -179,3 +179,12 @@ def test_up_twice_then_down_leaves_no_namespace_or_process(cluster, connect):
     assert not [p for p in pids if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
     assert hosts.down(state) == []  # safe to run again
     shutil.rmtree(state, ignore_errors=True)
+
+
+def test_bringing_the_store_up_leaves_nothing_of_the_tools_in_the_bucket(cluster):
+    """Issue 38: the store's write probe left a ``.probe`` object in the users' bucket."""
+    listing = ("import os, pyarrow.fs as f; s = f.S3FileSystem(endpoint_override=os.environ['AWS_ENDPOINT_URL']); "
+               f"print(sorted(i.base_name for i in s.get_file_info(f.FileSelector({hosts.BUCKET!r}))))")
+    proc = cluster.run(0, [sys.executable, "-c", listing], timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ".probe" not in proc.stdout, proc.stdout
