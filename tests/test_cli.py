@@ -160,6 +160,22 @@ def test_run_turns_user_errors_into_one_line_and_exit_2(capsys):
         cli.run(failing(RuntimeError("a bug stays a traceback")))
 
 
+def test_run_ends_a_failed_cluster_task_and_a_ctrl_c_with_one_line_too(capsys):
+    """Issue 38 item 5: a WorkerError's traceback carried the Spark exception's Java stack, Ctrl-C a 40-line traceback."""
+    from sparkdl_avg import WorkerError
+
+    def failing(error):
+        def main(argv):
+            raise error
+        return main
+
+    capsys.readouterr()
+    assert cli.run(failing(WorkerError("Round 3 of epoch 0 failed on the cluster: Python worker exited"))) == 1
+    assert capsys.readouterr().err == "error: Round 3 of epoch 0 failed on the cluster: Python worker exited\n"
+    assert cli.run(failing(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C)\n"
+
+
 class _FailingReader:
     """``spark.read.format(...).options(...).load(...)`` that raises ``error``; a session without a JVM (Connect)."""
 

@@ -20,13 +20,17 @@ SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 JOBS_AT_ONCE = 3
 
 
-def _submit(*args, job="train_digits.py", timeout=600):
+def _submit(*args, job="train_digits.py", timeout=600, readme=False):
+    """spark-submit of ``jobs/<job> ARGS``; with ``readme``, with README's logging flags too (its conf/log4j2.properties)."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    logging = ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT}/conf/log4j2.properties",
+               "--conf", "spark.ui.showConsoleProgress=false"] if readme else []
     return subprocess.run(
         [
             SPARK_SUBMIT,
             "--master",
             "local[2]",
+            *logging,
             "--conf",
             "spark.ui.enabled=false",
             "--conf",
@@ -83,8 +87,12 @@ def submitted(request, tmp_path_factory):
         jobs["batch_size"] = (("--data", str(work / "x.parquet"), "--model-builder", "digits_model:build",
                                "--output-dir", str(work / "out-batch-size"), "--batch-size", "0"), "train.py")
         jobs["usage"] = (("--data", "x"), "train.py")  # argparse's own error
+    if "test_a_failing_job_prints_its_error_line_and_nothing_of_sparks_traces" in selected:
+        (work / "unreadable.txt").write_text("label,features\n1,0.5\n")
+        jobs["readme"] = (("--data", str(work / "unreadable.txt"), "--model-builder", "digits_model:build",
+                           "--output-dir", str(work / "out-readme")), "train.py")
     pool = ThreadPoolExecutor(JOBS_AT_ONCE)
-    futures = {name: pool.submit(_submit, *args, job=job) for name, (args, job) in jobs.items()}
+    futures = {name: pool.submit(_submit, *args, job=job, readme=name == "readme") for name, (args, job) in jobs.items()}
     try:
         yield types.SimpleNamespace(work=work, result=lambda name: futures[name].result(), existing=existing)
     finally:
@@ -157,6 +165,23 @@ def test_train_job_names_the_root_cause_of_a_read_error(submitted, kind):
         hadoop = next(j for j in jars if j.startswith("hadoop-client-api-"))[len("hadoop-client-api-"):-len(".jar")]
         assert f"pass --packages org.apache.hadoop:hadoop-aws:{hadoop} to spark-submit" in line
     assert not (submitted.work / f"out-{kind}").exists()
+
+
+@pytest.mark.slow
+def test_a_failing_job_prints_its_error_line_and_nothing_of_sparks_traces(submitted):
+    """Issue 38 item 5: README's spark-submit line with a --data Spark cannot read printed 95 lines on stderr, the
+    failed task's stack traces (ERROR Executor, WARN TaskSetManager "Lost task", ERROR TaskSetManager), before the
+    one ``error:`` line. Wanted: at most 5 lines besides it, at the default log level."""
+    proc = submitted.result("readme")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _error_line(proc)
+    assert line.startswith(f"error: Cannot read --data '{submitted.work / 'unreadable.txt'}' as parquet: "
+                           "java.lang.RuntimeException: "), line
+    others = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and not ln.startswith("error:")]
+    assert len(others) <= 5, "\n".join(others)[-3000:]
+    traces = [ln for ln in others if ln.startswith("\tat ") or " Executor: " in ln or " TaskSetManager: " in ln
+              or "Traceback" in ln]
+    assert traces == [], "\n".join(others)[-3000:]
 
 
 @pytest.mark.slow

@@ -26,12 +26,14 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from ..errors import ConfigurationError, DataError, ExecutorEnvironmentError, PathError
+from ..errors import ConfigurationError, DataError, ExecutorEnvironmentError, PathError, WorkerError
 from ..shared import fs
 from . import options as table
 from .config import check_fit_args
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1  # a task failed on the cluster (WorkerError): not the flags' fault, as for an uncaught error
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report a process that SIGINT ended
 
 
 class UsageError(ValueError):
@@ -189,6 +191,13 @@ def read_options(pairs: Sequence[str]) -> Dict[str, str]:
 def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> int:
     """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2.
 
+    A ``WorkerError`` (a task that failed on the cluster for a reason
+    outside the data: a lost executor, a crashed Python worker) becomes one
+    such line too, with exit status 1; Spark's own traces of it are kept off
+    the console (:func:`spark_session`). A Ctrl-C (``KeyboardInterrupt``)
+    ends the job with ``error: interrupted (Ctrl-C)`` and exit status 130,
+    without the traceback of where the driver was.
+
     Options in the messages are named by their flags (:func:`flag_message`).
     Under spark-submit, ``sys.stderr`` is pointed at spark-submit's own
     stderr before anything else (:func:`stderr_past_spark_submit`). Then
@@ -202,9 +211,19 @@ def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[
     try:
         return main(argv)
     except (UsageError, PathError, ConfigurationError, DataError, ExecutorEnvironmentError) as exc:
-        message = flag_message(" ".join(str(exc).split()))
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        _print_error(exc)
         return EXIT_USAGE
+    except WorkerError as exc:  # its message names the job and the task's cause; no trace of Spark's below it
+        _print_error(exc)
+        return EXIT_FAILED
+    except KeyboardInterrupt:  # the user's own Ctrl-C: where the driver was is no news to them
+        print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _print_error(exc: Exception) -> None:
+    """``exc``'s message as the job's one ``error:`` line on stderr, naming flags (:func:`flag_message`)."""
+    print(f"error: {flag_message(' '.join(str(exc).split()))}", file=sys.stderr, flush=True)
 
 
 class _JvmStderr(io.TextIOBase):
@@ -276,12 +295,18 @@ def stderr_past_spark_submit() -> None:
 
 
 def spark_session(app_name: str):
-    """The job's session, with the recommended settings (:func:`recommended_settings`), warming up in the background."""
+    """The job's session, with the recommended settings (:func:`recommended_settings`), warming up in the background.
+
+    A failed task's stack traces stay off the console at the default log
+    level (:func:`sparkdl_avg.driver.session.quiet_task_failures`): the job's
+    ``error:`` line says what failed.
+    """
     from pyspark.sql import SparkSession
 
-    from .session import warm_up
+    from .session import quiet_task_failures, warm_up
 
     spark = SparkSession.builder.appName(app_name).config(map=recommended_settings()).getOrCreate()
+    quiet_task_failures(spark)
     warm_up(spark)
     return spark
 

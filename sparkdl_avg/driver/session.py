@@ -8,6 +8,8 @@ driver asks for the master, the default parallelism, job labels and
 ``SparkContext`` (:attr:`Engine.sc`); under Spark Connect there is none, and
 everything a fit needs goes through DataFrame APIs
 (``spark.range(n, numPartitions=n).mapInArrow(...)``), which run the same on both.
+It also keeps the stack traces Spark logs for a failed task off the jobs'
+console (:func:`quiet_task_failures`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,29 @@ progress bars stay off the fit's output (:data:`CONSOLE_PROGRESS`). Give them to
 session's builder (``SparkSession.builder.config(map=RECOMMENDED_CONF)``),
 ``spark-submit --conf`` or the cluster's Spark config; they cannot change
 once the session exists."""
+
+TASK_FAILURE_MESSAGES: Dict[str, Tuple[str, ...]] = {
+    # ERROR "Exception in task 0.0 in stage 1.0 (TID 2)" and the task's stack trace, its Python traceback included
+    "org.apache.spark.executor.Executor": (r"Exception in task ",),
+    # WARN "Lost task 0.0 in stage 1.0 (TID 2) (host executor driver): <the trace again>", and
+    # ERROR "Task 0 in stage 1.0 failed 1 times; aborting job"
+    "org.apache.spark.scheduler.TaskSetManager": (r"Lost task ", r"Task \S+ in stage \S+ failed \d+ times; aborting job"),
+    # WARN "Failed to cancel job group ..." after a Ctrl-C, for each job group that had already ended
+    "org.apache.spark.scheduler.DAGScheduler": (r"Failed to cancel job group ",),
+    # ERROR "Aborting task" with the trace, "Job: job_..., Task: ..., Task attempt ... aborted." and "Aborting
+    # job ..." with it again, when the failed task was writing files (the predict job's output)
+    "org.apache.spark.util.Utils": (r"Aborting task",),
+    "org.apache.spark.sql.execution.datasources.FileFormatWriter": (r"Aborting job ", r"Job:? \S+ .*aborted"),
+}
+"""Spark's log messages that repeat a failed task's stack trace on the
+driver's console (in local mode the executor runs in the driver's JVM), by
+logger: the start of each message, a regular expression. A failed task
+reaches the caller as an exception, which sparkdl_avg turns into its own
+error with the task's message (:mod:`sparkdl_avg.shared.remote_errors`); at
+the default log level these printed 40 to 120 lines of Java stack before a
+job's one ``error:`` line. Only these messages are dropped: the loggers'
+other warnings and errors (a lost executor, an uncaught exception) still
+show. See :func:`quiet_task_failures`."""
 
 WARM_UP_REUSE_S = 20.0
 """A warm-up started less than this many seconds ago is not repeated: its
@@ -250,6 +275,52 @@ def warm_up(spark=None) -> concurrent.futures.Future:
         if spark is None:
             raise SessionError("warm_up() needs a SparkSession; create one with SparkSession.builder.getOrCreate() first.")
     return Engine(spark).warm_up()
+
+
+def quiet_task_failures(spark) -> bool:
+    """Keeps failed tasks' stack traces off the console of ``spark``'s driver, unless its logging was turned up.
+
+    Adds a log4j2 filter to each logger of :data:`TASK_FAILURE_MESSAGES`, in
+    the driver's JVM (classic sessions), that drops those messages, when
+    Spark's root logger is at ``WARN`` or quieter (``spark.log.level=WARN``,
+    the jobs' setting). With ``--conf spark.log.level=INFO`` (or ``DEBUG``:
+    spark-submit's own default is ``INFO``) everything is logged as before,
+    traces included. Under Spark Connect the server's logging is the
+    server's: nothing is changed. Calling it again changes nothing; a later
+    ``sc.setLogLevel("INFO")`` shows the loggers' other messages again but
+    not these (start the session with ``spark.log.level=INFO``). The jobs
+    call it for the session they build
+    (:func:`sparkdl_avg.driver.cli.spark_session`); sessions that users build
+    are left as they configured them.
+
+    Returns:
+        Whether the filters are in place.
+    """
+    if is_connect(spark):
+        return False
+    try:
+        jvm = spark.sparkContext._jvm
+        log4j = jvm.org.apache.logging.log4j
+        core = log4j.core
+        if not log4j.LogManager.getRootLogger().getLevel().isMoreSpecificThan(log4j.Level.WARN):
+            return False  # INFO, DEBUG, ...: the user asked for Spark's details
+        context = log4j.LogManager.getContext(False)
+        config = context.getConfiguration()
+        for name, messages in TASK_FAILURE_MESSAGES.items():
+            if config.getLoggerConfig(name).getName() != name:  # a logger of its own, its level inherited
+                core.config.Configurator.setLevel(name, None)
+            logger_config = config.getLoggerConfig(name)
+            pattern = "(?s)(?:" + "|".join(messages) + ").*"  # the whole message: a trace spans lines
+            if pattern in str(logger_config.getFilter()):
+                continue
+            result = core.Filter.Result
+            logger_config.addFilter(core.filter.RegexFilter.createFilter(pattern, None, False, result.DENY,
+                                                                         result.NEUTRAL))
+        context.updateLoggers()
+    except Exception as exc:  # noqa: BLE001 - another logging backend: its traces are not ours to hide
+        logger.debug("could not filter Spark's task-failure messages: %s", exc)
+        return False
+    return True
 
 
 #: What Spark's SQL runner adds to a Python worker's environment and its RDD runner does not (Spark 4.x).
