@@ -160,7 +160,9 @@ def test_a_full_output_dir_says_so_first_and_where_the_model_was_kept(spark, sma
     spark.createDataFrame([(xi.tolist(), int(yi)) for xi, yi in zip(x[:512], y[:512])],
                           "features array<float>, label long").write.parquet(data)
     model_path = str(tmp_path / "tiny.keras")
-    tiny_model().save(model_path)
+    model = tiny_model()
+    model.optimizer.build(model.trainable_variables)  # saved with its variables: loading it warns of none
+    model.save(model_path)
     directory = small_disk("16k")  # the job's check writes a few bytes there; model.keras and report.html do not fit
     out = os.path.join(directory, "out")
     code, _ = run_job_in_process(spark, monkeypatch, "train", "--data", data, "--model", model_path,
