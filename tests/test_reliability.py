@@ -4,6 +4,7 @@ The module runs on ``local[2,3]`` (2 cores, up to 3 attempts per task), so a
 task that fails on its first attempt is retried by Spark.
 """
 
+import json
 import logging
 import os
 import shutil
@@ -157,7 +158,18 @@ DAMAGES = {  # the file, what happens to its bytes, what the message says
     "arrays.npz emptied": (ckpt.ARRAYS, lambda b: b"", "arrays.npz (0 bytes) does not match the SHA-256"),
     "meta.json overwritten": (ckpt.META, lambda b: b"garbage{", "meta.json is not JSON"),
     "meta.json not an object": (ckpt.META, lambda b: b"[1, 2]", "meta.json holds a list, not a checkpoint's metadata"),
+    # issue 38: values of the wrong types read as "format version 'three'", a ConfigurationError without the fall-back
+    "meta.json version a word": (ckpt.META, lambda b: _edit_meta(b, format_version="three"),
+                                 "meta.json holds format_version='three' where a non-negative integer belongs"),
+    "meta.json epoch a string": (ckpt.META, lambda b: _edit_meta(b, epoch="2"),
+                                 "meta.json holds epoch='2' where a non-negative integer belongs"),
+    "meta.json sizes a list": (ckpt.META, lambda b: _edit_meta(b, rule_state_sizes=[1]),
+                               "meta.json holds rule_state_sizes=[1] where an object belongs"),
 }
+
+
+def _edit_meta(data, **values):
+    return json.dumps({**json.loads(data), **values}).encode()
 
 
 def _damage(uri, kind):
@@ -181,7 +193,7 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error_naming_it_and_the_remedy(tmp
     assert isinstance(err.value, PathError) and isinstance(err.value, ValueError)
 
 
-@pytest.mark.parametrize("kind", ["arrays.npz truncated", "meta.json overwritten"])
+@pytest.mark.parametrize("kind", ["arrays.npz truncated", "meta.json overwritten", "meta.json version a word"])
 def test_resume_takes_the_newest_checkpoint_that_reads_back_with_a_warning(tmp, caplog, kind):
     first, second = _two_checkpoints(tmp)
     assert sorted(os.listdir(tmp)) == ["LATEST", "ckpt-000000", "ckpt-000001"]
@@ -209,6 +221,19 @@ def test_a_latest_pointer_that_leads_out_of_the_directory_is_ignored(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
         assert ckpt.latest(directory) == inside
     assert f"Ignoring {directory}/LATEST: it holds {pointer!r}, not the name of a checkpoint" in caplog.text
+
+
+def test_a_latest_naming_a_missing_checkpoint_is_warned_about_once_per_resume(tmp_path, caplog):
+    directory = str(tmp_path / "ckpt")
+    inside = ckpt.save(directory, ckpt.Checkpoint(1, 0, 0, [np.ones(3)], [np.zeros(1)], {}, ckpt.RunMeta(seed=1)))
+    with open(os.path.join(directory, ckpt.LATEST), "w") as f:
+        f.write("ckpt-999999")
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        uri, saved = resume_mod.locate(directory, resume=True)
+    assert uri == inside and saved.epoch == 1
+    warned = [r.getMessage() for r in caplog.records if "which is not there" in r.getMessage()]
+    assert warned == [f"{directory}/LATEST names ckpt-999999, which is not there; taking the newest complete "
+                      "checkpoint instead."]  # issue 38: it was logged twice
 
 
 def test_a_fit_keeps_the_previous_checkpoint_and_resumes_from_it_when_the_latest_is_damaged(spark, tmp, caplog):
@@ -448,6 +473,30 @@ def test_binary_labels_must_match_the_outputs_units(spark):
         trainer_for(multi_label).fit((x, np.arange(len(x)) % 2), verbose=0)
     one = classifier("binary_crossentropy", units=1, activation="sigmoid")
     trainer_for(one)._stage((x, np.arange(len(x)) % 2), "features", "label", "training")  # (n,) fits a 1-unit output
+
+
+@pytest.mark.parametrize("loss", ["mse", keras.losses.mean_absolute_error, keras.losses.Huber()],
+                         ids=["string", "function", "object"])
+def test_value_by_value_losses_need_labels_as_wide_as_the_output_before_any_round(spark, loss):
+    """Issue 38: a 3-output MSE model with 2-value labels failed in round 0 with a TensorFlow trace."""
+    x = DATA[0]
+    model = classifier(loss, units=3, activation=None)
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+    expected = (rf"^{name} expects 3 value\(s\) per row \(one per unit of the model's output\); {{}} holds vectors "
+                r"of length 2: give 3 value\(s\) per row or change the output layer to 2 units\.$")
+    two = np.ones((len(x), 2))
+    with record_jobs(spark) as jobs:
+        with pytest.raises(DataError, match=expected.format("the training array y")):
+            trainer_for(model).fit((x, two), verbose=0)
+    assert jobs.job_ids == []
+    df = spark.createDataFrame([(list(map(float, r)), [1.0, 2.0]) for r in x], "features array<double>, y array<double>")
+    trainer = trainer_for(model)
+    with pytest.raises(DataError, match=expected.format("label column 'y'")):
+        trainer.fit(df, label_col="y", verbose=0)  # known once the staging job has read the arrays
+    assert len(trainer.stats) == 0  # no round ran
+    # as wide as the output, or one value (which Keras broadcasts), is staged
+    trainer_for(model)._stage((x, np.ones((len(x), 3))), "features", "label", "training")
+    trainer_for(model)._stage((x, np.ones(len(x))), "features", "label", "training")
 
 
 def test_nan_in_rdd_labels(spark):

@@ -406,6 +406,14 @@ def test_validation_data_errors_name_the_validation_data(spark, model, xy, frame
     with pytest.raises(DataError, match=r"not in the validation DataFrame"):
         trainer.fit((x, y), validation_data=frames["good"].drop("label"), verbose=0)
     assert len(trainer.stats) == 0
+    # issue 38: a row of the wrong width, found by the staging job, did not say it was the validation data
+    wide = spark.createDataFrame([(row.tolist() * 2, float(label)) for row, label in zip(x, y)],
+                                 "features array<double>, label double")
+    with pytest.raises(DataError) as err:
+        trainer.fit((x, y), validation_data=wide, verbose=0)
+    assert str(err.value).startswith("In the validation data: Column 'features' has a row of 8 values; expected 4 "
+                                     "values per row"), str(err.value)
+    assert len(trainer.stats) == 0
 
 
 # ------------------------------------------------------------------ RDDs

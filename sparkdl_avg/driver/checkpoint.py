@@ -367,6 +367,26 @@ def _damaged(uri: str, what: str) -> CheckpointError:
     )
 
 
+#: The types of ``meta.json``'s values that :func:`load` reads (JSON's: ints, objects, lists, strings).
+_META_TYPES = {
+    "format_version": int, "epoch": int, "rounds_done": int, "steps_done": int, "num_weights": int,
+    "num_optimizer_variables": int, "rule_state_sizes": dict, "feedback": list, "seed": int, "run": dict,
+    "schedule_state": dict, "epoch_examples": int, "epoch_metric_sums": dict, "history": dict, "tracking": dict,
+    "arrays_sha256": str,
+}
+
+
+def _wrong_types(meta: Dict[str, Any]) -> Optional[str]:
+    """The first of ``meta``'s values of a type :func:`load` cannot use, described; ``None`` if all fit."""
+    for key, kind in _META_TYPES.items():
+        value = meta.get(key)
+        if key in meta and (not isinstance(value, kind) or isinstance(value, bool)
+                            or (kind is int and value < 0)):
+            what = "a non-negative integer" if kind is int else {dict: "an object", list: "a list", str: "a string"}[kind]
+            return f"{key}={value!r} where {what} belongs"
+    return None
+
+
 def load(uri: str) -> Checkpoint:
     """Reads and verifies the checkpoint at ``uri`` (a ``ckpt-*`` directory, as :func:`latest` returns).
 
@@ -390,6 +410,9 @@ def load(uri: str) -> Checkpoint:
         raise _damaged(uri, f"{META} is not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise _damaged(uri, f"{META} holds a {type(meta).__name__}, not a checkpoint's metadata")
+    wrong = _wrong_types(meta)
+    if wrong:  # an edited or garbled meta.json: damage, with the fall-back, not "another format version"
+        raise _damaged(uri, f"{META} holds {wrong}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ConfigurationError(
             f"The checkpoint at {uri!r} has format version {meta.get('format_version')!r}; this "

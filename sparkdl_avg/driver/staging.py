@@ -64,6 +64,15 @@ def _input_name(k: int, count: int) -> str:
     return f"the model's input {k}" if count > 1 else "the model's input"
 
 
+#: Keras' built-in losses that compare labels and outputs value by value (names lower-cased, without
+#: underscores: the strings, functions and classes alike): their labels need the output's width (or one value).
+ELEMENTWISE_LOSSES = frozenset((
+    "mse", "meansquarederror", "mae", "meanabsoluteerror", "mape", "meanabsolutepercentageerror", "msle",
+    "meansquaredlogarithmicerror", "huber", "logcosh", "hinge", "squaredhinge", "categoricalhinge", "poisson",
+    "kld", "kldivergence", "cosinesimilarity",
+))
+
+
 def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
     """The staging checks for ``model`` (``check_data``): finite values, and label ranges and shapes its losses imply.
 
@@ -71,9 +80,11 @@ def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
     per row (``classes``: the output's last dimension); categorical
     cross-entropy a vector of ``classes`` values per row; binary
     cross-entropy labels in ``[0, 1]``, as many per row as the output has
-    units. Shapes are checked only for outputs of shape ``(batch, units)``,
+    units; the value-by-value losses (:data:`ELEMENTWISE_LOSSES`: MSE, MAE,
+    Huber, hinge, ...) as many values per row as the output has units, or
+    one. Shapes are checked only for outputs of shape ``(batch, units)``,
     and nothing of the labels when the losses are a dict (which output a
-    loss belongs to is then Keras' business). Other losses get no check.
+    loss belongs to is then Keras' business). Other losses (a user's own function) get no check.
     """
     if not enabled:
         return None
@@ -93,12 +104,14 @@ def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
                 (0, classes - 1, True, f"a class index in 0..{classes - 1} (the model's output has {classes} "
                  "classes and the loss is a sparse categorical cross-entropy)")
             )
-        elif name in ("binarycrossentropy", "binaryfocalcrossentropy"):
+        elif name in ("binarycrossentropy", "binaryfocalcrossentropy", "bce"):
             kind = "binary"
             ranges.append((0, 1, False, "a value in [0, 1] (the loss is a binary cross-entropy)"))
         else:
             if name in ("categoricalcrossentropy", "categoricalfocalcrossentropy"):
                 kind = "categorical"
+            elif name in ELEMENTWISE_LOSSES:
+                kind = "elementwise"
             ranges.append(None)
         shapes.append(LabelShape(given, kind, int(units)) if kind and units is not None else None)
     return DataChecks(finite=True, label_ranges=tuple(ranges), label_shapes=tuple(shapes))
@@ -316,7 +329,12 @@ def _run_staging(selected, columns, directory, checks, what, renamed) -> Tuple[T
         f"Staging the {what} data",
         renamed,
     )
-    raise_reported((r.error for r in rows), renamed)
+    try:
+        raise_reported((r.error for r in rows), renamed)
+    except DataError as exc:  # "Column 'features' has a row of 32 values" must say which data it is
+        if what == "training":
+            raise
+        raise DataError(f"In the {what} data: {exc}") from None
     widths = {tuple(r.label_widths) for r in rows if r.rows}
     files = tuple(StagedFile(r.uri, r.rows, r.bytes) for r in rows if r.rows)
     return files, widths

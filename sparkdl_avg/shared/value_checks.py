@@ -31,7 +31,10 @@ class LabelShape:
             ``"SparseCategoricalCrossentropy"``), for the message.
         kind: ``"sparse"`` (one integer class index per row),
             ``"categorical"`` (a vector of ``units`` class probabilities per
-            row) or ``"binary"`` (``units`` values in [0, 1] per row).
+            row), ``"binary"`` (``units`` values in [0, 1] per row) or
+            ``"elementwise"`` (a regression or hinge loss comparing label and
+            output value by value: ``units`` values per row, or one, which
+            Keras broadcasts).
         units: The output's last dimension.
     """
 
@@ -134,6 +137,11 @@ def check_label_shape(shape: Optional[Tuple[int, ...]], name: str, checks: Optio
             want = f"a one-hot vector of {units} values per row (the model's output has {units} classes)"
             advice = ("use sparse_categorical_crossentropy for class indices or one-hot encode the labels" if one
                       else f"give {units} values per row or change the output layer to {math.prod(shape)} units")
+        elif expected.kind == "elementwise":
+            if one:  # Keras broadcasts one label over the output's units
+                return
+            want = f"{units} value(s) per row (one per unit of the model's output)"
+            advice = f"give {units} value(s) per row or change the output layer to {math.prod(shape)} units"
         else:
             want = f"{units} value(s) in [0, 1] per row (one per unit of the model's output)"
             advice = f"give {units} value(s) per row or change the output layer to {math.prod(shape)} units"
