@@ -31,6 +31,31 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import harness  # noqa: E402
 
 
+def _rss_anon_mb(pid: int):
+    """``RssAnon`` of process ``pid`` in MB, or ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+    except (OSError, StopIteration):
+        return None
+
+
+def daemons(jvm_pid: int) -> dict:
+    """``{pid: RssAnon MB}`` of the JVM's PySpark daemons (its Python children, which fork the workers)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            rss = _rss_anon_mb(int(name)) if ppid == jvm_pid else None
+            if rss is not None:
+                out[int(name)] = rss
+    return out
+
+
 def python_workers(jvm_pid: int) -> dict:
     """``{pid: RssAnon MB}`` of the JVM's Python workers (grandchildren: JVM → daemon → worker)."""
     children: dict = {}
@@ -62,7 +87,6 @@ def main() -> None:
     args = p.parse_args()
 
     import keras
-    import numpy as np
     from sklearn.datasets import load_digits
 
     import sparkdl_avg
@@ -94,7 +118,8 @@ def main() -> None:
         gc.collect()
         workers = python_workers(jvm_pid)
         per_fit.append({"fit": i, "seconds": round(seconds, 2), "replicas_built": built,
-                        "workers_rss_anon_mb": {str(k): round(v, 1) for k, v in sorted(workers.items())}})
+                        "workers_rss_anon_mb": {str(k): round(v, 1) for k, v in sorted(workers.items())},
+                        "daemons_rss_anon_mb": {str(k): round(v, 1) for k, v in sorted(daemons(jvm_pid).items())}})
         print(json.dumps(per_fit[-1]), flush=True)
 
     # Growth per fit after the second, per worker that lived through all fits.

@@ -19,7 +19,6 @@ from parity import COMPRESSED_DATA, CompressedUpdatesMixin, compressed_fit, f32_
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
 from sparkdl_avg.driver import checkpoint as ckpt
 from sparkdl_avg.driver.feedback import FeedbackLedger
-from sparkdl_avg.shared import compression
 from sparkdl_avg.shared.delta_sums import DeltaLayout, FeedbackFiles
 from sparkdl_avg.shared.exchange import FlatLayout
 
