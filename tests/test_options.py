@@ -330,6 +330,10 @@ def test_the_jobs_check_the_fit_flags_together_before_spark_starts(parse):
     with pytest.raises(ConfigurationError) as info:
         cli.check_fit_flags(parse("--synchronization", "stale", "--checkpoint-dir", "/tmp/c", "--checkpoint-every", "3"))
     assert cli.flag_message(str(info.value)).startswith("The --checkpoint-every flag must be 'epoch' with synchronization")
+    # the API's way to resume reads as the jobs' flag
+    assert cli.flag_message("It cannot be resumed from; fit(resume=True) takes the previous one. Pass resume=True "
+                            "or give another 'checkpoint_dir'.") == (
+        "It cannot be resumed from; --resume takes the previous one. Pass --resume or give another --checkpoint-dir.")
     with pytest.raises(ConfigurationError) as info:  # issue 38: nothing was checkpointed, without a word
         cli.check_fit_flags(parse("--checkpoint-every", "2"))
     assert cli.flag_message(str(info.value)).startswith(

@@ -156,9 +156,11 @@ def flag_message(message: str) -> str:
     """Names the flag (``--batch-size``) where the trainer's message names its option (``'batch_size'``).
 
     Applies to every option with a flag (:func:`sparkdl_avg.driver.options.flag_names`);
-    ``The '<option>' parameter`` reads ``The <flag> flag``.
+    ``The '<option>' parameter`` reads ``The <flag> flag``, and the API's
+    ``fit(resume=True)``/``Pass resume=True`` read ``--resume``.
     """
     names = table.flag_names()
+    message = re.sub(r"\bfit\(resume=True\)|\bresume=True\b", "--resume", message)
     message = re.sub(
         r"\bThe '([a-z]+(?:_[a-z]+)*)' parameter\b",
         lambda m: f"The {names[m.group(1)]} flag" if m.group(1) in names else m.group(0),
