@@ -63,6 +63,23 @@ def test_output_dir_appears_whole_and_is_replaced_only_with_overwrite(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p != "out"] == []  # no temporary or old directories left
 
 
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_output_dir_is_refused_not_taken_for_the_working_directory(tmp_path, monkeypatch, blank):
+    """A bad-input trial (issue 38): --output-dir '' --overwrite replaced the working directory's files."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("keep")
+    out = fs.OutputDir(blank, overwrite=True)
+    with pytest.raises(PathError) as err:
+        out.check()
+    assert str(err.value) == f"The --output-dir flag must name a directory (a path or URI). Got {blank!r} instead."
+    with open(out.file("model.keras"), "w") as f:
+        f.write("x")
+    with pytest.raises(PathError):
+        out.commit()
+    out.cleanup()
+    assert sorted(os.listdir(tmp_path)) == ["mine.txt"]
+
+
 def test_output_dir_accepts_file_uris_and_an_empty_existing_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     out = fs.OutputDir("file://" + str(tmp_path / "empty"))

@@ -626,6 +626,16 @@ def test_string_label_column(spark, wine):
     _assert_no_jobs(jobs)
 
 
+def test_a_param_value_of_the_wrong_type_is_named_as_the_library_names_one():
+    """A bad-input trial (issue 38): setEpochs("5") read 'Could not convert 5 to int' (pyspark's TypeError)."""
+    with pytest.raises(ConfigurationError) as err:
+        KerasAveragingEstimator().setEpochs("5")
+    assert str(err.value) == "The 'epochs' parameter must be an int in the range [1, inf). Got '5' instead."
+    with pytest.raises(ConfigurationError, match=r"^The 'batchSize' parameter must be an int .* Got 'x' instead\.$"):
+        KerasAveragingEstimator(batchSize="x")
+    assert KerasAveragingEstimator().setEpochs(3).getEpochs() == 3
+
+
 def test_batch_size_zero_names_the_spark_param(spark):
     x, y = regression_data(32, seed=9)
     df = array_df(spark, x, y, with_vector=False)

@@ -196,7 +196,7 @@ def test_epoch_lines_count_this_fits_rounds_in_the_workers_metric_order(spark, c
         directory = str(tmp_path / "ckpt")
         with pytest.raises(KeyboardInterrupt):  # checkpoints after each round; epoch 2's first is the last
             trainer(1).fit((x, y), epochs=2, verbose=2, checkpoint_dir=directory, checkpoint_every=1,
-                           callbacks=[_CrashAfterRounds(6)])
+                           callbacks=_CrashAfterRounds(6))  # one callback alone, as keras.Model.fit takes it
         first = epoch_lines()
         assert first[0].startswith("Epoch 1/2 - 4 rounds - ") and " - loss: " in first[0]
         assert first[0].index(" - loss: ") < first[0].index(" - abs_error: "), first[0]

@@ -494,9 +494,13 @@ def test_value_by_value_losses_need_labels_as_wide_as_the_output_before_any_roun
     with pytest.raises(DataError, match=expected.format("label column 'y'")):
         trainer.fit(df, label_col="y", verbose=0)  # known once the staging job has read the arrays
     assert len(trainer.stats) == 0  # no round ran
-    # as wide as the output, or one value (which Keras broadcasts), is staged
+    # one value per row is refused too (Keras fails on it: "Incompatible shapes: [16] vs. [16,3]") ...
+    with pytest.raises(DataError, match=rf"^{name} expects 3 value\(s\) per row .*; the training array y holds one "
+                                        r"number per row"):
+        trainer_for(model).fit((x, np.ones(len(x))), verbose=0)
+    # ... and as wide as the output is staged, and one value for a 1-unit output
     trainer_for(model)._stage((x, np.ones((len(x), 3))), "features", "label", "training")
-    trainer_for(model)._stage((x, np.ones(len(x))), "features", "label", "training")
+    trainer_for(classifier(loss, units=1, activation=None))._stage((x, np.ones(len(x))), "features", "label", "training")
 
 
 def test_nan_in_rdd_labels(spark):

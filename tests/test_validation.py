@@ -219,6 +219,60 @@ def test_invalid_fit_arguments(spark, model, xy, kwargs, pattern):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_class_weight_for_a_class_the_model_lacks_is_refused_before_any_job(spark, xy):
+    """A bad-input trial (issue 38): class_weight={12: 2.0} on a 10-class model trained without a word."""
+    x, _ = xy
+    classifier = make_model(outputs=10, output_activation="softmax", loss="sparse_categorical_crossentropy",
+                            metrics=(), seed=1)
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError) as err:
+            ParameterAveragingTrainer(classifier, num_workers=2, batch_size=8).fit(
+                (x, np.arange(len(x)) % 10), class_weight={0: 1.0, 12: 2.0}, verbose=0)
+    assert str(err.value) == (
+        "The 'class_weight' parameter names class 12, which the model does not have: its loss "
+        "'sparse_categorical_crossentropy' takes classes 0..9, so that weight would never apply. Got "
+        "class_weight={0: 1.0, 12: 2.0} instead.")
+    assert jobs.job_ids == []
+
+
+def test_a_model_compiled_without_a_loss_is_refused_by_fit_and_evaluate_before_any_job(spark, xy):
+    """A bad-input trial (issue 38): Keras' "No loss to compute" came from every worker's first minibatch."""
+    lossless = make_model(compile=False, seed=1)
+    lossless.compile("adam")
+    trainer = ParameterAveragingTrainer(lossless, num_workers=2, batch_size=8)  # predict needs no loss
+    with record_jobs(spark) as jobs:
+        for call, what in ((lambda: trainer.fit(xy, verbose=0), "fit"), (lambda: trainer.evaluate(xy), "evaluate")):
+            with pytest.raises(ConfigurationError) as err:
+                call()
+            assert str(err.value) == (
+                f"The 'model' parameter must be compiled with a loss to {what}. Got the model {lossless.name!r}, "
+                "compiled without one, instead; call model.compile(optimizer=..., loss=...).")
+    assert jobs.job_ids == []
+
+
+def test_evaluate_refuses_a_return_dict_that_is_not_a_bool(spark, model, xy):
+    with pytest.raises(ConfigurationError, match=r"^The 'return_dict' parameter must be True or False\. Got 'False' "
+                                                 r"instead\.$"):
+        ParameterAveragingTrainer(model, num_workers=2, batch_size=8).evaluate(xy, return_dict="False")
+
+
+@pytest.mark.parametrize("columns, message", [
+    (dict(prediction_col="p", probability_col="p"),
+     "The 'prediction_col' and 'probability_col' parameters must name different columns. Got 'p' for both instead; "
+     "pass probability_col=None to omit it."),
+    (dict(prediction_col=""), "The 'prediction_col' parameter must be a column name. Got '' instead."),
+    (dict(probability_col=" "), "The 'probability_col' parameter must be a column name or None (no probabilities). "
+                                "Got ' ' instead."),
+])
+def test_predict_refuses_output_columns_that_clash_or_are_blank(spark, model, frames, columns, message):
+    """A bad-input trial (issue 38): both gave a DataFrame with a duplicate or an empty column name."""
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError) as err:
+            ParameterAveragingTrainer(model, num_workers=2, batch_size=8).predict(frames["good"], **columns)
+    assert str(err.value) == message
+    assert jobs.job_ids == []
+
+
 def test_invalid_evaluate_batch_size(spark, model, xy):
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
     with record_jobs(spark) as jobs:

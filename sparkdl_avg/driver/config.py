@@ -196,6 +196,26 @@ def check_with_model(config: Any, model: Any) -> None:
         )
 
 
+def check_loss(model: Any, what: str) -> None:
+    """Refuses to ``what`` (``"fit"``, ``"evaluate"``) a model compiled without a loss, before any Spark job.
+
+    Keras would fail in every worker's first minibatch ("No loss to
+    compute"). A model that computes its own loss (a ``train_step`` or
+    ``compute_loss`` of its own) needs none; ``predict`` needs none.
+
+    Raises:
+        ConfigurationError: naming the model.
+    """
+    import keras
+
+    if (getattr(model, "loss", None) is None and type(model).train_step is keras.Model.train_step
+            and type(model).compute_loss is keras.Model.compute_loss):
+        raise ConfigurationError(
+            f"The 'model' parameter must be compiled with a loss to {what}. Got the model {model.name!r}, "
+            "compiled without one, instead; call model.compile(optimizer=..., loss=...)."
+        )
+
+
 def validate_model(model: Any, name: str = "model") -> None:
     """Checks that ``model`` is a compiled Keras model with fully known input shapes.
 

@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from ..errors import DataError
+from ..errors import ConfigurationError, DataError
 from ..executor.predict import PredictTask, predict_batches
 from ..shared import remote_errors
 from ..shared.modelspec import ModelSpec, input_dtypes, input_shapes
@@ -190,6 +190,7 @@ def add_predictions(
         cache: A :class:`PredictCache` the caller keeps between calls, or ``None``.
 
     Raises:
+        ConfigurationError: an output column name that is empty, or the same for both.
         DataError: a missing or mistyped features column, or an output column
             that already exists; with ``preprocess``, its failure or misfit on
             the first rows (one small Spark job); from the action that computes the
@@ -206,6 +207,14 @@ def add_predictions(
     if not isinstance(df, DataFrame):
         raise DataError(f"The data to predict on must be a Spark DataFrame. Got {type(df).__name__} instead.")
     kind = output_kind(model)
+    for param, name in (("prediction_col", prediction_col), ("probability_col", probability_col)):
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ConfigurationError(f"The '{param}' parameter must be a column name"
+                                     f"{' or None (no probabilities)' if param == 'probability_col' else ''}. "
+                                     f"Got {name!r} instead.")
+    if probability_col == prediction_col:
+        raise ConfigurationError(f"The 'prediction_col' and 'probability_col' parameters must name different columns. "
+                                 f"Got {prediction_col!r} for both instead; pass probability_col=None to omit it.")
     outputs = [prediction_col] + ([probability_col] if probability_col and kind != "regression" else [])
     for name in outputs:
         if name in df.columns:

@@ -45,6 +45,9 @@ one unpickles code, as loading any pickle does; load stages only from paths you 
 #: The estimator's Params of the table's options (the rest are the stages' own: kerasModel, featuresCols, ...).
 _OPTION_PARAMS = tuple(o for o in options.OPTIONS if o.param is not None)
 
+#: The table's rows by their Param's name (``"batchSize"``).
+_BY_PARAM = {o.param.name: o for o in _OPTION_PARAMS}
+
 #: snake_case names in the trainer's messages → the estimator's Params (``'batch_size'`` → ``'batchSize'``).
 _SNAKE_TO_PARAM = options.param_names()
 
@@ -375,6 +378,20 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
         self._set_keras(kwargs.pop("kerasModel", None))
         self.setPreprocess(kwargs.pop("preprocess", None))
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def _set(self, **kwargs: Any) -> "KerasAveragingEstimator":
+        """Spark's ``_set``, with a value its type converter refuses named as the library's errors name one."""
+        for name, value in kwargs.items():
+            try:
+                super()._set(**{name: value})
+            except TypeError as exc:
+                row = _BY_PARAM.get(name)
+                if row is not None and row.check is not None:
+                    message = f"The '{name}' parameter must be {row.check}. Got {value!r} instead."
+                else:
+                    message = f"The '{name}' parameter ({self.getParam(name).doc}) cannot take {value!r}: {exc}"
+                raise ConfigurationError(message) from None
+        return self
 
     def setKerasModel(self, value: Any) -> "KerasAveragingEstimator":
         self._set_keras(value)

@@ -65,7 +65,7 @@ def _input_name(k: int, count: int) -> str:
 
 
 #: Keras' built-in losses that compare labels and outputs value by value (names lower-cased, without
-#: underscores: the strings, functions and classes alike): their labels need the output's width (or one value).
+#: underscores: the strings, functions and classes alike): their labels need the output's width.
 ELEMENTWISE_LOSSES = frozenset((
     "mse", "meansquarederror", "mae", "meanabsoluteerror", "mape", "meanabsolutepercentageerror", "msle",
     "meansquaredlogarithmicerror", "huber", "logcosh", "hinge", "squaredhinge", "categoricalhinge", "poisson",
@@ -81,8 +81,8 @@ def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
     cross-entropy a vector of ``classes`` values per row; binary
     cross-entropy labels in ``[0, 1]``, as many per row as the output has
     units; the value-by-value losses (:data:`ELEMENTWISE_LOSSES`: MSE, MAE,
-    Huber, hinge, ...) as many values per row as the output has units, or
-    one. Shapes are checked only for outputs of shape ``(batch, units)``,
+    Huber, hinge, ...) as many values per row as the output has units
+    (Keras fails on one value per row for a wider output). Shapes are checked only for outputs of shape ``(batch, units)``,
     and nothing of the labels when the losses are a dict (which output a
     loss belongs to is then Keras' business). Other losses (a user's own function) get no check.
     """

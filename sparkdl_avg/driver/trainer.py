@@ -41,7 +41,7 @@ from ..shared.stats import TrainingStats
 from . import resume as resume_mod
 from . import staging
 from . import transport as transport_mod
-from .config import TrainerConfig, check_fit_args, check_with_model, validate_model
+from .config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from .feedback import FeedbackLedger, lag_of
 from .options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
 from .progress import Progress
@@ -345,6 +345,8 @@ class ParameterAveragingTrainer:
         plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
                           checkpoint_every, resume, initial_epoch, sample_weight_col,
                           class_weight)  # every check before any Spark job; data staged
+        if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            callbacks = [callbacks]  # keras.Model.fit takes one callback alone too
         callback_list = self._callback_list(plan, callbacks)
         ctx = self._start(plan, callback_list)  # this fit's stats, job group, transport and round runner
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
@@ -404,12 +406,15 @@ class ParameterAveragingTrainer:
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
             sample_weight_col=sample_weight_col, class_weight=class_weight,
         )["verbose"]
+        check_loss(self.model, "fit")
         if class_weight is not None and len(self.model.outputs) > 1:
             raise ConfigurationError(
                 "The 'class_weight' parameter applies to models with one output, as in keras.Model.fit; weigh the "
                 f"examples of a model with {len(self.model.outputs)} outputs with sample_weight_col. Got "
                 f"class_weight={class_weight!r} instead."
             )
+        if class_weight is not None:
+            _check_classes(class_weight, staging.data_checks(self.model))
         if checkpoint_dir is not None:  # before any job: not after an epoch of training
             check_writable(checkpoint_dir, "The 'checkpoint_dir' parameter")
         return verbose
@@ -807,6 +812,9 @@ class ParameterAveragingTrainer:
             Like ``keras.Model.evaluate``: the loss alone when the model has no
             metrics, else ``[loss, metric, ...]`` (or a dict).
         """
+        check_loss(self.model, "evaluate")
+        if not isinstance(return_dict, bool):  # "False" would be truthy
+            raise ConfigurationError(f"The 'return_dict' parameter must be True or False. Got {return_dict!r} instead.")
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
         staging.refuse_pandas(data, "evaluation")
@@ -886,6 +894,23 @@ COLD_START_NOTE_S = 0.5
 a fit says what would remove them (:func:`_note_cold_start`)."""
 
 _cold_start_noted: set = set()  # the Spark applications (Engine.key) told already
+
+
+def _check_classes(class_weight: dict, checks) -> None:
+    """Refuses ``class_weight`` keys that are not classes of the model's classification loss (they would never apply)."""
+    shape = checks.label_shapes[0] if checks is not None and checks.label_shapes else None
+    if shape is None or shape.kind not in ("sparse", "categorical", "binary"):
+        return
+    classes = 2 if shape.kind == "binary" and shape.units == 1 else shape.units
+    if shape.kind == "binary" and shape.units > 1:
+        return  # multi-label: Keras' class_weight does not apply per unit
+    unknown = [k for k in class_weight if not 0 <= int(k) < classes]
+    if unknown:
+        raise ConfigurationError(
+            f"The 'class_weight' parameter names class {unknown[0]!r}, which the model does not have: its loss "
+            f"{shape.loss!r} takes classes 0..{classes - 1}, so that weight would never apply. Got "
+            f"class_weight={class_weight!r} instead."
+        )
 
 
 def _note_cold_start(engine, records) -> None:

@@ -632,6 +632,7 @@ class OutputDir:
     def check(self) -> None:
         """Raises ``PathError`` if :meth:`commit` would refuse or fail to write the directory (run it before any work)."""
         subject = f"The {self.flag} flag"
+        self._check_named()
 
         def check(filesystem: pafs.FileSystem, path: str) -> None:
             if not self.overwrite and _exists(filesystem, path, empty_dir=False):
@@ -640,6 +641,11 @@ class OutputDir:
             _probe_writable(filesystem, path, subject, self.uri, in_parent=_renames_dirs(filesystem))
 
         _bounded_check(self.uri, subject, self.uri, "checking that the output can be written there", check)
+
+    def _check_named(self) -> None:
+        # '' resolves to the working directory, whose files --overwrite would replace
+        if not str(self.uri).strip():
+            raise PathError(f"The {self.flag} flag must name a directory (a path or URI). Got {self.uri!r} instead.")
 
     def file(self, name: str) -> str:
         """The local path to write ``name`` to before :meth:`commit`."""

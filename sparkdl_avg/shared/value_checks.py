@@ -33,8 +33,7 @@ class LabelShape:
             ``"categorical"`` (a vector of ``units`` class probabilities per
             row), ``"binary"`` (``units`` values in [0, 1] per row) or
             ``"elementwise"`` (a regression or hinge loss comparing label and
-            output value by value: ``units`` values per row, or one, which
-            Keras broadcasts).
+            output value by value: ``units`` values per row).
         units: The output's last dimension.
     """
 
@@ -104,6 +103,10 @@ def check_values(
             raise DataError(f"{name} holds the label {value.item()!r}; expected {what}.")
 
 
+def _units(n: int) -> str:
+    return f"{n} unit{'s' if n != 1 else ''}"
+
+
 def check_label_shape(shape: Optional[Tuple[int, ...]], name: str, checks: Optional[DataChecks], output: int) -> None:
     """Raises ``DataError`` if labels of ``shape`` (one row's) do not fit the loss of model output ``output``.
 
@@ -138,13 +141,11 @@ def check_label_shape(shape: Optional[Tuple[int, ...]], name: str, checks: Optio
             advice = ("use sparse_categorical_crossentropy for class indices or one-hot encode the labels" if one
                       else f"give {units} values per row or change the output layer to {math.prod(shape)} units")
         elif expected.kind == "elementwise":
-            if one:  # Keras broadcasts one label over the output's units
-                return
             want = f"{units} value(s) per row (one per unit of the model's output)"
-            advice = f"give {units} value(s) per row or change the output layer to {math.prod(shape)} units"
+            advice = f"give {units} value(s) per row or change the output layer to {_units(math.prod(shape))}"
         else:
             want = f"{units} value(s) in [0, 1] per row (one per unit of the model's output)"
-            advice = f"give {units} value(s) per row or change the output layer to {math.prod(shape)} units"
+            advice = f"give {units} value(s) per row or change the output layer to {_units(math.prod(shape))}"
     got = ("one number per row" if one else f"vectors of length {shape[0]}" if len(shape) == 1
            else f"arrays of shape {shape} per row")
     raise DataError(f"{expected.loss} expects {want}; {name} holds {got}: {advice}.")
