@@ -73,6 +73,12 @@ TASK_FAILURE_MESSAGES: Dict[str, Tuple[str, ...]] = {
     # job ..." with it again, when the failed task was writing files (the predict job's output)
     "org.apache.spark.util.Utils": (r"Aborting task",),
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": (r"Aborting job ", r"Job:? \S+ .*aborted"),
+    # WARN "Assume no metadata directory. Error while looking for metadata directory in the path: ..." and a
+    # FileNotFoundException's stack (~90 lines), before reading a --data path that does not exist fails
+    "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink": (r"Assume no metadata directory",),
+    # ERROR "Error in TaskCompletionListener" with "Block broadcast_0 does not exist": a job that fails before
+    # training stops its session while the background warm-up's task (warm_up) is still running
+    "org.apache.spark.TaskContextImpl": (r"Error in TaskCompletionListener",),
 }
 """Spark's log messages that repeat a failed task's stack trace on the
 driver's console (in local mode the executor runs in the driver's JVM), by
