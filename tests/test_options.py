@@ -329,7 +329,7 @@ def test_the_jobs_check_the_fit_flags_together_before_spark_starts(parse):
         "The --initial-epoch flag must be less than --epochs (2)")
     with pytest.raises(ConfigurationError) as info:
         cli.check_fit_flags(parse("--synchronization", "stale", "--checkpoint-dir", "/tmp/c", "--checkpoint-every", "3"))
-    assert cli.flag_message(str(info.value)).startswith("The --checkpoint-every flag must be 'epoch' with synchronization")
+    assert cli.flag_message(str(info.value)).startswith("The --checkpoint-every flag must be 'epoch' with --synchronization='stale'")
     # the API's way to resume reads as the jobs' flag
     assert cli.flag_message("It cannot be resumed from; fit(resume=True) takes the previous one. Pass resume=True "
                             "or give another 'checkpoint_dir'.") == (

@@ -914,7 +914,7 @@ def param_names() -> Dict[str, str]:
 
 
 def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
-    """``message`` with each quoted option name (``'batch_size'``) of ``names`` replaced by its entry.
+    """``message`` with each quoted option name (``'batch_size'``) of ``names``, and each ``name=`` of one, replaced by its entry.
 
     With ``quote=False`` the replacement is written bare (flags: ``--batch-size``). A quoted word
     that is also a value some option takes (``'shuffle'``, an ``aggregation``) is a value in the
@@ -931,7 +931,11 @@ def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
         new = names[m.group(1)]
         return f"'{new}'" if quote else new
 
-    return re.sub(r"'([a-z]+(?:_[a-z]+)*)'", sub, message)
+    def assignment(m: "re.Match") -> str:  # "Got checkpoint_every=3": the value an option was given
+        return f"{names[m.group(1)]}=" if m.group(1) in names else m.group(0)
+
+    message = re.sub(r"'([a-z]+(?:_[a-z]+)*)'", sub, message)
+    return re.sub(r"(?<![\w.'\-])([a-z]+(?:_[a-z]+)*)=(?!=)", assignment, message)
 
 
 # ------------------------------------------------------------- derivations
