@@ -7,8 +7,11 @@ with the README's settings (``benchmarks/harness.py``:
 ``spark.python.daemon.module=sparkdl_avg.daemon``, Unix domain sockets;
 ``classic``, ``connect``) and with PySpark's own daemon (``classic-plain``,
 ``connect-plain``: the arms that deviate, with ``spark.python.daemon.module``
-unset, to show what the daemon does under each), run in alternating order
-``--repeats`` times. In each, the MLPs of ``overhead.py`` (1e5 and 1e6
+unset, to show what the daemon does under each), and ``connect-per-round``:
+README's settings with a Spark job for every round
+(``transport.STANDING = False``, what every Connect round did before rounds
+ran in one standing job), run in alternating order ``--repeats`` times
+(``--arms``: which of them, default all). In each, the MLPs of ``overhead.py`` (1e5 and 1e6
 parameters, Adam, batch 32, ``k = 1``) train ``--rounds`` rounds per fit,
 the first dropped (replica build), after one unrecorded fit that warms the
 JVM; the classic arm runs its default (``state_transport="auto"``:
@@ -42,15 +45,17 @@ from arms import run_alternating  # noqa: E402
 from overhead import WIDTHS, build_mlp, params_of  # noqa: E402
 
 SIZES = ("1e5", "1e6")
-ARMS = ("classic", "connect", "classic-plain", "connect-plain")
+ARMS = ("classic", "connect", "connect-per-round", "classic-plain", "connect-plain")
 #: The arms that deviate from the README's settings: PySpark's own daemon.
 ARM_CONF = {arm: {"spark.python.daemon.module": None} for arm in ARMS if arm.endswith("-plain")}
 
 
 def child(arm: str, rounds: int) -> list:
     from sparkdl_avg import ParameterAveragingTrainer
+    from sparkdl_avg.driver import transport as transport_mod
 
     connect = arm.startswith("connect")
+    transport_mod.STANDING = arm != "connect-per-round"
     spark = harness.session("local[2]", connect=connect, conf=ARM_CONF.get(arm))
     transports = ["auto"] if connect else ["auto", "sql"]
     out = []
@@ -85,6 +90,8 @@ def child(arm: str, rounds: int) -> list:
 def main() -> None:
     p = harness.parser(__doc__, out="connect_overhead.json", repeats=2, rounds=8)
     p.add_argument("--tables-only", action="store_true", help="print the tables of the existing --out file")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help="comma-separated arms to run, of " + ", ".join(ARMS) + " (default: all)")
     p.add_internal("--arm")
     p.add_internal("--child-out")
     args = p.parse_args()
@@ -96,40 +103,49 @@ def main() -> None:
         with open(args.out) as f:
             saved = json.load(f)
         return print_tables(saved["results"], saved["load_avg_1min"], saved["args"]["repeats"])
-    results, load = run_alternating(__file__, ARMS, args.repeats, args.rounds, args.out)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        p.error(f"unknown arms {unknown}; choose among {', '.join(ARMS)}")
+    results, load = run_alternating(__file__, arms, args.repeats, args.rounds, args.out)
     harness.write_results(args.out, args, conf=harness.settings(), arm_conf=ARM_CONF, load_avg_1min=load,
                           results=results)
     print_tables(results, load, args.repeats)
 
 
 def print_tables(results: list, load: list, repeats: int) -> None:
-    print("\n| session | params | path | round overhead ms (median over repeats) | aggregate ms | broadcast ms |")
-    print("|---|---|---|---|---|---|")
+    print("\n| session | params | path | round overhead ms (median over repeats) | round wall ms | aggregate ms | "
+          "broadcast ms |")
+    print("|---|---|---|---|---|---|---|")
     keys = sorted({(r["arm"], r["size"], r["transport"], r["aggregation"]) for r in results},
-                  key=lambda k: (float(k[1]), k[0], k[2]))
+                  key=lambda k: (float(k[1]), ARMS.index(k[0]), k[2]))
     for arm, size, transport, aggregation in keys:
         rs = [r for r in results if (r["arm"], r["size"], r["transport"], r["aggregation"]) == (arm, size, transport,
                                                                                                aggregation)]
         med = lambda key: 1000 * statistics.median(r["median"][key] for r in rs)  # noqa: E731
         path = transport + (f":{aggregation}" if aggregation else "")
-        print(f"| {arm} | {rs[0]['params']:,} | {path} | {med('overhead_s'):.0f} | {med('aggregate_s'):.0f} | "
-              f"{med('broadcast_s'):.0f} |")
-    print("\n| daemon | params | Connect / classic default, per repeat | median |")
+        print(f"| {arm} | {rs[0]['params']:,} | {path} | {med('overhead_s'):.0f} | {med('wall_s'):.0f} | "
+              f"{med('aggregate_s'):.0f} | {med('broadcast_s'):.0f} |")
+    print("\n| Connect arm | params | its round overhead / the classic arm's (same daemon), per repeat | median |")
     print("|---|---|---|---|")
-    for suffix, daemon in (("", "sparkdl_avg.daemon"), ("-plain", "PySpark's")):
+    present = {r["arm"] for r in results}
+    for arm in (a for a in ARMS if a.startswith("connect") and a in present):
+        classic = "classic-plain" if arm.endswith("-plain") else "classic"
+        if classic not in present:
+            continue
         for size in SIZES:
-            ratios = [ratio(results, rep, size, suffix) for rep in range(repeats)]
-            print(f"| {daemon} | {size} | {', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f} |")
+            ratios = [ratio(results, rep, size, arm, classic) for rep in range(repeats)]
+            print(f"| {arm} | {size} | {', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f} |")
     print(f"\n1-min load average during the run: {', '.join(f'{v:.1f}' for v in load)}")
 
 
-def ratio(results: list, repeat: int, size: str, suffix: str) -> float:
-    """Connect's round overhead over the classic default's (``files``) in one repeat, for one model size."""
-    def overhead(arm, transports):
+def ratio(results: list, repeat: int, size: str, arm: str, classic: str) -> float:
+    """``arm``'s round overhead over the ``classic`` arm's default (``files``) in one repeat, for one model size."""
+    def overhead(name, transports):
         return next(r["median"]["overhead_s"] for r in results
-                    if (r["arm"], r["size"], r["repeat"]) == (arm, size, repeat) and r["transport"] in transports)
+                    if (r["arm"], r["size"], r["repeat"]) == (name, size, repeat) and r["transport"] in transports)
 
-    return overhead("connect" + suffix, ("sql",)) / overhead("classic" + suffix, ("files",))
+    return overhead(arm, ("sql",)) / overhead(classic, ("files",))
 
 
 if __name__ == "__main__":

@@ -284,3 +284,77 @@ def test_stale_synchronous_and_asynchronous_chunks_run_under_connect(connect, re
     trainer.fit(frame(connect), epochs=1, verbose=0)
     chunks = Counter(r.slot for r in trainer.stats.records)
     assert sum(chunks.values()) == N * 256 // (N * B) // K and chunks[1] > chunks[0]  # no barrier held worker 1 back
+
+
+def _spark_job_ids():
+    """The ids of every Spark job so far (the in-process Connect server's context, which runs no job group)."""
+    from pyspark import SparkContext
+
+    return set(SparkContext._active_spark_context.statusTracker().getJobIdsForGroup(None))
+
+
+def _no_spark_job_running() -> bool:
+    from pyspark import SparkContext
+
+    return not SparkContext._active_spark_context.statusTracker().getActiveJobsIds()
+
+
+def test_a_fits_rounds_run_in_one_standing_spark_job_that_ends_with_the_fit(connect, reference):
+    before = _spark_job_ids()
+    model = make_model(seed=4)
+    trainer = trainer_for(model)
+    trainer.fit(frame(connect), epochs=2, verbose=0)
+    assert len(trainer.stats.records) == 2 * 256 // (N * B * K)  # 8 rounds
+    assert len(_spark_job_ids() - before) <= 3  # staging, the standing job (and a warm-up): not a job per round
+    assert _no_spark_job_running()
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_callbacks_spark_job_between_rounds_gets_the_slots_the_standing_job_holds(connect, reference):
+    import keras
+
+    from sparkdl_avg.driver import transport
+
+    counts = []
+
+    class CountEachRound(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            counts.append(connect.range(4).count())  # needs a task slot; the standing job's tasks hold both
+
+    model = make_model(seed=4)
+    trainer_for(model).fit(frame(connect), epochs=1, verbose=0, callbacks=[CountEachRound()])
+    assert counts == [4] * 4  # each waited for the standing job to stop (STANDING_IDLE_S), then ran
+    assert transport.STANDING_IDLE_S <= 1.0
+    assert _no_spark_job_running()
+
+
+def _fail_in_round(real, failing_round, task, ids):
+    from sparkdl_avg.errors import WorkerError
+    from sparkdl_avg.shared import remote_errors
+
+    if task.round == failing_round:
+        raise remote_errors.failure(WorkerError, f"injected failure in round {task.round}")
+    yield from real(task, ids)
+
+
+def test_a_worker_error_in_the_standing_job_fails_the_fit_as_its_round_and_leaves_no_job(connect, monkeypatch):
+    from functools import partial
+
+    from pyspark import cloudpickle
+
+    from sparkdl_avg import WorkerError
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
+    failing = partial(_fail_in_round, worker_module.run_round_partition, 2)
+    monkeypatch.setattr(worker_module, "run_round_partition", failing)
+    try:
+        trainer = trainer_for(make_model(seed=4))
+        with pytest.raises(WorkerError, match="injected failure in round 2"):
+            trainer.fit(frame(connect), epochs=1, verbose=0)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert [r.round for r in trainer.stats.records] == [0, 1]
+    assert _no_spark_job_running()
+    monkeypatch.undo()
+    trainer.fit(frame(connect), epochs=1, verbose=0)  # the trainer and the session still work

@@ -5,7 +5,8 @@ made once per ``fit`` with everything its rounds share; each
 :meth:`RoundRunner.run` reads the model's state, has the update rule say what
 to send, sends it through the fit's state transport
 (:mod:`sparkdl_avg.driver.transport`), runs one Spark job in which each of
-``num_workers`` tasks trains its replica (:func:`sparkdl_avg.executor.worker.run_round_partition`),
+``num_workers`` tasks trains its replica (:func:`sparkdl_avg.executor.worker.run_round_partition`;
+under a local Spark Connect server, one round of a job that runs many),
 gets the example-weighted sums back, stops on non-finite replicas, applies
 the update rule, sets the new state on the model and records the round's
 :class:`~sparkdl_avg.shared.stats.RoundRecord`. :class:`RuleState` keeps the update
@@ -134,12 +135,17 @@ class RoundRunner:
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
         sent = self.rule.to_send(weights, self.rule_state.state, mask)
+        # A transport may run consecutive rounds in one Spark job (SqlTransport's standing job, under Spark Connect):
+        # its label, and the fit's tags that the thread it waits in must carry.
+        rounds_labels = self.engine.carried_labels(
+            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, rounds from {rnd + 1} (one Spark job for them)"
+        ) if getattr(self.transport, "standing", False) else None
         result, t1 = self._job(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
             f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})", None,
             f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps,
                                                         workers=range(s.num_workers)),
-            range(s.num_workers), f"Round {rnd} of epoch {epoch}",
+            range(s.num_workers), f"Round {rnd} of epoch {epoch}", rounds_labels,
         )
         if self.feedback is not None:
             self.feedback.done(epoch, rnd, range(s.num_workers))
@@ -176,10 +182,14 @@ class RoundRunner:
         return result, published, time.time()
 
     def _job(self, label: str, group: Optional[str], name: str, sent, optimizer, make_task, workers: Sequence[int],
-             what: str) -> Tuple[PartialResult, float]:
-        """A round's or a chunk's job through the transport, its Spark jobs labelled ``label``."""
+             what: str, rounds_labels=None) -> Tuple[PartialResult, float]:
+        """A round's or a chunk's job through the transport, its Spark jobs labelled ``label``.
+
+        ``rounds_labels``: for a synchronous round (not a chunk), see :meth:`StateTransport.run_job`.
+        """
         with self.engine.labels(label, group=group):
-            return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what)
+            return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what,
+                                          rounds_labels=rounds_labels)
 
     def chunk_start(self) -> ChunkStart:
         """The driver's state, rule and learning rate an epoch of chunks starts from."""

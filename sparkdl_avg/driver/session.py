@@ -189,6 +189,33 @@ class Engine:
             for tag in tags:
                 self.spark.removeTag(tag)
 
+    def carried_labels(self, description: str) -> Callable[[], Any]:
+        """A context manager factory: jobs started in another thread inside it are labelled as the calling thread's.
+
+        Job labels belong to a thread (classic: its local properties; Connect:
+        its tags). What this returns, entered in another thread, gives the
+        jobs started there the calling thread's group (and, under Connect,
+        its tags, e.g. the fit's, which a Ctrl-C interrupts) and
+        ``description`` as theirs (:meth:`labels`).
+        """
+        if self.sc is not None:
+            group = self.sc.getLocalProperty("spark.jobGroup.id")
+            return lambda: self.labels(description, group=group)
+        tags = set(self.spark.getTags())  # a copy: the client's set is the calling thread's own
+
+        @contextlib.contextmanager
+        def carried():
+            for tag in tags:
+                self.spark.addTag(tag)
+            try:
+                with self.labels(description):
+                    yield
+            finally:
+                for tag in tags:
+                    self.spark.removeTag(tag)
+
+        return carried
+
     def run_tasks(self, n: int, body: Callable, schema: str, start: int = 0):
         """Runs ``body`` (a ``mapInArrow`` function) in ``n`` tasks, task ``i`` getting the ids ``[start + i]``.
 

@@ -27,8 +27,10 @@ executor-visible half.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -38,10 +40,10 @@ import numpy as np
 
 from ..errors import ConfigurationError, PathError, WorkerError
 from ..executor import worker as worker_mod
-from ..shared import exchange
+from ..shared import exchange, standing
 from ..shared.aggregation import PartialResult, merge
 from ..shared.delta_sums import DeltaLayout, sum_deltas
-from ..shared.fs import join, make_dir, remove_tree
+from ..shared.fs import join, make_dir, remove_tree, resolve
 from ..shared.remote_errors import run_job
 from .options import parse_rate
 from .session import struct_type
@@ -101,10 +103,18 @@ class StateTransport:
         raise NotImplementedError
 
     def run_job(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry,
-                workers: Sequence[int], what: str) -> Tuple[PartialResult, float]:
+                workers: Sequence[int], what: str,
+                rounds_labels: Optional[Callable[[], Any]] = None) -> Tuple[PartialResult, float]:
         """A round's or a chunk's job: publishes its state under ``name``, runs it (:meth:`run`), sums it; thread-safe.
 
         What was published is released before this returns, however the job ends.
+        ``rounds_labels``: given by a caller that runs rounds one after
+        another on all its workers (not chunks from several threads), a
+        context manager factory that labels a Spark job started in another
+        thread (:meth:`~sparkdl_avg.driver.session.Engine.carried_labels`);
+        a transport that keeps one job for such rounds
+        (:class:`SqlTransport`'s standing job) labels that job with it.
+        The others ignore it.
 
         Returns:
             The summed result and the wall-clock time (``time.time``) at which the state was published.
@@ -286,20 +296,49 @@ class SqlTransport(StateTransport):
             choice, :func:`plan_aggregation`); ``None`` when they share its host.
         optimizer_sums: Whether the workers return optimizer sums (``optimizer_state="average"``):
             the sums' layout.
+        standing: Run consecutive rounds in one standing job (see below); only where the driver
+            and the executors share a host and the directory is local.
+
+    **One job for the rounds.** Under Spark Connect the server analyses,
+    optimises and plans every job it is sent, and its Python tasks start and
+    end through Spark SQL's Python runner: most of what a Connect round costs
+    beyond a classic one (docs/benchmarks.md, "Spark Connect round overhead,
+    one job for the rounds"). With ``standing``, rounds run through
+    :meth:`run_job` with ``rounds_labels`` (a fit's synchronous rounds) go
+    to one job whose ``N`` tasks train round after round: the driver
+    announces each round (its state and task) in a file and the tasks answer
+    in files (:mod:`sparkdl_avg.shared.standing`,
+    :func:`~sparkdl_avg.executor.worker.run_standing_rounds`). The job is
+    planned once, its tasks start once, and a round costs what its files
+    cost. It is stopped (its tasks end) when a round comes without
+    ``rounds_labels`` or for other workers, when no round comes within
+    :data:`STANDING_IDLE_S` of the last one's end (a callback's or an
+    evaluation's job then finds the executor slots free), at :meth:`evaluate`
+    and at :meth:`close`; the next round starts a new one. Only
+    ``aggregation`` ``"files"`` (what ``"auto"`` takes there) and at most as
+    many workers as the cluster has task slots run this way: every task
+    must hold a slot at once. A task that fails is retried by Spark as
+    usual and joins at the round in progress; a failed job raises what
+    the round's own job would have.
     """
 
     name = "sql"
 
     def __init__(self, engine, directory: str, aggregation: str = "auto", shards: Optional[int] = None,
-                 one_host_files: bool = False, network_rate: Optional[float] = None, **options) -> None:
+                 one_host_files: bool = False, network_rate: Optional[float] = None, standing: bool = False,
+                 **options) -> None:
         super().__init__(engine, **options)
         self.directory = directory
         self.aggregation = aggregation
         self.shards = shards
         self.one_host_files = one_host_files
         self.network_rate = network_rate  # bytes/s of the driver's link on hosts of their own; None: one host
+        self.standing = standing
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
+        self._standing: Optional[_StandingJob] = None  # the standing job, while it runs
+        self._lock = threading.Lock()  # guards _standing against its idle timer
+        self._jobs = 0  # standing jobs started: their directories' names
         make_dir(directory)
 
     def ship_spec(self, spec):
@@ -312,6 +351,86 @@ class SqlTransport(StateTransport):
         state = exchange.store_state(directory, "state", weights, optimizer)
         return Published(state, partial(_remove_quietly, directory), directory, self.layout(weights, optimizer))
 
+    def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None):
+        job = self._standing_job(workers, weights, optimizer, rounds_labels)
+        if job is None:
+            return super().run_job(name, weights, optimizer, make_task, entry, workers, what)
+        published = None
+        try:
+            published = self.publish(name, weights, optimizer)
+            self.last_plan = ("files", 1)
+            task = make_task(published.state, self._sink("files", 1, published.directory, published.layout))
+            seq = job.announce(entry, task)
+            at = time.time()
+            batches = run_job(partial(job.answers, seq), what)
+            if batches is None:  # the job ended without an error and without this round: a job of its own
+                logger.debug("%s: the standing job ended before the round; running it as a job of its own", what)
+                return self.run(make_task, entry, workers, what, published), at
+            import pyarrow as pa
+
+            table = pa.Table.from_batches(batches, exchange.round_arrow_schema())
+            return self._collect(table, what, published.directory, published.layout, "files", 1), at
+        except BaseException:
+            self._stop_standing()  # failed (the error is the round's) or interrupted: no job of the fit left running
+            raise
+        finally:
+            if published is not None:
+                published.release()
+            self._stop_when_idle()
+
+    def _standing_job(self, workers: Sequence[int], weights, optimizer,
+                      labels: Optional[Callable[[], Any]]) -> Optional["_StandingJob"]:
+        """The standing job to run a round on ``workers`` in (started if need be), or ``None``: a job of its own.
+
+        A job that is started stays reachable (``_standing``) until it is stopped: :meth:`close` stops it whatever
+        interrupts the fit.
+        """
+        usable = (labels is not None and self.standing
+                  and self.plan(len(workers), self.layout(weights, optimizer).nbytes) == ("files", 1)
+                  and len(workers) <= self.engine.default_parallelism)
+        with self._lock:
+            job = self._standing
+            if job is not None:
+                job.keep()
+                if usable and job.workers == list(workers) and not job.ended():
+                    job.busy = True
+                    return job
+                self._standing = None
+        if job is not None:
+            job.stop()
+        if not usable:
+            return None
+        self._jobs += 1
+        job = _StandingJob(self.engine, join(self.directory, f"standing-{self._jobs}"), workers, labels)
+        job.busy = True
+        with self._lock:
+            self._standing = job
+        return job
+
+    def _stop_when_idle(self) -> None:
+        """Stops the standing job if no round comes within :data:`STANDING_IDLE_S` from now."""
+        with self._lock:
+            job = self._standing
+            if job is not None:
+                job.busy = False
+                job.stop_after(STANDING_IDLE_S, self._expire)
+
+    def _expire(self, job: "_StandingJob") -> None:
+        with self._lock:
+            if self._standing is not job or job.busy:  # a round took it meanwhile
+                return
+            self._standing = None
+        logger.debug("stopping the standing round job: no round within %.1f s", STANDING_IDLE_S)
+        job.stop()
+
+    def _stop_standing(self, wait_s: float = 0.0) -> None:
+        """Stops the standing job, if any; waits up to ``wait_s`` seconds for it to end."""
+        with self._lock:
+            job, self._standing = self._standing, None
+        if job is not None:
+            job.keep()
+            job.stop(wait_s)
+
     def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
         if self.aggregation == "auto" and self.one_host_files:
@@ -322,12 +441,19 @@ class SqlTransport(StateTransport):
         layout = published.layout
         how, shards = self.plan(len(workers), layout.nbytes)
         self.last_plan = (how, shards)
-        sink = (  # by the job's plan
-            exchange.StoreFlat(published.directory, layout, shards)
-            if how in ("storage", "files")
-            else exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
-        )
-        task = make_task(published.state, sink)
+        rows = self._rows(make_task(published.state, self._sink(how, shards, published.directory, layout)), entry,
+                          workers, layout, how, shards)
+        return self._collect(run_job(rows.toArrow, what), what, published.directory, layout, how, shards)
+
+    @staticmethod
+    def _sink(how: str, shards: int, directory: str, layout):
+        """Where the workers of a job aggregated ``how`` deliver their sums."""
+        if how in ("storage", "files"):
+            return exchange.StoreFlat(directory, layout, shards)
+        return exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
+
+    def _rows(self, task, entry, workers: Sequence[int], layout, how: str, shards: int):
+        """The lazy DataFrame of a round's job: its tasks' rows, summed by reducers when sharded."""
         rows = self.engine.run_tasks(
             len(workers), partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA,
             start=workers[0],
@@ -342,7 +468,10 @@ class SqlTransport(StateTransport):
             rows = rows.repartition(shards, key).mapInArrow(
                 partial(exchange.reduce_shuffled, layout, shards), struct_type(exchange.ROUND_SCHEMA)
             )
-        table = run_job(rows.toArrow, what)
+        return rows
+
+    def _collect(self, table, what: str, directory: str, layout, how: str, shards: int) -> PartialResult:
+        """The round's sums from its job's Arrow rows (and, for ``"files"``, the workers' files)."""
         t0, c0 = time.perf_counter(), time.process_time()
         results, pieces, reduce_s = _read_rows(table)
         received = table.nbytes
@@ -362,7 +491,7 @@ class SqlTransport(StateTransport):
                     acc = exchange.add_slices(acc, tuple(exchange.load(stored)))
                     received += layout.nbytes
             except (OSError, PathError) as exc:
-                raise _unreadable(what, published.directory, exc, "aggregation='files'", "aggregation='storage'") from exc
+                raise _unreadable(what, directory, exc, "aggregation='files'", "aggregation='storage'") from exc
             pieces = {(0, -1): acc} if acc is not None else {}
         total = _assemble(results, pieces, layout, how, shards)
         total.received_bytes, total.driver_sum_s = received, time.perf_counter() - t0
@@ -371,6 +500,7 @@ class SqlTransport(StateTransport):
         return total
 
     def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
+        self._stop_standing()  # its waiting tasks would hold the slots this job needs
         directory = join(self.directory, "evaluate")
         stored = exchange.store_state(directory, "state", *state)
         task = worker_mod.EvalTask(spec, fingerprint, stored, staged, parts, batch_size)
@@ -386,7 +516,101 @@ class SqlTransport(StateTransport):
         return functools.reduce(merge, parts_results, None)
 
     def close(self) -> None:
+        self._stop_standing(wait_s=STANDING_CLOSE_S)  # no job of the fit left running
         _remove_quietly(self.directory)
+
+
+class _StandingJob:
+    """One standing round job of a :class:`SqlTransport` (see its doc): its directory, tasks and thread.
+
+    The job is submitted (in a thread of its own, where ``toArrow`` waits
+    for it to end) at its first :meth:`announce`.
+    """
+
+    def __init__(self, engine, directory: str, workers: Sequence[int], labels: Callable[[], Any]) -> None:
+        self.engine = engine
+        self.directory = directory
+        self.path = resolve(directory)[1]  # local
+        self.workers = list(workers)
+        self.labels = labels
+        self.seq = -1  # the latest round announced
+        self.future: concurrent.futures.Future = concurrent.futures.Future()  # the job's end (_run)
+        self.thread: Optional[threading.Thread] = None
+        self.timer: Optional[threading.Timer] = None
+        self.busy = False  # a round runs in it (guarded by the transport's lock)
+        self.stopped = False
+        make_dir(directory)
+
+    def announce(self, entry, task) -> int:
+        """Has the tasks train ``task`` with ``entry`` (the job starts at the first); returns the round's number."""
+        word = standing.go(entry, task)
+        self.seq += 1
+        standing.announce(self.path, self.seq, word)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="sparkdl_avg-standing-job", daemon=True)
+            self.thread.start()
+        return self.seq
+
+    def _run(self) -> None:
+        body = partial(worker_mod.run_standing_rounds, self.path, STANDING_DEADLINE_S)
+        try:
+            with self.labels():
+                self.engine.run_tasks(len(self.workers), body, exchange.ROUND_SCHEMA, start=self.workers[0]).toArrow()
+        except BaseException as exc:  # noqa: BLE001 - the round that waits for it raises it
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(None)
+
+    def answers(self, seq: int):
+        """The workers' rows of round ``seq`` once all have answered; ``None`` if the job ended without them.
+
+        Raises what the job raised (a worker's error, an interrupt).
+        """
+        delay = 0.0002
+        while True:
+            batches = standing.collect(self.path, seq, self.workers)
+            if batches is not None:
+                return batches
+            if self.future.done():
+                self.future.result()  # the job's error
+                return standing.collect(self.path, seq, self.workers)  # answered just before it ended, or not
+            time.sleep(delay)
+            delay = min(2 * delay, 0.002)  # a stat per worker costs microseconds; this is the round's latency
+
+    def ended(self) -> bool:
+        """Whether the job has ended (an error, or its tasks' deadline)."""
+        return self.future.done()
+
+    def stop_after(self, seconds: float, expire: Callable[["_StandingJob"], None]) -> None:
+        """Calls ``expire(self)`` in ``seconds`` unless :meth:`keep` comes first."""
+        self.timer = threading.Timer(seconds, expire, (self,))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def keep(self) -> None:
+        """Cancels :meth:`stop_after`."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Tells the tasks to end; the directory goes when the job has ended. Waits up to ``wait_s`` seconds for it."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.thread is None or self.thread.ident is None:  # never submitted
+            _remove_quietly(self.directory)
+            return
+        try:
+            standing.stop(self.path)
+        except OSError as exc:  # its tasks then end at their deadline
+            logger.warning("Could not stop the standing round job under %s: %s", self.directory, exc)
+        self.future.add_done_callback(lambda _: _remove_quietly(self.directory))
+        if wait_s > 0:
+            try:
+                self.future.exception(timeout=wait_s)
+            except concurrent.futures.TimeoutError:
+                pass
 
 
 def _unreadable(what: str, directory: str, exc: BaseException, option: str, other: str) -> WorkerError:
@@ -485,6 +709,23 @@ DEFAULT_NETWORK_RATE = "1gbit"
 #: whatever the model's size: measured on the shaped-network cluster at 10^5 parameters, whose bytes take almost
 #: no time on the wire (docs/benchmarks.md, "On a shaped network").
 SHARDED_STAGE_S = 0.3
+
+
+#: Whether Spark Connect rounds run in one standing job where they can (:class:`SqlTransport`, ``standing``): with a
+#: local server and staging directory. ``False`` gives every round a job of its own (for comparisons).
+STANDING = True
+
+#: Seconds the standing round job (:class:`SqlTransport`) waits, once a round has ended, for the next one. Past
+#: that it is stopped and its tasks free their executor slots (a callback's or an evaluation's job may need them);
+#: the next round starts a new one, which costs one job's planning (tens of milliseconds) against the second the
+#: driver spent between the two rounds.
+STANDING_IDLE_S = 1.0
+
+#: Seconds a task of the standing round job waits for the driver's next word before it ends (a driver that has gone).
+STANDING_DEADLINE_S = 300.0
+
+#: Seconds :meth:`SqlTransport.close` waits for the stopped standing job to end (its tasks see the stop at once).
+STANDING_CLOSE_S = 30.0
 
 
 def driver_bound_pays(num_workers: int, nbytes: int, rate_bytes_s: float) -> bool:
@@ -646,8 +887,9 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
                 f"The 'state_transport' parameter must be 'auto' or 'sql' under Spark Connect (it has no "
                 f"broadcasts or RDDs). Got {mode!r} instead."
             )
+        # One standing job where its tasks can wait on local files that the client writes (one host, local staging).
         return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host,
-                            network_rate=rate, **options)
+                            network_rate=rate, standing=STANDING and local_fs and one_host, **options)
     if mode == "spark":
         return SparkTransport(engine, depth, **options)
     if mode == "sql":

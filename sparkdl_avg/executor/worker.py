@@ -5,9 +5,10 @@ description (:class:`RoundTask` or :class:`EvalTask`) holding handles to the
 model and state (broadcasts or files, :mod:`sparkdl_avg.shared.exchange`), and
 yields what its result sink makes of its
 :class:`~sparkdl_avg.shared.aggregation.PartialResult` (the RDD entry points) or
-Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round). Every
-function also runs in-process with plain values in place of broadcasts, which
-is how the unit tests call it.
+Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round; the
+standing job's task, :func:`run_standing_rounds`, trains round after round
+as the driver announces them in files). Every function also runs in-process
+with plain values in place of broadcasts, which is how the unit tests call it.
 
 The compiled replica is built once per Python worker process and kept in the
 module-level ``_REPLICAS`` cache, keyed by the model's fingerprint, so later
@@ -32,7 +33,7 @@ from typing import Any, Dict, Iterable, Iterator
 import numpy as np
 
 from ..errors import WorkerError
-from ..shared import quiet, remote_errors
+from ..shared import quiet, remote_errors, standing
 from ..shared.aggregation import PartialResult, weighted
 from ..shared.custom_objects import import_custom_modules
 from ..shared.delta_sums import pack_result
@@ -445,6 +446,33 @@ def run_round_batches(task: RoundTask, batches, entry=None) -> Iterator:
     ``entry``: the partition body to run (default :func:`run_round_partition`).
     """
     yield from (entry or run_round_partition)(task, _task_ids(batches))
+
+
+def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
+    """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
+
+    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.standing`:
+    the driver's word for each round under ``directory``, a local path, and
+    the answers). Each round runs the announced entry (the body a per-round
+    job would run, :func:`run_round_partition` or a test's wrapper) on the
+    announced :class:`RoundTask`, and its rows go to the round's answer
+    files instead of the job's result; the job itself yields nothing. A
+    retried attempt joins at the lowest round still announced and skips the
+    rounds its worker has answered. A task whose next word does not come
+    within ``deadline_s`` seconds ends.
+    """
+    ids = _task_ids(batches)
+    seq = standing.first_round(directory, deadline_s)
+    while seq is not None:
+        word = standing.word(directory, seq, deadline_s)
+        if word is None:
+            break
+        entry, task = word
+        if not standing.answered(directory, seq, ids):
+            standing.answer(directory, seq, list(entry(task, ids)))
+        seq += 1
+    return
+    yield  # a generator: mapInArrow's body
 
 
 @dataclass(frozen=True)
