@@ -163,6 +163,16 @@ def test_hosts_have_private_temp_dirs_and_names_that_resolve(cluster):
     assert os.uname().nodename != cluster.hosts[0].ns  # this machine's name is its own
 
 
+def test_bringing_the_store_up_leaves_nothing_of_the_tools_in_the_bucket(cluster, connect):
+    """Issue 38: the store's write probe left a ``.probe`` object in the users' bucket (checked after the fits, before
+    the last test takes the cluster down)."""
+    listing = ("import os, pyarrow.fs as f; s = f.S3FileSystem(endpoint_override=os.environ['AWS_ENDPOINT_URL']); "
+               f"print(sorted(i.base_name for i in s.get_file_info(f.FileSelector({hosts.BUCKET!r}))))")
+    proc = cluster.run(0, [sys.executable, "-c", listing], timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ".probe" not in proc.stdout, proc.stdout
+
+
 def test_up_twice_then_down_leaves_no_namespace_or_process(cluster, connect):
     """Last in the module: a second ``up`` first removes what was running (the module's cluster too)."""
     state = STATE + "-small"
@@ -180,11 +190,3 @@ def test_up_twice_then_down_leaves_no_namespace_or_process(cluster, connect):
     assert hosts.down(state) == []  # safe to run again
     shutil.rmtree(state, ignore_errors=True)
 
-
-def test_bringing_the_store_up_leaves_nothing_of_the_tools_in_the_bucket(cluster):
-    """Issue 38: the store's write probe left a ``.probe`` object in the users' bucket."""
-    listing = ("import os, pyarrow.fs as f; s = f.S3FileSystem(endpoint_override=os.environ['AWS_ENDPOINT_URL']); "
-               f"print(sorted(i.base_name for i in s.get_file_info(f.FileSelector({hosts.BUCKET!r}))))")
-    proc = cluster.run(0, [sys.executable, "-c", listing], timeout=60, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert ".probe" not in proc.stdout, proc.stdout
