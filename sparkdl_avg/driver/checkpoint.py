@@ -90,6 +90,9 @@ class RunMeta:
         history: The finished epochs' logs, name → one value per epoch.
         tracking: What the fit's trackers need to continue after a resume
             (JSON-able; :class:`sparkdl_avg.driver.tracking.MlflowLogger` keeps its run id there).
+        position: Elastic rounds: the examples of the partial epoch its rounds took (all workers; 0 otherwise).
+        membership: Elastic rounds: the fit's changes of workers so far
+            (:class:`sparkdl_avg.driver.membership.Change`, as JSON), which a resumed fit continues.
     """
 
     seed: int
@@ -99,6 +102,8 @@ class RunMeta:
     epoch_metric_sums: Dict[str, float] = field(default_factory=dict)
     history: Dict[str, List[float]] = field(default_factory=dict)
     tracking: Dict[str, Any] = field(default_factory=dict)
+    position: int = 0
+    membership: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -372,7 +377,7 @@ _META_TYPES = {
     "format_version": int, "epoch": int, "rounds_done": int, "steps_done": int, "num_weights": int,
     "num_optimizer_variables": int, "rule_state_sizes": dict, "feedback": list, "seed": int, "run": dict,
     "schedule_state": dict, "epoch_examples": int, "epoch_metric_sums": dict, "history": dict, "tracking": dict,
-    "arrays_sha256": str,
+    "arrays_sha256": str, "position": int, "membership": list,
 }
 
 

@@ -92,6 +92,30 @@ def _post_init(self) -> None:
             "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
             f"update_compression={self.update_compression!r} with synchronization='async' instead."
         )
+    elastic = self.min_workers is not None or self.max_workers is not None
+    if not elastic and self.elastic_timeout_s != options.option("elastic_timeout_s").default:
+        raise ConfigurationError(
+            "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
+            "'min_workers' task slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its "
+            f"default. Got elastic_timeout_s={self.elastic_timeout_s!r} without them instead."
+        )
+    if self.max_workers is not None and self.num_workers is not None and self.max_workers != self.num_workers:
+        raise ConfigurationError(
+            "The 'num_workers' and 'max_workers' parameters are both the most workers of an elastic round; give "
+            f"one of them. Got num_workers={self.num_workers!r} with max_workers={self.max_workers!r} instead."
+        )
+    most = self.max_workers if self.max_workers is not None else self.num_workers
+    if self.min_workers is not None and most is not None and self.min_workers > most:
+        raise ConfigurationError(
+            f"The 'min_workers' parameter must be at most '{'max_workers' if self.max_workers else 'num_workers'}' "
+            f"({most}): a round cannot need more workers than it may have. Got min_workers={self.min_workers!r} "
+            "instead."
+        )
+
+
+def _elastic(self) -> bool:
+    """Whether rounds are elastic (``min_workers`` or ``max_workers`` given): re-planned for the live task slots."""
+    return self.min_workers is not None or self.max_workers is not None
 
 
 def _feedback(self) -> Tuple[bool, ...]:
@@ -122,12 +146,13 @@ TrainerConfig = dataclasses.make_dataclass(
         "rule": _rule,
         "__post_init__": _post_init,
         "feedback": property(_feedback),
+        "elastic": property(_elastic),
         "__module__": __name__,  # make_dataclass's own module= needs Python 3.12
     },
     frozen=True,
 )
 for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__", _post_init),
-                      ("feedback", _feedback)):
+                      ("feedback", _feedback), ("elastic", _elastic)):
     _method.__name__, _method.__qualname__ = _name, f"TrainerConfig.{_name}"
 
 

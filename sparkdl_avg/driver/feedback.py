@@ -43,9 +43,15 @@ class FeedbackLedger:
     def __init__(self, directory: str, num_workers: int, lag: int, compression: str) -> None:
         self.directory, self.num_workers, self.lag, self.compression = directory, num_workers, lag, compression
         self._seq: Dict[Tuple[int, int], int] = {}  # (epoch, round) -> g
+        self._size: Dict[int, int] = {}  # g -> its workers (elastic rounds change num_workers between rounds)
         self._next = 0
         self._written: Dict[int, Set[int]] = {}  # g -> workers whose residual file exists
         self._lock = threading.Lock()
+
+    def resize(self, num_workers: int) -> None:
+        """Elastic rounds: the rounds that start from now on have ``num_workers`` workers."""
+        with self._lock:
+            self.num_workers = num_workers
 
     def files(self, epoch: int, rnd: int, workers: Iterable[int]) -> FeedbackFiles:
         """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write."""
@@ -53,10 +59,25 @@ class FeedbackLedger:
             g = self._seq.get((epoch, rnd))
             if g is None:
                 g = self._seq[(epoch, rnd)] = self._next
+                self._size[g] = self.num_workers
                 self._next += 1
             have = self._written.get(g - self.lag, set())
             fresh = frozenset(w for w in workers if w not in have)
             return FeedbackFiles(self.directory, _name(g - self.lag) if have else None, _name(g), fresh)
+
+    def dropped(self, epoch: int, rnd: int) -> int:
+        """Residuals that round ``rnd`` of ``epoch`` leaves unread: those of workers its elastic plan no longer has.
+
+        Such a worker's residual (what its codec rounded off in its last
+        round) is dropped: it belonged to a replica that no longer exists,
+        and added to another worker's delta it would count twice when that
+        worker's own residual is added too. Counted in the round's record.
+        """
+        with self._lock:
+            g = self._seq.get((epoch, rnd))
+            if g is None:
+                return 0
+            return sum(1 for w in self._written.get(g - self.lag, ()) if w >= self._size[g])
 
     def done(self, epoch: int, rnd: int, workers: Iterable[int]) -> None:
         """Records that ``workers`` of round ``rnd`` of ``epoch`` wrote their residuals (their tasks succeeded)."""
@@ -64,22 +85,23 @@ class FeedbackLedger:
             g = self._seq[(epoch, rnd)]
             written = self._written.setdefault(g, set())
             written.update(workers)
-            complete = len(written) == self.num_workers
+            complete = len(written) == self._size[g]
             old = g - self.lag
             stale = complete and old in self._written
             if stale:
-                del self._written[old]
+                gone = self._written.pop(old)
         if stale:  # round g read them and is complete: no task reads them again, a retry included
-            for worker in range(self.num_workers):
+            for worker in sorted(gone):
                 _remove(join(self.directory, f"{_name(old)}-w{worker}.bin"))
 
     def export(self) -> Dict[str, bytes]:
         """The newest ``lag`` complete rounds' residual files, ``"<compression>/<rounds back>/<worker>" -> bytes``."""
         with self._lock:
-            complete = sorted(g for g, w in self._written.items() if len(w) == self.num_workers)[-self.lag:]
+            complete = sorted(g for g, w in self._written.items() if len(w) == self._size.get(g, self.num_workers))
+            complete = [(g, sorted(self._written[g])) for g in complete[-self.lag:]]
         out = {}
-        for back, g in enumerate(reversed(complete), start=1):
-            for worker in range(self.num_workers):
+        for back, (g, workers) in enumerate(reversed(complete), start=1):
+            for worker in workers:
                 out[f"{self.compression}/{back}/{worker}"] = read_bytes(join(self.directory, f"{_name(g)}-w{worker}.bin"))
         return out
 
@@ -100,6 +122,8 @@ class FeedbackLedger:
                 g = self.lag - back
                 write_atomically(join(self.directory, f"{_name(g)}-w{worker}.bin"), data)
                 self._written.setdefault(g, set()).add(worker)
+            for g, workers in self._written.items():
+                self._size[g] = len(workers)
 
     def close(self) -> None:
         """Deletes every residual file of the fit; a failure is logged (it must not hide the fit's own error)."""

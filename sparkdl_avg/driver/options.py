@@ -43,6 +43,7 @@ messages and in other callables' own options such as ``evaluate``'s
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 import operator
 import textwrap
@@ -124,6 +125,18 @@ class Ints(Constraint):
     def __str__(self) -> str:
         upper = "inf)" if self.high is None else f"{self.high}]"
         return f"an int in the range [{self.low}, {upper}" + (" or None" if self.allow_none else "")
+
+
+@dataclass(frozen=True)
+class Seconds(Constraint):
+    """A number of seconds above 0 (an int or a float, not ``bool``, finite)."""
+
+    def accepts(self, value: Any) -> bool:
+        return (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+                and value > 0)
+
+    def __str__(self) -> str:
+        return "a number of seconds above 0"
 
 
 @dataclass(frozen=True)
@@ -744,6 +757,42 @@ OPTIONS: Tuple[Option, ...] = (
                  help="a function that maps a minibatch of raw columns (a dict of numpy arrays) to the model's "
                       "inputs and labels, run on the executors (decode images, tokenize, augment); ship its module "
                       "with --py-files"),
+    ),
+    Option(
+        "min_workers", None, "Optional[int]",
+        help="elastic rounds: the fewest workers a round may run with; set it (or max_workers) to re-plan each "
+             "round for the task slots Spark has live",
+        unset="elastic rounds off: every round has num_workers workers",
+        doc="Elastic rounds (README, \"Elastic rounds\"): the fewest workers a round may run with. Setting it or "
+            "``max_workers`` makes the rounds elastic: before each round the trainer reads the task slots Spark "
+            "has live (:mod:`sparkdl_avg.driver.membership`) and plans ``min(max_workers, slots)`` workers, which "
+            "split what the epoch has left, so a host that leaves costs one retried task and a host that joins "
+            "trains from the next round. While fewer than ``min_workers`` slots are live the fit waits, at most "
+            "``elastic_timeout_s``, then fails. Default ``None``: elastic rounds off, every round has "
+            "``num_workers`` workers.",
+        check=Ints(1, allow_none=True),
+        cli=Flag(type=int),
+        param=SparkParam("minWorkers", "toInt"),
+    ),
+    Option(
+        "max_workers", None, "Optional[int]",
+        help="elastic rounds: the most workers a round may run with",
+        unset="num_workers when given, else every live task slot",
+        doc="Elastic rounds: the most workers a round may run with (also what the update rule's defaults, "
+            "e.g. BMUF's ``η = 1 − 1/N``, are resolved for). Default ``None``: ``num_workers`` when it is given, "
+            "else as many as Spark has task slots (with ``min_workers`` set).",
+        check=Ints(1, allow_none=True),
+        cli=Flag(type=int),
+        param=SparkParam("maxWorkers", "toInt"),
+    ),
+    Option(
+        "elastic_timeout_s", 300.0, "float",
+        help="elastic rounds: seconds a fit waits for min_workers task slots before it fails",
+        doc="Elastic rounds: how long a fit waits, in seconds, for ``min_workers`` task slots to be live before "
+            "it fails with a ``WorkerError`` that says how many there were. Default 300.",
+        check=Seconds(),
+        cli=Flag(type=float),
+        param=SparkParam("elasticTimeoutS", "toFloat"),
     ),
     # ------------------------------------------------- fit options the CLI and the estimator expose
     Option(

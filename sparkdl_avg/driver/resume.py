@@ -185,6 +185,8 @@ class Checkpointing:
         tracking: The fit's tracking state (``FitInfo.tracking``), saved as it is at each checkpoint.
         feedback: The fit's residual files under error feedback (a
             :class:`~sparkdl_avg.driver.feedback.FeedbackLedger`), saved with each checkpoint; ``None``: none.
+        membership: Elastic rounds' :class:`~sparkdl_avg.driver.membership.Membership`, whose history each
+            checkpoint carries; ``None``: fixed workers.
     """
 
     directory: Optional[str]
@@ -196,19 +198,26 @@ class Checkpointing:
     run_settings: Dict[str, Any]
     tracking: Dict[str, Any] = field(default_factory=dict)
     feedback: Any = None
+    membership: Any = None
 
     def after_round(self, rounds_in_fit: int, epoch: int, rounds_done: int, steps_done: int,
-                    epoch_result: Optional[PartialResult]) -> None:
-        """Saves the position inside ``epoch`` when ``every`` is a number of rounds and it is due."""
+                    epoch_result: Optional[PartialResult], position: int = 0) -> None:
+        """Saves the position inside ``epoch`` when ``every`` is a number of rounds and it is due.
+
+        ``position``: elastic rounds' examples of the epoch taken so far (see :class:`checkpoint.RunMeta`).
+        """
         if self.directory is not None and self.every != "epoch" and rounds_in_fit % self.every == 0:
-            self._save(epoch, rounds_done, steps_done, epoch_result)
+            self._save(epoch, rounds_done, steps_done, epoch_result, position)
 
     def after_epoch(self, epoch: int, last: bool) -> None:
         """Saves the start of the next epoch after every epoch (``every="epoch"``) or after the last."""
         if self.directory is not None and (self.every == "epoch" or last):
             self._save(epoch + 1, 0, 0, None)
 
-    def _save(self, epoch: int, rounds_done: int, steps_done: int, epoch_result: Optional[PartialResult]) -> None:
+    def _save(self, epoch: int, rounds_done: int, steps_done: int, epoch_result: Optional[PartialResult],
+              position: int = 0) -> None:
+        from .membership import history_json
+
         weights, opt_vars = get_state(self.model)
         checkpoint.save(
             self.directory,
@@ -228,6 +237,8 @@ class Checkpointing:
                     epoch_metric_sums=dict(epoch_result.metric_sums) if epoch_result is not None else {},
                     history={k: [float(x) for x in v] for k, v in self.model.history.history.items()},
                     tracking=dict(self.tracking),
+                    position=position,
+                    membership=history_json(self.membership.history) if self.membership is not None else [],
                 ),
             ),
             keep=KEEP,

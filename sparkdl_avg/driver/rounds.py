@@ -126,9 +126,19 @@ class RoundRunner:
         self.stats = stats
         self.feedback = feedback
 
-    def run(self, epoch: int, rnd: int, steps_before: int, steps: int) -> PartialResult:
-        """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``."""
+    def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
+            start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None) -> PartialResult:
+        """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``.
+
+        Elastic rounds (:mod:`sparkdl_avg.driver.membership`) give the round's
+        ``num_workers`` (default: the fit's), ``start`` (the epoch position of
+        its first example, see :func:`~sparkdl_avg.shared.example_order.worker_positions`)
+        and the ``membership`` change it makes, recorded with it.
+        """
         s = self.settings
+        n = s.num_workers if num_workers is None else num_workers
+        if self.feedback is not None:
+            self.feedback.resize(n)
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
         weights, opt_vars = get_state(self.model)
@@ -140,21 +150,27 @@ class RoundRunner:
         rounds_labels = self.engine.carried_labels(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, rounds from {rnd + 1} (one Spark job for them)"
         ) if getattr(self.transport, "standing", False) else None
+        if start is None:
+            what = f"minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps}"
+        else:
+            what = f"examples {start + 1}-{start + n * steps * s.batch_size} of {s.dataset.num_examples}, {n} workers"
         result, t1 = self._job(
-            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} "
-            f"(minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps})", None,
+            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} ({what})", None,
             f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps,
-                                                        workers=range(s.num_workers)),
-            range(s.num_workers), f"Round {rnd} of epoch {epoch}", rounds_labels,
+                                                        workers=range(n), num_workers=n, start=start),
+            range(n), f"Round {rnd} of epoch {epoch}", rounds_labels,
         )
+        dropped = 0
         if self.feedback is not None:
-            self.feedback.done(epoch, rnd, range(s.num_workers))
+            dropped = self.feedback.dropped(epoch, rnd)
+            self.feedback.done(epoch, rnd, range(n))
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
         t3, cpu3 = time.time(), time.process_time()
-        record = round_record(epoch, rnd, steps, s.num_workers, result, self.rule.name, t0, t1, t2, t3)
+        record = round_record(epoch, rnd, steps, n, result, self.rule.name, t0, t1, t2, t3)
         record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
+        record.membership, record.start, record.residuals_dropped = membership, start, dropped
         self._finish(record)
         return result
 
@@ -244,15 +260,21 @@ class RoundRunner:
         set_state(self.model, new_weights, new_opt)
 
     def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None,
-             workers: Sequence[int] = ()) -> RoundTask:
-        """The :class:`~sparkdl_avg.executor.worker.RoundTask` of round ``rnd`` of ``epoch`` for ``workers`` (``slot``: see its doc)."""
+             workers: Sequence[int] = (), num_workers: Optional[int] = None,
+             start: Optional[int] = None) -> RoundTask:
+        """The :class:`~sparkdl_avg.executor.worker.RoundTask` of round ``rnd`` of ``epoch`` for ``workers``.
+
+        ``slot``, ``start``: see its doc; ``num_workers``: the round's (default: the fit's).
+        """
         s = self.settings
         return RoundTask(
             spec=s.spec, fingerprint=s.fingerprint, state=state, results=sink, dataset=s.dataset,
-            epoch=epoch, round=rnd, steps_before=steps_before, steps=steps, num_workers=s.num_workers,
+            epoch=epoch, round=rnd, steps_before=steps_before, steps=steps,
+            num_workers=s.num_workers if num_workers is None else num_workers,
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
             feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
+            start=start,
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:

@@ -44,6 +44,7 @@ from . import transport as transport_mod
 from .config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from .feedback import FeedbackLedger, lag_of
 from .options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
+from .membership import Change, Membership, probes, slot_source
 from .progress import Progress
 from .rounds import RoundRunner, RoundSettings, RuleState
 from .schedules import AveragingSchedule, FixedPeriod, next_period
@@ -106,6 +107,7 @@ class _FitContext:
     checkpoints: resume_mod.Checkpointing
     stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
     feedback: Optional[FeedbackLedger] = None  # update_compression with error feedback: the residual files
+    membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
     rounds_in_fit: int = 0
     capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
 
@@ -420,7 +422,15 @@ class ParameterAveragingTrainer:
         return verbose
 
     def _num_workers(self, engine) -> int:
-        """The fit's workers: the option, or the task slots; warns when there are more than the slots."""
+        """The fit's workers: the option, or the task slots; warns when there are more than the slots.
+
+        Elastic rounds: the most workers a round may have (``max_workers``, else
+        ``num_workers``, else the task slots now), which the update rule's
+        defaults are resolved for; each round plans its own (:mod:`sparkdl_avg.driver.membership`).
+        """
+        cfg = self.config
+        if cfg.elastic:
+            return cfg.max_workers or cfg.num_workers or engine.default_parallelism
         num_workers = self.config.num_workers or engine.default_parallelism
         if num_workers > engine.default_parallelism:
             logger.warning(
@@ -451,8 +461,14 @@ class ParameterAveragingTrainer:
         return train, val, time.perf_counter() - staging_started
 
     def _epoch_steps(self, train: StagedDataset, num_workers: int) -> int:
-        """Minibatches each worker trains per epoch; refuses data too small for one round."""
+        """Minibatches each worker trains per epoch; refuses data too small for one round.
+
+        Elastic rounds need enough data for ``min_workers`` (their rounds
+        have at most as many workers as the data has minibatches).
+        """
         cfg = self.config
+        if cfg.elastic:
+            num_workers = min(num_workers, max(cfg.min_workers or 1, train.num_examples // cfg.batch_size))
         epoch_steps = steps_per_epoch(train.num_examples, num_workers, cfg.batch_size)
         if not epoch_steps:
             raise DataError(
@@ -468,7 +484,9 @@ class ParameterAveragingTrainer:
         return {
             "model": architecture_signature(self.model),
             "num_examples": train.num_examples,
-            "num_workers": num_workers,
+            # elastic rounds: the bounds, not the workers now (a resumed fit plans for the slots it has)
+            "num_workers": None if cfg.elastic else num_workers,
+            "elastic": [cfg.min_workers, cfg.max_workers or cfg.num_workers] if cfg.elastic else None,
             "batch_size": cfg.batch_size,
             "optimizer_state": cfg.optimizer_state,
             "update_rule": rule.describe(),
@@ -506,6 +524,7 @@ class ParameterAveragingTrainer:
         group = f"sparkdl_avg-fit-{id(self):x}-{self._fits}"
         labels = plan.engine.labels(f"sparkdl_avg fit {self._fits} of model {self.model.name!r}", group=group)
         transport = self._transport(plan.engine, f"exchange-{self._fits}", plan.num_workers)
+        membership = self._membership(plan)
         feedback = None
         if any(cfg.feedback):  # residual files, beside the transport's, deleted with the fit
             feedback = FeedbackLedger(join(self._staging_root, f"exchange-{self._fits}/feedback"), plan.num_workers,
@@ -541,11 +560,22 @@ class ParameterAveragingTrainer:
             checkpoints=resume_mod.Checkpointing(
                 plan.checkpoint_dir, plan.checkpoint_every, self.model, self._rule_state, plan.schedule, self._seed,
                 plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
-                feedback=feedback,
+                feedback=feedback, membership=membership,
             ),
             stale=self._stale_runner(rounds, group),
             feedback=feedback,
+            membership=membership,
         )
+
+    def _membership(self, plan: "_FitPlan") -> Optional[Membership]:
+        """Elastic rounds: what plans each round's workers, with a resumed checkpoint's history; else ``None``."""
+        cfg = self.config
+        if not cfg.elastic:
+            return None
+        most = min(plan.num_workers, plan.train.num_examples // cfg.batch_size)  # a round needs a minibatch each
+        history = [Change.from_json(c) for c in plan.restored.meta.membership] if plan.restored is not None else []
+        return Membership(slot_source(plan.engine, most), cfg.min_workers or 1, most, cfg.elastic_timeout_s,
+                          history=history, resumed=plan.restored is not None)
 
     def _stale_runner(self, rounds: RoundRunner, group: str) -> Optional[StaleRunner]:
         """``synchronization="stale"``/``"async"``: what runs the epochs as chunks; ``None`` for ``"sync"``."""
@@ -709,39 +739,78 @@ class ParameterAveragingTrainer:
         epoch_result: Optional[PartialResult] = None
         steps_before = 0
         rounds_done = 0
+        position = 0  # elastic rounds: the examples of the epoch its rounds have taken (all workers)
         if begin is not None:
-            steps_before, rounds_done = begin.steps_done, begin.rounds_done
+            steps_before, rounds_done, position = begin.steps_done, begin.rounds_done, begin.meta.position
             if begin.meta.epoch_examples:
                 epoch_result = PartialResult(begin.meta.epoch_examples, metric_sums=begin.meta.epoch_metric_sums)
                 logs = epoch_result.metric_means()
         if ctx.stale is not None:
-            return ctx.stale.run_epoch(epoch, logs, rounds_done, steps_before, epoch_result, self._chunk_hooks(ctx, epoch))
-        while steps_before < ctx.epoch_steps:
+            first = len(self.stats.records)
+            change = self._replan_epoch(ctx, epoch, rounds_done) if ctx.membership is not None else None
+            done = ctx.stale.run_epoch(epoch, logs, rounds_done, steps_before, epoch_result,
+                                       self._chunk_hooks(ctx, epoch))
+            if change is not None and len(self.stats.records) > first:
+                self.stats.records[first].membership = change.to_json()
+            return done
+        s = ctx.rounds.settings
+        while True:
             rnd = rounds_done
-            steps = self._round_steps(ctx, epoch, rnd, steps_before, logs)
+            if ctx.membership is None:
+                workers, change, start = s.num_workers, None, None
+                left = ctx.epoch_steps - steps_before
+            else:  # the next n·k·B positions of the epoch, for the n workers that have slots now
+                workers, change = ctx.membership.plan(epoch, rnd)
+                start = position
+                left = (s.dataset.num_examples - position) // (workers * s.batch_size)
+            if left <= 0:
+                break
+            steps = self._round_steps(ctx, epoch, rnd, left, logs)
+            if change is not None:
+                ctx.membership.commit(change)
             ctx.callbacks.on_train_batch_begin(rnd)
-            result = ctx.rounds.run(epoch, rnd, steps_before, steps)
+            result = ctx.rounds.run(epoch, rnd, steps_before, steps, workers, start,
+                                    change.to_json() if change is not None else None)
             steps_before += steps
+            position += workers * steps * s.batch_size
             rounds_done += 1
             ctx.rounds_in_fit += 1
             epoch_result = merge(epoch_result, PartialResult(result.examples, metric_sums=result.metric_sums))
             logs = epoch_result.metric_means()
-            ctx.checkpoints.after_round(ctx.rounds_in_fit, epoch, rounds_done, steps_before, epoch_result)
-            ctx.progress.round_end(self.stats.records[-1], logs)
+            ctx.checkpoints.after_round(ctx.rounds_in_fit, epoch, rounds_done, steps_before, epoch_result,
+                                        position if ctx.membership is not None else 0)
+            record = self.stats.records[-1]
+            if ctx.membership is not None:
+                ctx.membership.round_done(record)
+            # the bar counts a full-size round's minibatches: an elastic round of fewer workers moves it less
+            ctx.progress.round_end(record, logs, steps * workers / s.num_workers if start is not None else None)
             ctx.callbacks.on_train_batch_end(rnd, logs)
             if self.model.stop_training:
                 break
         return logs, rounds_done
 
+    def _replan_epoch(self, ctx: "_FitContext", epoch: int, rnd: int) -> Optional[Change]:
+        """Elastic stale/async epochs: the epoch's workers, planned at its start (its chunks keep them); the change."""
+        workers, change = ctx.membership.plan(epoch, rnd)
+        if change is not None:
+            ctx.membership.commit(change)
+        s = ctx.rounds.settings
+        epoch_steps = steps_per_epoch(s.dataset.num_examples, workers, s.batch_size)
+        ctx.rounds.settings = dataclasses.replace(s, num_workers=workers, epoch_steps=epoch_steps)
+        ctx.epoch_steps = epoch_steps
+        if ctx.feedback is not None:
+            ctx.feedback.resize(workers)
+        return change
+
     @staticmethod
-    def _round_steps(ctx: "_FitContext", epoch: int, rnd: int, steps_before: int, logs: Dict[str, float]) -> int:
-        """Minibatches per worker of round ``rnd``: the schedule's ``k``, cut to what the epoch has left."""
+    def _round_steps(ctx: "_FitContext", epoch: int, rnd: int, left: int, logs: Dict[str, float]) -> int:
+        """Minibatches per worker of round ``rnd``: the schedule's ``k``, cut to the ``left`` the epoch has."""
         k = next_period(ctx.schedule, epoch, rnd, logs, sys.maxsize)  # checked, not yet cut to the epoch
         if k > ctx.epoch_steps and not ctx.capped_warned:
             ctx.capped_warned = True
             s = ctx.rounds.settings
             _warn_capped(k, ctx.epoch_steps, s.dataset.num_examples, s.num_workers, s.batch_size)
-        return min(k, ctx.epoch_steps - steps_before)
+        return min(k, left)
 
     def _chunk_hooks(self, ctx: "_FitContext", epoch: int) -> EpochHooks:
         """What an epoch of chunks (:mod:`sparkdl_avg.driver.stale_async`) calls: the schedule, progress and Keras' batch hooks."""
@@ -752,7 +821,8 @@ class ParameterAveragingTrainer:
             return bool(self.model.stop_training)
 
         return EpochHooks(
-            next_steps=lambda rnd, steps_before, logs: self._round_steps(ctx, epoch, rnd, steps_before, logs),
+            next_steps=lambda rnd, steps_before, logs: self._round_steps(ctx, epoch, rnd, ctx.epoch_steps - steps_before,
+                                                                         logs),
             chunk_end=lambda record, logs, steps: ctx.progress.round_end(record, logs, steps),
             block_begin=ctx.callbacks.on_train_batch_begin,
             block_end=block_end,
@@ -775,7 +845,9 @@ class ParameterAveragingTrainer:
         return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
                                     cfg.aggregation, cfg.aggregation_shards, num_workers, layout.nbytes,
                                     cfg.network_rate, optimizer_sums=optimizer_sums,
-                                    compression=cfg.update_compression, feedback=cfg.feedback, moments=moments)
+                                    compression=cfg.update_compression, feedback=cfg.feedback, moments=moments,
+                                    # a standing job holds every slot: elastic rounds' probe jobs would wait on it
+                                    standing=not (cfg.elastic and probes(engine)))
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

@@ -850,7 +850,7 @@ def _remove_quietly(uri: str) -> None:
 def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggregation: str = "auto",
            shards: Optional[int] = None, num_workers: Optional[int] = None, model_bytes: Optional[int] = None,
            network_rate: Any = None, optimizer_sums: bool = True, compression: Optional[str] = None,
-           feedback: Tuple[bool, ...] = (), moments: Tuple[int, ...] = ()) -> StateTransport:
+           feedback: Tuple[bool, ...] = (), moments: Tuple[int, ...] = (), standing: bool = True) -> StateTransport:
     """The transport of one fit for ``state_transport=mode`` (``"auto"``, ``"spark"``, ``"files"`` or ``"sql"``).
 
     ``"auto"``: under Spark Connect the Spark SQL round (the only one there;
@@ -870,7 +870,9 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
     ``compression``, ``feedback``, ``moments``: ``update_compression``,
     which compressed segments' residuals its workers keep, and the
     optimizer's first moments (:class:`~sparkdl_avg.shared.delta_sums.DeltaLayout`;
-    ``model_bytes`` is then a compressed delta's size).
+    ``model_bytes`` is then a compressed delta's size); ``standing=False``
+    keeps Spark Connect's rounds in a job each (elastic rounds that probe
+    the slots with a job between rounds).
 
     Raises:
         ConfigurationError: ``"spark"`` or ``"files"`` under Spark Connect; a bad ``network_rate``.
@@ -889,7 +891,7 @@ def choose(mode: str, engine, staging_root: str, fit_name: str, depth: int, aggr
             )
         # One standing job where its tasks can wait on local files that the client writes (one host, local staging).
         return SqlTransport(engine, directory, aggregation, shards, one_host_files=local_fs and one_host,
-                            network_rate=rate, standing=STANDING and local_fs and one_host, **options)
+                            network_rate=rate, standing=standing and STANDING and local_fs and one_host, **options)
     if mode == "spark":
         return SparkTransport(engine, depth, **options)
     if mode == "sql":

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator
+from typing import Any, Dict, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -290,6 +290,9 @@ class RoundTask:
             workers read and write their residuals
             (:class:`~sparkdl_avg.shared.delta_sums.FeedbackFiles`); the sink's
             ``deltas`` says whether the round is compressed at all.
+        start: Elastic rounds: the epoch position of the round's first
+            example (:func:`~sparkdl_avg.shared.example_order.worker_positions`);
+            ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
     """
 
     spec: Any
@@ -309,6 +312,7 @@ class RoundTask:
     skip_nonfinite: bool = False
     slot: Any = None
     feedback: Any = None
+    start: Optional[int] = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -347,7 +351,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
 
     order = EpochOrder(task.dataset.num_examples, task.seed, task.epoch, task.shuffle)
     positions = worker_positions(
-        task.steps_before, task.steps, worker, task.num_workers, task.batch_size
+        task.steps_before, task.steps, worker, task.num_workers, task.batch_size, start=task.start
     )
     examples = read_examples(task.dataset, order.indices(positions.start, positions.stop), seed=task.seed,
                              epoch=task.epoch, training=True, batch_size=task.batch_size)

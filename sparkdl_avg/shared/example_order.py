@@ -16,7 +16,7 @@ epoch; with shuffling they are different examples every epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -118,7 +118,7 @@ class EpochOrder:
 
 
 def worker_positions(
-    steps_before: int, steps: int, worker: int, num_workers: int, batch_size: int
+    steps_before: int, steps: int, worker: int, num_workers: int, batch_size: int, start: Optional[int] = None
 ) -> range:
     """Epoch positions a worker trains on in one round.
 
@@ -128,13 +128,20 @@ def worker_positions(
         worker: 0-based worker index.
         num_workers: Workers per round (``N``).
         batch_size: Examples per minibatch (``B``).
+        start: The epoch position of the round's first example; ``None``:
+            ``steps_before·N·B``, where every round of the epoch had ``N``
+            workers. Elastic rounds (their ``N`` changes within an epoch)
+            give it: a round takes the ``N·k·B`` positions after those its
+            epoch's earlier rounds took, whatever their workers.
 
     With ``k = 1`` round ``r`` gives worker ``i`` positions
     ``[(r·N + i)·B, (r·N + i + 1)·B)``, so the workers of a round together
     cover ``N·B`` consecutive positions, like one synchronous minibatch.
     """
-    start = (steps_before * num_workers + worker * steps) * batch_size
-    return range(start, start + steps * batch_size)
+    if start is None:
+        start = steps_before * num_workers * batch_size
+    first = start + worker * steps * batch_size
+    return range(first, first + steps * batch_size)
 
 
 def split_evenly(num_examples: int, parts: int) -> Sequence[range]:

@@ -145,6 +145,14 @@ class RoundRecord(_ReadsLikeADict):
     its own, in rounds (``num_workers`` updates), and ``update_scale`` the
     factor its update was applied with. Chunk records overlap in time. All
     five are ``None`` for synchronous rounds.
+
+    Elastic rounds (``min_workers``/``max_workers``, :mod:`sparkdl_avg.driver.membership`):
+    ``membership`` is the change of workers that took effect at this round
+    (``{"epoch", "round", "workers", "slots", "hosts", "reason"}``; ``None``:
+    the same workers as the round before), ``start`` the epoch position of
+    the round's first example and ``residuals_dropped`` the error-feedback
+    residuals of workers that left, dropped at this round (their share of
+    the codec's rounding is lost once).
     """
 
     epoch: int
@@ -189,6 +197,9 @@ class RoundRecord(_ReadsLikeADict):
     staleness: Optional[int] = None
     delay: Optional[float] = None
     update_scale: Optional[float] = None
+    membership: Optional[Dict[str, Any]] = None
+    start: Optional[int] = None
+    residuals_dropped: int = 0
 
 
 def wall_time(records) -> float:
@@ -224,6 +235,11 @@ class TrainingStats:
 
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)
+
+    @property
+    def membership(self) -> List[Dict[str, Any]]:
+        """Elastic rounds: this fit's changes of workers, in order (each round's ``membership``, where it has one)."""
+        return [r.membership for r in self.records if r.membership is not None]
 
     def __len__(self) -> int:
         return len(self.records)
