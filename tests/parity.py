@@ -17,6 +17,7 @@ Mixin                  classic subclass            Connect subclass
 ``ExecutorCheckMixin`` test_daemon.py              test_connect.py
 ``CompressedUpdatesMixin`` test_update_compression.py test_connect.py
 ``DataKindsMixin``     test_data_kinds.py          test_connect.py
+``ElasticMixin``       test_reliability.py         test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests
@@ -651,3 +652,118 @@ class DataKindsMixin:
         assert {"model.keras", "preprocess.pkl"} <= set(os.listdir(stage_dir))
         loaded = PipelineModel.load(path)
         np.testing.assert_array_equal(_probabilities(loaded.transform(df)), got)
+
+
+class ElasticMixin:
+    """Elastic rounds (issue 39) with scripted task slots: the plan follows the slots, and follows only them."""
+
+    def _fit(self, slots, epochs=2, **options):
+        from sparkdl_avg.driver.membership import ScriptedSlots
+
+        x, y = regression_data(200, seed=1)
+        model = make_model(seed=2)
+        trainer = ParameterAveragingTrainer(model, batch_size=8, averaging_frequency=3, seed=3, **options)
+        with (slots if isinstance(slots, ScriptedSlots) else ScriptedSlots(slots)):
+            trainer.fit((x, y), epochs=epochs, verbose=0)
+        return trainer, model
+
+    def test_steady_slots_train_the_fixed_fits_weights_bitwise(self, session):
+        _, fixed = self._fit([(0, 0, 2)], num_workers=2)  # no elastic option: the script is not read
+        trainer, elastic = self._fit([(0, 0, 2)], min_workers=1, max_workers=2)
+        assert_weights_close(elastic.get_weights(), fixed.get_weights(), atol=0)
+        assert trainer.stats.membership == [
+            {"epoch": 0, "round": 0, "workers": 2, "slots": 2, "hosts": ["scripted"], "reason": "start"}]
+
+    def test_workers_that_leave_and_join_train_each_example_once_and_replay_bitwise(self, session, monkeypatch,
+                                                                                   tmp_path):
+        from sparkdl_avg.driver.membership import ScriptedSlots
+
+        script = [(0, 0, 3), (0, 2, 2), (1, 1, 3)]  # 3 workers, 2 from round 2 of epoch 0, 3 again from epoch 1's round 1
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
+        real = worker_module.run_round_partition
+        directory = str(tmp_path / "examples")
+        os.makedirs(directory)
+        monkeypatch.setattr(worker_module, "run_round_partition",
+                            lambda task, it: _recording_examples(real, task, it, directory))
+        try:
+            trainer, model = self._fit(script, min_workers=1, max_workers=3, update_compression="int8")
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        monkeypatch.setattr(worker_module, "run_round_partition", real)
+
+        records = trainer.stats.records
+        assert [(r.epoch, r.round, r.num_workers, r.start) for r in records] == [
+            (0, 0, 3, 0), (0, 1, 3, 72), (0, 2, 2, 144), (1, 0, 2, 0), (1, 1, 3, 48), (1, 2, 3, 120)]
+        assert [(c["epoch"], c["round"], c["workers"], c["reason"]) for c in trainer.stats.membership] == [
+            (0, 0, 3, "start"), (0, 2, 2, "slots lost"), (1, 1, 3, "slots joined")]
+        # the worker that left had a residual (int8's error feedback): dropped, and counted where it was
+        assert [r.residuals_dropped for r in records] == [0, 0, 1, 0, 0, 0]
+        # counted by the tasks themselves: every example of an epoch trained once, 200 - 192 left over (< 3·8)
+        for epoch in range(2):
+            trained = np.concatenate([np.load(os.path.join(directory, f)) for f in sorted(os.listdir(directory))
+                                      if f.startswith(f"e{epoch}-")])
+            assert len(trained) == 192 and len(np.unique(trained)) == 192, epoch
+            assert set(trained.tolist()) <= set(range(200))
+
+        _, replayed = self._fit(ScriptedSlots.replay(trainer.stats.membership), min_workers=1, max_workers=3,
+                                update_compression="int8")
+        assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
+
+    def test_live_slots_are_read_from_spark_and_a_probe_job_counts_them(self, session):
+        from sparkdl_avg.driver.membership import LiveSlots, probe_slots
+        from sparkdl_avg.driver.session import Engine
+
+        engine = Engine(session)
+        assert LiveSlots(engine, 4)().count == 2  # classic: the status store; Connect on local[2]: the master
+        probed = probe_slots(engine, 4)  # 4 short tasks on 2 slots run in 2 Python workers
+        assert probed.count == 2 and len(probed.hosts) == 1, probed
+
+    def test_too_few_slots_for_min_workers_fail_after_the_timeout_keeping_the_weights(self, session):
+        from sparkdl_avg import WorkerError
+
+        with pytest.raises(WorkerError, match=r"min_workers=2 task slots, and only 1 were live .*"
+                                              r"elastic_timeout_s=0\.5.* lower min_workers, and resume"):
+            self._fit([(0, 0, 2), (0, 1, 1)], min_workers=2, max_workers=2, elastic_timeout_s=0.5)
+
+    def test_a_resumed_elastic_fit_continues_its_membership_and_equals_the_uninterrupted_one(self, session, tmp_path):
+        import keras
+
+        script = [(0, 0, 2), (0, 2, 1), (1, 0, 2)]
+        _, whole = self._fit(script, epochs=2, min_workers=1, max_workers=2)
+
+        class Stop(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 3:  # epoch 0's round 3: after the change to 1 worker, mid-epoch
+                    raise KeyboardInterrupt
+
+        from sparkdl_avg.driver.membership import ScriptedSlots
+
+        x, y = regression_data(200, seed=1)
+        directory = str(tmp_path / "ckpt")
+        first = ParameterAveragingTrainer(make_model(seed=2), batch_size=8, averaging_frequency=3, seed=3,
+                                          min_workers=1, max_workers=2)
+        with ScriptedSlots(script), pytest.raises(KeyboardInterrupt):
+            first.fit((x, y), epochs=2, verbose=0, checkpoint_dir=directory, checkpoint_every=1, callbacks=[Stop()])
+        model = make_model(seed=2)
+        second = ParameterAveragingTrainer(model, batch_size=8, averaging_frequency=3, seed=3, min_workers=1,
+                                           max_workers=2)
+        with ScriptedSlots(script):
+            second.fit((x, y), epochs=2, verbose=0, checkpoint_dir=directory, resume=True)
+        assert_weights_close(model.get_weights(), whole.get_weights(), atol=0)
+        first_record = second.stats.records[0]
+        assert (first_record.epoch, first_record.round, first_record.num_workers, first_record.start) == (0, 4, 1, 144)
+        assert first_record.membership["reason"] == "resumed"
+
+
+def _recording_examples(real, task, iterator, directory):
+    """Runs a round's task, saving the example indices each of its workers trained (``e<epoch>-r<round>-w<worker>``)."""
+    from sparkdl_avg.shared.example_order import EpochOrder, worker_positions
+
+    workers = list(iterator)
+    order = EpochOrder(task.dataset.num_examples, task.seed, task.epoch, task.shuffle)
+    for worker in workers:
+        positions = worker_positions(task.steps_before, task.steps, worker, task.num_workers, task.batch_size,
+                                     start=task.start)
+        np.save(os.path.join(directory, f"e{task.epoch}-r{task.round}-w{worker}.npy"),
+                order.indices(positions.start, positions.stop))
+    return real(task, iter(workers))
