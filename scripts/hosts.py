@@ -23,10 +23,22 @@ Command line (as root)::
     python scripts/hosts.py run 0 -- python my_job.py    # a command on host 0, cluster env set
     python scripts/hosts.py status                        # each host's services, alive or not
     python scripts/hosts.py counters                      # bytes through each host's link
+    python scripts/hosts.py add                           # one more worker host; prints "N sdla-hN"
+    python scripts/hosts.py remove N [--graceful]         # host N gone for good, as a spot reclaim
     python scripts/hosts.py down
 
 Flags are checked before anything starts (``error: ...``, exit code 2);
-``status``, ``counters`` and ``run`` without a cluster say so (exit code 1).
+``remove`` of host 0 (the master's and driver's) or -1 (the store) is refused
+the same way, as is ``run`` or ``remove`` of a host the cluster lacks;
+``status``, ``counters``, ``run``, ``add`` and ``remove`` without a cluster
+say so (exit code 1).
+
+``add`` and ``remove`` work while a fit runs, as autoscaling and spot
+reclaims do (:meth:`Cluster.add_host`, :meth:`Cluster.remove_host`): an added
+host is like the others (the next free index, the same link rate, a private
+``/tmp``, a name every host resolves) and its worker registers with the
+master; a removed host's processes are killed, its link and namespace
+removed.
 
 ``up`` first removes what an earlier run left (every ``sdla-*`` namespace and
 its processes), and arms a watchdog that tears the cluster down after
@@ -44,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -252,9 +265,16 @@ class Cluster:
         """
         if index == -1 and self.store is not None:
             return self.store
-        if 0 <= index < len(self.hosts):
-            return self.hosts[index]
-        raise ValueError(f"There is no host {index} in this cluster: its hosts are 0 to {len(self.hosts) - 1}"
+        for attempt in range(2):
+            for host in self.hosts:
+                if host.index == index:
+                    return host
+            if attempt == 0:
+                self._refresh()  # another process may have added it since this one read the state
+        indices = [h.index for h in self.hosts]
+        listed = f"0 to {indices[-1]}" if indices == list(range(len(indices))) else \
+            ", ".join(map(str, indices[:-1])) + f" and {indices[-1]}"
+        raise ValueError(f"There is no host {index} in this cluster: its hosts are {listed}"
                          + (", and -1 is the store." if self.store is not None else " (and no store)."))
 
     def store_env(self) -> Dict[str, str]:
@@ -327,22 +347,31 @@ class Cluster:
         _sh("ip", "-n", BRIDGE_NS, "link", "add", "br0", "type", "bridge")
         _sh("ip", "-n", BRIDGE_NS, "link", "set", "br0", "up")
         for host in self.all_hosts():
-            port = f"{PREFIX}-p{host.index if host.index >= 0 else 's'}"
-            _sh("ip", "netns", "add", host.ns)
-            _sh("ip", "netns", "exec", host.ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", check=False)
-            _sh("ip", "link", "add", "eth0", "netns", host.ns, "type", "veth", "peer", "name", port, "netns", BRIDGE_NS)
-            _sh("ip", "-n", BRIDGE_NS, "link", "set", port, "master", "br0", "up")
-            _sh("ip", "-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
-            _sh("ip", "-n", host.ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", host.ns, "link", "set", "lo", "up")
-            if host.rate:
-                # Both directions: the host's egress, and the bridge port's egress (the host's ingress).
-                burst = f"{max(64 << 10, int(rate_bytes(host.rate) / 100))}b"  # 10 ms at the rate
-                for ns, dev in ((host.ns, "eth0"), (BRIDGE_NS, port)):
-                    made = _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                               "rate", host.rate, "burst", burst, "latency", "50ms", check=False)
-                    if made.returncode != 0:
-                        raise HostsError(f"Cannot shape {dev} with tc tbf (kernel module sch_tbf?): {made.stderr.strip()}")
+            self._link(host)
+
+    @staticmethod
+    def _port(host: Host) -> str:
+        """The name of ``host``'s link's end on the bridge."""
+        return f"{PREFIX}-p{host.index if host.index >= 0 else 's'}"
+
+    def _link(self, host: Host) -> None:
+        """Creates ``host``'s network namespace and its link to the bridge, shaped at ``host.rate``."""
+        port = self._port(host)
+        _sh("ip", "netns", "add", host.ns)
+        _sh("ip", "netns", "exec", host.ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", check=False)
+        _sh("ip", "link", "add", "eth0", "netns", host.ns, "type", "veth", "peer", "name", port, "netns", BRIDGE_NS)
+        _sh("ip", "-n", BRIDGE_NS, "link", "set", port, "master", "br0", "up")
+        _sh("ip", "-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+        _sh("ip", "-n", host.ns, "link", "set", "eth0", "up")
+        _sh("ip", "-n", host.ns, "link", "set", "lo", "up")
+        if host.rate:
+            # Both directions: the host's egress, and the bridge port's egress (the host's ingress).
+            burst = f"{max(64 << 10, int(rate_bytes(host.rate) / 100))}b"  # 10 ms at the rate
+            for ns, dev in ((host.ns, "eth0"), (BRIDGE_NS, port)):
+                made = _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                           "rate", host.rate, "burst", burst, "latency", "50ms", check=False)
+                if made.returncode != 0:
+                    raise HostsError(f"Cannot shape {dev} with tc tbf (kernel module sch_tbf?): {made.stderr.strip()}")
 
     def _shared_paths(self) -> List[str]:
         """What the hosts share that lies under ``/tmp`` (the repository, the venv, the state directory).
@@ -465,15 +494,15 @@ class Cluster:
 
         Waits until it registers with the master (``timeout_s``; ``None``: does not wait).
         """
-        host = self.hosts[index]
         log = os.path.join(self.state_dir, "logs", "master.log")
         before = _count(log, "Registering worker")
-        cls = os.path.join(self.host_env(host)["SPARK_HOME"], "bin", "spark-class")
-        host.pids["worker"] = self.spawn(host, [
-            cls, "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--port", "7078",
-            "--webui-port", "8081", "--cores", "1", "--memory", self.worker_memory, "--work-dir", "/tmp/spark-work",
-            self.master_url], f"worker-{index}")
-        self._save()
+        with self._editing():
+            host = self.host(index)
+            cls = os.path.join(self.host_env(host)["SPARK_HOME"], "bin", "spark-class")
+            host.pids["worker"] = self.spawn(host, [
+                cls, "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--port", "7078",
+                "--webui-port", "8081", "--cores", "1", "--memory", self.worker_memory, "--work-dir",
+                "/tmp/spark-work", self.master_url], f"worker-{index}")
         if timeout_s is not None:
             self._wait(lambda: _count(log, "Registering worker") > before, timeout_s,
                        f"host {index}'s worker to register with the master", "master",
@@ -574,6 +603,8 @@ class Cluster:
         """
         out = {}
         for host in self.all_hosts():
+            if not host.anchor:
+                continue  # a host being added: no namespaces yet
             with open(f"/proc/{host.anchor}/net/dev") as f:
                 for line in f:
                     name, _, rest = line.partition(":")
@@ -584,14 +615,129 @@ class Cluster:
 
     def kill_host(self, index: int) -> List[int]:
         """Kills every process on host ``index`` but its anchor (a host lost: its worker and executors)."""
-        host = self.host(index)
-        pids = [p for p in _netns_pids(host.ns) if p != host.anchor]
-        for pid in pids:
+        with self._editing():
+            host = self.host(index)
+            pids = [p for p in _netns_pids(host.ns) if p != host.anchor]
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            host.pids.clear()
+        return pids
+
+    def add_host(self, timeout_s: float = 120.0) -> int:
+        """Adds a worker host while the cluster runs (a machine autoscaling adds); returns its index.
+
+        The host takes the lowest free index ``N`` (namespace ``sdla-hN``,
+        address ``.10+N``) and is made like the others: a link to the bridge
+        at the cluster's rate, its host name, a private ``/tmp`` with the same
+        paths bound back, and an ``/etc/hosts`` entry every host resolves.
+        Its 1-core worker is started (:meth:`start_worker`) and waited for
+        until it registers with the master, ``timeout_s``. The state file
+        lists it, so :meth:`attach` sees it. On failure the host is removed
+        again.
+
+        Raises:
+            HostsError: it could not be made or its worker did not register;
+                or every address of the /24 is taken.
+        """
+        check_requirements()
+        with self._editing():
+            used = {h.index for h in self.hosts}
+            index = next((i for i in range(1, MAX_HOSTS) if i not in used), None)
+            if index is None:
+                raise HostsError(f"No free address for another host: indices 1 to {MAX_HOSTS - 1} are all taken "
+                                 f"(addresses come from one /24).")
+            host = Host(index, f"{PREFIX}-h{index}", f"{SUBNET}.{10 + index}", "worker", self.rate)
+            self.hosts = sorted(self.hosts + [host], key=lambda h: h.index)
+            try:
+                self._link(host)
+                self._hosts_entry(host, present=True)
+                host.anchor = self._anchor(host, os.path.join(self.state_dir, "etc-hosts"))
+            except BaseException:
+                self._unmake(host)
+                raise
+        try:
+            self.start_worker(index, timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the worker's failure is the error to report; `down` clears the rest
+                self.remove_host(index)
+            raise
+        return index
+
+    def remove_host(self, index: int, graceful: bool = False, grace_s: float = 10.0) -> List[int]:
+        """Removes worker host ``index`` for good while the cluster runs (a spot reclaim); returns the pids killed.
+
+        Kills every process on it (:meth:`kill_host`: its worker, executors
+        and Python workers, then the process holding its namespaces), waits
+        until the master has been told of the closed connections, and
+        removes its link, namespace and ``/etc/hosts`` entry and drops it
+        from the state file. ``graceful``: first stops the worker with
+        SIGTERM (it stops its executors) and waits for it up to ``grace_s``,
+        as a machine shut down with notice does.
+
+        Raises:
+            ValueError: ``index`` is 0 (the master's and driver's host), -1 (the store) or no host here.
+        """
+        check_removable(index)
+        with self._editing():
+            host = self.host(index)
+            worker = host.pids.get("worker", 0)
+            if graceful and worker and worker in _netns_pids(host.ns):
+                os.kill(worker, signal.SIGTERM)
+                _wait_gone([worker], grace_s)
+            killed = self.kill_host(index)
+            for _ in range(3):  # a process may fork while we kill (a Spark worker launching an executor)
+                _wait_gone(killed, 10.0)
+                more = [p for p in _netns_pids(host.ns) if p != host.anchor and p not in killed]
+                for pid in more:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                killed += more
+                if not more:
+                    break
+            # The dead processes' connections close with a FIN (or RST) that may still wait in the shaped link's
+            # queue or for its ACK; deleting the link now would lose it, and the master and driver would learn
+            # of the loss only at their timeouts (a minute or more) instead of at once.
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and _closing_sockets(host.anchor):
+                time.sleep(0.05)
+            time.sleep(0.1)
+            killed += [host.anchor] if host.anchor else []
+            self._unmake(host)
+        return killed
+
+    def _unmake(self, host: Host) -> None:
+        """Undoes what :meth:`add_host` made of ``host``: its processes, link, namespace, name; drops it."""
+        for pid in _netns_pids(host.ns) if host.ns in _our_namespaces() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        host.pids.clear()
-        self._save()
-        return pids
+        if host.anchor:
+            _wait_gone([host.anchor], 10.0)
+        _sh("ip", "-n", BRIDGE_NS, "link", "del", self._port(host), check=False)
+        _sh("ip", "netns", "del", host.ns, check=False)
+        self._hosts_entry(host, present=False)
+        self.hosts = [h for h in self.hosts if h.index != host.index]
+
+    def _hosts_entry(self, host: Host, present: bool) -> None:
+        """Adds ``host``'s line to the hosts' shared ``/etc/hosts``, or blanks it out.
+
+        Each host binds that file's inode over its ``/etc/hosts``: so it is
+        changed in place (a replaced file would not be seen), appending or
+        overwriting a line with one as long, so that a host reading it
+        meanwhile never sees a shorter file, only the old or the new lines.
+        """
+        path = os.path.join(self.state_dir, "etc-hosts")
+        line = f"{host.address} {host.ns}\n".encode()
+        with open(path, "r+b") as f:
+            text = f.read()
+            if present:
+                f.seek(0, os.SEEK_END)
+                f.write(line)
+            else:
+                at = text.find(b"\n" + line)
+                if at >= 0:
+                    f.seek(at + 1)
+                    f.write(f"# gone {host.ns}".ljust(len(line) - 1).encode() + b"\n")
 
     def set_link(self, index: int, up: bool) -> None:
         """Takes host ``index``'s link down or up again (``-1``: the store), e.g. a store unreachable for a moment."""
@@ -611,6 +757,48 @@ class Cluster:
             yield self
         finally:
             self.down()
+
+    @contextlib.contextmanager
+    def _editing(self) -> Iterator[None]:
+        """Changes to the hosts, one process at a time: the state file locked and re-read first, saved after.
+
+        Processes that attached to the cluster (a driver killing a host, a
+        test adding one) may change it at once; each learns of the others'
+        hosts (:meth:`_refresh`) before it saves its own view.
+        """
+        depth = getattr(self, "_edit_depth", 0)
+        if depth:
+            self._edit_depth = depth + 1
+            try:
+                yield
+            finally:
+                self._edit_depth = depth
+            return
+        os.makedirs(self.state_dir, exist_ok=True)
+        with open(os.path.join(self.state_dir, "state.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._edit_depth = 1
+            try:
+                self._refresh()
+                yield
+            finally:
+                self._edit_depth = 0
+                self._save()
+
+    def _refresh(self) -> None:
+        """Takes in the hosts other processes added to or removed from the state file since this one read it.
+
+        Only which hosts there are: the hosts this one knows keep what it
+        knows of them (a cluster coming up knows more than it saved yet).
+        """
+        try:
+            with open(self.state_path) as f:
+                listed = {h["index"]: h for h in json.load(f)["hosts"]}
+        except (OSError, ValueError, KeyError):
+            return
+        known = {h.index: h for h in self.hosts}
+        self.hosts = sorted([h for i, h in known.items() if i in listed or i == 0]
+                            + [Host(**h) for i, h in listed.items() if i not in known], key=lambda h: h.index)
 
     def _save(self) -> None:
         state = {"hosts": [asdict(h) for h in self.hosts], "store": asdict(self.store) if self.store else None,
@@ -688,6 +876,35 @@ def _kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:
+    """Waits up to ``timeout_s`` until every process of ``pids`` has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and not _zombie(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _closing_sockets(pid: int) -> int:
+    """TCP connections in the network namespace of ``pid`` that closed but whose FIN is not yet acknowledged."""
+    closing = {"04", "09", "0B"}  # FIN_WAIT1, LAST_ACK, CLOSING
+    count = 0
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/net/{name}") as f:
+                count += sum(1 for line in list(f)[1:] if line.split()[3:4] and line.split()[3].upper() in closing)
+    return count
+
+
+def check_removable(index: int) -> None:
+    """Refuses to remove host 0 or the store, whatever the cluster (:meth:`Cluster.remove_host` removes workers).
+
+    Raises:
+        ValueError: ``index`` is 0 or -1, named, with what may be removed.
+    """
+    what = {0: "it runs the master and the driver", -1: "it is the store, the cluster's shared S3 storage"}
+    if not isinstance(index, bool) and index in what:
+        raise ValueError(f"Host {index} cannot be removed: {what[index]}; only worker hosts (1 and above) can.")
+
+
 def _our_namespaces() -> List[str]:
     proc = _sh("ip", "netns", "list", check=False)
     names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
@@ -723,12 +940,10 @@ def down(state_dir: Optional[str] = None, run_id: Optional[str] = None) -> List[
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and not _zombie(p) for p in pids):
-            time.sleep(0.05)
+        _wait_gone(pids, 10.0)
     for ns in names:
         _sh("ip", "netns", "del", ns, check=False)
-    for name in ("state.json", "etc-hosts"):
+    for name in ("state.json", "etc-hosts", "state.lock"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(state_dir, name))
     shutil.rmtree(os.path.join(state_dir, "store"), ignore_errors=True)
@@ -771,6 +986,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_p = sub.add_parser("run", help="run a command on a host (0: the driver's), with the cluster's environment")
     run_p.add_argument("host", type=int, help="0 .. H-1, or -1: the store's")
     run_p.add_argument("argv", nargs=argparse.REMAINDER)
+    sub.add_parser("add", help="add a worker host to the running cluster (prints its index and name)")
+    remove_p = sub.add_parser("remove", help="remove worker host N from the running cluster for good (a spot reclaim)")
+    remove_p.add_argument("host", type=int, help="a worker host's index, 1 or above")
+    remove_p.add_argument("--graceful", action="store_true",
+                          help="stop its worker with SIGTERM first (it stops its executors), up to 10 s")
     for p in sub.choices.values():
         p.add_argument("--state-dir", default=None,
                        help="the state file's, logs' and store's directory (default output/hosts)")
@@ -783,6 +1003,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           cli=True)
         elif args.state_dir is not None:
             check_options(state_dir=args.state_dir, cli=True)
+        if args.command == "remove":
+            check_removable(args.host)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -810,6 +1032,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(f"{h.ns:10s} {h.address:12s} {h.role:7s} rate={h.rate or 'unshaped'} {alive}")
             else:
                 print(json.dumps(cluster.counters(), indent=1))
+        elif args.command == "add":
+            cluster = Cluster.attach(state_path or os.path.join(DEFAULT_STATE_DIR, "state.json"))
+            index = cluster.add_host()
+            print(f"{index} {cluster.host(index).ns}")
+        elif args.command == "remove":
+            cluster = Cluster.attach(state_path or os.path.join(DEFAULT_STATE_DIR, "state.json"))
+            try:
+                host = cluster.host(args.host)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            cluster.remove_host(args.host, graceful=args.graceful)
+            print(f"removed {host.ns}")
         else:
             cluster = Cluster.attach(state_path or os.path.join(DEFAULT_STATE_DIR, "state.json"))
             try:
