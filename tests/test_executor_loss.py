@@ -148,6 +148,67 @@ def test_a_killed_executor_is_replaced_and_training_ends_with_a_clean_runs_weigh
     assert_weights_close(survivor.get_weights(), clean.get_weights(), atol=1e-10)
 
 
+def test_elastic_rounds_shrink_when_the_executor_is_lost_and_grow_when_its_replacement_registers(spark, tmp_path):
+    """Issue 39 on a real standalone cluster: the lost executor's slot leaves the plan, its replacement joins it.
+
+    Without elastic rounds a lost executor's tasks queue on the slots that are
+    left until a replacement comes; here the round after the loss plans for
+    the one slot that is live, and the first round after the master's
+    replacement registers plans for two again. Every epoch still trains its
+    examples once each, and replaying the recorded membership gives the same
+    weights bitwise.
+    """
+    import keras
+
+    from sparkdl_avg.driver.membership import ScriptedSlots
+
+    sc = spark.sparkContext
+    wait_for(lambda: len(executor_ids(sc)) == 2, 90, "two executors")
+
+    class AwaitReplacement(keras.callbacks.Callback):
+        """Once a round ran on fewer workers, waits for the master's replacement executor (so the test sees it join)."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            reasons = [c["reason"] for c in trainer.stats.membership]
+            if "slots lost" in reasons and "slots joined" not in reasons:
+                wait_for(lambda: len(executor_ids(sc)) == 2, 90, "the replacement executor")
+
+    def elastic(model):
+        return ParameterAveragingTrainer(model, batch_size=B, averaging_frequency=K, seed=7, min_workers=1,
+                                         max_workers=N)
+
+    marker = tmp_path / "executor-killed.json"
+    real = worker_module.run_round_partition
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        worker_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
+        model = make_model(seed=2)
+        trainer = elastic(model)
+        history = trainer.fit(DATA, epochs=3, verbose=0, callbacks=[AwaitReplacement()])
+    finally:
+        worker_module.run_round_partition = real
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert marker.exists(), "the injected task never ran"
+
+    changes = [(c["epoch"], c["round"], c["workers"], c["reason"]) for c in trainer.stats.membership]
+    assert [c[2:] for c in changes] == [(2, "start"), (1, "slots lost"), (2, "slots joined")], changes
+    assert changes[1][:2] == (0, 2), changes  # the first round after the one whose executor died
+    records = trainer.stats.records
+    num_examples = len(DATA[0])
+    for epoch in range(3):  # each epoch's rounds take consecutive positions from 0, no overlap, no gap
+        rounds = [r for r in records if r.epoch == epoch]
+        ends = [r.start + r.num_workers * r.averaging_frequency * B for r in rounds]
+        assert [r.start for r in rounds] == [0] + ends[:-1], [(r.start, r.num_workers) for r in rounds]
+        assert num_examples - rounds[-1].num_workers * B < ends[-1] <= num_examples
+        assert sum(r.examples for r in rounds) == ends[-1]
+    assert np.isfinite(history.history["loss"]).all() and history.history["loss"][-1] < history.history["loss"][0]
+
+    replayed = make_model(seed=2)
+    with ScriptedSlots.replay(trainer.stats.membership):
+        elastic(replayed).fit(DATA, epochs=3, verbose=0)
+    assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
+
+
 def _executor_jvm():
     """``(pid, cmdline)`` of the executor JVM above this Python worker (daemon → JVM)."""
     pid, seen = os.getpid(), []
