@@ -15,7 +15,14 @@ service of ours:
   in ``S`` workers). It runs every :data:`PROBE_EVERY_S` seconds, and at
   once after a round whose tasks shared a worker (a slot was lost).
 
-A round then has ``min(max_workers, slots)`` workers. While fewer than
+A round then has ``min(max_workers, slots)`` workers. Under dynamic
+allocation (``spark.dynamicAllocation.enabled``, a classic session) fewer
+slots than ``max_workers`` also ask Spark for the executors missing
+(``SparkContext.requestExecutors``, at most every :data:`REQUEST_EVERY_S`):
+Spark's own policy adds executors only for tasks that wait, and elastic
+rounds never make tasks wait. Executors that dynamic allocation releases
+(idle past ``executorIdleTimeout``, e.g. while a callback runs) leave the
+plan like lost ones. While fewer than
 ``min_workers`` slots are live the fit waits, polling every
 :data:`WAIT_POLL_S`, and fails after ``elastic_timeout_s`` with a
 ``WorkerError`` that says what it saw. Which examples the workers train
@@ -47,6 +54,9 @@ PROBE_EVERY_S = 2.0
 
 PROBE_HOLD_S = 0.05
 """Seconds each probe task holds its slot, so that the probe's tasks overlap and each slot runs one at a time."""
+
+REQUEST_EVERY_S = 30.0
+"""Under dynamic allocation, the seconds between two requests for the executors that ``max_workers`` lacks."""
 
 WAIT_POLL_S = 0.5
 """Seconds between two reads of the live slots while fewer than ``min_workers`` are live."""
@@ -135,6 +145,23 @@ class LiveSlots:
     def __init__(self, engine, wanted: int) -> None:
         self.engine, self.wanted = engine, wanted
         self._probed: Optional[Tuple[float, Slots]] = None
+        self._requested: Optional[float] = None  # when executors were last requested (dynamic allocation)
+
+    def request(self, missing: int) -> None:
+        """Under dynamic allocation, asks Spark for the executors that ``missing`` more slots take (see the module doc)."""
+        sc = self.engine.sc
+        if sc is None or missing <= 0 or sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true":
+            return
+        now = time.monotonic()
+        if self._requested is not None and now - self._requested < REQUEST_EVERY_S:
+            return
+        self._requested = now
+        per_executor = int(sc.getConf().get("spark.executor.cores", "1")) // int(sc.getConf().get("spark.task.cpus",
+                                                                                                    "1"))
+        executors = -(-missing // max(1, per_executor))
+        logger.info("Elastic rounds under dynamic allocation: %d task slots short of max_workers; requesting %d "
+                    "executor(s).", missing, executors)
+        sc._jsc.sc().requestExecutors(executors)
 
     def __call__(self, suspect: bool = False, epoch: int = 0, round: int = 0) -> Slots:  # noqa: A002
         """The live slots; ``suspect``: the last round's tasks shared a Python worker (probe again now).
@@ -238,6 +265,9 @@ class Membership:
         """
         live = self._wait(epoch, rnd)
         workers = min(self.max_workers, live.count)
+        request = getattr(self.slots, "request", None)
+        if request is not None and live.count < self.max_workers:
+            request(self.max_workers - live.count)
         before = self.workers
         if before == workers and not self.resumed:
             return workers, None

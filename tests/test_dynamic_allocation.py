@@ -1,0 +1,81 @@
+"""Elastic rounds under Spark's dynamic allocation (issue 39): executors requested and released between rounds.
+
+A ``local-cluster[2,1,1024]`` application with dynamic allocation on (shuffle
+tracking, as a cluster without an external shuffle service needs), one
+executor to start with and at most two. An elastic fit starts on the one
+slot, asks Spark for the executor ``max_workers`` lacks, trains on two once it
+registers, and goes back to one when dynamic allocation releases an executor
+that sat idle while a callback ran. Every epoch still trains each example once.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import make_model, regression_data, spark_session
+from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg.driver.membership import status_slots
+
+pytestmark = pytest.mark.slow
+
+B, K = 8, 2
+DATA = regression_data(2 * B * K * 6, seed=4)  # 6 rounds an epoch on two workers
+
+
+@pytest.fixture(scope="module")
+def spark():
+    conf = {
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "1",
+        "spark.dynamicAllocation.initialExecutors": "1",
+        "spark.dynamicAllocation.maxExecutors": "2",
+        "spark.dynamicAllocation.executorIdleTimeout": "2s",
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "768m",
+    }
+    with spark_session("local-cluster[2,1,1024]", "sparkdl_avg-dynamic-allocation", **conf) as session:
+        yield session
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.25)
+
+
+def test_an_elastic_fit_requests_the_executors_it_lacks_and_lets_idle_ones_go(spark):
+    import keras
+
+    sc = spark.sparkContext
+    wait_for(lambda: status_slots(sc).count == 1, 60, "the initial executor")
+
+    class Pace(keras.callbacks.Callback):
+        """Waits for the requested executor after the first round, then idles past executorIdleTimeout once."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            reasons = [c["reason"] for c in trainer.stats.membership]
+            if reasons == ["start"]:
+                wait_for(lambda: status_slots(sc).count == 2, 90, "the executor the fit requested")
+            elif reasons == ["start", "slots joined"] and trainer.stats.records[-1].epoch == 1:
+                wait_for(lambda: status_slots(sc).count == 1, 90, "dynamic allocation to release an idle executor")
+
+    trainer = ParameterAveragingTrainer(make_model(seed=1), batch_size=B, averaging_frequency=K, seed=2,
+                                        min_workers=1, max_workers=2)
+    history = trainer.fit(DATA, epochs=3, verbose=0, callbacks=[Pace()])
+
+    changes = [(c["workers"], c["reason"]) for c in trainer.stats.membership]
+    assert changes == [(1, "start"), (2, "slots joined"), (1, "slots lost")], changes
+    joined = trainer.stats.membership[1]
+    assert (joined["epoch"], joined["round"]) == (0, 1)  # the round after the one that waited for it
+    # the new executor's first round built its replica there
+    assert trainer.stats.records[1].replicas_built >= 1
+    for epoch in range(3):  # consecutive positions from 0, each example once
+        rounds = [r for r in trainer.stats.records if r.epoch == epoch]
+        ends = [r.start + r.num_workers * r.averaging_frequency * B for r in rounds]
+        assert [r.start for r in rounds] == [0] + ends[:-1]
+        assert len(DATA[0]) - rounds[-1].num_workers * B < ends[-1] <= len(DATA[0])
+    assert np.isfinite(history.history["loss"]).all()
