@@ -709,6 +709,20 @@ class ElasticMixin:
                                 update_compression="int8")
         assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
 
+    def test_stale_synchronous_epochs_are_planned_at_their_start_and_replay_bitwise(self, session):
+        from sparkdl_avg.driver.membership import ScriptedSlots
+
+        script = [(0, 0, 2), (0, 3, 1), (1, 0, 1)]  # the change at round 3 waits for epoch 1: chunks keep their workers
+        trainer, model = self._fit(script, min_workers=1, max_workers=2, synchronization="stale", reproducible=True)
+        assert [(c["epoch"], c["workers"], c["reason"]) for c in trainer.stats.membership] == [
+            (0, 2, "start"), (1, 1, "slots lost")]
+        chunks = [(r.epoch, r.round) for r in trainer.stats.records]
+        assert len([c for c in chunks if c[0] == 0]) == 2 * 4  # 200 // (2·8) = 12 minibatches each: 4 rounds of 3
+        assert sorted(c for c in chunks if c[0] == 1) == [(1, r) for r in range(9)]  # 25 minibatches: 8 rounds of 3, 1
+        _, replayed = self._fit(ScriptedSlots.replay(trainer.stats.membership), min_workers=1, max_workers=2,
+                                synchronization="stale", reproducible=True)
+        assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
+
     def test_live_slots_are_read_from_spark_and_a_probe_job_counts_them(self, session):
         from sparkdl_avg.driver.membership import LiveSlots, probe_slots
         from sparkdl_avg.driver.session import Engine

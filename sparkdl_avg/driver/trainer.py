@@ -471,10 +471,11 @@ class ParameterAveragingTrainer:
             num_workers = min(num_workers, max(cfg.min_workers or 1, train.num_examples // cfg.batch_size))
         epoch_steps = steps_per_epoch(train.num_examples, num_workers, cfg.batch_size)
         if not epoch_steps:
+            workers = "min_workers" if cfg.elastic else "num_workers"
             raise DataError(
                 f"The training data has {train.num_examples} examples; one round needs at "
-                f"least num_workers * batch_size = {num_workers} * {cfg.batch_size} = "
-                f"{num_workers * cfg.batch_size}. Lower 'num_workers' or 'batch_size'."
+                f"least {workers} * batch_size = {num_workers} * {cfg.batch_size} = "
+                f"{num_workers * cfg.batch_size}. Lower '{workers}' or 'batch_size'."
             )
         return epoch_steps
 
