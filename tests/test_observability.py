@@ -148,6 +148,51 @@ def test_report_is_self_contained_with_timeline_and_curves(spark, tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
 
 
+def _plotly_figure(html):
+    """The traces and layout a report's page hands to ``Plotly.newPlot``, as JSON."""
+    decoder = json.JSONDecoder()
+    at = html.index("[", html.index("Plotly.newPlot("))
+    data, at = decoder.raw_decode(html, at)
+    layout, _ = decoder.raw_decode(html, html.index("{", at))
+    return data, layout
+
+
+def test_report_of_an_elastic_fit_plots_workers_and_examples_per_s_and_marks_each_change(spark, tmp_path):
+    from sparkdl_avg.driver.membership import ScriptedSlots
+
+    x, y = regression_data(96)
+    trainer = ParameterAveragingTrainer(make_model(), min_workers=1, max_workers=2, batch_size=8, averaging_frequency=2,
+                                        seed=0)
+    with ScriptedSlots([(0, 0, 2), (0, 2, 1), (1, 1, 2)]):
+        trainer.fit((x, y), epochs=2, verbose=0)
+    records = trainer.stats.records
+    assert [(r.epoch, r.round, r.num_workers) for r in records] == [
+        (0, 0, 2), (0, 1, 2), (0, 2, 1), (0, 3, 1), (1, 0, 1), (1, 1, 2), (1, 2, 2), (1, 3, 2)]
+    data, layout = _plotly_figure(open(trainer.write_report(str(tmp_path / "elastic.html")), encoding="utf-8").read())
+    traces = {t.get("name"): t for t in data}
+    titles = [a["text"] for a in layout["annotations"]]
+    assert any(t.startswith("Workers per round") for t in titles)
+    # on the per-round loss's epoch axis: a step per round, from the first round's start to each round's end
+    workers = traces["workers"]
+    assert workers["line"]["shape"] == "vh"
+    assert workers["x"] == [0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2]
+    assert workers["y"] == [2, 2, 2, 1, 1, 1, 2, 2, 2]
+    rate = traces["examples/s"]
+    assert rate["x"] == workers["x"][1:] and rate["y"] == [r.examples_per_s for r in records]
+    assert rate["yaxis"] != workers["yaxis"] and layout[rate["yaxis"].replace("y", "yaxis")]["side"] == "right"
+    assert traces["change of workers"]["x"] == [0, 0.5, 1.25] and traces["change of workers"]["y"] == [2, 1, 2]
+    changes = [a["text"] for a in layout["annotations"] if a["xref"] != "paper"]  # subplot titles sit on "paper"
+    assert changes == ["start: 2 workers", "slots lost: 2 → 1", "slots joined: 1 → 2"]
+
+    # a fixed fit's report has no such figure, nor room for one
+    fixed = _trainer()
+    fixed.fit(DATA, epochs=1, verbose=0)
+    data, layout = _plotly_figure(open(fixed.write_report(str(tmp_path / "fixed.html")), encoding="utf-8").read())
+    assert not {"workers", "examples/s", "change of workers"} & {t.get("name") for t in data}
+    assert len(layout["annotations"]) == 3 and layout["height"] == 1100
+    assert "yaxis4" not in layout
+
+
 def test_verbose_logs_one_line_per_epoch_and_a_summary(spark, caplog):
     x, y = regression_data(128, seed=7)
     model = make_model()

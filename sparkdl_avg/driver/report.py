@@ -4,13 +4,18 @@ It shows (1) a timeline of every worker's activity per round — replica setup,
 data loading and compute — under the driver's phases (broadcast, scheduling,
 aggregation, update), zoomable so hundreds of rounds stay readable; (2) the
 loss and metric curves per epoch (train and validation) and the loss per
-round; (3) where the time went, per epoch and in total. Plotly draws it; its
-JavaScript is embedded in the file, so the report opens offline.
+round; for an elastic fit (``min_workers``/``max_workers``, see
+:mod:`sparkdl_avg.driver.membership`), each round's workers and examples per
+second, on the curves' epoch axis, with every change of workers marked by its
+reason ("slots lost: 3 → 2"); (3) where the time went, per epoch and in total.
+Plotly draws it; its JavaScript is embedded in the file, so the report opens
+offline.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
@@ -80,6 +85,104 @@ def _timeline(fig, records: Sequence[dict], row: int) -> None:
         )
 
 
+def _rounds_per_epoch(records: Sequence[dict]) -> Dict[int, int]:
+    """Each epoch's rounds, which place a round at ``epoch + (round + 1) / rounds`` on the curves' epoch axis."""
+    rounds: Dict[int, int] = defaultdict(int)
+    for r in records:
+        rounds[r.epoch] = max(rounds[r.epoch], r.round + 1)
+    return rounds
+
+
+def _elastic(records: Sequence[dict]) -> bool:
+    """Whether the records are an elastic fit's (any change of workers recorded), which the report plots."""
+    return any(r.get("membership") is not None for r in records)
+
+
+def _change_text(change: dict, before: Optional[int]) -> str:
+    """A membership change's label: its reason, and the workers before (where this fit had a round before it) and after."""
+    if before is None:
+        return f"{change['reason']}: {change['workers']} worker{'s' if change['workers'] != 1 else ''}"
+    return f"{change['reason']}: {before} → {change['workers']}"
+
+
+def _workers(fig, records: Sequence[dict], row: int) -> None:
+    """An elastic fit's workers per round (a step line, left axis) and examples/s (right axis), each change of workers labelled."""
+    import plotly.graph_objects as go
+
+    per_epoch = _rounds_per_epoch(records)
+    records = sorted(records, key=lambda r: (r["epoch"], r["round"]))
+    # A round spans (its start, its end] on the epoch axis; the loss per round is plotted at its end, and so are
+    # the examples/s. The step line's first point is the first round's start, so that it spans that round too.
+    starts = [r["epoch"] + r["round"] / per_epoch[r["epoch"]] for r in records]
+    ends = [r["epoch"] + (r["round"] + 1) / per_epoch[r["epoch"]] for r in records]
+    labels = [f"epoch {r['epoch'] + 1} round {r['round'] + 1}" for r in records]
+    fig.add_trace(
+        go.Scatter(
+            x=[starts[0]] + ends,
+            y=[records[0]["num_workers"]] + [r["num_workers"] for r in records],
+            hovertext=[labels[0]] + [f"{label}: {r['num_workers']} workers" for label, r in zip(labels, records)],
+            hoverinfo="text",
+            mode="lines",
+            line={"shape": "vh", "color": "#2ca02c"},
+            name="workers",
+            legendgroup="workers",
+        ),
+        row=row,
+        col=1,
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=ends,
+            y=[r["examples_per_s"] for r in records],
+            hovertext=[f"{label}: {r['examples_per_s']:.1f} examples/s" for label, r in zip(labels, records)],
+            hoverinfo="text",
+            mode="lines+markers",
+            line={"color": "#17becf"},
+            name="examples/s",
+            legendgroup="workers",
+        ),
+        row=row,
+        col=1,
+        secondary_y=True,
+    )
+    changes = []
+    for i, r in enumerate(records):
+        change = r.get("membership")
+        if change is not None:
+            before = records[i - 1]["num_workers"] if i else None
+            hosts = ", ".join(change.get("hosts") or ())
+            changes.append((starts[i], change["workers"], _change_text(change, before),
+                            f"{labels[i]}: {change['reason']}, {change['workers']} workers on {change['slots']} live "
+                            f"slots{f' ({hosts})' if hosts else ''}"))
+    fig.add_trace(
+        go.Scatter(
+            x=[c[0] for c in changes],
+            y=[c[1] for c in changes],
+            hovertext=[c[3] for c in changes],
+            hoverinfo="text",
+            mode="markers",
+            marker={"symbol": "diamond", "size": 10, "color": "#2ca02c"},
+            name="change of workers",
+            legendgroup="workers",
+        ),
+        row=row,
+        col=1,
+        secondary_y=False,
+    )
+    for i, (x, y, text, _) in enumerate(changes):
+        # staggered heights: changes a few rounds apart would print their labels over each other
+        fig.add_annotation(x=x, y=y, text=text, showarrow=True, arrowhead=2, ax=0, ay=-25 - 18 * (i % 3),
+                           font={"size": 11}, row=row, col=1, secondary_y=False)
+    # the curves' epoch axis (row 2's x axis, "x2"): zooming one zooms both
+    fig.update_xaxes(title_text="epoch", matches="x2", row=row, col=1)
+    # whole workers only; about six ticks however many there are
+    most = max(r["num_workers"] for r in records)
+    fig.update_yaxes(title_text="workers", rangemode="tozero", dtick=max(1, math.ceil(most / 6)), row=row, col=1,
+                     secondary_y=False)
+    fig.update_yaxes(title_text="examples/s", rangemode="tozero", showgrid=False, row=row, col=1, secondary_y=True)
+
+
 def _curves(fig, history: Dict[str, List[float]], records: Sequence[dict], row: int) -> None:
     import plotly.graph_objects as go
 
@@ -96,11 +199,9 @@ def _curves(fig, history: Dict[str, List[float]], records: Sequence[dict], row: 
             row=row,
             col=1,
         )
-    rounds_per_epoch = defaultdict(int)
-    for r in records:
-        rounds_per_epoch[r.epoch] = max(rounds_per_epoch[r.epoch], r.round + 1)
+    per_epoch = _rounds_per_epoch(records)
     # sorted: asynchronous chunks (one record each) finish out of their rounds' order
-    points = sorted(((r.epoch + (r.round + 1) / rounds_per_epoch[r.epoch], r.loss) for r in records), key=lambda p: p[0])
+    points = sorted(((r.epoch + (r.round + 1) / per_epoch[r.epoch], r.loss) for r in records), key=lambda p: p[0])
     fig.add_trace(
         go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines", name="loss per round", opacity=0.5,
                    legendgroup="curves"),
@@ -177,20 +278,28 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
     stats = TrainingStats()
     stats.records = list(records)
     summary = stats.summary()
+    titles = [
+        "Timeline: driver phases and each worker's setup, loading and compute (seconds since the first round; drag to zoom)",
+        "Loss and metrics per epoch (dotted: validation); loss per round",
+        "Where the time went per epoch (seconds)",
+    ]
+    elastic = _elastic(records)
+    if elastic:
+        # under the curves, whose epoch axis it shares
+        titles.insert(2, "Workers per round (left) and examples per second (right); changes of workers and why")
     fig = make_subplots(
-        rows=3,
+        rows=len(titles),
         cols=1,
-        row_heights=[0.45, 0.3, 0.25],
-        vertical_spacing=0.08,
-        subplot_titles=(
-            "Timeline: driver phases and each worker's setup, loading and compute (seconds since the first round; drag to zoom)",
-            "Loss and metrics per epoch (dotted: validation); loss per round",
-            "Where the time went per epoch (seconds)",
-        ),
+        row_heights=[0.38, 0.24, 0.18, 0.2] if elastic else [0.45, 0.3, 0.25],
+        vertical_spacing=0.06 if elastic else 0.08,
+        subplot_titles=titles,
+        specs=[[{}], [{}], [{"secondary_y": True}], [{}]] if elastic else None,
     )
     _timeline(fig, records, row=1)
     _curves(fig, dict(history or {}), records, row=2)
-    _breakdown(fig, records, row=3)
+    if elastic:
+        _workers(fig, records, row=3)
+    _breakdown(fig, records, row=len(titles))
     fig.update_layout(
         title=(
             f"{title}<br><sup>{summary['rounds']} round{'s' if summary['rounds'] != 1 else ''}, {summary['examples']} examples, "
@@ -199,7 +308,7 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
             f"median straggler ratio {summary['straggler_ratio_median']:.2f}{_sent(records, summary)}</sup>"
         ),
         barmode="overlay",
-        height=1100,
+        height=1400 if elastic else 1100,
         legend={"groupclick": "toggleitem"},
         template="plotly_white",
     )
