@@ -37,7 +37,7 @@ for _key in _RECOMMENDED_CONF:
 from .driver.advisor import Advice, advise  # noqa: E402
 from .driver.config import TrainerConfig  # noqa: E402
 from .driver.ml import KerasAveragingEstimator, KerasAveragingModel  # noqa: E402
-from .driver.rules import BlockMomentum, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
+from .driver.rules import BlockMomentum, DiLoCo, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
 from .driver.schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
 from .driver.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
 from .driver.tracking import MlflowLogger  # noqa: E402
@@ -60,7 +60,7 @@ from .version import __version__  # noqa: E402
 __all__ = [
     # training
     "ParameterAveragingTrainer", "TrainerConfig", "FitInfo",
-    "UpdateRule", "PlainAveraging", "BlockMomentum", "SlowMo",
+    "UpdateRule", "PlainAveraging", "BlockMomentum", "SlowMo", "DiLoCo",
     "AveragingSchedule", "PostLocalSGD", "AdaComm",
     # the session
     "warm_up", "DAEMON_MODULE", "RECOMMENDED_CONF",

@@ -18,6 +18,7 @@ Mixin                  classic subclass            Connect subclass
 ``CompressedUpdatesMixin`` test_update_compression.py test_connect.py
 ``DataKindsMixin``     test_data_kinds.py          test_connect.py
 ``ElasticMixin``       test_reliability.py         test_connect.py
+``LocalOptimizerStateMixin`` test_reliability.py   test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests
@@ -781,3 +782,66 @@ def _recording_examples(real, task, iterator, directory):
         np.save(os.path.join(directory, f"e{task.epoch}-r{task.round}-w{worker}.npy"),
                 order.indices(positions.start, positions.stop))
     return real(task, iter(workers))
+
+
+class LocalOptimizerStateMixin:
+    """``optimizer_state="local"`` (issue 40): each worker keeps its own Adam state; only the weights travel."""
+
+    def _fit(self, num_workers=2, epochs=2, optimizer_state="local", callbacks=None, **fit_options):
+        import keras
+
+        x, y = regression_data(192, seed=6)
+        model = make_model(seed=3, optimizer=keras.optimizers.Adam(0.01))
+        trainer = ParameterAveragingTrainer(model, num_workers=num_workers, batch_size=8, averaging_frequency=3,
+                                            seed=4, optimizer_state=optimizer_state)
+        trainer.fit((x, y), epochs=epochs, verbose=0, callbacks=callbacks, **fit_options)
+        return trainer, model
+
+    def test_each_worker_continues_its_own_adam_state_and_sends_its_weights_alone(self, session):
+        trainer, model = self._fit()
+        weight_bytes = sum(w.nbytes for w in model.get_weights())
+        assert {r.sent_bytes for r in trainer.stats.records} == {2 * weight_bytes}  # no optimizer variables
+        # the driver's Adam keeps its moments from before the fit (zeros); its step counter follows the fit
+        moments = [v.numpy() for v in model.optimizer.variables if "momentum" in v.path or "velocity" in v.path]
+        assert moments and not any(np.any(m) for m in moments)
+        assert int(model.optimizer.iterations.numpy()) == 2 * 12  # 192 // (2·8) minibatches a worker, 2 epochs
+        # one worker continuing its own state is one worker averaging its state with itself
+        _, alone = self._fit(num_workers=1)
+        _, averaged = self._fit(num_workers=1, optimizer_state="average")
+        assert_weights_close(alone.get_weights(), averaged.get_weights(), atol=1e-12)
+        _, reset = self._fit(optimizer_state="reset")  # and it is not a fresh state each round
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reset.get_weights())) > 1e-4
+
+    def test_a_retried_task_continues_the_same_state_bitwise(self, session, monkeypatch, tmp_path):
+        _, clean = self._fit()
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
+        real = worker_module.run_round_partition
+        marker = str(tmp_path / "failed-once")
+        monkeypatch.setattr(worker_module, "run_round_partition",
+                            lambda task, it: _fail_first_attempt(real, task, it, marker))
+        try:
+            _, retried = self._fit()
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        assert os.path.exists(marker)  # the first attempt trained, wrote nothing it keeps, and failed
+        assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
+
+    def test_a_checkpoint_carries_every_workers_state_and_resumes_bitwise(self, session, tmp_path):
+        import keras
+
+        from sparkdl_avg.driver import checkpoint
+
+        _, whole = self._fit(epochs=2)
+
+        class Stop(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 2:  # epoch 0, mid-epoch
+                    raise KeyboardInterrupt
+
+        directory = str(tmp_path / "ckpt")
+        with pytest.raises(KeyboardInterrupt):
+            self._fit(epochs=2, callbacks=[Stop()], checkpoint_dir=directory, checkpoint_every=1)
+        saved = checkpoint.load(checkpoint.latest(directory))
+        assert sorted(saved.feedback) == ["local-optimizer/1/0", "local-optimizer/1/1"]
+        _, resumed = self._fit(epochs=2, checkpoint_dir=directory, resume=True)
+        assert_weights_close(resumed.get_weights(), whole.get_weights(), atol=0)

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
 from parity import (CompressedUpdatesMixin, DataKindsMixin, ElasticMixin, EstimatorPathMixin, ExecutorCheckMixin,
-                    TaskRetryMixin)
+                    LocalOptimizerStateMixin, TaskRetryMixin)
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.executor import worker as worker_module
 
@@ -83,6 +83,10 @@ def session(connect):
 
 class TestTaskRetry(TaskRetryMixin):
     """A failed first attempt retried by Spark (classic: test_reliability.py)."""
+
+
+class TestLocalOptimizerState(LocalOptimizerStateMixin):
+    """optimizer_state="local" (classic: test_reliability.py)."""
 
 
 class TestElastic(ElasticMixin):

@@ -15,7 +15,7 @@ import pytest
 import keras
 
 from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, spark_session
-from parity import ElasticMixin, TaskRetryMixin
+from parity import ElasticMixin, LocalOptimizerStateMixin, TaskRetryMixin
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg.driver import checkpoint as ckpt
 from sparkdl_avg.shared import fs
@@ -332,6 +332,10 @@ def test_a_fit_resumed_past_a_damaged_checkpoint_keeps_the_good_one_after_its_ne
 
 class TestTaskRetry(TaskRetryMixin):
     """tests/parity.py: the same test runs under Spark Connect in test_connect.py."""
+
+
+class TestLocalOptimizerState(LocalOptimizerStateMixin):
+    """tests/parity.py: optimizer_state="local"; the same tests run under Spark Connect in test_connect.py."""
 
 
 class TestElastic(ElasticMixin):

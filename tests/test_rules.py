@@ -52,6 +52,36 @@ def test_bmuf_nesterov_sends_the_look_ahead_and_steps_from_the_global_weights():
     np.testing.assert_allclose(new[0], [1.5])
 
 
+def test_diloco_is_pytorch_nesterov_sgd_on_the_outer_gradient_and_bmuf_nesterov_sends_the_same_points():
+    """Issue 40: DiLoCo's outer step, term by term against torch.optim.SGD(nesterov=True)'s update, by hand."""
+    from sparkdl_avg import DiLoCo
+
+    rng = np.random.default_rng(0)
+    averages = [rng.normal(size=3) for _ in range(4)]  # what each round's workers averaged to, as offsets
+    rule = DiLoCo()
+    assert (rule.outer_lr, rule.outer_momentum) == (0.7, 0.9) and as_update_rule("diloco") == rule
+    w, state = np.zeros(3), rule.init_state([np.zeros(3)], [True])
+    theta, buf = np.zeros(3), None  # torch's SGD: buf = g on the first step, then mu·buf + g (dampening 0)
+    bmuf = BlockMomentum(0.9, 0.7, nesterov=True)
+    wb, bstate = np.zeros(3), bmuf.init_state([np.zeros(3)], [True])
+    for offset in averages:
+        sent = rule.to_send([w], state, [True])[0]
+        assert np.array_equal(sent, w)  # DiLoCo sends its weights themselves
+        w = rule.apply([w], [sent], [sent + offset], state, [True], 0.01)[0]
+        g = theta - (theta + offset)  # the outer gradient: what the round moved the weights, negated
+        buf = g.copy() if buf is None else 0.9 * buf + g
+        theta = theta - 0.7 * (g + 0.9 * buf)
+        np.testing.assert_allclose(w, theta, rtol=0, atol=1e-12)
+        # BMUF with Nesterov momentum (η = μ, ζ = lr) sends DiLoCo's weights as its look-ahead
+        bsent = bmuf.to_send([wb], bstate, [True])[0]
+        wb = bmuf.apply([wb], [bsent], [bsent + offset], bstate, [True], 0.01)[0]
+        np.testing.assert_allclose(bmuf.to_send([wb], bstate, [True])[0], theta, rtol=0, atol=1e-12)
+    assert rule_from_name("diloco", None, 1.0) == DiLoCo() and rule_from_name("diloco", 0.5, 0.3) == DiLoCo(0.3, 0.5)
+    with pytest.raises(ConfigurationError, match=r"'outer_momentum' parameter of DiLoCo must be a float in the "
+                                                 r"range \[0.0, 1.0\)\. Got 1.0 instead"):
+        DiLoCo(outer_momentum=1.0)
+
+
 def test_non_trainable_weights_are_plainly_averaged_and_dtypes_kept():
     rule = BlockMomentum(block_momentum=0.9)
     w = [np.array([1.0], np.float32), np.array([5.0], np.float32)]

@@ -92,6 +92,12 @@ def _post_init(self) -> None:
             "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
             f"update_compression={self.update_compression!r} with synchronization='async' instead."
         )
+    if self.optimizer_state == "local" and self.synchronization != "sync":
+        raise ConfigurationError(
+            "The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state continues "
+            "from its own previous round; stale and asynchronous chunks have no fixed previous round). Got "
+            f"optimizer_state='local' with synchronization={self.synchronization!r} instead."
+        )
     elastic = self.min_workers is not None or self.max_workers is not None
     if not elastic and self.elastic_timeout_s != options.option("elastic_timeout_s").default:
         raise ConfigurationError(

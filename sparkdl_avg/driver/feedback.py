@@ -16,6 +16,11 @@ A round's files are deleted once the round that reads them is complete; a
 checkpoint carries the newest ``lag`` complete rounds' files
 (:meth:`FeedbackLedger.export`), which a resumed fit writes back
 (:meth:`FeedbackLedger.restore`) to continue exactly.
+
+``optimizer_state="local"`` chains each worker's own optimizer variables from
+round to round the same way (:mod:`sparkdl_avg.shared.local_state`): a second
+ledger, its files :class:`~sparkdl_avg.shared.local_state.LocalStateFiles`,
+its checkpoint entries tagged :data:`LOCAL_TAG`.
 """
 
 from __future__ import annotations
@@ -25,9 +30,13 @@ import threading
 from typing import Dict, Iterable, Optional, Set, Tuple
 
 from ..shared.delta_sums import FeedbackFiles
+from ..shared.local_state import LocalStateFiles
 from ..shared.fs import join, read_bytes, remove_tree, resolve, write_atomically
 
 logger = logging.getLogger("sparkdl_avg")
+
+LOCAL_TAG = "local-optimizer"
+"""The tag of ``optimizer_state="local"``'s files in a checkpoint (where error feedback's name their compression)."""
 
 
 class FeedbackLedger:
@@ -37,11 +46,14 @@ class FeedbackLedger:
         directory: Where the residual files live (under the fit's staging directory).
         num_workers: Workers per round (``N``): a round is complete once all wrote their residual.
         lag: Rounds between a residual's writer and its reader (see the module docstring).
-        compression: ``update_compression``: the residuals' format, named in what a checkpoint carries.
+        compression: ``update_compression``: the residuals' format, named in what a checkpoint carries
+            (:data:`LOCAL_TAG` for the workers' own optimizer states).
+        files: What a round's tasks get: :class:`FeedbackFiles`, or :class:`LocalStateFiles` for local states.
     """
 
-    def __init__(self, directory: str, num_workers: int, lag: int, compression: str) -> None:
+    def __init__(self, directory: str, num_workers: int, lag: int, compression: str, files=FeedbackFiles) -> None:
         self.directory, self.num_workers, self.lag, self.compression = directory, num_workers, lag, compression
+        self._files = files
         self._seq: Dict[Tuple[int, int], int] = {}  # (epoch, round) -> g
         self._size: Dict[int, int] = {}  # g -> its workers (elastic rounds change num_workers between rounds)
         self._next = 0
@@ -53,7 +65,12 @@ class FeedbackLedger:
         with self._lock:
             self.num_workers = num_workers
 
-    def files(self, epoch: int, rnd: int, workers: Iterable[int]) -> FeedbackFiles:
+    @classmethod
+    def local_states(cls, directory: str, num_workers: int) -> "FeedbackLedger":
+        """The ledger of ``optimizer_state="local"``: each worker's optimizer variables, read by its next round."""
+        return cls(directory, num_workers, 1, LOCAL_TAG, files=LocalStateFiles)
+
+    def files(self, epoch: int, rnd: int, workers: Iterable[int]):
         """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write."""
         with self._lock:
             g = self._seq.get((epoch, rnd))
@@ -63,7 +80,7 @@ class FeedbackLedger:
                 self._next += 1
             have = self._written.get(g - self.lag, set())
             fresh = frozenset(w for w in workers if w not in have)
-            return FeedbackFiles(self.directory, _name(g - self.lag) if have else None, _name(g), fresh)
+            return self._files(self.directory, _name(g - self.lag) if have else None, _name(g), fresh)
 
     def dropped(self, epoch: int, rnd: int) -> int:
         """Residuals that round ``rnd`` of ``epoch`` leaves unread: those of workers its elastic plan no longer has.

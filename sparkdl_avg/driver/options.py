@@ -59,7 +59,7 @@ RULE = "rule"  #: one of update_rule's numbers, given flat by the CLI and the es
 FIT = "fit"  #: an option of ``ParameterAveragingTrainer.fit``
 TRACKING = "tracking"  #: an option of :class:`sparkdl_avg.driver.tracking.MlflowLogger` (MLflow tracking of a fit)
 
-OPTIMIZER_STATE_POLICIES = ("average", "reset")
+OPTIMIZER_STATE_POLICIES = ("average", "reset", "local")
 NONFINITE_POLICIES = ("raise", "skip")
 STATE_TRANSPORTS = ("auto", "spark", "files", "sql")
 AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
@@ -478,23 +478,29 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "optimizer_state", "average", "str",
-        help="'average' (average the optimizer variables) or 'reset' (fresh each round)",
+        help="'average' (average the optimizer variables), 'reset' (fresh each round) or 'local' (each worker "
+             "keeps its own, as DiLoCo does; only the weights travel)",
         doc="``\"average\"`` (default) averages every optimizer variable (Adam moments, momentum) "
             "like DL4J's ``saveUpdater``; ``\"reset\"`` starts every round from the optimizer's "
-            "initial state. Either way the optimizer's iteration counter follows the global step "
-            "(minibatches per worker so far), so learning-rate schedules see the same step as in "
-            "single-machine training.",
+            "initial state; ``\"local\"`` lets each worker keep its own optimizer variables from round to "
+            "round, never sent (DiLoCo's inner optimizer state; files under the staging directory, "
+            ":mod:`sparkdl_avg.shared.local_state`), so a round moves the weights alone: with Adam a third of "
+            "``\"average\"``'s bytes. The driver's optimizer then keeps its state from before the fit (a "
+            "saved model holds it) but for the iteration counter; ``synchronization=\"sync\"`` only. Either way "
+            "the optimizer's iteration counter follows the global step (minibatches per worker so far), so "
+            "learning-rate schedules see the same step as in single-machine training.",
         check=OneOf(OPTIMIZER_STATE_POLICIES),
         cli=Flag(),
         param=SparkParam("optimizerState", "toString"),
     ),
     Option(
         "update_rule", None, "Any",
-        help="how the average becomes the next weights: 'average', 'bmuf', 'bmuf_nesterov' or 'slowmo'",
+        help="how the average becomes the next weights: 'average', 'bmuf', 'bmuf_nesterov', 'slowmo' or 'diloco'",
         doc="How the replicas' average becomes the next global weights (:mod:`sparkdl_avg.driver.rules`). "
             "``None`` or ``\"average\"``: plain averaging; ``\"bmuf\"`` / ``\"bmuf_nesterov\"``: "
             "block momentum with ``η = 1 − 1/num_workers``, ``ζ = 1``; ``\"slowmo\"``: SlowMo with "
-            "``β = 0.5``, ``α = 1``; or a ``BlockMomentum(...)`` / ``SlowMo(...)`` with your "
+            "``β = 0.5``, ``α = 1``; ``\"diloco\"``: DiLoCo's outer Nesterov SGD with ``lr = 0.7``, "
+            "``μ = 0.9``; or a ``BlockMomentum(...)`` / ``SlowMo(...)`` / ``DiLoCo(...)`` with your "
             "parameters. The rule's state (block momentum ``Δ``) carries over to the next ``fit`` of "
             "this trainer. The CLI and the estimator take the name, with ``block_momentum`` and "
             "``block_lr``.",
@@ -504,18 +510,19 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "block_momentum", None, "Optional[float]", scope=RULE,
-        help="the rule's momentum: BMUF's eta or SlowMo's beta",
-        unset="1 - 1/workers for BMUF, 0.5 for SlowMo",
+        help="the rule's momentum: BMUF's eta, SlowMo's beta or DiLoCo's outer momentum",
+        unset="1 - 1/workers for BMUF, 0.5 for SlowMo, 0.9 for DiLoCo",
         cli=Flag(type=float),
         param=SparkParam("blockMomentum", "toFloat"),
-        aliases=("slow_momentum",),
+        aliases=("slow_momentum", "outer_momentum"),
     ),
     Option(
         "block_lr", 1.0, "float", scope=RULE,
-        help="the rule's learning rate: BMUF's zeta or SlowMo's alpha",
+        help="the rule's learning rate: BMUF's zeta, SlowMo's alpha or DiLoCo's outer lr (its 1.0 stands for "
+             "DiLoCo's 0.7)",
         cli=Flag(type=float),
         param=SparkParam("blockLearningRate", "toFloat"),
-        aliases=("slow_lr",),
+        aliases=("slow_lr", "outer_lr"),
     ),
     Option(
         "seed", None, "Optional[int]",

@@ -152,7 +152,10 @@ def warn_dropped_residuals(uri: str, saved: checkpoint.Checkpoint, compression: 
         compression: This fit's ``update_compression``.
         keeps: Whether this fit keeps residuals (error feedback on for some segment).
     """
-    dropped = sorted(key for key in saved.feedback if not keeps or key.split("/")[0] != compression)
+    from .feedback import LOCAL_TAG
+
+    dropped = sorted(key for key in saved.feedback  # optimizer_state="local"'s own states are not residuals
+                     if key.split("/")[0] != LOCAL_TAG and (not keeps or key.split("/")[0] != compression))
     if dropped:
         was = sorted({key.split("/")[0] for key in dropped})
         logger.warning(
@@ -187,6 +190,8 @@ class Checkpointing:
             :class:`~sparkdl_avg.driver.feedback.FeedbackLedger`), saved with each checkpoint; ``None``: none.
         membership: Elastic rounds' :class:`~sparkdl_avg.driver.membership.Membership`, whose history each
             checkpoint carries; ``None``: fixed workers.
+        local: ``optimizer_state="local"``'s ledger of the workers' own optimizer states, saved with each
+            checkpoint beside the residuals; ``None``: none.
     """
 
     directory: Optional[str]
@@ -199,6 +204,7 @@ class Checkpointing:
     tracking: Dict[str, Any] = field(default_factory=dict)
     feedback: Any = None
     membership: Any = None
+    local: Any = None
 
     def after_round(self, rounds_in_fit: int, epoch: int, rounds_done: int, steps_done: int,
                     epoch_result: Optional[PartialResult], position: int = 0) -> None:
@@ -228,7 +234,8 @@ class Checkpointing:
                 weights=weights,
                 optimizer=opt_vars,
                 rule_state=self.rule_state.state or {},
-                feedback=self.feedback.export() if self.feedback is not None else {},
+                feedback={k: v for ledger in (self.feedback, self.local) if ledger is not None
+                          for k, v in ledger.export().items()},
                 meta=checkpoint.RunMeta(
                     seed=self.seed,
                     run=self.run_settings,

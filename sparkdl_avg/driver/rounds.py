@@ -113,10 +113,12 @@ class RoundRunner:
         transport: How state and sums move (one per fit).
         stats: Where each round's record goes.
         feedback: Under ``update_compression`` with error feedback, the fit's residual files.
+        local: Under ``optimizer_state="local"``, the workers' own optimizer states (files).
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
-                 transport: StateTransport, stats: TrainingStats, feedback: Optional[FeedbackLedger] = None) -> None:
+                 transport: StateTransport, stats: TrainingStats, feedback: Optional[FeedbackLedger] = None,
+                 local: Optional[FeedbackLedger] = None) -> None:
         self.engine = engine
         self.model = model
         self.settings = settings
@@ -125,6 +127,7 @@ class RoundRunner:
         self.transport = transport
         self.stats = stats
         self.feedback = feedback
+        self.local = local
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
             start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None) -> PartialResult:
@@ -137,8 +140,9 @@ class RoundRunner:
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
-        if self.feedback is not None:
-            self.feedback.resize(n)
+        for ledger in (self.feedback, self.local):
+            if ledger is not None:
+                ledger.resize(n)
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
         weights, opt_vars = get_state(self.model)
@@ -164,6 +168,8 @@ class RoundRunner:
         if self.feedback is not None:
             dropped = self.feedback.dropped(epoch, rnd)
             self.feedback.done(epoch, rnd, range(n))
+        if self.local is not None:
+            self.local.done(epoch, rnd, range(n))
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
@@ -274,7 +280,7 @@ class RoundRunner:
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
             feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
-            start=start,
+            start=start, local_state=self.local.files(epoch, rnd, workers) if self.local is not None else None,
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:

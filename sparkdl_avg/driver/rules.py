@@ -17,6 +17,15 @@ example-weighted average ``w̄``. The rule then sets the global weights:
   momentum buffer is in gradient units, so a decaying ``γ`` also shrinks the
   momentum step, while BMUF's ``Δ`` keeps its size.
 
+- :class:`DiLoCo` (Douillard et al. 2023, arXiv 2311.08105): DiLoCo's outer
+  optimizer, SGD with Nesterov momentum on the outer gradient ``g = sent − w̄``
+  exactly as PyTorch's ``torch.optim.SGD(nesterov=True)`` steps it:
+  ``v ← μ·v + g``, ``w ← w − lr·(g + μ·v)``, sending ``w`` itself. Defaults
+  ``lr = 0.7``, ``μ = 0.9``, the paper's. It equals ``BlockMomentum(μ, lr,
+  nesterov=True)`` in the points it sends (BMUF's look-ahead is DiLoCo's
+  ``w``), but the weights a fit ends with are DiLoCo's ``w``, not BMUF's
+  ``w`` before the look-ahead; docs/algorithms.md checks it term by term.
+
 Momentum applies to the trainable weights; non-trainable ones (batch-norm
 statistics) are plainly averaged. The rule's state (``Δ`` or ``u``, float64
 numpy arrays) is kept by the trainer between rounds and between ``fit``
@@ -36,7 +45,7 @@ from ..errors import ConfigurationError
 
 State = Dict[str, List[np.ndarray]]
 
-RULE_NAMES = ("average", "bmuf", "bmuf_nesterov", "slowmo")
+RULE_NAMES = ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco")
 
 
 def _check_float(rule: str, name: str, value: Any, low: float, high: float, high_open: bool) -> None:
@@ -228,11 +237,62 @@ class SlowMo(UpdateRule):
         return {"name": self.name, **asdict(self)}
 
 
+@dataclass(frozen=True)
+class DiLoCo(UpdateRule):
+    """DiLoCo's outer optimizer (Douillard et al. 2023): SGD with Nesterov momentum on the outer gradient.
+
+    With the outer gradient ``g = sent − w̄`` (what the round's average moved
+    the weights, negated), ``v ← μ·v + g`` and ``w ← w − lr·(g + μ·v)``:
+    ``torch.optim.SGD(lr, momentum=μ, nesterov=True)``'s step. The recipe
+    around it (README, "DiLoCo"): an inner AdamW, ``optimizer_state="local"``
+    (each worker keeps its own moments), long rounds (hundreds of inner
+    steps in the paper).
+
+    Args:
+        outer_lr: ``lr`` in ``(0, inf)``. Default 0.7, the paper's.
+        outer_momentum: ``μ`` in ``[0, 1)``. Default 0.9, the paper's.
+    """
+
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    name = "diloco"
+
+    def __post_init__(self) -> None:
+        _check_float("DiLoCo", "outer_momentum", self.outer_momentum, 0.0, 1.0, high_open=True)
+        _check_float("DiLoCo", "outer_lr", self.outer_lr, 0.0, float("inf"), high_open=True)
+        if self.outer_lr == 0:
+            raise ConfigurationError(f"The 'outer_lr' parameter of DiLoCo must be > 0. Got {self.outer_lr!r} instead.")
+        object.__setattr__(self, "outer_lr", float(self.outer_lr))
+        object.__setattr__(self, "outer_momentum", float(self.outer_momentum))
+
+    def init_state(self, weights, trainable) -> State:
+        return {"v": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}
+
+    def apply(self, weights, sent, average, state, trainable, learning_rate) -> List[np.ndarray]:
+        lr, mu = self.outer_lr, self.outer_momentum
+        out, buffers, k = [], state["v"], 0
+        for w, s, a, t in zip(weights, sent, average, trainable):
+            if t:
+                g = np.asarray(s, np.float64) - a
+                v = buffers[k]
+                v *= mu
+                v += g
+                out.append((w - lr * (g + mu * v)).astype(w.dtype))
+                k += 1
+            else:
+                out.append(np.asarray(a).astype(w.dtype, copy=False))
+        return out
+
+    def describe(self) -> Dict[str, Any]:
+        return {"name": self.name, **asdict(self)}
+
+
 def as_update_rule(value: Any) -> UpdateRule:
     """The rule for an ``update_rule`` argument: ``None``, a name or an :class:`UpdateRule`.
 
     Names: ``"average"``, ``"bmuf"``, ``"bmuf_nesterov"`` (defaults of
-    :class:`BlockMomentum`), ``"slowmo"`` (defaults of :class:`SlowMo`).
+    :class:`BlockMomentum`), ``"slowmo"`` (defaults of :class:`SlowMo`),
+    ``"diloco"`` (defaults of :class:`DiLoCo`).
 
     Raises:
         ConfigurationError: anything else.
@@ -247,10 +307,12 @@ def as_update_rule(value: Any) -> UpdateRule:
         return BlockMomentum(nesterov=True)
     if value == "slowmo":
         return SlowMo()
+    if value == "diloco":
+        return DiLoCo()
     raise ConfigurationError(
         "The 'update_rule' parameter must be None, one of "
         f"{', '.join(repr(n) for n in RULE_NAMES)}, or an UpdateRule such as "
-        f"BlockMomentum(...) or SlowMo(...). Got {value!r} instead."
+        f"BlockMomentum(...), SlowMo(...) or DiLoCo(...). Got {value!r} instead."
     )
 
 
@@ -267,6 +329,8 @@ def rule_from_name(name: Any, momentum: Optional[float] = None, lr: float = 1.0)
         return BlockMomentum(momentum, lr, nesterov=name == "bmuf_nesterov")
     if name == "slowmo":
         return SlowMo(0.5 if momentum is None else momentum, lr)
+    if name == "diloco":  # the flat block_lr's default (1.0) stands for DiLoCo's own, 0.7
+        return DiLoCo(0.7 if lr == 1.0 else lr, 0.9 if momentum is None else momentum)
     rule = as_update_rule(name)
     if momentum is not None or lr != 1.0:
         raise ConfigurationError(

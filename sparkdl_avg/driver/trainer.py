@@ -108,6 +108,7 @@ class _FitContext:
     stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
     feedback: Optional[FeedbackLedger] = None  # update_compression with error feedback: the residual files
     membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
+    local: Optional[FeedbackLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
     rounds_in_fit: int = 0
     capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
 
@@ -532,6 +533,12 @@ class ParameterAveragingTrainer:
                                       lag_of(cfg.synchronization, cfg.staleness), cfg.update_compression)
             if plan.restored is not None:
                 feedback.restore(plan.restored.feedback)
+        local = None
+        if cfg.optimizer_state == "local":  # each worker's own optimizer state, beside the transport's files
+            local = FeedbackLedger.local_states(join(self._staging_root, f"exchange-{self._fits}/local"),
+                                                plan.num_workers)
+            if plan.restored is not None:
+                local.restore(plan.restored.feedback)
         settings = RoundSettings(
             spec=transport.ship_spec(plan.spec),
             fingerprint=plan.spec.fingerprint,
@@ -547,7 +554,7 @@ class ParameterAveragingTrainer:
             compression=cfg.update_compression,
         )
         rounds = RoundRunner(plan.engine, self.model, settings, plan.rule, self._rule_state, transport, self.stats,
-                             feedback)
+                             feedback, local)
         return _FitContext(
             rounds=rounds,
             transport=transport,
@@ -561,11 +568,12 @@ class ParameterAveragingTrainer:
             checkpoints=resume_mod.Checkpointing(
                 plan.checkpoint_dir, plan.checkpoint_every, self.model, self._rule_state, plan.schedule, self._seed,
                 plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
-                feedback=feedback, membership=membership,
+                feedback=feedback, membership=membership, local=local,
             ),
             stale=self._stale_runner(rounds, group),
             feedback=feedback,
             membership=membership,
+            local=local,
         )
 
     def _membership(self, plan: "_FitPlan") -> Optional[Membership]:
@@ -615,8 +623,9 @@ class ParameterAveragingTrainer:
             raise
         finally:
             ctx.transport.close()
-            if ctx.feedback is not None:
-                ctx.feedback.close()
+            for ledger in (ctx.feedback, ctx.local):
+                if ledger is not None:
+                    ledger.close()
             for cb in observers:
                 cb.on_fit_end(info, error)
 

@@ -290,6 +290,10 @@ class RoundTask:
             workers read and write their residuals
             (:class:`~sparkdl_avg.shared.delta_sums.FeedbackFiles`); the sink's
             ``deltas`` says whether the round is compressed at all.
+        local_state: ``optimizer_state="local"``: where each worker reads and
+            writes its own optimizer variables between rounds
+            (:class:`~sparkdl_avg.shared.local_state.LocalStateFiles`);
+            ``None``: the round's workers start from the sent ones.
         start: Elastic rounds: the epoch position of the round's first
             example (:func:`~sparkdl_avg.shared.example_order.worker_positions`);
             ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
@@ -313,6 +317,7 @@ class RoundTask:
     slot: Any = None
     feedback: Any = None
     start: Optional[int] = None
+    local_state: Any = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -345,7 +350,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     model, built = get_replica(task.spec, task.fingerprint)
     got = time.time()
     weights, opt_vars = task.state.load()
-    set_state(model, weights, opt_vars)
+    own = task.local_state.load(worker, opt_vars) if task.local_state is not None else None
+    set_state(model, weights, opt_vars if own is None else own)
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
 
@@ -380,6 +386,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
 
     new_weights, new_opt = get_state(model)
     finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
+    if task.local_state is not None:  # a replica that went non-finite keeps the state it started from
+        task.local_state.save(worker, new_opt if finite else (opt_vars if own is None else own))
     record = WorkerRecord(
         worker=worker,
         host=socket.gethostname(),
