@@ -350,7 +350,9 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     model, built = get_replica(task.spec, task.fingerprint)
     got = time.time()
     weights, opt_vars = task.state.load()
+    t_own = time.time()
     own = task.local_state.load(worker, opt_vars) if task.local_state is not None else None
+    local_state_s = time.time() - t_own
     set_state(model, weights, opt_vars if own is None else own)
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
@@ -387,7 +389,9 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     new_weights, new_opt = get_state(model)
     finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
     if task.local_state is not None:  # a replica that went non-finite keeps the state it started from
+        t_own = time.time()
         task.local_state.save(worker, new_opt if finite else (opt_vars if own is None else own))
+        local_state_s += time.time() - t_own
     record = WorkerRecord(
         worker=worker,
         host=socket.gethostname(),
@@ -406,6 +410,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         import_s=quiet.take_import_s(),
         traced=traced,
         trace_s=trace_s,
+        local_state_s=local_state_s,
     )
     deltas = getattr(task.results, "deltas", None)
     if deltas is not None:  # update_compression: the delta from what was sent, encoded (and the residual kept)

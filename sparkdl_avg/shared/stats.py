@@ -81,6 +81,7 @@ class WorkerRecord(_ReadsLikeADict):
             compressed delta) it sent; 0 when it sent none; ``None`` in evaluation.
         encode_s: Under ``update_compression``, its seconds computing and encoding its delta.
         feedback_s: Under error feedback, its seconds reading and writing its residual file.
+        local_state_s: Under ``optimizer_state="local"``, its seconds reading and writing its own optimizer state.
 
     A round where a worker built its replica or traced is not steady state:
     :func:`sparkdl_avg.driver.costmodel.steady_costs` leaves it out.
@@ -106,6 +107,7 @@ class WorkerRecord(_ReadsLikeADict):
     sent_bytes: Optional[int] = None
     encode_s: float = 0.0
     feedback_s: float = 0.0
+    local_state_s: float = 0.0
 
 
 @dataclass
