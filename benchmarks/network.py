@@ -19,7 +19,10 @@ its wire floor, bytes ÷ link rate. Medians over the measured rounds.
 
 ``--compressions`` (among ``none``, ``bf16``, ``int8``; default ``none``
 only) runs each path once per compression, the trainer given
-``update_compression`` = ``None``, ``"bf16"``, ``"int8"``: each row records
+``update_compression`` = ``None``, ``"bf16"``, ``"int8"``; ``local``,
+``local+int8``, ``local+int4`` also set ``optimizer_state="local"`` (each
+worker keeps its own Adam state in files on the store, and
+``local_state_ms`` records the slowest worker's seconds with them): each row records
 its ``compression`` (rows written before the option have none: float32
 sums), the bytes each worker sent per round (``sent_per_worker``: the round
 record's ``sent_bytes`` ÷ its workers) and the slowest worker's encoding and
@@ -55,6 +58,8 @@ PATHS = {
     "auto+rate": dict(network_rate=None),  # auto told the links' rate (network_rate=the cluster's)
 }
 COMPRESSIONS = {"none": None, "bf16": "bf16", "int8": "int8"}  # --compressions -> update_compression
+# --compressions arms with optimizer_state="local" (issue 40): each worker keeps its own Adam state, weights travel
+LOCAL_ARMS = {"local": None, "local+int8": "int8", "local+int4": "int4"}
 BATCH = 32
 CONF = {"spark.executor.memory": "768m", "spark.driver.memory": "2g", "spark.driver.maxResultSize": "0"}
 
@@ -107,7 +112,10 @@ def drive(args) -> None:
     arms = [(params, name, compression) for params in args.params for name in args.paths
             for compression in args.compressions]
     for params, name, compression in arms:
-        options = dict(PATHS[name], update_compression=COMPRESSIONS[compression])
+        if compression in LOCAL_ARMS:
+            options = dict(PATHS[name], update_compression=LOCAL_ARMS[compression], optimizer_state="local")
+        else:
+            options = dict(PATHS[name], update_compression=COMPRESSIONS[compression])
         if "network_rate" in options:
             options["network_rate"] = cluster.rate
         row = {"workers": workers, "rate": cluster.rate, "params": None, "path": name, "compression": compression}
@@ -144,6 +152,7 @@ def drive(args) -> None:
             sent_per_worker=med((r.sent_bytes or 0) / r.num_workers for r in records),
             encode_ms=1000 * med(r.encode_max_s for r in records),
             feedback_ms=1000 * med(r.feedback_max_s for r in records),
+            local_state_ms=1000 * med(max(w.local_state_s for w in r.workers) for r in records),
             record_compression=records[-1].compression,
             rounds=len(records),
         )
@@ -188,7 +197,7 @@ def main() -> None:
     p.add_argument("--params", type=float, nargs="+", default=[1e5, 1e6, 3e6])
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     p.add_argument("--rounds", type=int, default=6, help="measured rounds per arm (the first is left out)")
-    p.add_argument("--compressions", nargs="+", default=["none"], choices=list(COMPRESSIONS),
+    p.add_argument("--compressions", nargs="+", default=["none"], choices=list(COMPRESSIONS) + list(LOCAL_ARMS),
                    help="update_compression arms per path (default: none only, float32 sums)")
     p.add_internal("--driver", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
