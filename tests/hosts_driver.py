@@ -17,6 +17,16 @@ run with a ``local[3]`` one. Scenarios:
   killed during round 2 (:meth:`hosts.Cluster.kill_host`).
 - ``store_blip``: the same fit through the store (``aggregation="storage"``) with the store's link down
   for 2 s during round 2.
+- ``elastic``: an elastic fit (``min_workers=1``, ``max_workers=3``, the
+  ``fit`` scenario's settings but Adam's learning rate 0.01, so that two
+  epochs reach a held-out accuracy worth comparing) during which host 3 is
+  removed for good after round 0 of epoch 0 (once Spark reports its
+  executor lost) and a host added after round 2 (the callback waits until
+  its executor takes tasks); records the membership changes, each round's
+  positions and examples, the held-out accuracy (and a fixed 3-worker
+  fit's, classic only), and the weights digest of a fit that replays the membership
+  (``ScriptedSlots.replay``). Leaves hosts 1-3 (the added host takes the
+  removed one's index).
 """
 
 from __future__ import annotations
@@ -117,8 +127,135 @@ class During:
         return _During()
 
 
+def hosts_py(cluster, *argv: str) -> str:
+    """Runs ``scripts/hosts.py ARGV`` in the namespaces of the process that brought the cluster up.
+
+    Not ``Cluster.add_host`` from here: this driver runs in host 0's private
+    mount namespace, where ``ip netns add`` makes the new host's namespace
+    visible to host 0 alone (the cluster's own tools and ``down`` would not
+    see it). The watchdog ``up`` armed lives in the namespaces ``up`` ran in.
+    """
+    import subprocess
+
+    proc = subprocess.run(["nsenter", "-t", str(cluster.watchdog), "-m", "-n", "-u", "--", sys.executable,
+                           os.path.join(ROOT, "scripts", "hosts.py"), *argv, "--state-dir", cluster.state_dir],
+                          capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hosts.py {' '.join(argv)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> float:
+    """Polls ``predicate`` every 0.2 s; returns the seconds it took, raises after ``timeout_s``."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"no {what} within {timeout_s:g} s")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def live_slots(spark, wanted: int) -> int:
+    """The live task slots, up to ``wanted``, read as elastic rounds read them (status store, or a probe job)."""
+    from sparkdl_avg.driver.membership import probe_task, status_slots
+
+    if not is_connect(spark):
+        return status_slots(spark.sparkContext).count
+    rows = spark.range(0, wanted, numPartitions=wanted).mapInArrow(probe_task, "host string, pid long").collect()
+    return len({(r.host, r.pid) for r in rows})
+
+
+def is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+LOSE_AFTER, JOIN_AFTER = 0, 2  # the rounds of epoch 0 after which host 3 is removed and a host added
+
+
+def elastic(spark, df, store: str, out: dict) -> None:
+    """The ``elastic`` scenario (see the module docstring); fills ``out``."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    import hosts
+    from sparkdl_avg.driver.membership import PROBE_EVERY_S, ScriptedSlots
+
+    cluster = hosts.Cluster.attach()
+    out["hosts_before"] = [h.index for h in cluster.workers]
+
+    class Changes(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epoch = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch != 0:
+                return
+            if batch == LOSE_AFTER:
+                out["removed_at"] = time.time()
+                t0 = time.monotonic()
+                hosts_py(cluster, "remove", "3")
+                out["lost_seen_s"] = wait_until(lambda: live_slots(spark, WORKERS) == WORKERS - 1, 60,
+                                                "the executor loss")
+                # The next round then plans for two workers: Connect's probe result is kept PROBE_EVERY_S, so
+                # one from before the removal would plan three (and the loss would show a round later, a
+                # different membership and so different weights).
+                time.sleep(max(0.0, PROBE_EVERY_S + 0.1 - (time.monotonic() - t0)) if is_connect(spark) else 0)
+            elif batch == JOIN_AFTER:
+                out["add_began"] = time.time()
+                out["added"] = hosts_py(cluster, "add").split()
+                out["registered_s"] = wait_until(lambda: live_slots(spark, WORKERS) == WORKERS, 90,
+                                                 "executor of the added host")
+                out["registered_at"] = time.time()
+
+    def fast_model():
+        m = model()
+        m.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return m
+
+    def fit(m, callbacks=(), elastic=True):
+        options = dict(min_workers=1, max_workers=WORKERS) if elastic else {}
+        with trainer(m, f"{store}/staging", **options) as t:
+            t.fit(df, epochs=2, verbose=0, callbacks=list(callbacks))
+            return t
+
+    x, y = load_digits(return_X_y=True)
+
+    def accuracy(m) -> float:
+        return float(m.evaluate((x[1500:] / 16.0).astype("float32"), y[1500:], verbose=0, return_dict=True)["accuracy"])
+
+    t0 = time.monotonic()
+    m = fast_model()
+    t = fit(m, [Changes()])
+    out["fit_end"], out["fit_s"] = time.time(), time.monotonic() - t0
+    out["membership"] = t.stats.membership
+    out["rounds"] = [{"epoch": r.epoch, "round": r.round, "num_workers": r.num_workers, "start": r.start,
+                      "examples": r.examples, "k": r.averaging_frequency, "t_start": r.t_start,
+                      "wall_s": r.wall_s} for r in t.stats.records]
+    out["accuracy"] = accuracy(m)
+    out["digest"] = digest(m)
+    out["hosts_after"] = [h.index for h in hosts.Cluster.attach().workers]
+    replayed = fast_model()
+    t0 = time.monotonic()
+    with ScriptedSlots.replay(t.stats.membership):
+        fit(replayed)
+    out["replay_s"] = time.monotonic() - t0
+    out["replayed_digest"] = digest(replayed)
+    if not is_connect(spark):  # the same under Connect, bitwise (the fit scenario's digests show it): fit once
+        fixed = fast_model()
+        t0 = time.monotonic()
+        fit(fixed, elastic=False)
+        out["fixed_s"], out["fixed_accuracy"] = time.monotonic() - t0, accuracy(fixed)
+
+
 def run(name: str, spark, df, test, store: str) -> dict:
     out: dict = {}
+    if name == "elastic":
+        elastic(spark, df, store, out)
+        return out
     if name == "default_staging":
         t0 = time.monotonic()
         try:

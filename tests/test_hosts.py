@@ -6,7 +6,8 @@ host name of its own), on
 1 Gbit/s links, and SeaweedFS's S3 gateway on a fifth. The drivers run on
 host 0 (tests/hosts_driver.py, a program as a user's job would be) and
 report weights digests, which must equal those of the same fits on
-``local[3]``. Needs root (CI runs as root); skipped otherwise, with the reason.
+``local[3]``; an elastic fit (issue 39) sees host 3 removed for good and a
+host added in its place. Needs root (CI runs as root); skipped otherwise, with the reason.
 """
 
 import json
@@ -49,6 +50,8 @@ def drive(cluster, session: str, store: str, *scenarios: str) -> dict:
     assert os.path.exists(out), f"the driver wrote no results ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
     with open(out) as f:
         results = json.load(f)
+    # The elastic scenario removes a host and adds one (the same index): take in the hosts as they are now.
+    cluster.hosts = hosts.Cluster.attach(cluster.state_path).hosts
     for name in scenarios:
         assert "failed" not in results[name], f"{name}: {results[name]['failed']}\n{results[name]['traceback']}"
     return results
@@ -63,7 +66,7 @@ def reference(cluster):
 @pytest.fixture(scope="module")
 def classic(cluster, reference):
     results = drive(cluster, cluster.master_url, f"s3://{hosts.BUCKET}/classic",
-                    "default_staging", "fit", "stale", "store_blip", "kill")
+                    "default_staging", "fit", "stale", "store_blip", "elastic", "kill")
     cluster.start_worker(2)  # the kill scenario took host 2's worker down
     return results
 
@@ -76,7 +79,7 @@ def connect(cluster, classic):
                                                              "spark.task.maxFailures": "4"})
     try:
         return drive(cluster, cluster.connect_url, f"s3://{hosts.BUCKET}/connect", "default_staging", "fit", "stale",
-                     "kill")
+                     "elastic", "kill")
     finally:
         cluster.stop_connect()
 
@@ -123,6 +126,39 @@ def test_a_host_lost_mid_fit_leaves_the_clean_runs_weights(run):
     assert got["killed"], "no process was killed on host 2"
     assert got["killed_at"] < got["fit_end"]  # during the fit, not after it
     assert got["digest"] == run["fit"]["digest"]
+
+
+def test_elastic_rounds_shrink_when_a_host_is_removed_for_good_and_grow_when_one_is_added(run, classic):
+    """Issue 39: host 3 removed mid-fit (a spot reclaim), a host added later (autoscaling), no fit restarted.
+
+    The rounds after the loss plan for the two slots left, the first round
+    after the added host's executor takes tasks for three; every epoch still
+    trains each example once (consecutive positions from 0, no overlap, fewer
+    than a minibatch per worker left over), the held-out accuracy is that of
+    a fixed 3-worker fit within 0.01, and replaying the recorded membership
+    trains bitwise the same weights.
+    """
+    got = run["elastic"]
+    assert got["hosts_before"] == got["hosts_after"] == [1, 2, 3]  # the added host took host 3's index
+    changes = [(c["epoch"], c["round"], c["workers"], c["reason"]) for c in got["membership"]]
+    assert [c[2:] for c in changes] == [(3, "start"), (2, "slots lost"), (3, "slots joined")], changes
+    # The rounds after the callbacks that removed (after round 0) and added (after round 2) a host.
+    assert changes[1][:2] == (0, 1) and changes[2][:2] == (0, 3), changes
+    # Host 3 (its address in the status store, its name in Connect's probe) is gone, then back.
+    host3 = {"10.213.0.13", "sdla-h3"}
+    lost, joined = set(got["membership"][1]["hosts"]), set(got["membership"][2]["hosts"])
+    assert len(lost) == 2 and not lost & host3 and len(joined) == 3 and joined & host3, got["membership"]
+    batch, examples = 32, 1500
+    for epoch in (0, 1):
+        rounds = [r for r in got["rounds"] if r["epoch"] == epoch]
+        ends = [r["start"] + r["num_workers"] * r["k"] * batch for r in rounds]
+        assert [r["start"] for r in rounds] == [0] + ends[:-1], rounds
+        assert sum(r["examples"] for r in rounds) == ends[-1], rounds
+        assert examples - rounds[-1]["num_workers"] * batch < ends[-1] <= examples, rounds
+    # The fixed fit runs once, classic (Connect's equals it bitwise); 0.01 is 2 of the 297 held-out digits.
+    fixed = classic["elastic"]["fixed_accuracy"]
+    assert abs(got["accuracy"] - fixed) <= 0.01, (got["accuracy"], fixed)
+    assert got["replayed_digest"] == got["digest"]
 
 
 def test_the_store_unreachable_for_two_seconds_mid_round_leaves_the_clean_runs_weights(classic):
