@@ -15,6 +15,7 @@ Because a worker's round result depends only on the broadcast state, the
 data order and the seed, the final weights equal a clean run's.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -86,6 +87,19 @@ def wait_for(predicate, timeout, what):
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def killing_an_executor_once(marker):
+    """Inside, the first attempt of worker 0's task in round 1 of epoch 0 kills its executor JVM (``_kill_executor_once``)."""
+    real = worker_module.run_round_partition
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        worker_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
+        yield
+    finally:
+        worker_module.run_round_partition = real
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
 def trainer_for(model):
     return ParameterAveragingTrainer(model, num_workers=N, batch_size=B, averaging_frequency=K, seed=7)
 
@@ -99,18 +113,12 @@ def test_a_killed_executor_is_replaced_and_training_ends_with_a_clean_runs_weigh
     before = wait_for(lambda: executor_ids(sc) if len(executor_ids(sc)) == 2 else None, 60, "two executors")
 
     marker = tmp_path / "executor-killed.json"
-    real = worker_module.run_round_partition
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        worker_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
+    with killing_an_executor_once(marker):
         survivor = make_model(seed=2)
         trainer = trainer_for(survivor)
         start = time.time()
         history = trainer.fit(DATA, epochs=2, verbose=0)
         elapsed = time.time() - start
-    finally:
-        worker_module.run_round_partition = real
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
     # The fault happened: the first attempt of worker 0's task in epoch 0, round 1 killed its executor JVM.
     assert marker.exists(), "the injected task never ran"
@@ -178,16 +186,10 @@ def test_elastic_rounds_shrink_when_the_executor_is_lost_and_grow_when_its_repla
                                          max_workers=N)
 
     marker = tmp_path / "executor-killed.json"
-    real = worker_module.run_round_partition
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        worker_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
+    with killing_an_executor_once(marker):
         model = make_model(seed=2)
         trainer = elastic(model)
         history = trainer.fit(DATA, epochs=3, verbose=0, callbacks=[AwaitReplacement()])
-    finally:
-        worker_module.run_round_partition = real
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert marker.exists(), "the injected task never ran"
 
     changes = [(c["epoch"], c["round"], c["workers"], c["reason"]) for c in trainer.stats.membership]

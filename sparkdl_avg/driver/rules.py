@@ -59,6 +59,22 @@ def _check_float(rule: str, name: str, value: Any, low: float, high: float, high
         )
 
 
+def _check_momentum_and_lr(rule: Any, momentum: str, lr: str) -> None:
+    """Checks a rule's momentum field (in ``[0, 1)``) and learning-rate field (``> 0``) and makes both floats."""
+    owner = type(rule).__name__
+    _check_float(owner, momentum, getattr(rule, momentum), 0.0, 1.0, high_open=True)
+    _check_float(owner, lr, getattr(rule, lr), 0.0, float("inf"), high_open=True)
+    if getattr(rule, lr) == 0:
+        raise ConfigurationError(f"The '{lr}' parameter of {owner} must be > 0. Got {getattr(rule, lr)!r} instead.")
+    object.__setattr__(rule, momentum, float(getattr(rule, momentum)))  # numpy scalars → float
+    object.__setattr__(rule, lr, float(getattr(rule, lr)))
+
+
+def _buffers(weights, trainable) -> List[np.ndarray]:
+    """A rule's float64 state: zeros shaped as each trainable weight."""
+    return [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]
+
+
 class UpdateRule:
     """Base class of update rules. Subclasses override the four methods below."""
 
@@ -155,7 +171,7 @@ class BlockMomentum(UpdateRule):
         return BlockMomentum(1.0 - 1.0 / num_workers, self.block_lr, self.nesterov)
 
     def init_state(self, weights, trainable) -> State:
-        return {"delta": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}
+        return {"delta": _buffers(weights, trainable)}
 
     def to_send(self, weights, state, trainable) -> List[np.ndarray]:
         if not self.nesterov:
@@ -205,15 +221,10 @@ class SlowMo(UpdateRule):
     name = "slowmo"
 
     def __post_init__(self) -> None:
-        _check_float("SlowMo", "slow_momentum", self.slow_momentum, 0.0, 1.0, high_open=True)
-        _check_float("SlowMo", "slow_lr", self.slow_lr, 0.0, float("inf"), high_open=True)
-        if self.slow_lr == 0:
-            raise ConfigurationError(f"The 'slow_lr' parameter of SlowMo must be > 0. Got {self.slow_lr!r} instead.")
-        object.__setattr__(self, "slow_momentum", float(self.slow_momentum))
-        object.__setattr__(self, "slow_lr", float(self.slow_lr))
+        _check_momentum_and_lr(self, "slow_momentum", "slow_lr")
 
     def init_state(self, weights, trainable) -> State:
-        return {"u": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}
+        return {"u": _buffers(weights, trainable)}
 
     def apply(self, weights, sent, average, state, trainable, learning_rate) -> List[np.ndarray]:
         if not learning_rate > 0:
@@ -258,15 +269,10 @@ class DiLoCo(UpdateRule):
     name = "diloco"
 
     def __post_init__(self) -> None:
-        _check_float("DiLoCo", "outer_momentum", self.outer_momentum, 0.0, 1.0, high_open=True)
-        _check_float("DiLoCo", "outer_lr", self.outer_lr, 0.0, float("inf"), high_open=True)
-        if self.outer_lr == 0:
-            raise ConfigurationError(f"The 'outer_lr' parameter of DiLoCo must be > 0. Got {self.outer_lr!r} instead.")
-        object.__setattr__(self, "outer_lr", float(self.outer_lr))
-        object.__setattr__(self, "outer_momentum", float(self.outer_momentum))
+        _check_momentum_and_lr(self, "outer_momentum", "outer_lr")
 
     def init_state(self, weights, trainable) -> State:
-        return {"v": [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]}
+        return {"v": _buffers(weights, trainable)}
 
     def apply(self, weights, sent, average, state, trainable, learning_rate) -> List[np.ndarray]:
         lr, mu = self.outer_lr, self.outer_momentum

@@ -347,14 +347,21 @@ class DeltaLayout:
 
 
 @dataclass(frozen=True)
-class FeedbackFiles:
-    """Where a round's workers read and write their residuals (error feedback), under the fit's staging directory.
+class WorkerRoundFiles:
+    """Files that chain each worker from one round to its next, under the fit's staging directory.
+
+    Worker ``i`` of a round reads ``<directory>/<read>-w<i>.bin`` (what it
+    wrote in the round ``read`` names) and writes ``<directory>/<write>-w<i>.bin``,
+    atomically, so a retried task reads and writes the same bytes. Error
+    feedback's residuals (:class:`FeedbackFiles`) and ``optimizer_state="local"``'s
+    optimizer states (:class:`~sparkdl_avg.shared.local_state.LocalStateFiles`)
+    are such files; the driver's side is :class:`~sparkdl_avg.driver.feedback.FeedbackLedger`.
 
     Attributes:
-        directory: The fit's feedback directory.
-        read: The name of the round whose residuals this round's workers add (``None``: none, zero).
-        write: This round's name: worker ``i`` writes ``<directory>/<write>-w<i>.bin``.
-        fresh: Workers that start from a zero residual although ``read`` is set (none had one yet).
+        directory: The fit's directory of such files.
+        read: The name of the round whose files this round's workers read (``None``: none yet).
+        write: This round's name.
+        fresh: Workers that have no file in ``read`` (none had one yet: they start from zero or the sent state).
     """
 
     directory: str
@@ -362,31 +369,50 @@ class FeedbackFiles:
     write: str
     fresh: frozenset = frozenset()
 
+    #: What the files hold, for the error a missing one raises.
+    what = "file"
+
     def path(self, name: str, worker: int) -> str:
         from .fs import join
 
         return join(self.directory, f"{name}-w{worker}.bin")
 
-    def load(self, layout: DeltaLayout, worker: int) -> Optional[List[np.ndarray]]:
-        """Worker ``worker``'s residual to add this round (``None``: zero)."""
+    def read_bytes(self, worker: int) -> Optional[bytes]:
+        """Worker ``worker``'s file from the round ``read`` names (``None``: it has none)."""
         from .fs import read_bytes
 
         if self.read is None or worker in self.fresh:
             return None
         uri = self.path(self.read, worker)
         try:
-            return layout.read_residual(read_bytes(uri))
+            return read_bytes(uri)
         except FileNotFoundError:
             raise FileNotFoundError(
-                f"worker {worker}'s error-feedback residual {uri!r} is missing: every executor must read and write "
-                "the staging directory (staging_dir), which holds the residuals between rounds"
+                f"worker {worker}'s {self.what} {uri!r} is missing: every executor must read and write the staging "
+                "directory (staging_dir), which holds it between rounds"
             ) from None
 
-    def save(self, layout: DeltaLayout, worker: int, residual: Sequence[np.ndarray]) -> None:
-        """Writes worker ``worker``'s residual of this round (atomically: a retry rewrites the same bytes)."""
+    def write_bytes(self, worker: int, data: bytes) -> None:
+        """Writes worker ``worker``'s file of this round (atomically: a retry rewrites the same bytes)."""
         from .fs import write_atomically
 
-        write_atomically(self.path(self.write, worker), layout.residual_bytes(residual))
+        write_atomically(self.path(self.write, worker), data)
+
+
+@dataclass(frozen=True)
+class FeedbackFiles(WorkerRoundFiles):
+    """Where a round's workers read and write their residuals (error feedback); ``fresh`` ones start from zero."""
+
+    what = "error-feedback residual"
+
+    def load(self, layout: DeltaLayout, worker: int) -> Optional[List[np.ndarray]]:
+        """Worker ``worker``'s residual to add this round (``None``: zero)."""
+        data = self.read_bytes(worker)
+        return None if data is None else layout.read_residual(data)
+
+    def save(self, layout: DeltaLayout, worker: int, residual: Sequence[np.ndarray]) -> None:
+        """Writes worker ``worker``'s residual of this round."""
+        self.write_bytes(worker, layout.residual_bytes(residual))
 
 
 def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: int, examples: int, weights,

@@ -29,7 +29,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .fs import join, read_bytes, write_atomically
+from .delta_sums import WorkerRoundFiles
 
 
 def to_bytes(arrays: Sequence[np.ndarray]) -> bytes:
@@ -54,37 +54,19 @@ def from_bytes(data: bytes, template: Sequence[np.ndarray]) -> List[np.ndarray]:
 
 
 @dataclass(frozen=True)
-class LocalStateFiles:
+class LocalStateFiles(WorkerRoundFiles):
     """Where a round's workers read and write their own optimizer variables (``optimizer_state="local"``).
 
-    Attributes:
-        directory: The fit's directory of local states.
-        read: The round whose states this round's workers continue (``None``: none yet).
-        write: This round's name: worker ``i`` writes ``<directory>/<write>-w<i>.bin``.
-        fresh: Workers that have no state in ``read`` (an elastic round's new workers).
+    ``fresh`` workers (an elastic round's new ones) have no state yet and start from the sent variables.
     """
 
-    directory: str
-    read: Optional[str]
-    write: str
-    fresh: frozenset = frozenset()
-
-    def path(self, name: str, worker: int) -> str:
-        return join(self.directory, f"{name}-w{worker}.bin")
+    what = "optimizer state (optimizer_state='local')"
 
     def load(self, worker: int, template: Sequence[np.ndarray]) -> Optional[List[np.ndarray]]:
         """Worker ``worker``'s optimizer variables from its previous round (``None``: it has none yet)."""
-        if self.read is None or worker in self.fresh:
-            return None
-        uri = self.path(self.read, worker)
-        try:
-            return from_bytes(read_bytes(uri), template)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"worker {worker}'s optimizer state {uri!r} (optimizer_state='local') is missing: every executor must "
-                "read and write the staging directory (staging_dir), which holds it between rounds"
-            ) from None
+        data = self.read_bytes(worker)
+        return None if data is None else from_bytes(data, template)
 
     def save(self, worker: int, variables: Sequence[np.ndarray]) -> None:
-        """Writes worker ``worker``'s optimizer variables after this round (atomically: a retry rewrites the same bytes)."""
-        write_atomically(self.path(self.write, worker), to_bytes(variables))
+        """Writes worker ``worker``'s optimizer variables after this round."""
+        self.write_bytes(worker, to_bytes(variables))
