@@ -205,11 +205,13 @@ class CompressedUpdatesMixin:
 
     def test_every_sql_path_sums_compressed_deltas_bitwise_alike_and_records_the_bytes(self, session):
         float32 = compressed_fit(None, state_transport="sql", aggregation="driver")[1].stats.records
-        for compression, ratio in (("int8", (0.40, 0.45)), ("bf16", (0.49, 0.51))):
+        paths = ({"aggregation": "driver"}, {"aggregation": "files"}, {"aggregation": "shuffle", "aggregation_shards": 3},
+                 {"aggregation": "storage", "aggregation_shards": 2})
+        # int4 differs from int8 only in its codec: the whole delta, and one sharded (cut at whole blocks and bytes)
+        for compression, ratio, options_list in (("int8", (0.40, 0.45), paths), ("bf16", (0.49, 0.51), paths),
+                                                 ("int4", (0.36, 0.40), paths[::2])):
             reference = None
-            for options in ({"aggregation": "driver"}, {"aggregation": "files"},
-                            {"aggregation": "shuffle", "aggregation_shards": 3},
-                            {"aggregation": "storage", "aggregation_shards": 2}):
+            for options in options_list:
                 model, trainer = compressed_fit(compression, state_transport="sql", **options)
                 weights = model.get_weights()
                 if reference is None:
@@ -219,12 +221,13 @@ class CompressedUpdatesMixin:
                 records = trainer.stats.records
                 assert [r.compression for r in records] == [compression] * len(records)
                 assert [r.aggregation for r in records] == [options["aggregation"]] * len(records)
-                # int8: the weights at 1 byte + a scale per 256, Adam's two moments in bf16: (1 + 2 * 2) / 12
+                # int8: the weights at 1 byte + a scale per 256, Adam's two moments in bf16: (1 + 2 * 2) / 12;
+                # int4: half a byte + a scale per 128: (0.53 + 2 * 2) / 12
                 low, high = ratio
                 for record, plain in zip(records, float32):
                     assert low * plain.sent_bytes < record.sent_bytes < high * plain.sent_bytes, (compression, record)
                     assert all(w.encode_s > 0 for w in record.workers)
-                    assert (record.feedback_max_s > 0) == (compression == "int8")  # bf16: no feedback by default
+                    assert (record.feedback_max_s > 0) == (compression != "bf16")  # bf16: no feedback by default
                     # the reducers' decoding and summing, reported back with their shards
                     assert (record.reduce_max_s > 0) == (options["aggregation"] in ("shuffle", "storage"))
                 assert not [f for f in os.listdir(trainer._staging_root) if f.startswith("exchange")]

@@ -1,4 +1,4 @@
-"""The update codecs (sparkdl_avg.shared.compression): bf16 rounding, int8 blocks, error feedback; no Spark."""
+"""The update codecs (sparkdl_avg.shared.compression): bf16 rounding, int8 blocks, int4 nibbles, error feedback."""
 
 import ml_dtypes
 import numpy as np
@@ -95,7 +95,78 @@ def test_add_decoded_sums_weighted_values_in_float32():
 
 
 def test_bad_input_is_refused_with_what_was_expected():
-    with pytest.raises(ValueError, match="unknown codec 'fp4'; expected one of 'bf16', 'int8'"):
+    with pytest.raises(ValueError, match="unknown codec 'fp4'; expected one of 'bf16', 'int8', 'int4'"):
         c.encode(_vector(), "fp4")
     with pytest.raises(ValueError, match=r"flat float32 vector; got shape \(2, 3\)"):
         c.encode(np.zeros((2, 3)), "bf16")
+
+
+# ------------------------------------------------------------------ int4 (issue 40)
+
+
+def _int4_values(e):
+    """The signed 4-bit values of an int4 payload: byte i holds value 2i in its low nibble, 2i + 1 in its high."""
+    low, high = (e.payload & 15).astype(np.int8), (e.payload >> 4).astype(np.int8)
+    q = np.stack([low, high], axis=1).reshape(-1)
+    return np.where(q > 7, q - 16, q)[: e.size]
+
+
+def test_int4_packs_two_values_a_byte_low_nibble_first():
+    e = c.encode(np.array([7, -1, 3], dtype=np.float32), "int4")  # one block: scale 7 / 7 = 1
+    assert e.payload.dtype == np.uint8 and e.payload.tolist() == [0xF7, 0x03]  # -1 = 0xF; an odd tail's high nibble 0
+    assert e.scales.tolist() == [1.0] and e.block == c.BLOCKS["int4"]
+    np.testing.assert_array_equal(c.decode(e), [7, -1, 3])
+    for size in (1, 3, 127, 129, 1001):  # odd sizes, and blocks of 64 with a short last one
+        x = _vector(size, seed=size)
+        e = c.encode(x, "int4", block=64)
+        blocks = -(-size // 64)
+        assert e.payload.size == (size + 1) // 2 and e.scales.size == blocks
+        assert e.nbytes == (size + 1) // 2 + 4 * blocks
+        q = _int4_values(e)
+        assert q.min() >= -7 and q.max() <= 7
+        back = c.decode(e)
+        assert back.dtype == np.float32 and back.size == size
+        np.testing.assert_array_equal(back, q.astype(np.float32) * np.repeat(e.scales, 64)[:size])
+        steps = np.repeat(e.scales, 64)[:size]
+        assert np.all(np.abs(back - x) <= steps / 2 * (1 + 1e-6))  # within half a step of its block's scale
+        for b in range(blocks):  # each block's largest value is ±7 steps: exact in magnitude
+            assert np.abs(q[b * 64:(b + 1) * 64]).max() == 7
+
+
+def test_int4_encodes_minus_x_as_minus_q_and_zero_blocks_as_zero():
+    x = _vector(1001)
+    x[:128] = 0
+    e, neg = c.encode(x, "int4"), c.encode(-x, "int4")
+    np.testing.assert_array_equal(_int4_values(neg), -_int4_values(e))
+    np.testing.assert_array_equal(c.decode(neg), -c.decode(e))
+    np.testing.assert_array_equal(c.decode(e)[:128], 0.0)
+    assert e.scales[0] == 0
+
+
+def test_int4_slices_cut_whole_blocks_and_bytes_and_decode_alone():
+    x = _vector(1001)  # odd: the last slice ends in half a byte
+    e = c.encode(x, "int4", block=64)
+    cuts = [0, 128, 640, 1001]
+    parts = [e.slice(a, b) for a, b in zip(cuts, cuts[1:])]
+    assert b"".join(p.payload.tobytes() for p in parts) == e.payload.tobytes()  # the bytes cut, none shared
+    np.testing.assert_array_equal(np.concatenate([c.decode(p) for p in parts]), c.decode(e))
+    with pytest.raises(ValueError, match="int4 slice must start at a multiple of its block"):
+        e.slice(32, 128)
+    with pytest.raises(ValueError, match="int4 slice must stop at a whole byte"):
+        e.slice(0, 129)
+    with pytest.raises(ValueError, match="int4 block must hold an even number of values"):
+        c.encode(x, "int4", block=63)
+
+
+def test_int4_with_feedback_sends_over_rounds_what_one_round_drops():
+    # one round drops up to half a step (a fourteenth of each block's largest value); feedback sends it later
+    rounds = [_vector(4096, seed=s) for s in range(20)]
+    residual, sent = None, np.zeros(4096, dtype=np.float64)
+    for delta in rounds:
+        e, residual = c.with_feedback(delta, residual, "int4")
+        sent += c.decode(e)
+        assert np.all(np.abs(residual) <= np.repeat(e.scales, c.BLOCKS["int4"]) / 2 * (1 + 1e-6))
+    total = np.sum(rounds, axis=0, dtype=np.float64)
+    np.testing.assert_allclose(sent + residual, total, rtol=0, atol=1e-6)
+    plain = np.sum([c.decode(c.encode(d, "int4")) for d in rounds], axis=0, dtype=np.float64)
+    assert np.abs(sent - total).max() < 0.5 * np.abs(plain - total).max()

@@ -49,7 +49,7 @@ def _state(seed, sizes=(700, 3, 130), opt_sizes=(700, 130)):
     return weights, optimizer
 
 
-@pytest.mark.parametrize("codec", ["int8", "bf16"])
+@pytest.mark.parametrize("codec", ["int8", "bf16", "int4"])
 def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     sent_w, sent_o = _state(0)
     # optimizer variable 1 is a first moment ("m"), variable 2 another ("o")
@@ -75,14 +75,14 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     # The sum is Σ n · decode(delta): close to the exact example-weighted deltas.
     weight_sums, _ = layout.delta_sums([whole])
     exact = sum((5 + i) * (_state(10 + i)[0][0] - sent_w[0]) for i in range(3))
-    tolerance = 0.01 if codec == "int8" else 0.005
+    tolerance = {"int8": 0.01, "bf16": 0.005, "int4": 0.12}[codec]  # half a step: 1/254, 1/512, 1/14 of a block's max
     assert np.max(np.abs(weight_sums[0] - exact)) < tolerance * np.max(np.abs(exact))
     np.testing.assert_allclose(weight_sums[3], sum((5 + i) * (_state(10 + i)[0][3] - sent_w[3]) for i in range(3)))
 
 
-def test_int8_sends_about_a_quarter_of_the_weights_bytes_and_bf16_half():
+def test_int8_sends_about_a_quarter_of_the_weights_bytes_int4_an_eighth_and_bf16_half():
     sent_w, _ = _state(0)
-    for codec, low, high in (("int8", 0.25, 0.27), ("bf16", 0.5, 0.51)):
+    for codec, low, high in (("int8", 0.25, 0.27), ("int4", 0.125, 0.14), ("bf16", 0.5, 0.51)):
         layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False, False))
         assert low * layout.float32_nbytes < layout.nbytes < high * layout.float32_nbytes + 64, codec
 
@@ -97,12 +97,13 @@ def test_a_value_of_another_layout_is_refused():
         DeltaLayout(layout.flat, "fp8", feedback=(False, False, False))
 
 
-def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
-    """Over rounds, Σ decoded ≈ Σ deltas: the residual, stored in int8 itself, loses only its own rounding."""
+@pytest.mark.parametrize("codec, levels", [("int8", 127), ("int4", 7)])
+def test_error_feedback_through_residual_files_keeps_what_the_codec_drops(tmp_path, codec, levels):
+    """Over rounds, Σ decoded ≈ Σ deltas: the residual, stored in int8 (int4's too), loses only its own rounding."""
     sent_w, _ = _state(0, sizes=(4096,))
     errors = {}
     for feedback in (True, False):
-        layout = DeltaLayout(FlatLayout.of(sent_w, None), "int8", feedback=(feedback,) * 3)
+        layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(feedback,) * 3)
         rng = np.random.default_rng(3)
         total_sent, total_true, previous, step = np.zeros(4096), np.zeros(4096), None, 0.0
         for r in range(40):
@@ -117,7 +118,7 @@ def test_error_feedback_through_residual_files_keeps_what_int8_drops(tmp_path):
             previous = f"g{r}"
             total_sent += layout.add(None, layout.shard_bytes(packed, 0, 1), 0, 1)[0]
             total_true += new[0] - sent_w[0]
-            step = max(step, float(np.abs(delta).max()) / 127)
+            step = max(step, float(np.abs(delta).max()) / levels)
         errors[feedback] = float(np.abs(total_sent - total_true).max())
     # With feedback what is missing is one round's residual (half a step) and the residuals' own rounding.
     assert errors[True] < 0.75 * step, (errors, step)
@@ -162,7 +163,7 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
 def test_the_options_refuse_what_does_not_fit_naming_it():
     model = f32_model()
     with pytest.raises(ConfigurationError, match=r"'update_compression' parameter must be one of None, 'bf16', "
-                                                 r"'int8'. Got 'fp8' instead"):
+                                                 r"'int8', 'int4'. Got 'fp8' instead"):
         ParameterAveragingTrainer(model, update_compression="fp8")
     with pytest.raises(ConfigurationError, match=r"'error_feedback' parameter applies only with 'update_compression'"):
         ParameterAveragingTrainer(model, error_feedback=True)
@@ -178,13 +179,16 @@ def test_the_options_refuse_what_does_not_fit_naming_it():
 
 
 def test_classic_transports_sum_compressed_deltas_bitwise_like_the_sql_round(spark, tmp_path):
-    reference = compressed_fit("int8", state_transport="sql", aggregation="driver")[0].get_weights()
-    for options in ({"state_transport": "spark"}, {"state_transport": "spark", "aggregation_depth": 2},
-                    {"state_transport": "files"}):
-        model, trainer = compressed_fit("int8", **options)
-        for got, want in zip(model.get_weights(), reference):
-            np.testing.assert_array_equal(got, want, err_msg=str(options))
-        assert trainer.stats.records[-1].received_bytes == trainer.stats.records[-1].sent_bytes
+    # int4 differs from int8 only in its codec: one classic path (Spark's tree) against the SQL round
+    int8_paths = ({"state_transport": "spark"}, {"state_transport": "spark", "aggregation_depth": 2},
+                  {"state_transport": "files"})
+    for compression, paths in (("int4", ({"state_transport": "spark", "aggregation_depth": 2},)), ("int8", int8_paths)):
+        reference = compressed_fit(compression, state_transport="sql", aggregation="driver")[0].get_weights()
+        for options in paths:
+            model, trainer = compressed_fit(compression, **options)
+            for got, want in zip(model.get_weights(), reference):
+                np.testing.assert_array_equal(got, want, err_msg=f"{compression} {options}")
+            assert trainer.stats.records[-1].received_bytes == trainer.stats.records[-1].sent_bytes
     # The report's title says what each worker sent and what encoding it cost.
     summary = trainer.stats.summary()
     assert summary["sent_bytes_per_worker_median"] == trainer.stats.records[-1].sent_bytes / 2
@@ -198,8 +202,8 @@ def test_compressed_training_follows_float32_training_with_every_rule(spark):
 
     for rule in ("average", "bmuf", "slowmo"):
         losses = {}
-        arms = ((None, None), ("bf16", None), ("bf16", True), ("int8", None)) if rule == "average" else \
-            ((None, None), ("int8", None))
+        arms = ((None, None), ("bf16", None), ("bf16", True), ("int8", None), ("int4", None)) if rule == "average" \
+            else ((None, None), ("int8", None))
         for codec, feedback in arms:
             # block momentum on top of Adam overshoots on this small problem; with SGD (momentum) it trains
             model = f32_model(optimizer=None if rule == "average" else keras.optimizers.SGD(0.05, momentum=0.5))

@@ -9,6 +9,13 @@ formats and nothing about where they travel:
 * ``"int8"``: one signed byte per value and one float32 scale per block of
   :data:`BLOCK` consecutive values (``scale = max|x| / 127`` over the block,
   ``q = round(x / scale)``): 1 + 4/BLOCK bytes per value;
+* ``"int4"``: Streaming DiLoCo's 4-bit outer gradients (Douillard et al.
+  2025; summed in float32 like the others): two signed 4-bit values per
+  byte, value ``2i`` in the low nibble of byte ``i`` and ``2i + 1`` in its
+  high nibble (two's complement, a last odd value's high nibble 0), and one
+  float32 scale per block of :data:`BLOCKS` ``["int4"]`` values
+  (``scale = max|x| / 7``, ``q = round(x / scale)`` in -7..7): 0.5 + 4/block
+  bytes per value;
 * error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec
   drops from ``delta + residual`` is the next residual, so over rounds
   nothing is lost (:func:`with_feedback`).
@@ -17,8 +24,9 @@ Everything here is a pure function of its inputs (numpy only, no clocks, no
 randomness), so a retried task encodes bitwise the same bytes. Sums of
 decoded values are done in float32 by the caller (:func:`add_decoded`).
 Vectors are flat float32; a block never spans two slices cut at multiples
-of :data:`BLOCK` (:meth:`Encoded.slice`), so sharded reducers can decode
-their slice alone. The block size is chosen by measurement:
+of its codec's block (:meth:`Encoded.slice`; int4's blocks hold an even
+number of values, so such a cut is also a whole byte), so sharded reducers
+can decode their slice alone. The block sizes are chosen by measurement:
 ``benchmarks/compression.py`` (docs/benchmarks.md, "Compressed updates").
 int8 suits signed deltas of similar magnitude within a block (the weights');
 Adam's second moments span many magnitudes and diverge through it, while
@@ -32,11 +40,31 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-CODECS = ("bf16", "int8")
+CODECS = ("bf16", "int8", "int4")
 BLOCK = 256
 """Values per int8 scale: 1.0156 bytes per value; measured in docs/benchmarks.md ("Compressed updates")."""
+BLOCKS = {"int8": BLOCK, "int4": 128}
+"""Values per scale of each codec that has scales (the default ``block`` of :func:`encode`). int4: 0.53125 bytes
+per value; the smallest block whose halving still bought more error than the same bits spent on a finer grid
+would (docs/benchmarks.md, "Compressed updates")."""
 
-_INT8_MAX = 127  # symmetric: -127..127, so that -x encodes as -q
+_MAX = {"int8": 127, "int4": 7}  # symmetric (-127..127, -7..7) so that -x encodes as -q
+_DTYPES = {"bf16": np.uint16, "int8": np.int8, "int4": np.uint8}
+
+
+def payload_dtype(codec: str) -> np.dtype:
+    """The dtype of ``codec``'s payload (int4: ``uint8``, a byte holding two values)."""
+    return np.dtype(_DTYPES[codec])
+
+
+def payload_count(codec: str, size: int) -> int:
+    """Payload elements that encode ``size`` values in ``codec`` (int4: ``ceil(size / 2)`` bytes)."""
+    return -(-size // 2) if codec == "int4" else size
+
+
+def block_of(codec: str) -> int:
+    """Values per scale of ``codec``; 1 for bf16, which has no scales (so a cut anywhere is whole)."""
+    return BLOCKS.get(codec, 1)
 
 
 @dataclass(frozen=True)
@@ -44,11 +72,12 @@ class Encoded:
     """A flat float32 vector in a compressed form.
 
     Attributes:
-        codec: ``"bf16"`` or ``"int8"``.
+        codec: ``"bf16"``, ``"int8"`` or ``"int4"``.
         size: Values encoded.
-        payload: ``uint16`` (bf16: the top half of each float32) or ``int8`` values, ``size`` of them.
-        scales: int8's float32 scale per block of ``block`` values (the last may be shorter); ``None`` for bf16.
-        block: Values per scale (int8).
+        payload: ``uint16`` (bf16: the top half of each float32) or ``int8`` values, ``size`` of them; int4:
+            ``uint8`` bytes, ``ceil(size / 2)`` of them, value ``2i`` in byte ``i``'s low nibble.
+        scales: The float32 scale per block of ``block`` values (the last may be shorter); ``None`` for bf16.
+        block: Values per scale (int8, int4).
     """
 
     codec: str
@@ -63,13 +92,20 @@ class Encoded:
         return int(self.payload.nbytes + (0 if self.scales is None else self.scales.nbytes))
 
     def slice(self, start: int, stop: int) -> "Encoded":
-        """Values ``[start, stop)``; for int8 ``start`` must be a multiple of ``block`` (a block is never split)."""
+        """Values ``[start, stop)``; for int8 and int4 ``start`` must be a multiple of ``block`` (a block is
+        never split), for int4 ``stop`` even or the end (a byte is never split)."""
         if self.scales is None:
             return Encoded(self.codec, stop - start, self.payload[start:stop])
         if start % self.block:
-            raise ValueError(f"an int8 slice must start at a multiple of its block ({self.block}); got {start}")
+            raise ValueError(f"an {self.codec} slice must start at a multiple of its block ({self.block}); got {start}")
         first, last = start // self.block, -(-stop // self.block)
-        return Encoded(self.codec, stop - start, self.payload[start:stop], self.scales[first:last], self.block)
+        if self.codec == "int4":
+            if stop % 2 and stop != self.size:
+                raise ValueError(f"an int4 slice must stop at a whole byte (an even index or the end); got {stop}")
+            payload = self.payload[start // 2:-(-stop // 2)]
+        else:
+            payload = self.payload[start:stop]
+        return Encoded(self.codec, stop - start, payload, self.scales[first:last], self.block)
 
 
 def _flat32(x: np.ndarray) -> np.ndarray:
@@ -79,14 +115,17 @@ def _flat32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def encode(x: np.ndarray, codec: str, block: int = BLOCK) -> Encoded:
-    """``x`` (flat float32) in ``codec``."""
+def encode(x: np.ndarray, codec: str, block: Optional[int] = None) -> Encoded:
+    """``x`` (flat float32) in ``codec``; ``block``: values per scale (``None``: :data:`BLOCKS`)."""
     x = _flat32(x)
     if codec == "bf16":
         return Encoded("bf16", x.size, _to_bf16(x))
-    if codec == "int8":
-        q, scales = _to_int8(x, block)
-        return Encoded("int8", x.size, q, scales, block)
+    if codec in _MAX:
+        block = BLOCKS[codec] if block is None else block
+        if codec == "int4" and block % 2:
+            raise ValueError(f"an int4 block must hold an even number of values (whole bytes); got {block}")
+        q, scales = _quantize(x, block, _MAX[codec])
+        return Encoded(codec, x.size, _pack_int4(q) if codec == "int4" else q, scales, block)
     raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(map(repr, CODECS))}")
 
 
@@ -94,7 +133,7 @@ def decode(e: Encoded) -> np.ndarray:
     """The float32 values ``e`` stands for."""
     if e.codec == "bf16":
         return (e.payload.astype(np.uint32) << 16).view(np.float32)
-    out = e.payload.astype(np.float32)
+    out = (_unpack_int4(e.payload) if e.codec == "int4" else e.payload).astype(np.float32)[: e.size]
     _scale_blocks(out, e.scales, e.block)
     return out
 
@@ -109,7 +148,7 @@ def add_decoded(acc: np.ndarray, e: Encoded, weight: float = 1.0) -> np.ndarray:
 
 
 def with_feedback(delta: np.ndarray, residual: Optional[np.ndarray], codec: str,
-                  block: int = BLOCK) -> Tuple[Encoded, np.ndarray]:
+                  block: Optional[int] = None) -> Tuple[Encoded, np.ndarray]:
     """Encodes ``delta + residual``; returns it and the next residual (what the codec dropped).
 
     ``residual=None`` is a zero residual (a worker's first round).
@@ -138,19 +177,38 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
     return rounded
 
 
-def _to_int8(x: np.ndarray, block: int) -> Tuple[np.ndarray, np.ndarray]:
+def _quantize(x: np.ndarray, block: int, qmax: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``q`` (int8, in ``-qmax..qmax``) and the float32 scale of each block, ``max|x| / qmax``."""
     if block < 1:
         raise ValueError(f"block must be >= 1; got {block}")
     blocks = -(-x.size // block)
     padded = np.zeros(blocks * block, dtype=np.float32)
     padded[: x.size] = x
     by_block = padded.reshape(blocks, block)
-    scales = np.abs(by_block).max(axis=1) / np.float32(_INT8_MAX)
+    scales = np.abs(by_block).max(axis=1) / np.float32(qmax)
     scales = scales.astype(np.float32)
     safe = np.where(scales > 0, scales, np.float32(1.0))
     q = np.rint(by_block / safe[:, None])
-    np.clip(q, -_INT8_MAX, _INT8_MAX, out=q)
+    np.clip(q, -qmax, qmax, out=q)
     return q.astype(np.int8).reshape(-1)[: x.size], scales
+
+
+def _pack_int4(q: np.ndarray) -> np.ndarray:
+    """int8 values in -7..7 as two's complement nibbles, value ``2i`` low in byte ``i`` (an odd tail's high 0)."""
+    u = np.zeros(q.size + q.size % 2, dtype=np.uint8)
+    u[: q.size] = q.view(np.uint8) & 15
+    return u[0::2] | (u[1::2] << 4)
+
+
+def _unpack_int4(payload: np.ndarray) -> np.ndarray:
+    """Bytes of :func:`_pack_int4` as int8 values, two per byte (a padded tail's 0 included)."""
+    signed = payload.view(np.int8)
+    q = np.empty((payload.size, 2), dtype=np.int8)
+    # arithmetic right shifts of int8 sign-extend the nibbles (a table look-up was 5-8x slower)
+    np.right_shift(signed, 4, out=q[:, 1])
+    np.left_shift(signed, 4, out=q[:, 0])
+    np.right_shift(q[:, 0], 4, out=q[:, 0])
+    return q.reshape(-1)
 
 
 def _scale_blocks(values: np.ndarray, scales: np.ndarray, block: int) -> None:

@@ -19,16 +19,20 @@ bf16: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged
 with error feedback in the pre-study; int8 on its first moments alone
 matched float32 but cost more in residual files than it saved on the wire
 (:data:`SEGMENT_CODECS`; docs/benchmarks.md, "Compressed updates").
+``"int4"`` (Streaming DiLoCo's 4-bit outer gradients) sends ``"w"`` in int4,
+``"m"`` and ``"o"`` in bf16 likewise.
 
 **Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of
-each segment, cut at whole int8 blocks, so a reducer decodes its shard alone
-and summing shard by shard gives exactly the elements of a whole sum.
+each segment, cut at whole blocks of its codec (int8's 256 values, int4's
+128: whole bytes too), so a reducer decodes its shard alone and summing
+shard by shard gives exactly the elements of a whole sum.
 A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
-(float64), the int8 segments' scales (float32), then the payloads (bf16's
-uint16, then int8's). A summed shard is the segments' float64 and float32
-sums back to back. Every path (Spark's tree, the driver, the shuffle, the
-storage reducers, the files) adds with :meth:`DeltaLayout.add` in worker
-order, so all give bitwise the same sums.
+(float64), the int8 and int4 segments' scales (float32, in segment order),
+then the payloads (bf16's uint16, then int8's, then int4's bytes of two
+values, the even index in the low nibble). A summed shard is the segments'
+float64 and float32 sums back to back. Every path (Spark's tree, the
+driver, the shuffle, the storage reducers, the files) adds with
+:meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
 
 **Error feedback.** A worker adds its residual to its delta before encoding
 and keeps what the codec dropped (:func:`~sparkdl_avg.shared.compression.with_feedback`)
@@ -37,11 +41,12 @@ the fit and the worker (:class:`FeedbackFiles`): the next round's task for that
 worker, on whatever executor, reads it; a retried task reads the same file
 and rewrites identical bytes, and a lost executor loses nothing (Spark reruns
 its task, which reads the same file). Which segments keep a residual is the
-layout's ``feedback`` (``error_feedback``: by default the int8 ones only,
-bf16 measured equal to float32 without it). The residual is stored in int8
-(1 byte a value and a scale per block, not 4): what that drops is the
-residual's own rounding, 1/254 of the residual, itself about 1/254 of the
-delta for int8 and 1/512 for bf16.
+layout's ``feedback`` (``error_feedback``: by default the int8 and int4
+ones only, bf16 measured equal to float32 without it). The residual is
+stored in int8 whatever the segment's codec (1 byte a value and a scale per
+256, not 4): what that drops is the residual's own rounding, 1/254 of the
+residual, itself about 1/254 of the delta for int8, 1/14 for int4 and 1/512
+for bf16.
 """
 
 from __future__ import annotations
@@ -52,25 +57,28 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compression import BLOCK, Encoded, decode, encode, with_feedback
+from .compression import BLOCK, Encoded, block_of, decode, encode, payload_count, payload_dtype, with_feedback
 
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
-COMPRESSIONS = ("bf16", "int8")
+COMPRESSIONS = ("bf16", "int8", "int4")
 
 #: Codecs of the compressed segments per ``update_compression``: the float32 weights (``"w"``), the
 #: optimizer's float32 first moments (``"m"``: its variables named ``*_momentum``, signed like the
 #: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators). int8 on
 #: ``"m"`` matched float32 too (0.336× the bytes with Adam against 0.418×), but its residual doubled the
 #: residual files and made the rounds on the shaped-network cluster slower, so ``"m"`` stays in bf16
-#: (docs/benchmarks.md, "Compressed updates").
-SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16")}
+#: (docs/benchmarks.md, "Compressed updates"). ``"int4"`` follows int8: only the weights in int4.
+SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16"),
+                  "int4": ("int4", "bf16", "bf16")}
+
+_QUANTIZED = ("int8", "int4")  # the codecs with scales, which drop enough to keep a residual by default
 
 
 def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
-    """Which segments keep a residual: ``error_feedback=None`` the int8 ones, ``True`` every one, ``False`` none."""
+    """Which segments keep a residual: ``error_feedback=None`` the int8 and int4 ones, ``True`` all, ``False`` none."""
     codecs = SEGMENT_CODECS[compression]
     if error_feedback is None:
-        return tuple(codec == "int8" for codec in codecs)
+        return tuple(codec in _QUANTIZED for codec in codecs)
     return (bool(error_feedback),) * len(codecs)
 
 
@@ -85,11 +93,12 @@ def first_moments(optimizer_variables) -> Tuple[int, ...]:
     return tuple(i for i, v in enumerate(optimizer_variables) if str(getattr(v, "path", "")).endswith("_momentum"))
 
 _HEADER = 8  # int64 n
+_PAYLOADS = ("bf16", "int8", "int4")  # the payloads' order in a shard (int8's shards kept their bytes when int4 came)
 
 
 def _bounds(size: int, codec: str, shard: int, shards: int) -> Tuple[int, int]:
-    """``[lo, hi)`` of shard ``shard`` of a segment of ``size`` values (int8: at whole blocks)."""
-    unit = BLOCK if codec == "int8" else 1
+    """``[lo, hi)`` of shard ``shard`` of a segment of ``size`` values (int8, int4: at whole blocks)."""
+    unit = block_of(codec)
     units = -(-size // unit)
     return min(size, units * shard // shards * unit), min(size, units * (shard + 1) // shards * unit)
 
@@ -112,7 +121,7 @@ class DeltaLayout:
 
     Attributes:
         flat: The sums' :class:`~sparkdl_avg.shared.exchange.FlatLayout` (the state's arrays).
-        compression: ``"bf16"`` or ``"int8"``.
+        compression: ``"bf16"``, ``"int8"`` or ``"int4"``.
         feedback: Per compressed segment (``"w"``, ``"m"``, ``"o"``), whether workers keep its residual
             (:func:`segment_feedback`).
         moments: Positions of the optimizer's first moments among its variables (:func:`first_moments`).
@@ -213,11 +222,11 @@ class DeltaLayout:
         sizes.append(8 * (xb - xa))
         runs = self._runs(shard, shards)
         for (a, b), codec in zip(runs, self.codecs):
-            sizes.append(4 * (-(-(b - a) // BLOCK)) if codec == "int8" else 0)
-        for codec in ("bf16", "int8"):
+            sizes.append(4 * (-(-(b - a) // block_of(codec))) if codec in _QUANTIZED else 0)
+        for codec in _PAYLOADS:
             for (a, b), c in zip(runs, self.codecs):
                 if c == codec:
-                    sizes.append((2 if codec == "bf16" else 1) * (b - a))
+                    sizes.append(payload_dtype(codec).itemsize * payload_count(codec, b - a))
         return sizes
 
     def shard_bytes(self, packed: Packed, shard: int, shards: int) -> bytes:
@@ -227,8 +236,8 @@ class DeltaLayout:
         runs = self._runs(shard, shards)
         slices = [e.slice(a, b) for e, (a, b) in zip(packed.encoded, runs)]
         pieces += [s.scales.tobytes() for s in slices if s.scales is not None]
-        pieces += [s.payload.tobytes() for s in slices if s.codec == "bf16"]
-        pieces += [s.payload.tobytes() for s in slices if s.codec == "int8"]
+        for codec in _PAYLOADS:
+            pieces += [s.payload.tobytes() for s in slices if s.codec == codec]
         return b"".join(pieces)
 
     def file_bytes(self, packed: Packed, shards: int) -> Tuple[bytes, List[int]]:
@@ -250,19 +259,21 @@ class DeltaLayout:
         runs = self._runs(shard, shards)
         scales = {}
         for i, ((a, b), codec) in enumerate(zip(runs, self.codecs)):
-            if codec == "int8":
-                count = -(-(b - a) // BLOCK)
+            if codec in _QUANTIZED:
+                count = -(-(b - a) // block_of(codec))
                 scales[i] = np.frombuffer(buf, np.float32, count=count, offset=offset)
                 offset += 4 * count
         payloads = {}
-        for codec, dtype in (("bf16", np.uint16), ("int8", np.int8)):
+        for codec in _PAYLOADS:
+            dtype = payload_dtype(codec)
             for i, ((a, b), c) in enumerate(zip(runs, self.codecs)):
                 if c == codec:
-                    payloads[i] = np.frombuffer(buf, dtype, count=b - a, offset=offset)
-                    offset += np.dtype(dtype).itemsize * (b - a)
+                    count = payload_count(codec, b - a)
+                    payloads[i] = np.frombuffer(buf, dtype, count=count, offset=offset)
+                    offset += dtype.itemsize * count
         if offset != len(buf):
             raise ValueError(f"a compressed shard of {len(buf)} bytes does not match its layout ({offset} bytes)")
-        encoded = tuple(Encoded(c, b - a, payloads[i], scales.get(i)) for i, ((a, b), c) in
+        encoded = tuple(Encoded(c, b - a, payloads[i], scales.get(i), block_of(c)) for i, ((a, b), c) in
                         enumerate(zip(runs, self.codecs)))
         return Packed(examples, x, encoded)
 
