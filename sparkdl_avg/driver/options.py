@@ -736,11 +736,11 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "error_feedback", None, "Optional[bool]",
         help="with update_compression: keep what the codec drops per worker and add it to its next delta",
-        unset="for what travels in int8, not for bf16",
+        unset="for what travels in int8 or int4, not for bf16",
         doc="With ``update_compression``: each worker keeps what its codec dropped (its residual, in a file "
             "under the staging directory, so a retried task or a lost executor changes nothing) and adds it "
             "to its next round's delta, so nothing is lost over rounds (Seide et al. 2014; Karimireddy et al. "
-            "2019). Default ``None``: for what travels in int8 (``\"int8\"``'s weights), not for bf16 "
+            "2019). Default ``None``: for what travels in int8 or int4 (``\"int8\"``'s and ``\"int4\"``'s weights), not for bf16 "
             "(measured equal to float32 without it); ``True``: for everything compressed; ``False``: none. Not "
             "with ``synchronization=\"async\"``, whose chunks have no fixed predecessor.",
         check=Bool(allow_none=True),
