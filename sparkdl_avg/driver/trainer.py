@@ -43,8 +43,8 @@ from . import staging
 from . import transport as transport_mod
 from .config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from .feedback import FeedbackLedger, lag_of
-from .options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
 from .membership import Change, Membership, probes, slot_source
+from .options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
 from .progress import Progress
 from .rounds import RoundRunner, RoundSettings, RuleState
 from .schedules import AveragingSchedule, FixedPeriod, next_period
