@@ -8,6 +8,10 @@ executor body each round::
     from sparkdl_avg import testing
     from sparkdl_avg.executor import worker
     monkeypatch.setattr(worker, "run_round_partition", testing.Straggler(slot=0, factor=3.0))
+
+:class:`Sleeper` makes every worker hold its task slot a fixed time per
+minibatch without using the CPU, standing for compute on a host of its own
+where many namespaced hosts share a machine's few cores (benchmarks/elastic.py).
 """
 
 from __future__ import annotations
@@ -48,3 +52,26 @@ class Straggler:
             if (task.slot if task.slot is not None else index) == self.slot:
                 time.sleep((self.factor - 1.0) * (time.perf_counter() - start))
             yield from results
+
+
+@dataclass(frozen=True)
+class Sleeper:
+    """A round entry point under which every worker sleeps ``seconds_per_minibatch`` for each minibatch it trains.
+
+    The sleep comes before the real entry runs (so the records' ``compute_s``
+    do not include it) and holds the task slot without the CPU: work that
+    scales with the minibatches, as a host's own compute does, on hosts that
+    share a few cores. Its results are those of the real entry.
+
+    Args:
+        seconds_per_minibatch: Seconds slept per minibatch of the round (``task.steps``), ≥ 0.
+        entry: The real partition body. Default :func:`sparkdl_avg.executor.worker.run_round_partition`.
+    """
+
+    seconds_per_minibatch: float
+    entry: Callable[..., Iterator[Any]] = field(default=worker.run_round_partition)
+
+    def __call__(self, task, workers: Iterable[int]) -> Iterator[Any]:
+        ids = list(workers)
+        time.sleep(self.seconds_per_minibatch * task.steps * len(ids))
+        yield from self.entry(task, ids)
