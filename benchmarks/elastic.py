@@ -245,7 +245,8 @@ def table(results: dict) -> str:
         lines.append(f"| {i + 1} | {r['steady']:.2f} ({r['steady_rounds']}) | {r['elastic']:.2f} ({r['elastic_rounds']}; "
                      f"{r['elastic_workers']}) | {r['fixed']:.2f} ({r['fixed_rounds']}) | "
                      f"{r['elastic'] / r['steady']:.2f} | {r['fixed'] / r['steady']:.2f} | "
-                     f"{r['join_rounds']} ({r['join_s']:.1f}) | {r['first_joined_round_s']:.1f} |")
+                     + (f"{r['join_rounds']} ({r['join_s']:.1f}) | {r['first_joined_round_s']:.1f} |"
+                        if r["join_rounds"] is not None else "– (the fit ended first) | – |"))
     p = got["pooled"]
     lines.append(f"| pooled | {p['steady']:.2f} | {p['elastic']:.2f} | {p['fixed']:.2f} | "
                  f"{p['elastic'] / p['steady']:.2f} | {p['fixed'] / p['steady']:.2f} | | |")
