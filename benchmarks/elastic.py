@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -95,14 +94,10 @@ class Monitor:
 
 
 def hosts_py(cluster, *argv: str) -> str:
-    """``scripts/hosts.py ARGV`` in the namespaces ``up`` ran in (see tests/hosts_driver.py's ``hosts_py``: not
-    ``Cluster.add_host`` from here, host 0's private mount namespace would keep the new host's namespace)."""
-    proc = subprocess.run(["nsenter", "-t", str(cluster.watchdog), "-m", "-n", "-u", "--", sys.executable,
-                           os.path.join(ROOT, "scripts", "hosts.py"), *argv, "--state-dir", cluster.state_dir],
-                          capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        raise RuntimeError(f"hosts.py {' '.join(argv)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
-    return proc.stdout
+    """``hosts.py add`` or ``remove N`` on the running cluster, from host 0 (``Cluster`` runs it where ``up`` ran)."""
+    if argv[0] == "add":
+        return str(cluster.add_host())
+    return " ".join(map(str, cluster.remove_host(int(argv[1]))))
 
 
 def drive(args) -> None:

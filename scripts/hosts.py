@@ -636,10 +636,20 @@ class Cluster:
         lists it, so :meth:`attach` sees it. On failure the host is removed
         again.
 
+        Called from a host (a driver on host 0, in that host's private mount
+        namespace, where a new network namespace would be that host's alone),
+        it runs ``hosts.py add`` in the namespaces ``up`` ran in instead
+        (:meth:`_in_up_namespaces`).
+
         Raises:
             HostsError: it could not be made or its worker did not register;
                 or every address of the /24 is taken.
         """
+        if self._inside_a_host():
+            index = int(self._in_up_namespaces("add", timeout_s=timeout_s + 60).split()[0])
+            with self._editing():
+                pass  # takes in the host the other process added
+            return index
         check_requirements()
         with self._editing():
             used = {h.index for h in self.hosts}
@@ -675,10 +685,20 @@ class Cluster:
         SIGTERM (it stops its executors) and waits for it up to ``grace_s``,
         as a machine shut down with notice does.
 
+        Called from a host, it runs ``hosts.py remove`` in the namespaces ``up``
+        ran in (as :meth:`add_host` does) and returns ``[]``.
+
         Raises:
             ValueError: ``index`` is 0 (the master's and driver's host), -1 (the store) or no host here.
         """
         check_removable(index)
+        if self._inside_a_host():
+            self.host(index)  # the ValueError naming the hosts there are, before another process starts
+            self._in_up_namespaces("remove", str(index), *(["--graceful"] if graceful else []),
+                                   timeout_s=grace_s + 120)
+            with self._editing():
+                pass  # drops the host the other process removed
+            return []
         with self._editing():
             host = self.host(index)
             worker = host.pids.get("worker", 0)
@@ -705,6 +725,25 @@ class Cluster:
             killed += [host.anchor] if host.anchor else []
             self._unmake(host)
         return killed
+
+    def _inside_a_host(self) -> bool:
+        """Whether this process runs in another mount namespace than the watchdog ``up`` armed (e.g. on host 0)."""
+        if not self.watchdog:
+            return False
+        try:
+            return os.readlink("/proc/self/ns/mnt") != os.readlink(f"/proc/{self.watchdog}/ns/mnt")
+        except OSError:  # the watchdog is gone: nothing to enter
+            return False
+
+    def _in_up_namespaces(self, *argv: str, timeout_s: float) -> str:
+        """Runs ``hosts.py ARGV`` in the mount, network and UTS namespaces ``up`` ran in; returns its output."""
+        proc = subprocess.run(["nsenter", "-t", str(self.watchdog), "-m", "-n", "-u", "--", sys.executable,
+                               os.path.abspath(__file__), *argv, "--state-dir", self.state_dir],
+                              capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise HostsError(f"hosts.py {' '.join(argv)} failed (exit {proc.returncode}): "
+                             f"{(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout
 
     def _unmake(self, host: Host) -> None:
         """Undoes what :meth:`add_host` made of ``host``: its processes, link, namespace, name; drops it."""

@@ -127,24 +127,6 @@ class During:
         return _During()
 
 
-def hosts_py(cluster, *argv: str) -> str:
-    """Runs ``scripts/hosts.py ARGV`` in the namespaces of the process that brought the cluster up.
-
-    Not ``Cluster.add_host`` from here: this driver runs in host 0's private
-    mount namespace, where ``ip netns add`` makes the new host's namespace
-    visible to host 0 alone (the cluster's own tools and ``down`` would not
-    see it). The watchdog ``up`` armed lives in the namespaces ``up`` ran in.
-    """
-    import subprocess
-
-    proc = subprocess.run(["nsenter", "-t", str(cluster.watchdog), "-m", "-n", "-u", "--", sys.executable,
-                           os.path.join(ROOT, "scripts", "hosts.py"), *argv, "--state-dir", cluster.state_dir],
-                          capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        raise RuntimeError(f"hosts.py {' '.join(argv)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
-    return proc.stdout
-
-
 def wait_until(predicate, timeout_s: float, what: str) -> float:
     """Polls ``predicate`` every 0.2 s; returns the seconds it took, raises after ``timeout_s``."""
     t0 = time.monotonic()
@@ -197,7 +179,7 @@ def elastic(spark, df, store: str, out: dict) -> None:
             if batch == LOSE_AFTER:
                 out["removed_at"] = time.time()
                 t0 = time.monotonic()
-                hosts_py(cluster, "remove", "3")
+                cluster.remove_host(3)  # from host 0: hosts.py runs it in the namespaces `up` ran in
                 out["lost_seen_s"] = wait_until(lambda: live_slots(spark, WORKERS) == WORKERS - 1, 60,
                                                 "the executor loss")
                 # The next round then plans for two workers: Connect's probe result is kept PROBE_EVERY_S, so
@@ -206,7 +188,8 @@ def elastic(spark, df, store: str, out: dict) -> None:
                 time.sleep(max(0.0, PROBE_EVERY_S + 0.1 - (time.monotonic() - t0)) if is_connect(spark) else 0)
             elif batch == JOIN_AFTER:
                 out["add_began"] = time.time()
-                out["added"] = hosts_py(cluster, "add").split()
+                index = cluster.add_host()
+                out["added"] = [str(index), f"{hosts.PREFIX}-h{index}"]
                 out["registered_s"] = wait_until(lambda: live_slots(spark, WORKERS) == WORKERS, 90,
                                                  "executor of the added host")
                 out["registered_at"] = time.time()
