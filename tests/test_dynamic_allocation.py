@@ -39,11 +39,19 @@ def spark():
         yield session
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, busy=None):
+    """Polls ``predicate``; ``busy``: a SparkContext kept busy meanwhile (one tiny task per poll).
+
+    A busy executor is not idle, so dynamic allocation does not release it
+    while the fit waits for another to register: the fit would otherwise
+    see the new executor arrive and the old one go at once.
+    """
     deadline = time.time() + timeout
     while not predicate():
         if time.time() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        if busy is not None:
+            busy.parallelize([0], 1).count()
         time.sleep(0.25)
 
 
@@ -59,7 +67,7 @@ def test_an_elastic_fit_requests_the_executors_it_lacks_and_lets_idle_ones_go(sp
         def on_train_batch_end(self, batch, logs=None):
             reasons = [c["reason"] for c in trainer.stats.membership]
             if reasons == ["start"]:
-                wait_for(lambda: status_slots(sc).count == 2, 90, "the executor the fit requested")
+                wait_for(lambda: status_slots(sc).count == 2, 90, "the executor the fit requested", busy=sc)
             elif reasons == ["start", "slots joined"] and trainer.stats.records[-1].epoch == 1:
                 wait_for(lambda: status_slots(sc).count == 1, 90, "dynamic allocation to release an idle executor")
 
@@ -68,11 +76,11 @@ def test_an_elastic_fit_requests_the_executors_it_lacks_and_lets_idle_ones_go(sp
     history = trainer.fit(DATA, epochs=3, verbose=0, callbacks=[Pace()])
 
     changes = [(c["workers"], c["reason"]) for c in trainer.stats.membership]
-    assert changes == [(1, "start"), (2, "slots joined"), (1, "slots lost")], changes
+    # (a fit still running REQUEST_EVERY_S after its first request asks again, and may grow once more)
+    assert changes[:3] == [(1, "start"), (2, "slots joined"), (1, "slots lost")], changes
     joined = trainer.stats.membership[1]
     assert (joined["epoch"], joined["round"]) == (0, 1)  # the round after the one that waited for it
-    # the new executor's first round built its replica there
-    assert trainer.stats.records[1].replicas_built >= 1
+    assert {w.worker for w in trainer.stats.records[1].workers} == {0, 1}
     for epoch in range(3):  # consecutive positions from 0, each example once
         rounds = [r for r in trainer.stats.records if r.epoch == epoch]
         ends = [r.start + r.num_workers * r.averaging_frequency * B for r in rounds]
