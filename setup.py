@@ -22,6 +22,7 @@ setup(
         "pandas>=2.0,<3",
         "tqdm>=4.60",  # progress bar on the driver
         "plotly>=5.0",  # the self-contained HTML training report
+        "psutil>=5.9",  # the machine's addresses: which host Spark knows an executor by (optimizer_state="local")
     ],
     extras_require={
         # tensorboard: the Keras TensorBoard callback needs it (tested).

@@ -829,6 +829,36 @@ class LocalOptimizerStateMixin:
         assert os.path.exists(marker)  # the first attempt trained, wrote nothing it keeps, and failed
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
 
+    def test_a_worker_whose_state_is_lost_restarts_from_the_drivers_and_is_counted(self, session):
+        import glob
+        import tempfile
+
+        import keras
+
+        from sparkdl_avg.shared.local_state import HOST_DIRECTORY
+
+        # classic sessions keep each worker's state in a file on its host; Connect under the staging directory
+        on_hosts = not type(session).__module__.startswith("pyspark.sql.connect")
+        kept = os.path.join(tempfile.gettempdir(), HOST_DIRECTORY, "*", "*-w1.bin")
+
+        class LoseWorker1(keras.callbacks.Callback):  # as if worker 1's host went between rounds 1 and 2
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    for path in glob.glob(kept):
+                        os.remove(path)
+
+        trainer, model = self._fit(callbacks=[LoseWorker1()])
+        _, clean = self._fit()
+        restarted = [[w.worker for w in r.workers if w.local_state_restarted] for r in trainer.stats.records]
+        if on_hosts:  # 4 rounds an epoch: its round 2 restarts worker 1 from the driver's Adam state
+            assert restarted == [[], [], [1], []] * 2
+            assert [r.local_states_restarted for r in trainer.stats.records] == [0, 0, 1, 0] * 2
+            assert trainer.stats.local_states_restarted == 2
+            assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), clean.get_weights())) > 1e-6
+        else:  # nothing of this fit was there: the states are the staging directory's, and nothing restarts
+            assert restarted == [[]] * 8 and trainer.stats.local_states_restarted == 0
+            assert_weights_close(model.get_weights(), clean.get_weights(), atol=0)
+
     def test_a_checkpoint_carries_every_workers_state_and_resumes_bitwise(self, session, tmp_path):
         import keras
 

@@ -20,14 +20,17 @@ checkpoint carries the newest ``lag`` complete rounds' files
 ``optimizer_state="local"`` chains each worker's own optimizer variables from
 round to round the same way (:mod:`sparkdl_avg.shared.local_state`): a second
 ledger, its files :class:`~sparkdl_avg.shared.local_state.LocalStateFiles`,
-its checkpoint entries tagged :data:`LOCAL_TAG`.
+its checkpoint entries tagged :data:`LOCAL_TAG`. Kept on the workers' hosts
+(``host_local``), its files are under the shared directory only for rounds
+the trainer marks ``share`` (a checkpoint may follow them), and it tells the
+transport which host each worker's next task should run on (:meth:`FeedbackLedger.places`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Iterable, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..shared.delta_sums import FeedbackFiles
 from ..shared.local_state import LocalStateFiles
@@ -49,11 +52,16 @@ class FeedbackLedger:
         compression: ``update_compression``: the residuals' format, named in what a checkpoint carries
             (:data:`LOCAL_TAG` for the workers' own optimizer states).
         files: What a round's tasks get: :class:`FeedbackFiles`, or :class:`LocalStateFiles` for local states.
+        host_local: Local states only: kept in files on the workers' hosts (see :mod:`sparkdl_avg.shared.local_state`).
     """
 
-    def __init__(self, directory: str, num_workers: int, lag: int, compression: str, files=FeedbackFiles) -> None:
+    def __init__(self, directory: str, num_workers: int, lag: int, compression: str, files=FeedbackFiles,
+                 host_local: bool = False) -> None:
         self.directory, self.num_workers, self.lag, self.compression = directory, num_workers, lag, compression
         self._files = files
+        self.host_local = host_local
+        self._shared: Set[int] = set()  # rounds whose files are under the shared directory (host_local: marked share)
+        self._hosts: Dict[int, Tuple[str, ...]] = {}  # host_local: worker -> the names of the host it last ran on
         self._seq: Dict[Tuple[int, int], int] = {}  # (epoch, round) -> g
         self._size: Dict[int, int] = {}  # g -> its workers (elastic rounds change num_workers between rounds)
         self._next = 0
@@ -66,21 +74,53 @@ class FeedbackLedger:
             self.num_workers = num_workers
 
     @classmethod
-    def local_states(cls, directory: str, num_workers: int) -> "FeedbackLedger":
-        """The ledger of ``optimizer_state="local"``: each worker's optimizer variables, read by its next round."""
-        return cls(directory, num_workers, 1, LOCAL_TAG, files=LocalStateFiles)
+    def local_states(cls, directory: str, num_workers: int, host_local: bool = False) -> "FeedbackLedger":
+        """The ledger of ``optimizer_state="local"``: each worker's optimizer variables, read by its next round.
 
-    def files(self, epoch: int, rnd: int, workers: Iterable[int]):
-        """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write."""
+        ``host_local``: kept on the workers' hosts, their tasks placed there (classic sessions).
+        """
+        return cls(directory, num_workers, 1, LOCAL_TAG, files=LocalStateFiles, host_local=host_local)
+
+    def files(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False):
+        """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write.
+
+        ``share``: with ``host_local``, the round also writes its files under the shared directory.
+        """
         with self._lock:
             g = self._seq.get((epoch, rnd))
             if g is None:
                 g = self._seq[(epoch, rnd)] = self._next
                 self._size[g] = self.num_workers
                 self._next += 1
+            if share or not self.host_local:
+                self._shared.add(g)
             have = self._written.get(g - self.lag, set())
             fresh = frozenset(w for w in workers if w not in have)
-            return self._files(self.directory, _name(g - self.lag) if have else None, _name(g), fresh)
+            read = _name(g - self.lag) if have else None
+            if self.host_local:
+                return self._files(self.directory, read, _name(g), fresh, host_local=True, share=g in self._shared)
+            return self._files(self.directory, read, _name(g), fresh)
+
+    def placed(self, workers) -> None:
+        """Records where ``workers`` (a round's :class:`~sparkdl_avg.shared.stats.WorkerRecord`\\ s) ran."""
+        with self._lock:
+            for record in workers:
+                if record.host_names:
+                    self._hosts[record.worker] = tuple(record.host_names)
+
+    def places(self, workers: Sequence[int], live: Iterable[str]) -> Optional[List[Optional[str]]]:
+        """The host each of ``workers``' tasks should run on: the one holding its state, if among ``live``.
+
+        ``live``: the hosts of the session's live executors, as Spark names
+        them. ``None`` where there is no choice to make: the states are not
+        kept on hosts, or fewer than two hosts are live (one host's files are
+        every task's).
+        """
+        live = set(live)
+        if not self.host_local or len(live) < 2:
+            return None
+        with self._lock:
+            return [next((name for name in self._hosts.get(w, ()) if name in live), None) for w in workers]
 
     def dropped(self, epoch: int, rnd: int) -> int:
         """Residuals that round ``rnd`` of ``epoch`` leaves unread: those of workers its elastic plan no longer has.
@@ -107,15 +147,29 @@ class FeedbackLedger:
             stale = complete and old in self._written
             if stale:
                 gone = self._written.pop(old)
+                stale = old in self._shared
+                self._shared.discard(old)
         if stale:  # round g read them and is complete: no task reads them again, a retry included
             for worker in sorted(gone):
                 _remove(join(self.directory, f"{_name(old)}-w{worker}.bin"))
 
     def export(self) -> Dict[str, bytes]:
-        """The newest ``lag`` complete rounds' residual files, ``"<compression>/<rounds back>/<worker>" -> bytes``."""
+        """The newest ``lag`` complete rounds' residual files, ``"<compression>/<rounds back>/<worker>" -> bytes``.
+
+        Local states kept on the hosts are there only if the round was marked
+        ``share``; a checkpoint saved after another round (a callback's
+        ``stop_training`` mid-epoch) carries none, with a warning: a fit
+        resumed from it restarts every worker's optimizer state.
+        """
         with self._lock:
             complete = sorted(g for g, w in self._written.items() if len(w) == self._size.get(g, self.num_workers))
             complete = [(g, sorted(self._written[g])) for g in complete[-self.lag:]]
+            unshared = [g for g, _ in complete if g not in self._shared]
+        if unshared:
+            logger.warning("This checkpoint carries no optimizer_state='local' states: the workers kept them on "
+                           "their hosts after the round before it; a fit resumed from it restarts them from the "
+                           "driver's optimizer variables.")
+            return {}
         out = {}
         for back, (g, workers) in enumerate(reversed(complete), start=1):
             for worker in workers:
@@ -139,6 +193,7 @@ class FeedbackLedger:
                 g = self.lag - back
                 write_atomically(join(self.directory, f"{_name(g)}-w{worker}.bin"), data)
                 self._written.setdefault(g, set()).add(worker)
+                self._shared.add(g)
             for g, workers in self._written.items():
                 self._size[g] = len(workers)
 

@@ -206,6 +206,17 @@ class Checkpointing:
     membership: Any = None
     local: Any = None
 
+    def may_save_after(self, rounds_in_fit: int, epoch_may_end: bool) -> bool:
+        """Whether a checkpoint may be saved after the fit's ``rounds_in_fit``-th round.
+
+        ``epoch_may_end``: the round may be its epoch's last (a checkpoint
+        follows every epoch, or the last one). A callback's ``stop_training``
+        mid-epoch is not foreseen (see :meth:`~sparkdl_avg.driver.feedback.FeedbackLedger.export`).
+        """
+        if self.directory is None:
+            return False
+        return epoch_may_end or (self.every != "epoch" and rounds_in_fit % self.every == 0)
+
     def after_round(self, rounds_in_fit: int, epoch: int, rounds_done: int, steps_done: int,
                     epoch_result: Optional[PartialResult], position: int = 0) -> None:
         """Saves the position inside ``epoch`` when ``every`` is a number of rounds and it is due.

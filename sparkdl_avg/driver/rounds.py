@@ -130,13 +130,16 @@ class RoundRunner:
         self.local = local
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
-            start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None) -> PartialResult:
+            start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None,
+            share: bool = False) -> PartialResult:
         """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``.
 
         Elastic rounds (:mod:`sparkdl_avg.driver.membership`) give the round's
         ``num_workers`` (default: the fit's), ``start`` (the epoch position of
         its first example, see :func:`~sparkdl_avg.shared.example_order.worker_positions`)
-        and the ``membership`` change it makes, recorded with it.
+        and the ``membership`` change it makes, recorded with it. ``share``:
+        a checkpoint may be saved after the round, so ``optimizer_state="local"``
+        states kept on the hosts are also written where it reads them.
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
@@ -161,8 +164,8 @@ class RoundRunner:
         result, t1 = self._job(
             f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} ({what})", None,
             f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps,
-                                                        workers=range(n), num_workers=n, start=start),
-            range(n), f"Round {rnd} of epoch {epoch}", rounds_labels,
+                                                        workers=range(n), num_workers=n, start=start, share=share),
+            range(n), f"Round {rnd} of epoch {epoch}", rounds_labels, self._places(n),
         )
         dropped = 0
         if self.feedback is not None:
@@ -170,6 +173,7 @@ class RoundRunner:
             self.feedback.done(epoch, rnd, range(n))
         if self.local is not None:
             self.local.done(epoch, rnd, range(n))
+            self.local.placed(result.workers)
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
@@ -204,14 +208,22 @@ class RoundRunner:
         return result, published, time.time()
 
     def _job(self, label: str, group: Optional[str], name: str, sent, optimizer, make_task, workers: Sequence[int],
-             what: str, rounds_labels=None) -> Tuple[PartialResult, float]:
+             what: str, rounds_labels=None, places=None) -> Tuple[PartialResult, float]:
         """A round's or a chunk's job through the transport, its Spark jobs labelled ``label``.
 
-        ``rounds_labels``: for a synchronous round (not a chunk), see :meth:`StateTransport.run_job`.
+        ``rounds_labels``, ``places``: for a synchronous round (not a chunk), see :meth:`StateTransport.run_job`.
         """
         with self.engine.labels(label, group=group):
             return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what,
-                                          rounds_labels=rounds_labels)
+                                          rounds_labels=rounds_labels, places=places)
+
+    def _places(self, n: int) -> Optional[List[Optional[str]]]:
+        """Where the round's ``n`` tasks should run: each worker's ``optimizer_state="local"`` host (classic sessions)."""
+        if self.local is None or not self.local.host_local or self.engine.sc is None:
+            return None
+        from .membership import status_slots
+
+        return self.local.places(range(n), status_slots(self.engine.sc).hosts)
 
     def chunk_start(self) -> ChunkStart:
         """The driver's state, rule and learning rate an epoch of chunks starts from."""
@@ -267,10 +279,10 @@ class RoundRunner:
 
     def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None,
              workers: Sequence[int] = (), num_workers: Optional[int] = None,
-             start: Optional[int] = None) -> RoundTask:
+             start: Optional[int] = None, share: bool = False) -> RoundTask:
         """The :class:`~sparkdl_avg.executor.worker.RoundTask` of round ``rnd`` of ``epoch`` for ``workers``.
 
-        ``slot``, ``start``: see its doc; ``num_workers``: the round's (default: the fit's).
+        ``slot``, ``start``: see its doc; ``num_workers``: the round's (default: the fit's); ``share``: see :meth:`run`.
         """
         s = self.settings
         return RoundTask(
@@ -280,7 +292,7 @@ class RoundRunner:
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
             feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
-            start=start, local_state=self.local.files(epoch, rnd, workers) if self.local is not None else None,
+            start=start, local_state=self.local.files(epoch, rnd, workers, share) if self.local is not None else None,
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:
@@ -364,4 +376,5 @@ def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: Par
         sent_bytes=sum(w.sent_bytes for w in workers) if all(w.sent_bytes is not None for w in workers) else None,
         encode_max_s=max(w.encode_s for w in workers),
         feedback_max_s=max(w.feedback_s for w in workers),
+        local_states_restarted=sum(1 for w in workers if w.local_state_restarted),
     )

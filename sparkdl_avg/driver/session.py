@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import DataError, SessionError
 
@@ -216,12 +216,14 @@ class Engine:
 
         return carried
 
-    def run_tasks(self, n: int, body: Callable, schema: str, start: int = 0):
+    def run_tasks(self, n: int, body: Callable, schema: str, start: int = 0,
+                  places: Optional[Sequence[Optional[str]]] = None):
         """Runs ``body`` (a ``mapInArrow`` function) in ``n`` tasks, task ``i`` getting the ids ``[start + i]``.
 
         Returns the lazy DataFrame of what the tasks yield (``schema``, a
         DDL string), for the caller to transform further or bring back with
-        ``toArrow()``.
+        ``toArrow()``. ``places`` (classic sessions): the host task ``i``
+        should run on, or ``None`` (see :meth:`located`).
 
         The ``spark.range`` DataFrame is made once per ``(start, n)`` and
         reused: ``mapInArrow`` asks for its input's columns, which under
@@ -229,11 +231,34 @@ class Engine:
         docs/benchmarks.md, "Spark Connect against a classic session") unless
         the DataFrame already knows its schema.
         """
+        if self.sc is not None and places is not None and any(places):
+            ids = self.spark.createDataFrame(self.located([(start + i,) for i in range(n)], places), "id long")
+            return ids.mapInArrow(body, struct_type(schema))
         ids = self._ranges.get((start, n))
         if ids is None:
             ids = self._ranges[(start, n)] = self.spark.range(start, start + n, numPartitions=n)
             ids.columns  # noqa: B018 - resolves the schema once; later mapInArrow calls reuse it
         return ids.mapInArrow(body, struct_type(schema))
+
+    def located(self, items: Sequence[Any], places: Sequence[Optional[str]]):
+        """An RDD of ``items``, one a partition, partition ``i`` to run on host ``places[i]`` (classic sessions).
+
+        ``sc.parallelize`` sets no place; Spark's ``makeRDD`` takes one per
+        item (a host name as Spark knows its executors': a locality
+        preference, which the scheduler keeps for ``spark.locality.wait``,
+        3 s by default, while that host has no free slot; ``None``: anywhere).
+        Narrow transformations of the RDD keep the preference.
+        """
+        from pyspark import RDD
+        from pyspark.serializers import BatchedSerializer, CPickleSerializer
+
+        sc, pickle = self.sc, CPickleSerializer()
+        jvm = sc._jvm
+        pairs = [jvm.scala.Tuple2(bytearray(pickle.dumps([item])), jvm.PythonUtils.toSeq([place] if place else []))
+                 for item, place in zip(items, places)]
+        any_ref = getattr(getattr(jvm.scala.reflect, "ClassTag$"), "MODULE$").AnyRef()
+        rdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(pairs), any_ref)
+        return RDD(rdd.toJavaRDD(), sc, BatchedSerializer(pickle, 1))
 
     @property
     def key(self) -> str:

@@ -535,8 +535,9 @@ class ParameterAveragingTrainer:
                 feedback.restore(plan.restored.feedback)
         local = None
         if cfg.optimizer_state == "local":  # each worker's own optimizer state, beside the transport's files
+            # kept on the workers' hosts where tasks can be placed there (classic sessions: a locality preference)
             local = FeedbackLedger.local_states(join(self._staging_root, f"exchange-{self._fits}/local"),
-                                                plan.num_workers)
+                                                plan.num_workers, host_local=plan.engine.sc is not None)
             if plan.restored is not None:
                 local.restore(plan.restored.feedback)
         settings = RoundSettings(
@@ -778,9 +779,15 @@ class ParameterAveragingTrainer:
             steps = self._round_steps(ctx, epoch, rnd, left, logs)
             if change is not None:
                 ctx.membership.commit(change)
+            if ctx.membership is None:
+                epoch_may_end = steps_before + steps >= ctx.epoch_steps
+            else:  # the next round's workers are not known yet: the most it may have
+                epoch_may_end = (s.dataset.num_examples - position - workers * steps * s.batch_size
+                                 < ctx.membership.max_workers * s.batch_size)
             ctx.callbacks.on_train_batch_begin(rnd)
             result = ctx.rounds.run(epoch, rnd, steps_before, steps, workers, start,
-                                    change.to_json() if change is not None else None)
+                                    change.to_json() if change is not None else None,
+                                    share=ctx.checkpoints.may_save_after(ctx.rounds_in_fit + 1, epoch_may_end))
             steps_before += steps
             position += workers * steps * s.batch_size
             rounds_done += 1

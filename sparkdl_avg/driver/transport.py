@@ -88,7 +88,7 @@ class StateTransport:
         raise NotImplementedError
 
     def run(self, make_task: Callable[[Any, Any], Any], entry, workers: Sequence[int], what: str,
-            published: "Published") -> PartialResult:
+            published: "Published", places: Optional[Sequence[Optional[str]]] = None) -> PartialResult:
         """Runs one job whose tasks train the contiguous worker ids ``workers`` on ``published`` and sums their results.
 
         The transport decides where the workers deliver their sums (the
@@ -96,6 +96,8 @@ class StateTransport:
         gives the job's :class:`~sparkdl_avg.executor.worker.RoundTask` with it.
         ``entry`` is the executor body, ``worker.run_round_partition`` (looked
         up by the caller each round: the tests' fault-injection seam).
+        ``places``: the host each worker's task should run on (classic
+        sessions; :meth:`~sparkdl_avg.driver.session.Engine.located`), ``None``: anywhere.
 
         Raises:
             DataError, WorkerError: decoded from the failed job (:mod:`sparkdl_avg.shared.remote_errors`).
@@ -103,8 +105,8 @@ class StateTransport:
         raise NotImplementedError
 
     def run_job(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry,
-                workers: Sequence[int], what: str,
-                rounds_labels: Optional[Callable[[], Any]] = None) -> Tuple[PartialResult, float]:
+                workers: Sequence[int], what: str, rounds_labels: Optional[Callable[[], Any]] = None,
+                places: Optional[Sequence[Optional[str]]] = None) -> Tuple[PartialResult, float]:
         """A round's or a chunk's job: publishes its state under ``name``, runs it (:meth:`run`), sums it; thread-safe.
 
         What was published is released before this returns, however the job ends.
@@ -114,7 +116,7 @@ class StateTransport:
         thread (:meth:`~sparkdl_avg.driver.session.Engine.carried_labels`);
         a transport that keeps one job for such rounds
         (:class:`SqlTransport`'s standing job) labels that job with it.
-        The others ignore it.
+        The others ignore it. ``places``: see :meth:`run`.
 
         Returns:
             The summed result and the wall-clock time (``time.time``) at which the state was published.
@@ -122,7 +124,7 @@ class StateTransport:
         published = self.publish(name, weights, optimizer)
         try:
             at = time.time()
-            return self.run(make_task, entry, workers, what, published), at
+            return self.run(make_task, entry, workers, what, published, places), at
         finally:
             published.release()
 
@@ -165,8 +167,12 @@ class Published:
     layout: Any = None
 
 
-def _rdd_job(engine, task, entry, workers: Sequence[int]):
-    return engine.sc.parallelize(list(workers), len(workers)).mapPartitions(partial(entry, task))
+def _rdd_job(engine, task, entry, workers: Sequence[int], places: Optional[Sequence[Optional[str]]] = None):
+    if places is not None and any(places):
+        ids = engine.located(list(workers), places)
+    else:
+        ids = engine.sc.parallelize(list(workers), len(workers))
+    return ids.mapPartitions(partial(entry, task))
 
 
 class SparkTransport(StateTransport):
@@ -178,11 +184,11 @@ class SparkTransport(StateTransport):
         broadcast = self.engine.broadcast((weights, optimizer))
         return Published(exchange.BroadcastState(broadcast), broadcast.unpersist, layout=self.layout(weights, optimizer))
 
-    def run(self, make_task, entry, workers, what, published):
+    def run(self, make_task, entry, workers, what, published, places=None):
         layout = published.layout
         # sums (or compressed deltas) as task results
         task = make_task(published.state, exchange.ReturnSums(layout if layout.compressed else None))
-        results = _rdd_job(self.engine, task, entry, workers)
+        results = _rdd_job(self.engine, task, entry, workers, places)
         total = run_job(lambda: results.treeAggregate(None, merge, merge, self.depth), what)
         if layout.compressed:  # the tree kept every worker's delta; summed here, in worker order
             t0, c0 = time.perf_counter(), time.process_time()
@@ -217,8 +223,8 @@ class FileTransport(StateTransport):
         layout = published.layout
         return exchange.StoreSums(published.directory, layout if layout.compressed else None)
 
-    def run(self, make_task, entry, workers, what, published):
-        results = _rdd_job(self.engine, make_task(published.state, self.sink(published)), entry, workers)
+    def run(self, make_task, entry, workers, what, published, places=None):
+        results = _rdd_job(self.engine, make_task(published.state, self.sink(published)), entry, workers, places)
         return self.add_delivered(run_job(results.collect, what), what, published.directory, published.layout)
 
     def add_delivered(self, delivered: List[exchange.StoredResult], what: str, directory: str,
@@ -351,10 +357,10 @@ class SqlTransport(StateTransport):
         state = exchange.store_state(directory, "state", weights, optimizer)
         return Published(state, partial(_remove_quietly, directory), directory, self.layout(weights, optimizer))
 
-    def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None):
+    def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None, places=None):
         job = self._standing_job(workers, weights, optimizer, rounds_labels)
-        if job is None:
-            return super().run_job(name, weights, optimizer, make_task, entry, workers, what)
+        if job is None:  # (a standing job runs where the driver does: one host, nothing to place)
+            return super().run_job(name, weights, optimizer, make_task, entry, workers, what, places=places)
         published = None
         try:
             published = self.publish(name, weights, optimizer)
@@ -437,12 +443,12 @@ class SqlTransport(StateTransport):
             return "files", 1
         return plan_aggregation(self.aggregation, self.shards, num_workers, nbytes, self.network_rate)
 
-    def run(self, make_task, entry, workers, what, published):
+    def run(self, make_task, entry, workers, what, published, places=None):
         layout = published.layout
         how, shards = self.plan(len(workers), layout.nbytes)
         self.last_plan = (how, shards)
         rows = self._rows(make_task(published.state, self._sink(how, shards, published.directory, layout)), entry,
-                          workers, layout, how, shards)
+                          workers, layout, how, shards, places)
         return self._collect(run_job(rows.toArrow, what), what, published.directory, layout, how, shards)
 
     @staticmethod
@@ -452,11 +458,11 @@ class SqlTransport(StateTransport):
             return exchange.StoreFlat(directory, layout, shards)
         return exchange.ArrowSums(layout, shards if how == "shuffle" else 1)
 
-    def _rows(self, task, entry, workers: Sequence[int], layout, how: str, shards: int):
+    def _rows(self, task, entry, workers: Sequence[int], layout, how: str, shards: int, places=None):
         """The lazy DataFrame of a round's job: its tasks' rows, summed by reducers when sharded."""
         rows = self.engine.run_tasks(
             len(workers), partial(worker_mod.run_round_batches, task, entry=entry), exchange.ROUND_SCHEMA,
-            start=workers[0],
+            start=workers[0], places=places,
         )
         if how in ("shuffle", "storage"):
             from pyspark.sql import functions as F

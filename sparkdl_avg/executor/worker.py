@@ -39,6 +39,7 @@ from ..shared.custom_objects import import_custom_modules
 from ..shared.delta_sums import pack_result
 from ..shared.devices import configure_task_devices
 from ..shared.example_order import EpochOrder, split_evenly, worker_positions
+from ..shared.local_state import host_names
 from ..shared.modelspec import ModelSpec, get_state, set_state
 from ..shared.staged_dataset import StagedDataset, read_examples
 from ..shared.stats import WorkerRecord
@@ -351,7 +352,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     got = time.time()
     weights, opt_vars = task.state.load()
     t_own = time.time()
-    own = task.local_state.load(worker, opt_vars) if task.local_state is not None else None
+    own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
     local_state_s = time.time() - t_own
     set_state(model, weights, opt_vars if own is None else own)
     seed_replica(model, task.seed, task.epoch, task.round, worker)
@@ -411,6 +412,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         traced=traced,
         trace_s=trace_s,
         local_state_s=local_state_s,
+        local_state_restarted=restarted,
+        host_names=host_names() if getattr(task.local_state, "host_local", False) else (),
     )
     deltas = getattr(task.results, "deltas", None)
     if deltas is not None:  # update_compression: the delta from what was sent, encoded (and the residual kept)

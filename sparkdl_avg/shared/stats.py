@@ -25,7 +25,7 @@ import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .fs import replace_atomically
 
@@ -82,6 +82,11 @@ class WorkerRecord(_ReadsLikeADict):
         encode_s: Under ``update_compression``, its seconds computing and encoding its delta.
         feedback_s: Under error feedback, its seconds reading and writing its residual file.
         local_state_s: Under ``optimizer_state="local"``, its seconds reading and writing its own optimizer state.
+        local_state_restarted: Under ``optimizer_state="local"``, whether its own optimizer state from its
+            previous round was not where this task ran (its host lost, or the task placed elsewhere) and it
+            restarted from the driver's optimizer variables (:mod:`sparkdl_avg.shared.local_state`).
+        host_names: Under ``optimizer_state="local"`` kept on the hosts, the names Spark may know its host by
+            (where the driver places the worker's next task); empty otherwise.
 
     A round where a worker built its replica or traced is not steady state:
     :func:`sparkdl_avg.driver.costmodel.steady_costs` leaves it out.
@@ -108,6 +113,8 @@ class WorkerRecord(_ReadsLikeADict):
     encode_s: float = 0.0
     feedback_s: float = 0.0
     local_state_s: float = 0.0
+    local_state_restarted: bool = False
+    host_names: Tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,6 +162,11 @@ class RoundRecord(_ReadsLikeADict):
     the round's first example and ``residuals_dropped`` the error-feedback
     residuals of workers that left, dropped at this round (their share of
     the codec's rounding is lost once).
+
+    ``optimizer_state="local"``: ``local_states_restarted`` counts the
+    workers whose own optimizer state was lost at this round (kept on a host
+    the worker's task did not run on) and restarted from the driver's
+    (:mod:`sparkdl_avg.shared.local_state`).
     """
 
     epoch: int
@@ -202,6 +214,7 @@ class RoundRecord(_ReadsLikeADict):
     membership: Optional[Dict[str, Any]] = None
     start: Optional[int] = None
     residuals_dropped: int = 0
+    local_states_restarted: int = 0
 
 
 def wall_time(records) -> float:
@@ -242,6 +255,11 @@ class TrainingStats:
     def membership(self) -> List[Dict[str, Any]]:
         """Elastic rounds: this fit's changes of workers, in order (each round's ``membership``, where it has one)."""
         return [r.membership for r in self.records if r.membership is not None]
+
+    @property
+    def local_states_restarted(self) -> int:
+        """``optimizer_state="local"``: workers' own optimizer states this fit lost and restarted (see :class:`RoundRecord`)."""
+        return sum(r.local_states_restarted for r in self.records)
 
     def __len__(self) -> int:
         return len(self.records)
