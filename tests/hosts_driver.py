@@ -296,6 +296,19 @@ def run(name: str, spark, df, test, store: str) -> dict:
                 t.fit(df, epochs=3, verbose=0, checkpoint_dir=f"{store}/resume-ckpt", resume=True)
             out["resumed_digest"] = digest(resumed)
         return out
+    if name == "local":  # issue 40: each worker's own Adam state; classic keeps it on the worker's host
+        m = model()
+        with trainer(m, f"{store}/staging", optimizer_state="local") as t:
+            t.fit(df, epochs=2, verbose=0, checkpoint_dir=f"{store}/ckpt")  # epoch ends: states in the store too
+            out["digest"] = digest(m)
+            out["restarted"] = t.stats.local_states_restarted
+            hosts_of: dict = {}
+            for r in t.stats.records:
+                for w in r.workers:
+                    hosts_of.setdefault(str(w.worker), []).append(w.host)
+            out["worker_hosts"] = hosts_of
+            out["local_state_s"] = sorted(w.local_state_s for r in t.stats.records[1:] for w in r.workers)
+        return out
     if name == "whole":
         whole = model()
         with trainer(whole, f"{store}/staging") as t:
