@@ -60,13 +60,13 @@ def drive(cluster, session: str, store: str, *scenarios: str) -> dict:
 @pytest.fixture(scope="module")
 def reference(cluster):
     """The same fits on ``local[3]`` (one host: every executor is the driver's process)."""
-    return drive(cluster, "local[3]", f"s3://{hosts.BUCKET}/local", "fit", "whole", "stale")
+    return drive(cluster, "local[3]", f"s3://{hosts.BUCKET}/local", "fit", "whole", "stale", "local")
 
 
 @pytest.fixture(scope="module")
 def classic(cluster, reference):
     results = drive(cluster, cluster.master_url, f"s3://{hosts.BUCKET}/classic",
-                    "default_staging", "fit", "stale", "store_blip", "elastic", "kill")
+                    "default_staging", "fit", "stale", "local", "store_blip", "elastic", "kill")
     cluster.start_worker(2)  # the kill scenario took host 2's worker down
     return results
 
@@ -79,7 +79,7 @@ def connect(cluster, classic):
                                                              "spark.task.maxFailures": "4"})
     try:
         return drive(cluster, cluster.connect_url, f"s3://{hosts.BUCKET}/connect", "default_staging", "fit", "stale",
-                     "elastic", "kill")
+                     "local", "elastic", "kill")
     finally:
         cluster.stop_connect()
 
@@ -119,6 +119,17 @@ def test_a_checkpoint_on_the_store_resumes_across_hosts_to_the_uninterrupted_wei
 
 def test_stale_synchronous_training_across_hosts_equals_local_bitwise(run, reference):
     assert run["stale"]["digest"] == reference["stale"]["digest"]
+
+
+def test_local_optimizer_states_stay_with_their_workers_hosts_and_train_what_one_host_does(run, reference):
+    """Issue 40: on classic sessions each worker's Adam state is a file on its host and its tasks are placed there;
+    under Connect the states are in the store. Either way the fit is bitwise the one-host fit's."""
+    got = run["local"]
+    assert got["digest"] == reference["local"]["digest"]
+    assert got["restarted"] == 0 == reference["local"]["restarted"]
+    if run["session"].startswith("spark://"):  # every round of a worker on the host it started on
+        assert all(len(set(hosts_of)) == 1 for hosts_of in got["worker_hosts"].values()), got["worker_hosts"]
+        assert len({h[0] for h in got["worker_hosts"].values()}) == 3  # three hosts, one worker each
 
 
 def test_a_host_lost_mid_fit_leaves_the_clean_runs_weights(run):
