@@ -21,8 +21,11 @@ its wire floor, bytes ÷ link rate. Medians over the measured rounds.
 only) runs each path once per compression, the trainer given
 ``update_compression`` = ``None``, ``"bf16"``, ``"int8"``; ``local``,
 ``local+int8``, ``local+int4`` also set ``optimizer_state="local"`` (each
-worker keeps its own Adam state in files on the store, and
-``local_state_ms`` records the slowest worker's seconds with them): each row records
+worker keeps its own Adam state in a file on its host, its tasks placed
+there; ``local_state_ms`` records the slowest worker's seconds with it,
+``local_states_restarted`` the states lost, ``same_host`` whether every
+worker stayed on one host): an arm may be named again (``none local+int8
+none local+int8``) to interleave repeats. Each row records
 its ``compression`` (rows written before the option have none: float32
 sums), the bytes each worker sent per round (``sent_per_worker``: the round
 record's ``sent_bytes`` ÷ its workers) and the slowest worker's encoding and
@@ -153,6 +156,9 @@ def drive(args) -> None:
             encode_ms=1000 * med(r.encode_max_s for r in records),
             feedback_ms=1000 * med(r.feedback_max_s for r in records),
             local_state_ms=1000 * med(max(w.local_state_s for w in r.workers) for r in records),
+            local_states_restarted=sum(r.local_states_restarted for r in records),
+            same_host=all(len({w.host for r in records for w in r.workers if w.worker == i}) == 1
+                          for i in range(workers)),
             record_compression=records[-1].compression,
             rounds=len(records),
         )

@@ -859,6 +859,27 @@ class LocalOptimizerStateMixin:
             assert restarted == [[]] * 8 and trainer.stats.local_states_restarted == 0
             assert_weights_close(model.get_weights(), clean.get_weights(), atol=0)
 
+    def test_a_checkpoint_after_a_stop_mid_epoch_says_what_it_lacks(self, session, tmp_path, caplog):
+        import keras
+
+        from sparkdl_avg.driver import checkpoint
+
+        class StopAfterRound1(keras.callbacks.Callback):  # unforeseen: the round before it kept its states
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    self.model.stop_training = True
+
+        directory = str(tmp_path / "ckpt")
+        with caplog.at_level("WARNING", logger="sparkdl_avg"):
+            self._fit(epochs=2, callbacks=[StopAfterRound1()], checkpoint_dir=directory)
+        saved = checkpoint.load(checkpoint.latest(directory))
+        warned = [r.getMessage() for r in caplog.records if "carries no optimizer_state='local' states" in r.getMessage()]
+        if type(session).__module__.startswith("pyspark.sql.connect"):  # the staging directory has every round's
+            assert sorted(saved.feedback) == ["local-optimizer/1/0", "local-optimizer/1/1"] and not warned
+        else:  # on the hosts, and only rounds that may end an epoch (or come before a due checkpoint) shared them
+            assert saved.feedback == {} and len(warned) == 1
+            assert "restarts them from the driver's optimizer variables" in warned[0]
+
     def test_a_checkpoint_carries_every_workers_state_and_resumes_bitwise(self, session, tmp_path):
         import keras
 
@@ -874,6 +895,13 @@ class LocalOptimizerStateMixin:
         directory = str(tmp_path / "ckpt")
         with pytest.raises(KeyboardInterrupt):
             self._fit(epochs=2, callbacks=[Stop()], checkpoint_dir=directory, checkpoint_every=1)
+        saved = checkpoint.load(checkpoint.latest(directory))
+        assert sorted(saved.feedback) == ["local-optimizer/1/0", "local-optimizer/1/1"]
+        _, resumed = self._fit(epochs=2, checkpoint_dir=directory, resume=True)
+        assert_weights_close(resumed.get_weights(), whole.get_weights(), atol=0)
+        # after every epoch (the default): the epoch's last round wrote the states where the checkpoint reads them
+        directory = str(tmp_path / "each-epoch")
+        self._fit(epochs=1, checkpoint_dir=directory)
         saved = checkpoint.load(checkpoint.latest(directory))
         assert sorted(saved.feedback) == ["local-optimizer/1/0", "local-optimizer/1/1"]
         _, resumed = self._fit(epochs=2, checkpoint_dir=directory, resume=True)
