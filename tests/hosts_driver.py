@@ -1,7 +1,7 @@
 """A driver program for tests/test_hosts.py: runs on host 0 of the namespaced cluster (scripts/hosts.py).
 
 ``python tests/hosts_driver.py --session MASTER_OR_SC_URL --store s3://bucket/prefix --out result.json
-SCENARIO ...`` builds a classic session (``spark://...``, ``local[3]``) or a
+SCENARIO ... [--then --session ... SCENARIO ...]`` builds a classic session (``spark://...``, ``local[3]``) or a
 Spark Connect one (``sc://...``) with the README's settings, runs the named
 scenarios on scikit-learn's digits and writes what each produced (weights
 digests, metrics, error messages) as JSON, so the test compares a cluster
@@ -10,7 +10,7 @@ run with a ``local[3]`` one. Scenarios:
 - ``default_staging``: a fit with the default staging directory; records the error.
 - ``fit``: a fit (2 epochs) staged on the store with checkpoints there (its
   round records' host names too), then ``evaluate`` and ``predict``; then a
-  new trainer resumes the checkpoint of epoch 1 to epoch 3.
+  new trainer resumes that fit's checkpoint of epoch 2 to epoch 3 (the epochs it trained: ``resumed_epochs``).
 - ``whole``: 3 epochs at once (what the resumed fit must equal).
 - ``stale``: ``synchronization="stale"``, ``reproducible=True``.
 - ``kill``: the ``fit`` scenario's first fit while host 2's processes are
@@ -287,13 +287,11 @@ def run(name: str, spark, df, test, store: str) -> dict:
                 out["evaluate"] = t.evaluate(test, return_dict=True)
                 rows = t.predict(test).select("prediction").collect()
                 out["predictions"] = [float(r.prediction) for r in rows]
-        if name == "fit":
+        if name == "fit":  # a new trainer resumes the fit's checkpoint of epoch 2 (on the store) to epoch 3
             resumed = model()
             with trainer(resumed, f"{store}/resume-staging") as t:
-                t.fit(df, epochs=1, verbose=0, checkpoint_dir=f"{store}/resume-ckpt")
-            resumed = model()
-            with trainer(resumed, f"{store}/resume-staging") as t:
-                t.fit(df, epochs=3, verbose=0, checkpoint_dir=f"{store}/resume-ckpt", resume=True)
+                t.fit(df, epochs=3, verbose=0, checkpoint_dir=ckpt, resume=True)
+                out["resumed_epochs"] = sorted({r.epoch for r in t.stats.records})
             out["resumed_digest"] = digest(resumed)
         return out
     if name == "local":  # issue 40: each worker's own Adam state; classic keeps it on the worker's host
@@ -323,26 +321,35 @@ def run(name: str, spark, df, test, store: str) -> dict:
     raise SystemExit(f"unknown scenario {name!r}")
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    """Runs each ``--then``-separated group of arguments in turn, each on a session of its own in this one process
+    (``--session local[3] ... --then --session spark://...``: one interpreter, TensorFlow import and JVM for both)."""
+    argv = sys.argv[1:] if argv is None else argv
+    groups = [[]]
+    for arg in argv:
+        if arg == "--then":
+            groups.append([])
+        else:
+            groups[-1].append(arg)
     p = argparse.ArgumentParser()
     p.add_argument("--session", required=True, help="spark://..., local[3] or sc://...")
     p.add_argument("--store", required=True, help="an s3:// prefix for staging and checkpoints")
     p.add_argument("--out", required=True)
     p.add_argument("scenarios", nargs="+")
-    args = p.parse_args()
-    spark = session(args.session)
-    df, test = digits(spark)
-    results = {"session": args.session}
-    for name in args.scenarios:
-        t0 = time.monotonic()
-        try:
-            results[name] = run(name, spark, df, test, f"{args.store}/{name}")
-        except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it
-            results[name] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
-        results[name]["wall_s"] = time.monotonic() - t0
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    spark.stop()
+    for args in [p.parse_args(group) for group in groups]:
+        spark = session(args.session)
+        df, test = digits(spark)
+        results = {"session": args.session}
+        for name in args.scenarios:
+            t0 = time.monotonic()
+            try:
+                results[name] = run(name, spark, df, test, f"{args.store}/{name}")
+            except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it
+                results[name] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+            results[name]["wall_s"] = time.monotonic() - t0
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+        spark.stop()
 
 
 if __name__ == "__main__":

@@ -42,33 +42,54 @@ def cluster():
     shutil.rmtree(STATE, ignore_errors=True)
 
 
-def drive(cluster, session: str, store: str, *scenarios: str) -> dict:
-    """Runs tests/hosts_driver.py on host 0; returns its results (the test fails with its output if it crashed)."""
-    out = os.path.join(cluster.state_dir, f"result-{store.rsplit('/', 1)[-1]}.json")
-    proc = cluster.run(0, [sys.executable, DRIVER, "--session", session, "--store", store, "--out", out, *scenarios],
-                       env=cluster.driver_env(), timeout=420, check=False)
-    assert os.path.exists(out), f"the driver wrote no results ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
-    with open(out) as f:
-        results = json.load(f)
+def drive(cluster, *runs) -> list:
+    """Runs tests/hosts_driver.py on host 0, ``runs`` (``(session, store, *scenarios)`` each) one after another in
+    that one process; returns each run's results (the test fails with the driver's output if it crashed)."""
+    argv, outs = [], []
+    for session, store, *scenarios in runs:
+        outs.append(os.path.join(cluster.state_dir, f"result-{store.rsplit('/', 1)[-1]}.json"))
+        argv += [*(["--then"] if argv else []), "--session", session, "--store", store, "--out", outs[-1], *scenarios]
+    proc = cluster.run(0, [sys.executable, DRIVER, *argv], env=cluster.driver_env(), timeout=420 * len(runs),
+                       check=False)
+    results = []
+    for out, (_, _, *scenarios) in zip(outs, runs):
+        assert os.path.exists(out), f"the driver wrote no results ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+        with open(out) as f:
+            results.append(json.load(f))
+        for name in scenarios:
+            assert name in results[-1], f"{name}: no result ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+            assert "failed" not in results[-1][name], \
+                f"{name}: {results[-1][name]['failed']}\n{results[-1][name]['traceback']}"
     # The elastic scenario removes a host and adds one (the same index): take in the hosts as they are now.
     cluster.hosts = hosts.Cluster.attach(cluster.state_path).hosts
-    for name in scenarios:
-        assert "failed" not in results[name], f"{name}: {results[name]['failed']}\n{results[name]['traceback']}"
     return results
 
 
 @pytest.fixture(scope="module")
-def reference(cluster):
-    """The same fits on ``local[3]`` (one host: every executor is the driver's process)."""
-    return drive(cluster, "local[3]", f"s3://{hosts.BUCKET}/local", "fit", "whole", "stale", "local")
+def reference_and_classic(cluster):
+    """The fits on ``local[3]`` (one host: every executor is the driver's process), then on the cluster's master.
 
-
-@pytest.fixture(scope="module")
-def classic(cluster, reference):
-    results = drive(cluster, cluster.master_url, f"s3://{hosts.BUCKET}/classic",
-                    "default_staging", "fit", "stale", "local", "store_blip", "elastic", "kill")
+    One driver process runs both sessions, one after the other (the second a new SparkContext in the same JVM):
+    a driver's start (its interpreter, TensorFlow, a JVM) is paid once.
+    """
+    reference, classic = drive(
+        cluster,
+        ("local[3]", f"s3://{hosts.BUCKET}/local", "fit", "whole", "stale", "local"),
+        (cluster.master_url, f"s3://{hosts.BUCKET}/classic",
+         "default_staging", "fit", "stale", "local", "store_blip", "elastic", "kill"))
     cluster.start_worker(2)  # the kill scenario took host 2's worker down
-    return results
+    return reference, classic
+
+
+@pytest.fixture(scope="module")
+def reference(reference_and_classic):
+    """The same fits on ``local[3]``."""
+    return reference_and_classic[0]
+
+
+@pytest.fixture(scope="module")
+def classic(reference_and_classic):
+    return reference_and_classic[1]
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +99,8 @@ def connect(cluster, classic):
     cluster.start_connect(**sparkdl_avg.RECOMMENDED_CONF, **{"spark.executor.memory": "512m",
                                                              "spark.task.maxFailures": "4"})
     try:
-        return drive(cluster, cluster.connect_url, f"s3://{hosts.BUCKET}/connect", "default_staging", "fit", "stale",
-                     "local", "elastic", "kill")
+        return drive(cluster, (cluster.connect_url, f"s3://{hosts.BUCKET}/connect", "default_staging", "fit", "stale",
+                               "local", "elastic", "kill"))[0]
     finally:
         cluster.stop_connect()
 
@@ -115,6 +136,7 @@ def test_round_records_name_the_host_each_replica_ran_on(run, reference, cluster
 def test_a_checkpoint_on_the_store_resumes_across_hosts_to_the_uninterrupted_weights(run, reference):
     assert run["fit"]["resumed_digest"] == reference["whole"]["digest"] == reference["fit"]["resumed_digest"]
     assert run["fit"]["resumed_digest"] != run["fit"]["digest"]  # a third epoch was trained
+    assert run["fit"]["resumed_epochs"] == reference["fit"]["resumed_epochs"] == [2]  # that one only, from epoch 2's
 
 
 def test_stale_synchronous_training_across_hosts_equals_local_bitwise(run, reference):
