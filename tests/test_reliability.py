@@ -338,39 +338,6 @@ class TestLocalOptimizerState(LocalOptimizerStateMixin):
     """tests/parity.py: optimizer_state="local"; the same tests run under Spark Connect in test_connect.py."""
 
 
-def test_local_states_place_each_workers_next_task_on_the_host_that_keeps_its_state(spark):
-    import pyarrow as pa
-
-    from sparkdl_avg.driver.feedback import FeedbackLedger
-    from sparkdl_avg.driver.session import Engine
-    from sparkdl_avg.shared.local_state import host_names
-    from sparkdl_avg.shared.stats import WorkerRecord
-
-    ledger = FeedbackLedger.local_states("unused", 3, host_local=True)
-    ledger.placed([WorkerRecord(worker=w, host=f"h{w}", pid=1, examples=8, start=0.0, end=0.0,
-                                host_names=(f"h{w}", f"10.0.0.{w + 1}")) for w in (0, 1)])
-    live = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
-    assert ledger.places(range(3), live) == ["10.0.0.1", "10.0.0.2", None]  # worker 2 has not run yet
-    assert ledger.places(range(3), {"10.0.0.2", "10.0.0.3"}) == [None, "10.0.0.2", None]  # worker 0's host is gone
-    assert ledger.places(range(3), {"10.0.0.1"}) is None  # one host: its files are every task's
-    assert FeedbackLedger.local_states("unused", 3).places(range(3), live) is None  # shared files: anywhere
-    assert host_names() and all(isinstance(n, str) and n for n in host_names())
-
-    engine = Engine(spark)
-    places = ["10.0.0.1", None, "10.0.0.3"]  # hosts this session lacks: the tasks run anyway, at once
-    rdd = engine.located([0, 1, 2], places)
-    java = rdd._jrdd.rdd()
-    assert [java.preferredLocations(p).toString() for p in java.partitions()] == ["List(10.0.0.1)", "List()",
-                                                                                   "List(10.0.0.3)"]
-    assert rdd.mapPartitions(lambda it: [list(it)]).collect() == [[0], [1], [2]]
-
-    def ids(batches):
-        for batch in batches:
-            yield pa.RecordBatch.from_pydict({"id": batch.column(0).to_pylist()})
-
-    assert [r.id for r in engine.run_tasks(3, ids, "id long", start=4, places=places).collect()] == [4, 5, 6]
-
-
 class TestElastic(ElasticMixin):
     """tests/parity.py: elastic rounds with scripted slots; the same tests run under Spark Connect in test_connect.py."""
 
@@ -607,3 +574,38 @@ def test_resuming_from_an_older_path_into_a_directory_with_newer_checkpoints_is_
     other = os.path.join(tmp, "elsewhere", "ckpt-000000")
     with pytest.raises(ConfigurationError, match=r"holds other checkpoints \(latest: .*ckpt-000000\) than resume="):
         trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory, resume=other)
+
+
+# Last in the module: its quick jobs can leave more idle Python workers than slots, which the Connect probe of
+# elastic rounds (TestElastic) would count as slots.
+def test_local_states_place_each_workers_next_task_on_the_host_that_keeps_its_state(spark):
+    import pyarrow as pa
+
+    from sparkdl_avg.driver.feedback import FeedbackLedger
+    from sparkdl_avg.driver.session import Engine
+    from sparkdl_avg.shared.local_state import host_names
+    from sparkdl_avg.shared.stats import WorkerRecord
+
+    ledger = FeedbackLedger.local_states("unused", 3, host_local=True)
+    ledger.placed([WorkerRecord(worker=w, host=f"h{w}", pid=1, examples=8, start=0.0, end=0.0,
+                                host_names=(f"h{w}", f"10.0.0.{w + 1}")) for w in (0, 1)])
+    live = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    assert ledger.places(range(3), live) == ["10.0.0.1", "10.0.0.2", None]  # worker 2 has not run yet
+    assert ledger.places(range(3), {"10.0.0.2", "10.0.0.3"}) == [None, "10.0.0.2", None]  # worker 0's host is gone
+    assert ledger.places(range(3), {"10.0.0.1"}) is None  # one host: its files are every task's
+    assert FeedbackLedger.local_states("unused", 3).places(range(3), live) is None  # shared files: anywhere
+    assert host_names() and all(isinstance(n, str) and n for n in host_names())
+
+    engine = Engine(spark)
+    places = ["10.0.0.1", None, "10.0.0.3"]  # hosts this session lacks: the tasks run anyway, at once
+    rdd = engine.located([0, 1, 2], places)
+    java = rdd._jrdd.rdd()
+    assert [java.preferredLocations(p).toString() for p in java.partitions()] == ["List(10.0.0.1)", "List()",
+                                                                                   "List(10.0.0.3)"]
+    assert rdd.mapPartitions(lambda it: [list(it)]).collect() == [[0], [1], [2]]
+
+    def ids(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"id": batch.column(0).to_pylist()})
+
+    assert [r.id for r in engine.run_tasks(3, ids, "id long", start=4, places=places).collect()] == [4, 5, 6]
