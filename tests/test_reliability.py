@@ -204,8 +204,12 @@ def test_resume_takes_the_newest_checkpoint_that_reads_back_with_a_warning(tmp, 
     np.testing.assert_array_equal(saved.weights[0], np.ones(3))
     assert f"Skipping the checkpoint {second}: The checkpoint at '{second}' is damaged" in caplog.text
     assert f"Resuming from {first}, the newest checkpoint in {tmp} that reads back." in caplog.text
-    with pytest.raises(CheckpointError):  # the one asked for by path is not replaced by another
-        resume_mod.locate(tmp, resume=second)
+    with pytest.raises(CheckpointError, match=r"^The 'resume' parameter '.*ckpt-000001' is not a checkpoint to "
+                                              r"resume from: The checkpoint at .* is damaged"):
+        resume_mod.locate(tmp, resume=second)  # the one asked for by path is not replaced by another
+    with pytest.raises(CheckpointError, match=r"^The 'resume' parameter 'yes' is not a checkpoint to resume from: "
+                                              r"No complete sparkdl_avg checkpoint at 'yes'.*\(resume=True continues"):
+        resume_mod.locate(None, resume="yes")
     _damage(first, "arrays.npz emptied")
     with pytest.raises(CheckpointError, match=r"No other checkpoint in '.*' reads back either\."):
         resume_mod.locate(tmp, resume=True)

@@ -77,7 +77,13 @@ def locate(checkpoint_dir: Optional[str], resume: Any) -> Tuple[Optional[str], O
     if uri is None:
         return None, None
     if resume is not True:
-        return uri, checkpoint.load(uri)
+        try:
+            return uri, checkpoint.load(uri)
+        except CheckpointError as exc:
+            if isinstance(resume, str):  # the user named it: say which parameter did
+                raise CheckpointError(f"The 'resume' parameter {resume!r} is not a checkpoint to resume from: "
+                                      f"{exc} (resume=True continues from the latest in checkpoint_dir)") from exc
+            raise
     first: Optional[CheckpointError] = None
     for candidate in listed:
         try:
