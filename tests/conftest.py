@@ -82,11 +82,72 @@ def spark_session(master: str, app_name: str, log_level: str = "ERROR", **conf):
         shutil.rmtree(local_dir, ignore_errors=True)
 
 
+_SHARED: dict = {}  # the session the `spark` fixture gives: {"session", "local_dir"} while it runs
+
+
+def _shared_alive() -> bool:
+    from pyspark import SparkContext
+
+    session = _SHARED.get("session")
+    return (session is not None and session.sparkContext._jsc is not None
+            and SparkContext._active_spark_context is session.sparkContext)
+
+
+def _stop_shared() -> None:
+    session, local_dir = _SHARED.pop("session", None), _SHARED.pop("local_dir", None)
+    if session is not None and session.sparkContext._jsc is not None:
+        session.stop()
+    if local_dir is not None:
+        shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def _uses_shared_spark(item) -> bool:
+    """Whether ``item`` gets its ``spark`` from this conftest's fixture (not a module's own)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get("spark") if info is not None else None
+    return bool(defs) and getattr(defs[-1].func, "__module__", None) == __name__
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Runs the modules that use the ``spark`` fixture one after another (at the first one's place, each in its
+    order), so that they share one session (see ``spark``); every other module keeps its place and order."""
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    shared = [name for name, its in modules.items() if any(_uses_shared_spark(i) for i in its)]
+    if len(shared) < 2:
+        return
+    ordered = []
+    for name, its in modules.items():
+        if name == shared[0]:
+            ordered += [i for n in shared for i in modules[n]]
+        elif name not in shared:
+            ordered += its
+    items[:] = ordered
+
+
 @pytest.fixture(scope="module")
-def spark():
-    """A ``local[2]`` SparkSession for one test module, stopped at its end."""
-    with spark_session("local[2]", "sparkdl_avg-tests") as session:
-        yield session
+def spark(request):
+    """A ``local[2]`` SparkSession for the test modules that use this fixture.
+
+    The modules that use it run one after another (``pytest_collection_modifyitems``) and share one session and
+    its Python workers (a fresh session costs ~10 s: the JVM's SparkContext, the workers' TensorFlow import, the
+    first replica builds); it is stopped after the last of them, or when a module starts a session of its own
+    (``spark_session`` stops the active one), and started again for the next module that asks.
+    """
+    if not _shared_alive():
+        _stop_shared()
+        stop_active_session()
+        local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
+        _SHARED.update(session=make_session("local[2]", "sparkdl_avg-tests", local_dir), local_dir=local_dir)
+        _SHARED["session"].sparkContext.setLogLevel("ERROR")
+    yield _SHARED["session"]
+    items = request.session.items
+    module = request.node.nodeid.split("::")[0]
+    last = max((k for k, i in enumerate(items) if i.nodeid.split("::")[0] == module), default=len(items))
+    following = items[last + 1] if last + 1 < len(items) else None
+    if following is None or not _uses_shared_spark(following):
+        _stop_shared()
 
 
 class JobRecorder:
