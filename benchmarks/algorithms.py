@@ -20,7 +20,7 @@ Arms (each from the same initial weights, per seed):
 * ``postlocal``: post-local SGD, ``k = 1`` for the first ``--switch-epoch``
   epochs, then the period;
 * ``stale2`` / ``async``: stale-synchronous (bound ``s = 2``) and
-  asynchronous chunks (:mod:`sparkdl_avg.driver.stale_async`) with the staleness-aware
+  asynchronous chunks (:mod:`sparkdl_avg.driver.fit.stale_async`) with the staleness-aware
   factor ``1/max(1, τ)``, and ``stale2_unscaled`` / ``async_unscaled``
   without it, plain averaging of each update, and ``stale2_bmuf`` (``s = 2``
   with block momentum, ``η = 1 − 1/8``, applied once per 8 updates); at periods

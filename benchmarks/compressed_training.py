@@ -79,7 +79,7 @@ def model_for(name: str, seed: int):
 
 def fit(name: str, d: dict, k: int, rule, seed: int, arm: str) -> dict:
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver.costmodel import is_cold
+    from sparkdl_avg.driver.observe.costmodel import is_cold
 
     model = model_for(name, seed)
     with ParameterAveragingTrainer(model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=k,

@@ -5,7 +5,7 @@ parameters, Adam, batch 32) trains ``k`` minibatches from a state, as a
 worker does in a round, at several points of training (the first round, and
 after 1 and 3 epochs of single-process training). Each round's delta (the
 weights' and the Adam variables' change from the round's start) is encoded
-with ``sparkdl_avg.shared.compression`` as ``bf16`` and as ``int8`` with
+with ``sparkdl_avg.shared.wire.compression`` as ``bf16`` and as ``int8`` with
 blocks of 32 … 4096 values, and a 10⁶-value delta drawn from the CNN's
 times its size is timed. For every arm it reports the bytes against
 float32, the relative error ``‖decode(encode(d)) − d‖ / ‖d‖`` (weights and
@@ -39,7 +39,7 @@ def _flat(arrays) -> np.ndarray:
 
 
 def _state(model):
-    from sparkdl_avg.shared.modelspec import get_state
+    from sparkdl_avg.shared.model.modelspec import get_state
 
     weights, opt = get_state(model)
     return _flat(weights), _flat([v for v in opt if np.asarray(v).dtype == np.float32 and np.asarray(v).size > 1])
@@ -70,7 +70,7 @@ def round_deltas(k_values, points, examples=6400, batch=32):
 
 
 def _rel_error(codec, block, d):
-    from sparkdl_avg.shared import compression as c
+    from sparkdl_avg.shared.wire import compression as c
 
     if not np.any(d):
         return 0.0
@@ -79,7 +79,7 @@ def _rel_error(codec, block, d):
 
 
 def _time_1e6(codec, block, sample, repeats):
-    from sparkdl_avg.shared import compression as c
+    from sparkdl_avg.shared.wire import compression as c
 
     rng = np.random.default_rng(0)
     d = rng.choice(sample, size=1_000_000).astype(np.float32)

@@ -4,12 +4,12 @@ A pre-study before the option exists: N Keras replicas of the suite CNN
 (``bench_cnn.py``) train in turn in this process, each k minibatches of its
 own quarter of the data from the round's global state (weights and Adam
 variables), as the trainer's workers do; each replica's delta from the
-round's start is sent through a codec of ``sparkdl_avg.shared.compression``
+round's start is sent through a codec of ``sparkdl_avg.shared.wire.compression``
 (with or without error feedback, one residual per replica), the decoded
 deltas are averaged in float32 and added to the global state (plain
 averaging). Arms: ``none`` (float32 deltas: plain averaging of the states),
 ``bf16``, ``bf16+ef``, ``int8`` and ``int8+ef`` (blocks of
-:data:`~sparkdl_avg.shared.compression.BLOCK`) for the whole delta, and
+:data:`~sparkdl_avg.shared.wire.compression.BLOCK`) for the whole delta, and
 ``int8+ef/bf16+ef`` (the weights' delta in int8, Adam's in bf16), for each k and seed, at
 equal epochs; reports the held-out accuracy after every epoch and the
 training loss. No Spark: the trainer's own numbers come when the option
@@ -58,7 +58,7 @@ def _float_vars(model):
 
 def run(arm, k, seed, epochs, workers, x, y, xt, yt, batch=32):
     """Held-out accuracy and mean training loss after each epoch of simulated averaging."""
-    from sparkdl_avg.shared import compression as c
+    from sparkdl_avg.shared.wire import compression as c
 
     import keras
 

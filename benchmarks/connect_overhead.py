@@ -52,7 +52,7 @@ ARM_CONF = {arm: {"spark.python.daemon.module": None} for arm in ARMS if arm.end
 
 def child(arm: str, rounds: int) -> list:
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver import transport as transport_mod
+    from sparkdl_avg.driver.transport import paths as transport_mod
 
     connect = arm.startswith("connect")
     transport_mod.STANDING = arm != "connect-per-round"

@@ -60,14 +60,14 @@ LONG_ONLY = {"diloco"}  # arms run at each dataset's longer k only
 
 
 def available_arms():
-    from sparkdl_avg.driver.options import UPDATE_COMPRESSIONS
+    from sparkdl_avg.driver.config.options import UPDATE_COMPRESSIONS
 
     return [a for a, kw in ARMS.items() if kw.get("update_compression") in (None,) + tuple(UPDATE_COMPRESSIONS)]
 
 
 def split_by_worker(x, y, k: int):
     """``(x, y)`` rearranged so that, visited in order, worker 0 trains on labels 0-4 only and worker 1 on 5-9."""
-    from sparkdl_avg.shared.example_order import round_lengths, worker_positions
+    from sparkdl_avg.shared.data.example_order import round_lengths, worker_positions
 
     rng = np.random.default_rng(0)
     pools = [rng.permutation(np.flatnonzero(y < 5)), rng.permutation(np.flatnonzero(y >= 5))]
@@ -100,7 +100,7 @@ def runs():
 
 def fit(name: str, d: dict, k: int, seed: int, arm: str, lr=None) -> dict:
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver.costmodel import is_cold
+    from sparkdl_avg.driver.observe.costmodel import is_cold
 
     data = split_by_worker(*d["data"], k) if d.get("split") else d["data"]
     model = model_for("digits" if name.startswith("digits") else name, seed)

@@ -8,11 +8,11 @@ alone, in one process: for N = 2, 4, 8, 16 workers and the MLPs of
 ``overhead.py`` (1e6 and 3e6 parameters, Adam) it builds the Arrow table a
 Spark SQL round's job returns to the driver (``sql:storage`` and
 ``sql:shuffle``: the N workers' result rows and the S summed shards of
-:func:`~sparkdl_avg.driver.transport.plan_aggregation`; ``sql:driver``: every
+:func:`~sparkdl_avg.driver.transport.paths.plan_aggregation`; ``sql:driver``: every
 worker's whole sums), then times what the driver does with it in a round,
 with the same functions the round runs: decoding and summing
 (``transport._read_rows`` and ``transport._assemble``) and the update
-(:meth:`sparkdl_avg.driver.rounds.RoundRunner.update`: the averages, the update
+(:meth:`sparkdl_avg.driver.fit.rounds.RoundRunner.update`: the averages, the update
 rule, the optimizer's average and setting the Keras model's state). The
 sweep runs twice; each configuration runs 3 untimed rounds (a fit's rounds
 find the allocator warm) and ``--repeats`` timed ones; medians reported.
@@ -48,10 +48,10 @@ def round_table(layout, f32, f64, workers: int, how: str):
     """The Arrow table the round's job gives the driver for ``workers`` workers, and its shard count."""
     import pyarrow as pa
 
-    from sparkdl_avg.shared import exchange
-    from sparkdl_avg.driver import transport
-    from sparkdl_avg.shared.aggregation import PartialResult
-    from sparkdl_avg.shared.stats import WorkerRecord
+    from sparkdl_avg.shared.wire import exchange
+    from sparkdl_avg.driver.transport import paths as transport
+    from sparkdl_avg.shared.wire.aggregation import PartialResult
+    from sparkdl_avg.shared.wire.stats import WorkerRecord
 
     _, shards = transport.plan_aggregation(how, None, workers, layout.nbytes)
     rows = []
@@ -71,11 +71,11 @@ def round_table(layout, f32, f64, workers: int, how: str):
 
 
 def measure(size: str, repeats: int) -> list:
-    from sparkdl_avg.shared import exchange
-    from sparkdl_avg.driver import transport
-    from sparkdl_avg.shared.modelspec import current_learning_rate, get_state, trainable_mask
-    from sparkdl_avg.driver.rounds import RoundRunner, RoundSettings, RuleState
-    from sparkdl_avg.driver.rules import PlainAveraging
+    from sparkdl_avg.shared.wire import exchange
+    from sparkdl_avg.driver.transport import paths as transport
+    from sparkdl_avg.shared.model.modelspec import current_learning_rate, get_state, trainable_mask
+    from sparkdl_avg.driver.fit.rounds import RoundRunner, RoundSettings, RuleState
+    from sparkdl_avg.driver.algorithms.rules import PlainAveraging
 
     model = build_mlp(WIDTHS[size])
     model.fit(np.zeros((32, INPUT_DIM), np.float32), np.zeros(32, np.int32), verbose=0)  # creates Adam's slots

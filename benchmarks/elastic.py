@@ -64,7 +64,7 @@ class Monitor:
     """Reads the status store's live task slots every 50 ms in a thread; keeps ``(time, slots)`` at each change."""
 
     def __init__(self, sc) -> None:
-        from sparkdl_avg.driver.membership import status_slots
+        from sparkdl_avg.driver.elastic.membership import status_slots
 
         self.read = lambda: status_slots(sc).count
         self.changes = [(time.time(), self.read())]

@@ -1,6 +1,6 @@
 """Where a round's time goes as the work grows.
 
-Per-round phases from ``trainer.stats`` (see :mod:`sparkdl_avg.shared.stats`) for an
+Per-round phases from ``trainer.stats`` (see :mod:`sparkdl_avg.shared.wire.stats`) for an
 MLP ``64 → H → H → 10`` whose width ``H`` sets the parameter count (≈1e4 to
 ≈1e7), Adam, batch 32, synthetic data; swept one factor at a time:
 
@@ -155,8 +155,8 @@ def run_config(sc, sweep, size, k, workers, depth, transport, rounds, batch, opt
     med["span_minus_busy_s"] = statistics.median(
         r["workers_s"] - max(w["setup_s"] + w["load_s"] + w["compute_s"] for w in r["workers"]) for r in records
     )
-    from sparkdl_avg.shared.exchange import FlatLayout
-    from sparkdl_avg.shared.modelspec import get_state
+    from sparkdl_avg.shared.wire.exchange import FlatLayout
+    from sparkdl_avg.shared.model.modelspec import get_state
 
     model_sum_bytes = FlatLayout.of(*get_state(model)).nbytes  # one model's state in sum dtypes
     return {"sweep": sweep, "size": size, "params": params_of(width), "width": width, "k": k,
@@ -315,8 +315,8 @@ def _t(fn, repeats=3):
 
 def profile_size(size: str) -> dict:
     """Bytes moved per round and driver/worker-side step costs for one model size (no Spark)."""
-    from sparkdl_avg.shared.aggregation import PartialResult, merge, weighted
-    from sparkdl_avg.shared.modelspec import get_state, set_state
+    from sparkdl_avg.shared.wire.aggregation import PartialResult, merge, weighted
+    from sparkdl_avg.shared.model.modelspec import get_state, set_state
 
     model = build_mlp(WIDTHS[size])
     model.fit(np.zeros((32, INPUT_DIM), np.float32), np.zeros(32, np.int32), verbose=0)  # create Adam slots

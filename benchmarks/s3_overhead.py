@@ -82,8 +82,8 @@ def run_arm(arm, store, local_root, k, rounds, batch, workers=2):
 
 def store_probe(store, local_root, repeats=5):
     """Seconds for one store_state + load_state + remove of the 1e6 model's state (weights + Adam), driver only."""
-    from sparkdl_avg.shared import exchange
-    from sparkdl_avg.shared.modelspec import get_state
+    from sparkdl_avg.shared.wire import exchange
+    from sparkdl_avg.shared.model.modelspec import get_state
 
     model = build_mlp(WIDTHS["1e6"])
     model.fit(np.zeros((32, INPUT_DIM), np.float32), np.zeros(32, np.int32), verbose=0)  # create Adam's slots

@@ -44,7 +44,7 @@ from arms import run_alternating  # noqa: E402
 from overhead import WIDTHS, build_mlp  # noqa: E402
 
 ARMS = ("classic tcp", "classic uds", "connect tcp", "connect uds")
-#: The arms that deviate from the README's settings: loopback TCP (``sparkdl_avg.driver.session.UNIX_SOCKETS``).
+#: The arms that deviate from the README's settings: loopback TCP (``sparkdl_avg.driver.runtime.session.UNIX_SOCKETS``).
 ARM_CONF = {arm: {"spark.python.unix.domain.socket.enabled": "false"} for arm in ARMS if arm.endswith("tcp")}
 
 
@@ -69,7 +69,7 @@ def probe(sc, repeats: int = 30) -> dict:
 
 def child(arm: str, rounds: int) -> list:
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver.session import UNIX_SOCKETS
+    from sparkdl_avg.driver.runtime.session import UNIX_SOCKETS
 
     session, sockets = arm.split()
     spark = harness.session("local[2]", connect=session == "connect", conf=ARM_CONF.get(arm))

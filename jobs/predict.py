@@ -23,7 +23,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from sparkdl_avg import cli  # noqa: E402
-from sparkdl_avg.shared import fs  # noqa: E402
+from sparkdl_avg.shared.files import fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     from sparkdl_avg import ParameterAveragingTrainer
     from sparkdl_avg.cli import spark_session
-    from sparkdl_avg.shared.fs import replace_atomically
+    from sparkdl_avg.shared.files.fs import replace_atomically
 
     # Warm executors: their workers import TensorFlow while this driver loads the data.
     spark = spark_session("sparkdl_avg train_digits")

@@ -88,7 +88,7 @@ def main(argv=None) -> int:
 
     from sparkdl_avg import ParameterAveragingTrainer
     from sparkdl_avg.cli import spark_session
-    from sparkdl_avg.shared import fs
+    from sparkdl_avg.shared.files import fs
     from train_digits import build_model  # the CNN of make train: 8×8×1 images, 10 classes
 
     out = fs.OutputDir(args.output_dir, overwrite=args.overwrite)

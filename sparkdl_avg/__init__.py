@@ -17,8 +17,8 @@ import os as _os
 import re as _re
 import warnings as _warnings
 
-from .driver.session import RECOMMENDED_CONF as _RECOMMENDED_CONF
-from .shared import quiet as _quiet
+from .driver.runtime.session import RECOMMENDED_CONF as _RECOMMENDED_CONF
+from .shared.model import quiet as _quiet
 
 # Imported here, before the user's `import keras` where sparkdl_avg comes first (as in README), so that
 # TensorFlow's start-up notices (printed twice per import, absl's "before InitializeLog" lines) are filtered;
@@ -34,14 +34,14 @@ for _key in _RECOMMENDED_CONF:
         "ignore", message=rf"Failed to set {_re.escape(_key)} to Some\(.*\) due to \[CANNOT_MODIFY_CONFIG\]",
         category=UserWarning)
 
-from .driver.advisor import Advice, advise  # noqa: E402
-from .driver.config import TrainerConfig  # noqa: E402
-from .driver.ml import KerasAveragingEstimator, KerasAveragingModel  # noqa: E402
-from .driver.rules import BlockMomentum, DiLoCo, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
-from .driver.schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
-from .driver.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
-from .driver.tracking import MlflowLogger  # noqa: E402
-from .driver.trainer import FitInfo, ParameterAveragingTrainer  # noqa: E402
+from .driver.api.advisor import Advice, advise  # noqa: E402
+from .driver.config.trainer_config import TrainerConfig  # noqa: E402
+from .driver.api.ml import KerasAveragingEstimator, KerasAveragingModel  # noqa: E402
+from .driver.algorithms.rules import BlockMomentum, DiLoCo, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
+from .driver.algorithms.schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
+from .driver.runtime.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
+from .driver.observe.tracking import MlflowLogger  # noqa: E402
+from .driver.api.trainer import FitInfo, ParameterAveragingTrainer  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
     ConfigurationError,
@@ -53,8 +53,8 @@ from .errors import (  # noqa: E402
     SparkdlAvgError,
     WorkerError,
 )
-from .shared.preprocess import decode_images, example_seeds  # noqa: E402
-from .shared.stats import RoundRecord, TrainingStats, WorkerRecord  # noqa: E402
+from .shared.data.preprocess import decode_images, example_seeds  # noqa: E402
+from .shared.wire.stats import RoundRecord, TrainingStats, WorkerRecord  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = [

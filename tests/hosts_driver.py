@@ -139,7 +139,7 @@ def wait_until(predicate, timeout_s: float, what: str) -> float:
 
 def live_slots(spark, wanted: int) -> int:
     """The live task slots, up to ``wanted``, read as elastic rounds read them (status store, or a probe job)."""
-    from sparkdl_avg.driver.membership import probe_task, status_slots
+    from sparkdl_avg.driver.elastic.membership import probe_task, status_slots
 
     if not is_connect(spark):
         return status_slots(spark.sparkContext).count
@@ -160,7 +160,7 @@ def elastic(spark, df, store: str, out: dict) -> None:
     from sklearn.datasets import load_digits
 
     import hosts
-    from sparkdl_avg.driver.membership import PROBE_EVERY_S, ScriptedSlots
+    from sparkdl_avg.driver.elastic.membership import PROBE_EVERY_S, ScriptedSlots
 
     cluster = hosts.Cluster.attach()
     out["hosts_before"] = [h.index for h in cluster.workers]

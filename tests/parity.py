@@ -158,7 +158,7 @@ class ExecutorCheckMixin:
     """``preflight.check_executors`` runs one probe per default-parallelism slot (2 on both test sessions)."""
 
     def test_the_executor_check_describes_each_slots_python(self, session):
-        from sparkdl_avg.driver.preflight import check_executors
+        from sparkdl_avg.driver.runtime.preflight import check_executors
 
         import sparkdl_avg
         from sparkdl_avg import version
@@ -662,7 +662,7 @@ class ElasticMixin:
     """Elastic rounds (issue 39) with scripted task slots: the plan follows the slots, and follows only them."""
 
     def _fit(self, slots, epochs=2, **options):
-        from sparkdl_avg.driver.membership import ScriptedSlots
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
         x, y = regression_data(200, seed=1)
         model = make_model(seed=2)
@@ -680,7 +680,7 @@ class ElasticMixin:
 
     def test_workers_that_leave_and_join_train_each_example_once_and_replay_bitwise(self, session, monkeypatch,
                                                                                    tmp_path):
-        from sparkdl_avg.driver.membership import ScriptedSlots
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
         script = [(0, 0, 3), (0, 2, 2), (1, 1, 3)]  # 3 workers, 2 from round 2 of epoch 0, 3 again from epoch 1's round 1
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
@@ -714,7 +714,7 @@ class ElasticMixin:
         assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
 
     def test_stale_synchronous_epochs_are_planned_at_their_start_and_replay_bitwise(self, session):
-        from sparkdl_avg.driver.membership import ScriptedSlots
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
         script = [(0, 0, 2), (0, 3, 1), (1, 0, 1)]  # the change at round 3 waits for epoch 1: chunks keep their workers
         trainer, model = self._fit(script, min_workers=1, max_workers=2, synchronization="stale", reproducible=True)
@@ -728,8 +728,8 @@ class ElasticMixin:
         assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
 
     def test_live_slots_are_read_from_spark_and_a_probe_job_counts_them(self, session):
-        from sparkdl_avg.driver.membership import LiveSlots, probe_slots
-        from sparkdl_avg.driver.session import Engine
+        from sparkdl_avg.driver.elastic.membership import LiveSlots, probe_slots
+        from sparkdl_avg.driver.runtime.session import Engine
 
         engine = Engine(session)
         assert LiveSlots(engine, 4)().count == 2  # classic: the status store; Connect on local[2]: the master
@@ -754,7 +754,7 @@ class ElasticMixin:
                 if batch == 3:  # epoch 0's round 3: after the change to 1 worker, mid-epoch
                     raise KeyboardInterrupt
 
-        from sparkdl_avg.driver.membership import ScriptedSlots
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
         x, y = regression_data(200, seed=1)
         directory = str(tmp_path / "ckpt")
@@ -775,7 +775,7 @@ class ElasticMixin:
 
 def _recording_examples(real, task, iterator, directory):
     """Runs a round's task, saving the example indices each of its workers trained (``e<epoch>-r<round>-w<worker>``)."""
-    from sparkdl_avg.shared.example_order import EpochOrder, worker_positions
+    from sparkdl_avg.shared.data.example_order import EpochOrder, worker_positions
 
     workers = list(iterator)
     order = EpochOrder(task.dataset.num_examples, task.seed, task.epoch, task.shuffle)
@@ -835,7 +835,7 @@ class LocalOptimizerStateMixin:
 
         import keras
 
-        from sparkdl_avg.shared.local_state import HOST_DIRECTORY
+        from sparkdl_avg.shared.wire.local_state import HOST_DIRECTORY
 
         # classic sessions keep each worker's state in a file on its host; Connect under the staging directory
         on_hosts = not type(session).__module__.startswith("pyspark.sql.connect")
@@ -862,7 +862,7 @@ class LocalOptimizerStateMixin:
     def test_a_checkpoint_after_a_stop_mid_epoch_says_what_it_lacks(self, session, tmp_path, caplog):
         import keras
 
-        from sparkdl_avg.driver import checkpoint
+        from sparkdl_avg.driver.checkpoint import files as checkpoint
 
         class StopAfterRound1(keras.callbacks.Callback):  # unforeseen: the round before it kept its states
             def on_train_batch_end(self, batch, logs=None):
@@ -883,7 +883,7 @@ class LocalOptimizerStateMixin:
     def test_a_checkpoint_carries_every_workers_state_and_resumes_bitwise(self, session, tmp_path):
         import keras
 
-        from sparkdl_avg.driver import checkpoint
+        from sparkdl_avg.driver.checkpoint import files as checkpoint
 
         _, whole = self._fit(epochs=2)
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_model, regression_data, run_job_in_process
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer, advise
-from sparkdl_avg.driver.advisor import CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs
+from sparkdl_avg.driver.api.advisor import CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs
 
 
 # ------------------------------------------------------------------ the cost model, on controlled inputs
@@ -95,8 +95,8 @@ def test_the_cost_model_is_a_pure_module_that_the_advisor_re_exports():
     import pathlib
     import sys
 
-    import sparkdl_avg.driver.advisor as advisor
-    import sparkdl_avg.driver.costmodel as costmodel
+    import sparkdl_avg.driver.api.advisor as advisor
+    import sparkdl_avg.driver.observe.costmodel as costmodel
 
     imported = set()
     for node in ast.walk(ast.parse(pathlib.Path(costmodel.__file__).read_text(encoding="utf-8"))):
@@ -188,7 +188,7 @@ def test_advise_measures_through_the_trainers_public_api_only(spark, monkeypatch
     """
     import sys
 
-    from sparkdl_avg.driver import trainer as trainer_module
+    from sparkdl_avg.driver.api import trainer as trainer_module
 
     def caller():
         return sys._getframe(2).f_globals.get("__name__")

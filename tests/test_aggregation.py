@@ -1,11 +1,11 @@
-"""Example-weighted sums and averages (sparkdl_avg.shared.aggregation); no Spark, no Keras."""
+"""Example-weighted sums and averages (sparkdl_avg.shared.wire.aggregation); no Spark, no Keras."""
 
 import functools
 
 import numpy as np
 import pytest
 
-from sparkdl_avg.shared.aggregation import PartialResult, merge, weighted
+from sparkdl_avg.shared.wire.aggregation import PartialResult, merge, weighted
 
 
 def worker_result(n, weights, opt=None, metrics=None, worker=0):

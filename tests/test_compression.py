@@ -1,10 +1,10 @@
-"""The update codecs (sparkdl_avg.shared.compression): bf16 rounding, int8 blocks, int4 nibbles, error feedback."""
+"""The update codecs (sparkdl_avg.shared.wire.compression): bf16 rounding, int8 blocks, int4 nibbles, error feedback."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from sparkdl_avg.shared import compression as c
+from sparkdl_avg.shared.wire import compression as c
 
 
 def _vector(n=10_000, seed=0):

@@ -110,7 +110,7 @@ class TestDataKinds(DataKindsMixin):
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):
-    from sparkdl_avg.driver.session import Engine, engine_for
+    from sparkdl_avg.driver.runtime.session import Engine, engine_for
 
     engine = engine_for(frame(connect))
     assert engine.connect and engine.sc is None
@@ -322,7 +322,7 @@ def test_a_fits_rounds_run_in_one_standing_spark_job_that_ends_with_the_fit(conn
 def test_a_callbacks_spark_job_between_rounds_gets_the_slots_the_standing_job_holds(connect, reference):
     import keras
 
-    from sparkdl_avg.driver import transport
+    from sparkdl_avg.driver.transport import paths as transport
 
     counts = []
 
@@ -339,7 +339,7 @@ def test_a_callbacks_spark_job_between_rounds_gets_the_slots_the_standing_job_ho
 
 def _fail_in_round(real, failing_round, task, ids):
     from sparkdl_avg.errors import WorkerError
-    from sparkdl_avg.shared import remote_errors
+    from sparkdl_avg.shared.errors import remote_errors
 
     if task.round == failing_round:
         raise remote_errors.failure(WorkerError, f"injected failure in round {task.round}")

@@ -23,7 +23,7 @@ import pytest
 from conftest import record_jobs
 from sparkdl_avg import ParameterAveragingTrainer
 from sparkdl_avg.errors import ConfigurationError
-from sparkdl_avg.shared.modelspec import ModelSpec
+from sparkdl_avg.shared.model.modelspec import ModelSpec
 
 PACKAGE = "nb_test"
 NAMES = (f"{PACKAGE}>Scale", f"{PACKAGE}>scaled_mse", f"{PACKAGE}>mean_abs")

@@ -154,7 +154,7 @@ def _preload(code: str) -> subprocess.CompletedProcess:
 
 def test_the_daemon_keeps_its_stdout_for_the_jvm_and_survives_a_failed_import():
     # stdout carries the daemon's port to the JVM: what an import prints there goes to stderr.
-    noisy = _preload("import builtins, sparkdl_avg.shared.quiet as q\n"
+    noisy = _preload("import builtins, sparkdl_avg.shared.model.quiet as q\n"
                      "q.import_tensorflow = lambda: print('printed while importing')")
     assert noisy.returncode == 0, noisy.stderr
     assert noisy.stdout == "after preload\n" and "printed while importing" in noisy.stderr
@@ -209,9 +209,9 @@ def test_warm_up_without_a_session_names_what_to_do(monkeypatch):
 
 
 def test_executors_without_sparkdl_avg_under_its_daemon_get_the_fix_named(monkeypatch):
-    from sparkdl_avg.driver import preflight
+    from sparkdl_avg.driver.runtime import preflight
     from sparkdl_avg import ExecutorEnvironmentError
-    from sparkdl_avg.driver.session import Engine
+    from sparkdl_avg.driver.runtime.session import Engine
 
     # What Spark reports when the daemon module cannot be imported (its text, abridged).
     text = ("Error from python worker:\n  /opt/env/bin/python: Error while finding module specification for "

@@ -16,9 +16,9 @@ import pytest
 from conftest import run_job_in_process
 from parity import DataKindsMixin, digits_cnn, digits_png, image_schema, shipped_by_value
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
-from sparkdl_avg.shared.columns import Column, Field, exact_cast, raw_value, read_column, stage_arrow
-from sparkdl_avg.shared.preprocess import Preprocess, example_seeds
-from sparkdl_avg.shared.staged_dataset import StagedDataset, StagedFile, class_weights, read_examples, write_columns
+from sparkdl_avg.shared.data.columns import Column, Field, exact_cast, raw_value, read_column, stage_arrow
+from sparkdl_avg.shared.data.preprocess import Preprocess, example_seeds
+from sparkdl_avg.shared.data.staged_dataset import StagedDataset, StagedFile, class_weights, read_examples, write_columns
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ def test_a_layer_that_cannot_decode_a_row_is_named_with_the_row_input_and_column
     import tensorflow as tf
 
     from sparkdl_avg.executor.worker import naming_failing_rows
-    from sparkdl_avg.shared.staged_dataset import Examples
+    from sparkdl_avg.shared.data.staged_dataset import Examples
 
     class Decode(keras.layers.Layer):
         def call(self, x):

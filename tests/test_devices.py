@@ -1,11 +1,11 @@
-"""GPU assignment (sparkdl_avg.shared.devices) and custom-layer modules (sparkdl_avg.shared.custom_objects), without Spark or a GPU."""
+"""GPU assignment (sparkdl_avg.shared.model.devices) and custom-layer modules (sparkdl_avg.shared.model.custom_objects), without Spark or a GPU."""
 
 import os
 import sys
 
 import pytest
 
-from sparkdl_avg.shared import custom_objects, devices
+from sparkdl_avg.shared.model import custom_objects, devices
 
 
 class FakeInfo:
@@ -84,7 +84,7 @@ def test_configure_task_devices_binds_the_process_to_the_tasks_gpus(fresh_bindin
     assert binding.action == "bind" and env["CUDA_VISIBLE_DEVICES"] == "1"
     assert devices.bound_devices() == ("1",)
     assert devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["1"])}), env).action == "keep"
-    with caplog.at_level("WARNING", logger="sparkdl_avg.shared.devices"):
+    with caplog.at_level("WARNING", logger="sparkdl_avg.shared.model.devices"):
         mismatch = devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["0"])}), env)
         devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["0"])}), env)
     assert mismatch.action == "mismatch" and env["CUDA_VISIBLE_DEVICES"] == "1"

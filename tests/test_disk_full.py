@@ -22,7 +22,7 @@ import pytest
 
 from conftest import run_job_in_process
 from sparkdl_avg import CheckpointError, ParameterAveragingTrainer, PathError, WorkerError
-from sparkdl_avg.driver import checkpoint as ckpt
+from sparkdl_avg.driver.checkpoint import files as ckpt
 
 FULL = "the disk is full (no space left on device)"
 

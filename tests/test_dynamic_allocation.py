@@ -15,7 +15,7 @@ import pytest
 
 from conftest import make_model, regression_data, spark_session
 from sparkdl_avg import ParameterAveragingTrainer
-from sparkdl_avg.driver.membership import status_slots
+from sparkdl_avg.driver.elastic.membership import status_slots
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,11 @@ import pytest
 import keras
 
 from conftest import make_model, regression_data
-from sparkdl_avg.driver import staging_roots
+from sparkdl_avg.driver.data import staging_roots
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
-from sparkdl_avg.shared import exchange
-from sparkdl_avg.driver import transport
-from sparkdl_avg.shared.aggregation import PartialResult, merge
+from sparkdl_avg.shared.wire import exchange
+from sparkdl_avg.driver.transport import paths as transport
+from sparkdl_avg.shared.wire.aggregation import PartialResult, merge
 
 
 def _arrays():

@@ -168,7 +168,7 @@ def test_elastic_rounds_shrink_when_the_executor_is_lost_and_grow_when_its_repla
     """
     import keras
 
-    from sparkdl_avg.driver.membership import ScriptedSlots
+    from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
     sc = spark.sparkContext
     wait_for(lambda: len(executor_ids(sc)) == 2, 90, "two executors")

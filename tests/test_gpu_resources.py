@@ -4,7 +4,7 @@ A discovery script reports two GPUs ("0" and "1") for the worker of a
 ``local-cluster[1,2,1024]`` (one executor JVM with two cores), executors ask
 for both and each task for one (``spark.task.resource.gpu.amount=1``), so
 two tasks run at once on different GPUs. Every task runs
-``sparkdl_avg.shared.devices.configure_task_devices`` (what the executor-side
+``sparkdl_avg.shared.model.devices.configure_task_devices`` (what the executor-side
 worker calls before it builds a replica) and reports what Spark assigned and
 what the process' ``CUDA_VISIBLE_DEVICES`` became. Python workers are not
 reused here, so every task starts a fresh process (as the first task of a
@@ -55,7 +55,7 @@ def test_each_task_sees_exactly_the_gpu_spark_assigned(gpu_cluster):
 
         from pyspark import TaskContext
 
-        from sparkdl_avg.shared import devices
+        from sparkdl_avg.shared.model import devices
 
         before = os.environ.get(devices.VISIBLE_DEVICES_ENV)
         ctx = TaskContext.get()

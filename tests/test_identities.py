@@ -28,8 +28,8 @@ from conftest import (
     regression_data,
 )
 from sparkdl_avg import ParameterAveragingTrainer
-from sparkdl_avg.shared import example_order
-from sparkdl_avg.shared.modelspec import get_state, iterations_index, set_state
+from sparkdl_avg.shared.data import example_order
+from sparkdl_avg.shared.model.modelspec import get_state, iterations_index, set_state
 
 ATOL = 1e-10
 LOSS_RTOL = 1e-6
@@ -642,7 +642,7 @@ def test_stats_records_put_known_delays_in_their_phases_and_serialise(spark, tmp
     import json
     import time
 
-    from sparkdl_avg.driver import rounds as round_module
+    from sparkdl_avg.driver.fit import rounds as round_module
     from sparkdl_avg.executor import worker
 
     send_delay, start_delay, update_delay = 0.15, 0.2, 0.1

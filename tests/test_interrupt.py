@@ -3,7 +3,7 @@
 The test sends SIGINT to its own main thread (``signal.pthread_kill``: what
 a terminal's Ctrl-C does, interrupting the system call the thread is
 blocked in, usually py4j's wait for a round's job) at a few delays into a
-fit of many epochs. Before :mod:`sparkdl_avg.shared.interrupt` PySpark's handler
+fit of many epochs. Before :mod:`sparkdl_avg.shared.errors.interrupt` PySpark's handler
 called ``cancelAllJobs`` on the connection that was waiting (it failed, so
 the job ran on), py4j logged ``KeyboardInterrupt while sending command``
 tracebacks, and a broken connection sometimes surfaced as
@@ -30,7 +30,7 @@ from pyspark import cloudpickle
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
 from sparkdl_avg import ParameterAveragingTrainer, RECOMMENDED_CONF, WorkerError
-from sparkdl_avg.shared import interrupt, remote_errors
+from sparkdl_avg.shared.errors import interrupt, remote_errors
 from sparkdl_avg.executor import worker as worker_module
 from sparkdl_avg.executor.daemon import quiet_when_killed
 

@@ -23,6 +23,23 @@ TOP_SHARED = {"errors", "version"}
 SHIMS = {"daemon", "ml", "tracking", "cli", "testing"}
 """Top-level paths users and jobs write, naming modules of the subpackages."""
 
+DRIVER_SHIMS = {"driver.ml", "driver.pyfunc"}
+"""Old paths inside the driver that saved files record (Spark ML pipelines, MLflow models)."""
+
+DRIVER_LAYERS = {
+    "algorithms": set(),
+    "runtime": set(),
+    "elastic": set(),
+    "config": {"algorithms"},
+    "data": {"config", "runtime"},
+    "transport": {"config", "runtime"},
+    "observe": {"config", "runtime"},
+    "checkpoint": {"algorithms", "config", "elastic", "transport"},
+    "fit": {"algorithms", "checkpoint", "config", "data", "elastic", "observe", "runtime", "transport"},
+    "api": {"algorithms", "checkpoint", "config", "data", "elastic", "fit", "observe", "runtime", "transport"},
+}
+"""The driver's folders and the folders each may import: data flows one way, from :mod:`api` down."""
+
 
 def _modules() -> dict:
     """Every module of the package by dotted name below it (``"driver.trainer"``; ``"__init__"`` for the root)."""
@@ -95,11 +112,13 @@ def _cycle_through(graph: dict, start: str):
 
 def test_the_import_graph_is_read_from_the_source(graph):
     # The analysis itself: known edges are found, lazy (function-level) imports included.
-    assert {"shared.aggregation", "shared.modelspec", "shared.example_order", "shared.stats"} <= graph["executor.worker"]
-    assert "executor.worker" in graph["driver.session"]  # session imports worker inside Engine._warm_up only
-    assert "errors" in graph["driver.trainer"] and "driver.rounds" in graph["driver.trainer"]
+    assert {"shared.wire.aggregation", "shared.model.modelspec", "shared.data.example_order",
+            "shared.wire.stats"} <= graph["executor.worker"]
+    assert "executor.worker" in graph["driver.runtime.session"]  # session imports worker inside Engine._warm_up only
+    assert "errors" in graph["driver.api.trainer"] and "driver.fit.rounds" in graph["driver.api.trainer"]
     assert graph["errors"] == set()
-    assert graph["ml"] == {"driver.ml"}
+    assert graph["ml"] == {"driver.api.ml"}
+    assert graph["driver.ml"] == {"driver.api.ml"}
 
 
 def test_no_module_is_on_an_import_cycle(graph):
@@ -110,9 +129,43 @@ def test_no_module_is_on_an_import_cycle(graph):
 def test_no_module_imports_the_package_root_or_a_shim(graph):
     # The root imports the public API (the trainer, the advisor): a module importing it is on a cycle with them.
     # The shims are for users: the package's own code names the modules they stand for.
-    wrong = {m: sorted(deps & ({"__init__"} | SHIMS)) for m, deps in graph.items()
-             if m != "__init__" and m not in SHIMS and deps & ({"__init__"} | SHIMS)}
+    shims = {"__init__"} | SHIMS | DRIVER_SHIMS
+    wrong = {m: sorted(deps & shims) for m, deps in graph.items() if m not in shims and deps & shims}
     assert wrong == {}
+
+
+def test_the_drivers_folders_import_only_the_folders_below_them(graph):
+    folders = {p.name for p in (PACKAGE / "driver").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(DRIVER_LAYERS), "a driver folder without a layer (or a layer without its folder)"
+    wrong = set()
+    for module, deps in graph.items():
+        parts = module.split(".")
+        if parts[0] != "driver" or len(parts) < 3:
+            continue
+        for dep in deps:
+            dep_parts = dep.split(".")
+            if dep_parts[0] == "driver" and dep_parts[1] != parts[1]:
+                if len(dep_parts) < 3 or dep_parts[1] not in DRIVER_LAYERS[parts[1]]:
+                    wrong.add(f"{module} -> {dep}")
+    assert not wrong, "driver modules importing a folder above theirs (or a shim): " + ", ".join(sorted(wrong))
+
+
+def test_every_folder_docstring_says_what_it_owns():
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc) > 60, f"{init.relative_to(PACKAGE)} says nothing of what its folder owns"
+
+
+def test_no_module_is_over_600_lines_and_no_folder_holds_over_a_quarter_of_the_package():
+    lines = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")}
+    long = {str(p.relative_to(PACKAGE)): n for p, n in lines.items() if n > 600}
+    assert long == {}, f"modules over 600 lines: {long}"
+    total = sum(lines.values())
+    folders = {}
+    for path, n in lines.items():
+        folders[path.parent] = folders.get(path.parent, 0) + n
+    crowded = {str(f.relative_to(PACKAGE.parent)): round(n / total, 3) for f, n in folders.items() if n > total / 4}
+    assert crowded == {}, f"folders holding over 25% of the package's {total} lines: {crowded}"
 
 
 def test_every_module_is_on_a_side():
@@ -123,7 +176,7 @@ def test_every_module_is_on_a_side():
 def test_executor_side_and_shared_modules_never_import_driver_side_ones(graph):
     driver = {m for m in graph if _side(m) == "driver"}
     executor = {m for m in graph if _side(m) == "executor"}
-    assert "driver.trainer" in driver and "driver.rounds" in driver and "executor.worker" in executor
+    assert "driver.api.trainer" in driver and "driver.fit.rounds" in driver and "executor.worker" in executor
     wrong = {m: sorted(graph[m] & driver) for m in sorted(graph)
              if _side(m) in ("executor", "shared") and graph[m] & driver}
     assert wrong == {}, f"executor-side or shared modules importing driver-side ones: {wrong}"
@@ -144,12 +197,13 @@ def test_the_root_exports_what_it_imports_for_users():
 def test_the_shims_are_the_modules_they_name():
     import importlib
 
-    for shim, real in [("ml", "driver.ml"), ("tracking", "driver.tracking"), ("cli", "driver.cli"),
-                       ("testing", "executor.testing")]:
+    for shim, real in [("ml", "driver.api.ml"), ("tracking", "driver.observe.tracking"), ("cli", "driver.api.cli"),
+                       ("testing", "executor.testing"), ("driver.ml", "driver.api.ml"),
+                       ("driver.pyfunc", "driver.observe.pyfunc")]:
         assert importlib.import_module(f"sparkdl_avg.{shim}") is importlib.import_module(f"sparkdl_avg.{real}")
     from sparkdl_avg.ml import KerasAveragingModel
 
-    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.ml"
+    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.api.ml"
 
 
 def test_every_error_the_library_raises_is_one_hierarchy():
@@ -172,4 +226,4 @@ def test_every_error_the_library_raises_is_one_hierarchy():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and path.name != "errors.py":
                 defined.append(f"{path.relative_to(PACKAGE)}:{node.name}")
-    assert defined == ["driver/cli.py:UsageError"]
+    assert defined == ["driver/api/cli.py:UsageError"]

@@ -22,7 +22,7 @@ import keras
 from conftest import make_model, record_jobs, regression_data, run_job_in_process
 from parity import EstimatorPathMixin
 from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
-from sparkdl_avg.shared import remote_errors
+from sparkdl_avg.shared.errors import remote_errors
 from sparkdl_avg.ml import KERAS_FILE, KerasAveragingEstimator, KerasAveragingModel
 
 WINE_CLASSES = 3

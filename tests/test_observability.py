@@ -158,7 +158,7 @@ def _plotly_figure(html):
 
 
 def test_report_of_an_elastic_fit_plots_workers_and_examples_per_s_and_marks_each_change(spark, tmp_path):
-    from sparkdl_avg.driver.membership import ScriptedSlots
+    from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
     x, y = regression_data(96)
     trainer = ParameterAveragingTrainer(make_model(), min_workers=1, max_workers=2, batch_size=8, averaging_frequency=2,

@@ -1,4 +1,4 @@
-"""Every row of the option table (sparkdl_avg.driver.options) reaches the three entry points, without Spark.
+"""Every row of the option table (sparkdl_avg.driver.config.options) reaches the three entry points, without Spark.
 
 The entry points: ``TrainerConfig``/``ParameterAveragingTrainer``, the jobs'
 flags (``jobs/train.py``'s parser, ``cli.trainer_options``) and
@@ -20,9 +20,9 @@ import pytest
 
 from conftest import make_model
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, SlowMo, TrainerConfig, cli
-from sparkdl_avg.driver import options
+from sparkdl_avg.driver.config import options
 from sparkdl_avg.ml import _SNAKE_TO_PARAM, KerasAveragingEstimator, _camel_case_message
-from sparkdl_avg.driver.rules import as_update_rule
+from sparkdl_avg.driver.algorithms.rules import as_update_rule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED = ["--data", "d.parquet", "--model", "m.keras", "--output-dir", "out"]
@@ -302,7 +302,7 @@ def test_every_checked_row_holds_a_constraint():
 
 
 def test_check_fit_args_checks_each_option_and_the_pairs():
-    from sparkdl_avg.driver.config import check_fit_args
+    from sparkdl_avg.driver.config.trainer_config import check_fit_args
 
     assert check_fit_args(epochs=3, initial_epoch=1, verbose=0) == {"epochs": 3, "initial_epoch": 1, "verbose": 0}
     assert check_fit_args(verbose="auto")["verbose"] == 2  # pytest's stdout is not a terminal

@@ -1,9 +1,9 @@
-"""Data order and round plan (sparkdl_avg.shared.example_order); no Spark, no Keras."""
+"""Data order and round plan (sparkdl_avg.shared.data.example_order); no Spark, no Keras."""
 
 import numpy as np
 import pytest
 
-from sparkdl_avg.shared import example_order
+from sparkdl_avg.shared.data import example_order
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 17, 64, 1000, 1797, 4097])

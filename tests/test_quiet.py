@@ -1,4 +1,4 @@
-"""TensorFlow's start-up notices are filtered from stderr; every other line passes (sparkdl_avg.shared.quiet)."""
+"""TensorFlow's start-up notices are filtered from stderr; every other line passes (sparkdl_avg.shared.model.quiet)."""
 
 import subprocess
 import sys
@@ -14,7 +14,7 @@ def test_filtered_stderr_drops_tensorflows_notices_and_keeps_everything_else():
     # Written to file descriptor 2 directly, as TensorFlow's C++ runtime does.
     err = _stderr_of(r'''
         import os
-        from sparkdl_avg.shared.quiet import filtered_stderr
+        from sparkdl_avg.shared.model.quiet import filtered_stderr
         lines = [
             "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
             "I0000 00:00:1796123049.207948   24970 port.cc:153] oneDNN custom operations are on. You may see x",
@@ -36,7 +36,7 @@ def test_filtered_stderr_drops_tensorflows_notices_and_keeps_everything_else():
 
 def test_import_tensorflow_prints_none_of_its_start_up_notices():
     err = _stderr_of("""
-        from sparkdl_avg.shared.quiet import import_tensorflow
+        from sparkdl_avg.shared.model.quiet import import_tensorflow
         tf = import_tensorflow(devices=True)
         assert float(tf.constant(1.0) + 1) == 2.0
     """)

@@ -8,7 +8,7 @@ paragraph just above it (``ParameterAveragingTrainer(model, ...)``,
 compare those tables with ``inspect.signature`` and the Spark ML ``Params``:
 a parameter added to the code without a row here makes the test fail, and so
 does a row for a parameter that no longer exists. Every row of the option
-table (``sparkdl_avg/driver/options.py``) must appear with its default, and its flag
+table (``sparkdl_avg/driver/config/options.py``) must appear with its default, and its flag
 in the jobs' section. Every Python block must parse, and the Quickstart's
 runs as written, in a Python of its own (its own ``local[2]`` session, as a
 reader's would be); the other checks need no Spark session.
@@ -186,19 +186,19 @@ def test_documented_defaults_match(key, tables, api):
 
 def _expected_cell(default) -> str:
     """How the reference writes a default: `32`, `"average"`, `None`."""
-    from sparkdl_avg.driver.options import literal
+    from sparkdl_avg.driver.config.options import literal
 
     return f"`{literal(default)}`"
 
 
 def test_every_option_of_the_table_is_documented_with_its_default(tables):
-    """Each row of sparkdl_avg.driver.options.OPTIONS: its trainer or fit row, its estimator Param, its flag.
+    """Each row of sparkdl_avg.driver.config.options.OPTIONS: its trainer or fit row, its estimator Param, its flag.
 
     Unlike test_documented_defaults_match, descriptive cells are not skipped:
     the trainer's and fit's cells are the Python literal, the estimator's the
     literal or "unset" where the Param has no default.
     """
-    from sparkdl_avg.driver import options
+    from sparkdl_avg.driver.config import options
 
     jobs = _section(README.read_text(encoding="utf-8"), "Running on a cluster")
     wrong = []
@@ -221,7 +221,7 @@ def test_every_option_of_the_table_is_documented_with_its_default(tables):
             flag = o.cli.flag or "--" + o.name.replace("_", "-")
             if not re.search(rf"`{re.escape(flag)}[` ]", jobs):
                 wrong.append(f"'Running on a cluster' does not list {flag}")
-    assert not wrong, "README.md's Configuration reference and sparkdl_avg/driver/options.py disagree:\n" + "\n".join(wrong)
+    assert not wrong, "README.md's Configuration reference and sparkdl_avg/driver/config/options.py disagree:\n" + "\n".join(wrong)
 
 
 def test_readme_parser_reads_the_trainer_table(tables):

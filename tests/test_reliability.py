@@ -17,9 +17,9 @@ import keras
 from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, spark_session
 from parity import ElasticMixin, LocalOptimizerStateMixin, TaskRetryMixin
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
-from sparkdl_avg.driver import checkpoint as ckpt
-from sparkdl_avg.shared import fs
-from sparkdl_avg.driver import resume as resume_mod
+from sparkdl_avg.driver.checkpoint import files as ckpt
+from sparkdl_avg.shared.files import fs
+from sparkdl_avg.driver.checkpoint import policy as resume_mod
 from sparkdl_avg.errors import CheckpointError, PathError
 
 B, N = 8, 2
@@ -585,10 +585,10 @@ def test_resuming_from_an_older_path_into_a_directory_with_newer_checkpoints_is_
 def test_local_states_place_each_workers_next_task_on_the_host_that_keeps_its_state(spark):
     import pyarrow as pa
 
-    from sparkdl_avg.driver.feedback import FeedbackLedger
-    from sparkdl_avg.driver.session import Engine
-    from sparkdl_avg.shared.local_state import host_names
-    from sparkdl_avg.shared.stats import WorkerRecord
+    from sparkdl_avg.driver.transport.feedback import FeedbackLedger
+    from sparkdl_avg.driver.runtime.session import Engine
+    from sparkdl_avg.shared.wire.local_state import host_names
+    from sparkdl_avg.shared.wire.stats import WorkerRecord
 
     ledger = FeedbackLedger.local_states("unused", 3, host_local=True)
     ledger.placed([WorkerRecord(worker=w, host=f"h{w}", pid=1, examples=8, start=0.0, end=0.0,

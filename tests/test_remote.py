@@ -1,9 +1,9 @@
-"""The executor → driver error protocol (sparkdl_avg.shared.remote_errors), without Spark."""
+"""The executor → driver error protocol (sparkdl_avg.shared.errors.remote_errors), without Spark."""
 
 import pytest
 
 from sparkdl_avg import DataError, WorkerError
-from sparkdl_avg.shared import remote_errors
+from sparkdl_avg.shared.errors import remote_errors
 
 
 def _spark_text(exc: Exception) -> RuntimeError:

@@ -15,9 +15,9 @@ import keras
 
 from conftest import assert_weights_close, clone_compiled, make_model, max_weight_change, regression_data
 from sparkdl_avg import AdaComm, BlockMomentum, ConfigurationError, ParameterAveragingTrainer, PostLocalSGD, SlowMo
-from sparkdl_avg.shared import example_order
-from sparkdl_avg.driver.rules import PlainAveraging, as_update_rule, rule_from_name
-from sparkdl_avg.driver.schedules import as_schedule, next_period
+from sparkdl_avg.shared.data import example_order
+from sparkdl_avg.driver.algorithms.rules import PlainAveraging, as_update_rule, rule_from_name
+from sparkdl_avg.driver.algorithms.schedules import as_schedule, next_period
 
 # ------------------------------------------------------------- rule maths
 

@@ -1,6 +1,6 @@
 """The storage paths against a real S3-compatible server (SeaweedFS on 127.0.0.1, the ``s3_store`` fixture).
 
-Everything the package keeps outside Spark goes through :mod:`sparkdl_avg.shared.fs`
+Everything the package keeps outside Spark goes through :mod:`sparkdl_avg.shared.files.fs`
 as a local path or a ``pyarrow.fs`` URI: the fs helpers themselves, the
 exchange files of ``state_transport="files"`` (round state out, the workers'
 partial sums back), the staged data and the checkpoints. These tests run
@@ -11,8 +11,8 @@ S3 and must give the weights of the same fit on local directories.
 
 Object-store semantics these tests pin down: there is no rename (a
 ``move`` is a server-side copy plus a delete), so single-file writes go up in
-one PUT (:func:`sparkdl_avg.shared.fs.write_atomically`) and an output directory is
-filled file by file with ``_SUCCESS`` last (:class:`sparkdl_avg.shared.fs.OutputDir`);
+one PUT (:func:`sparkdl_avg.shared.files.fs.write_atomically`) and an output directory is
+filled file by file with ``_SUCCESS`` last (:class:`sparkdl_avg.shared.files.fs.OutputDir`);
 "directories" are key prefixes (plus marker objects ``pyarrow`` writes).
 """
 
@@ -24,12 +24,14 @@ import pyarrow.fs as pafs
 import pytest
 
 from conftest import spark_session
-from sparkdl_avg.driver import checkpoint as ckpt
-from sparkdl_avg.driver import staging as data_mod
-from sparkdl_avg.shared import staged_dataset, exchange, fs
-from sparkdl_avg.driver import resume
-from sparkdl_avg.driver import transport as transport_mod
-from sparkdl_avg.shared.aggregation import PartialResult
+from sparkdl_avg.driver.checkpoint import files as ckpt
+from sparkdl_avg.driver.data import staging as data_mod
+from sparkdl_avg.shared.data import staged_dataset
+from sparkdl_avg.shared.wire import exchange
+from sparkdl_avg.shared.files import fs
+from sparkdl_avg.driver.checkpoint import policy as resume
+from sparkdl_avg.driver.transport import paths as transport_mod
+from sparkdl_avg.shared.wire.aggregation import PartialResult
 from sparkdl_avg.errors import ConfigurationError, PathError
 
 

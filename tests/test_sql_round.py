@@ -3,7 +3,7 @@
 ``state_transport="sql"`` runs each round as ``spark.range(N).mapInArrow``;
 the workers' sums come back as raw Arrow bytes, summed on the driver, by
 ``S`` shuffle reducers or by ``S`` reducers reading the workers' files
-(:mod:`sparkdl_avg.driver.transport`). Every path adds the same numbers in worker
+(:mod:`sparkdl_avg.driver.transport.paths`). Every path adds the same numbers in worker
 order, so at 3 workers (where a tree could add in another order) the
 trained float64 weights must be bitwise those of the other transports.
 """
@@ -15,9 +15,9 @@ import pytest
 
 from conftest import make_model, regression_data
 from sparkdl_avg import ParameterAveragingTrainer
-from sparkdl_avg.shared import exchange
-from sparkdl_avg.driver import transport
-from sparkdl_avg.shared.aggregation import PartialResult, merge
+from sparkdl_avg.shared.wire import exchange
+from sparkdl_avg.driver.transport import paths as transport
+from sparkdl_avg.shared.wire.aggregation import PartialResult, merge
 
 X, Y = regression_data(288, seed=8)
 

@@ -24,8 +24,8 @@ import pytest
 from conftest import file_mode as _mode
 from conftest import make_model, umask
 from sparkdl_avg import DataError, ParameterAveragingTrainer
-from sparkdl_avg.shared import fs
-from sparkdl_avg.driver import staging_roots
+from sparkdl_avg.shared.files import fs
+from sparkdl_avg.driver.data import staging_roots
 from sparkdl_avg.errors import ConfigurationError, PathError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLED_DRIVER = """
 import os, signal, sys
 import numpy as np
-from sparkdl_avg.driver import staging, staging_roots
+from sparkdl_avg.driver.data import staging, staging_roots
 root = staging_roots.StagingRoot.new(sys.argv[1], os.getpid())
 root.make(private=True)
 x = np.random.default_rng(0).normal(size=(256, 4))
@@ -198,8 +198,8 @@ def test_refused_staging_data_is_reported_in_the_tasks_row_not_by_failing_it():
     """A failed task makes Spark log an executor ERROR block (naming internal columns) and drops the Python worker."""
     import pyarrow as pa
 
-    from sparkdl_avg.shared.columns import Column, Field
-    from sparkdl_avg.shared.value_checks import DataChecks
+    from sparkdl_avg.shared.data.columns import Column, Field
+    from sparkdl_avg.shared.data.value_checks import DataChecks
     from sparkdl_avg.executor.stage_writer import export_arrow_batches
 
     consumed = []

@@ -1,4 +1,4 @@
-"""Stale-synchronous and asynchronous training (``synchronization="stale"``/``"async"``, sparkdl_avg.driver.stale_async).
+"""Stale-synchronous and asynchronous training (``synchronization="stale"``/``"async"``, sparkdl_avg.driver.fit.stale_async).
 
 One ``local[2,3]`` session (2 cores, up to 3 attempts per task) for the whole
 module, so a chunk whose first attempt fails is retried by Spark and two
@@ -31,11 +31,11 @@ from pyspark import cloudpickle
 
 from conftest import assert_weights_close, record_jobs, regression_data, spark_session
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, TrainerConfig, cli
-from sparkdl_avg.driver import checkpoint as ckpt
+from sparkdl_avg.driver.checkpoint import files as ckpt
 from sparkdl_avg import testing
 from sparkdl_avg.executor import worker as worker_module
 from sparkdl_avg.ml import KerasAveragingEstimator
-from sparkdl_avg.shared.example_order import steps_per_epoch
+from sparkdl_avg.shared.data.example_order import steps_per_epoch
 
 N, B, K = 2, 8, 3
 DATA = regression_data(10 * N * B + 5, seed=7)  # 10 minibatches per worker per epoch (5 examples left over)

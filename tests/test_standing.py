@@ -1,4 +1,4 @@
-"""The standing round job's file protocol (sparkdl_avg.shared.standing), without Spark.
+"""The standing round job's file protocol (sparkdl_avg.shared.wire.standing), without Spark.
 
 A task body (``worker.run_standing_rounds``) runs in a thread here, with a
 stand-in for the round's entry; the test plays the driver: it announces
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from sparkdl_avg.executor import worker
-from sparkdl_avg.shared import exchange, standing
+from sparkdl_avg.shared.wire import exchange, standing
 
 CALLS = []
 

@@ -17,10 +17,10 @@ import pytest
 from conftest import assert_weights_close, spark_session
 from parity import COMPRESSED_DATA, CompressedUpdatesMixin, compressed_fit, f32_model
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
-from sparkdl_avg.driver import checkpoint as ckpt
-from sparkdl_avg.driver.feedback import FeedbackLedger
-from sparkdl_avg.shared.delta_sums import DeltaLayout, FeedbackFiles
-from sparkdl_avg.shared.exchange import FlatLayout
+from sparkdl_avg.driver.checkpoint import files as ckpt
+from sparkdl_avg.driver.transport.feedback import FeedbackLedger
+from sparkdl_avg.shared.wire.delta_sums import DeltaLayout, FeedbackFiles
+from sparkdl_avg.shared.wire.exchange import FlatLayout
 
 
 @pytest.fixture(scope="module")

@@ -562,7 +562,7 @@ def test_checkpoint_dir_that_is_a_file_is_refused_and_kept(spark, model, xy, tmp
 
 
 def test_the_writability_probe_leaves_nothing_behind(tmp_path):
-    from sparkdl_avg.shared import fs
+    from sparkdl_avg.shared.files import fs
 
     (tmp_path / "existing").mkdir()
     (tmp_path / "existing" / "f").write_text("x")

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from conftest import clone_compiled, make_model, regression_data
-from sparkdl_avg.driver import staging
-from sparkdl_avg.shared import exchange
+from sparkdl_avg.driver.data import staging
+from sparkdl_avg.shared.wire import exchange
 from sparkdl_avg.executor import worker
-from sparkdl_avg.shared.aggregation import merge
-from sparkdl_avg.shared.modelspec import ModelSpec, get_state, iterations_index, set_state
-from sparkdl_avg.shared.example_order import EpochOrder, worker_positions
+from sparkdl_avg.shared.wire.aggregation import merge
+from sparkdl_avg.shared.model.modelspec import ModelSpec, get_state, iterations_index, set_state
+from sparkdl_avg.shared.data.example_order import EpochOrder, worker_positions
 
 import keras
 
@@ -76,7 +76,7 @@ def keras_reference(model, x, y, indices, steps, batch, optimizer):
 
 
 def test_stage_arrays_round_trip(arrays, staged):
-    from sparkdl_avg.shared.staged_dataset import read_examples
+    from sparkdl_avg.shared.data.staged_dataset import read_examples
 
     x, y = arrays
     assert staged.num_examples == 100

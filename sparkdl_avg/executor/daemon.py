@@ -10,7 +10,7 @@ importing them once, in the daemon: workers forked from it start with the
 modules loaded (shared copy-on-write), so a new worker costs a fork.
 
 Use it with ``spark.python.daemon.module=sparkdl_avg.daemon`` (what
-:func:`sparkdl_avg.driver.cli.spark_session`, so the jobs, and the notebooks set). Only imports happen
+:func:`sparkdl_avg.driver.api.cli.spark_session`, so the jobs, and the notebooks set). Only imports happen
 here: TensorFlow's runtime (thread pools, devices) starts in each worker at
 its first operation, after the fork, as it does today; a failed import is
 reported on stderr and the daemon serves workers as ``pyspark.daemon`` would.
@@ -35,7 +35,7 @@ def preload() -> None:
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        from ..shared import quiet
+        from ..shared.model import quiet
 
         quiet.import_tensorflow()
         import keras  # noqa: F401
@@ -59,7 +59,7 @@ def preload() -> None:
 def quiet_when_killed(worker):
     """PySpark's ``daemon.worker``, returning 1 where the JVM had closed the worker's socket (its task was killed).
 
-    A cancelled job (a Ctrl-C during a fit, :mod:`sparkdl_avg.shared.interrupt`)
+    A cancelled job (a Ctrl-C during a fit, :mod:`sparkdl_avg.shared.errors.interrupt`)
     kills its running tasks: the JVM closes their workers' sockets, and each
     worker's last flush then fails. PySpark's daemon printed that
     ``BrokenPipeError`` with a traceback on the executor's stderr (the

@@ -1,6 +1,6 @@
 """Executor side of the executors' check: a task's description of its Python (what it imported, from where).
 
-:func:`sparkdl_avg.driver.preflight.check_executors` runs :func:`probe_batches`
+:func:`sparkdl_avg.driver.runtime.preflight.check_executors` runs :func:`probe_batches`
 in a few tasks before training, so a missing package on the executors is one
 clear error on the driver rather than a stack trace from the first round.
 """
@@ -26,7 +26,7 @@ def describe_python() -> dict:
         "sparkdl_avg_version": __version__,
     }
     try:
-        from ..shared.quiet import import_tensorflow
+        from ..shared.model.quiet import import_tensorflow
 
         tf = import_tensorflow()
         import keras
@@ -40,7 +40,7 @@ def describe_python() -> dict:
 
         ctx = TaskContext.get()
         if ctx is not None:
-            from ..shared.devices import assigned_addresses
+            from ..shared.model.devices import assigned_addresses
 
             info["gpus"] = list(assigned_addresses(ctx.resources()))
     except Exception:  # pragma: no cover - informative only

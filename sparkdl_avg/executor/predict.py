@@ -2,10 +2,10 @@
 
 This module owns :class:`PredictTask` (what every prediction task needs,
 pickled into the UDF) and :func:`predict_batches` (the UDF's body), which
-:mod:`sparkdl_avg.driver.inference` wraps on the driver. The UDF gets the
+:mod:`sparkdl_avg.driver.data.inference` wraps on the driver. The UDF gets the
 columns the model's inputs come from (or the raw columns the preprocessing
 function reads), and turns them into the model's arrays the way training
-does (:func:`sparkdl_avg.shared.staged_dataset.model_arrays`), so inference
+does (:func:`sparkdl_avg.shared.data.staged_dataset.model_arrays`), so inference
 applies what training applied. It shares the replica cache of
 :mod:`sparkdl_avg.executor.worker` (:func:`~sparkdl_avg.executor.worker.get_replica`),
 so a Python worker that trained or evaluated a model predicts with the same
@@ -21,9 +21,9 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from ..shared import remote_errors
-from ..shared.columns import arrow_value
-from ..shared.staged_dataset import StagedDataset, model_arrays, structure
+from ..shared.errors import remote_errors
+from ..shared.data.columns import arrow_value
+from ..shared.data.staged_dataset import StagedDataset, model_arrays, structure
 from .worker import _value, get_replica
 
 
@@ -36,12 +36,12 @@ class PredictTask:
         fingerprint: ``spec.fingerprint``.
         weights: Broadcast of the model's weights (list of arrays).
         inputs: How the UDF's argument columns become the model's inputs: a
-            :class:`~sparkdl_avg.shared.staged_dataset.StagedDataset` without
+            :class:`~sparkdl_avg.shared.data.staged_dataset.StagedDataset` without
             files (its ``columns`` are the arguments, in order; its
             ``preprocess`` the preprocessing function).
         batch_size: Examples per ``predict_on_batch`` call.
         kind: ``"multiclass"``, ``"binary"`` or ``"regression"`` (see
-            :func:`sparkdl_avg.driver.inference.output_kind`).
+            :func:`sparkdl_avg.driver.data.inference.output_kind`).
     """
 
     spec: Any

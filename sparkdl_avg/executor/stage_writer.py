@@ -1,17 +1,17 @@
 """Executor side of staging: the Spark bodies that write a DataFrame's or an RDD's partitions as staged files.
 
-This module owns the two task bodies :mod:`sparkdl_avg.driver.staging` hands to Spark:
+This module owns the two task bodies :mod:`sparkdl_avg.driver.data.staging` hands to Spark:
 :func:`export_arrow_batches` (``mapInArrow`` over a DataFrame) and
 :func:`export_pairs` (``mapPartitionsWithIndex`` over an RDD of ``(x, y)``
 pairs). Each turns one partition into one file of the format of
-:mod:`sparkdl_avg.shared.staged_dataset`, one column per
-:class:`~sparkdl_avg.shared.columns.Column` (numbers converted exactly to the
+:mod:`sparkdl_avg.shared.data.staged_dataset`, one column per
+:class:`~sparkdl_avg.shared.data.columns.Column` (numbers converted exactly to the
 model input's dtype, bytes, text and images kept as they came), checking the
-values on the way (:mod:`sparkdl_avg.shared.value_checks`), and yields one
+values on the way (:mod:`sparkdl_avg.shared.data.value_checks`), and yields one
 small row describing it; data the checks refuse is reported in that row, not
 by failing the task, and the driver raises it as ``DataError``
-(:func:`sparkdl_avg.shared.remote_errors.reported`); so is a write to a full
-filesystem (:func:`sparkdl_avg.shared.remote_errors.reported_full`), which the
+(:func:`sparkdl_avg.shared.errors.remote_errors.reported`); so is a write to a full
+filesystem (:func:`sparkdl_avg.shared.errors.remote_errors.reported_full`), which the
 driver raises as a ``PathError`` naming ``staging_dir``. A task holds one
 partition at a time. Nothing here touches driver state, and both bodies run
 in-process on plain iterators.
@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError
-from ..shared import remote_errors
-from ..shared.columns import Column, stage_arrow, stage_numpy
-from ..shared.fs import is_full, join
-from ..shared.staged_dataset import write_columns
-from ..shared.value_checks import DataChecks, check_values
+from ..shared.errors import remote_errors
+from ..shared.data.columns import Column, stage_arrow, stage_numpy
+from ..shared.files.fs import is_full, join
+from ..shared.data.staged_dataset import write_columns
+from ..shared.data.value_checks import DataChecks, check_values
 
 
 def check_staged(array: pa.Array, column: Column, checks: Optional[DataChecks], first_row: int = 0,
@@ -91,7 +91,7 @@ def export_arrow_batches(
     width is its values per row (0 for one number), per label column in
     order; empty partitions write no file and yield ``rows = 0``; a
     partition whose data is refused yields its ``DataError``'s message as
-    ``error`` (:func:`sparkdl_avg.shared.remote_errors.reported`).
+    ``error`` (:func:`sparkdl_avg.shared.errors.remote_errors.reported`).
     """
     from pyspark import TaskContext
 

@@ -1,7 +1,7 @@
 """Helpers that make executors misbehave on purpose, for the tests and benchmarks (not for training runs).
 
 :class:`Straggler` makes one worker slower per minibatch, to measure and test
-what the stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.driver.stale_async`)
+what the stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.driver.fit.stale_async`)
 do about a slow executor. Install it where the round runner looks up the
 executor body each round::
 

@@ -2,9 +2,9 @@
 
 Nothing here touches driver state. A task receives a small picklable
 description (:class:`RoundTask` or :class:`EvalTask`) holding handles to the
-model and state (broadcasts or files, :mod:`sparkdl_avg.shared.exchange`), and
+model and state (broadcasts or files, :mod:`sparkdl_avg.shared.wire.exchange`), and
 yields what its result sink makes of its
-:class:`~sparkdl_avg.shared.aggregation.PartialResult` (the RDD entry points) or
+:class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` (the RDD entry points) or
 Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round; the
 standing job's task, :func:`run_standing_rounds`, trains round after round
 as the driver announces them in files). Every function also runs in-process
@@ -33,16 +33,18 @@ from typing import Any, Dict, Iterable, Iterator, Optional
 import numpy as np
 
 from ..errors import WorkerError
-from ..shared import quiet, remote_errors, standing
-from ..shared.aggregation import PartialResult, weighted
-from ..shared.custom_objects import import_custom_modules
-from ..shared.delta_sums import pack_result
-from ..shared.devices import configure_task_devices
-from ..shared.example_order import EpochOrder, split_evenly, worker_positions
-from ..shared.local_state import host_names
-from ..shared.modelspec import ModelSpec, get_state, set_state
-from ..shared.staged_dataset import StagedDataset, read_examples
-from ..shared.stats import WorkerRecord
+from ..shared.model import quiet
+from ..shared.errors import remote_errors
+from ..shared.wire import standing
+from ..shared.wire.aggregation import PartialResult, weighted
+from ..shared.model.custom_objects import import_custom_modules
+from ..shared.wire.delta_sums import pack_result
+from ..shared.model.devices import configure_task_devices
+from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
+from ..shared.wire.local_state import host_names
+from ..shared.model.modelspec import ModelSpec, get_state, set_state
+from ..shared.data.staged_dataset import StagedDataset, read_examples
+from ..shared.wire.stats import WorkerRecord
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -62,10 +64,10 @@ _NO_WEIGHTS = np.zeros((0,), np.float32)  # the step function's weights argument
 
 
 def _value(handle):
-    """The value behind a Spark broadcast or a stored spec (:class:`~sparkdl_avg.shared.exchange.StoredSpec`), or the value itself."""
+    """The value behind a Spark broadcast or a stored spec (:class:`~sparkdl_avg.shared.wire.exchange.StoredSpec`), or the value itself."""
     from pyspark.broadcast import Broadcast
 
-    from ..shared.exchange import StoredSpec
+    from ..shared.wire.exchange import StoredSpec
 
     return handle.value if isinstance(handle, (Broadcast, StoredSpec)) else handle
 
@@ -184,7 +186,7 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     """
     import tensorflow as tf
 
-    from ..shared.staged_dataset import structure
+    from ..shared.data.staged_dataset import structure
 
     key = _step_key(fingerprint, dataset)
     fn = _STEP_FUNCTIONS.get(key)
@@ -231,8 +233,8 @@ def naming_failing_rows(model, dataset: StagedDataset, examples, indices: np.nda
     pass through unchanged.
     """
     from ..errors import DataError
-    from ..shared.columns import TEXT
-    from ..shared.staged_dataset import structure
+    from ..shared.data.columns import TEXT
+    from ..shared.data.staged_dataset import structure
 
     try:
         yield
@@ -263,13 +265,13 @@ class RoundTask:
 
     Attributes:
         spec: The :class:`ModelSpec`: a broadcast, a
-            :class:`~sparkdl_avg.shared.exchange.StoredSpec` or the spec itself.
+            :class:`~sparkdl_avg.shared.wire.exchange.StoredSpec` or the spec itself.
         fingerprint: ``spec.fingerprint``, to find a cached replica without
             reading the spec.
         state: Where the round's ``(weights, optimizer_variables)`` are: a
-            state source of :mod:`sparkdl_avg.shared.exchange` (its ``load()``).
+            state source of :mod:`sparkdl_avg.shared.wire.exchange` (its ``load()``).
         results: How the worker hands back its sums: a result sink of
-            :mod:`sparkdl_avg.shared.exchange` (its ``deliver()``).
+            :mod:`sparkdl_avg.shared.wire.exchange` (its ``deliver()``).
         dataset: The staged training data.
         epoch: 0-based epoch index.
         round: 0-based round index within the epoch.
@@ -284,19 +286,19 @@ class RoundTask:
             itself out of the average (returns no examples) instead of
             returning NaN sums; either way its record says ``finite: False``.
         slot: In the stale-synchronous and asynchronous modes
-            (:mod:`sparkdl_avg.driver.stale_async`), the driver's worker that runs this
+            (:mod:`sparkdl_avg.driver.fit.stale_async`), the driver's worker that runs this
             chunk (its data is worker ``i``'s of round ``round``); ``None``
             in synchronous rounds, where the two are the same.
         feedback: Under ``update_compression`` with error feedback, where the
             workers read and write their residuals
-            (:class:`~sparkdl_avg.shared.delta_sums.FeedbackFiles`); the sink's
+            (:class:`~sparkdl_avg.shared.wire.delta_sums.FeedbackFiles`); the sink's
             ``deltas`` says whether the round is compressed at all.
         local_state: ``optimizer_state="local"``: where each worker reads and
             writes its own optimizer variables between rounds
-            (:class:`~sparkdl_avg.shared.local_state.LocalStateFiles`);
+            (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`);
             ``None``: the round's workers start from the sent ones.
         start: Elastic rounds: the epoch position of the round's first
-            example (:func:`~sparkdl_avg.shared.example_order.worker_positions`);
+            example (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`);
             ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
     """
 
@@ -328,7 +330,7 @@ def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:
     what the cached replica trained before, so a task Spark retries on
     another Python worker draws the same numbers.
     """
-    from ..shared.example_order import epoch_key
+    from ..shared.data.example_order import epoch_key
 
     generators = [v for v in model.variables if v.path.endswith("seed_generator_state")]
     if not generators:
@@ -471,7 +473,7 @@ def run_round_batches(task: RoundTask, batches, entry=None) -> Iterator:
 def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
     """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
 
-    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.standing`:
+    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`:
     the driver's word for each round under ``directory``, a local path, and
     the answers). Each round runs the announced entry (the body a per-round
     job would run, :func:`run_round_partition` or a test's wrapper) on the
@@ -502,7 +504,7 @@ class EvalTask:
     Attributes:
         spec: The :class:`ModelSpec` (as in :class:`RoundTask`).
         fingerprint: ``spec.fingerprint``.
-        state: A state source (:mod:`sparkdl_avg.shared.exchange`) of ``(weights, optimizer_variables)`` to evaluate.
+        state: A state source (:mod:`sparkdl_avg.shared.wire.exchange`) of ``(weights, optimizer_variables)`` to evaluate.
         dataset: The staged evaluation data.
         num_parts: Parts the data is split into (one task each).
         batch_size: Examples per evaluation minibatch.
@@ -559,7 +561,7 @@ def run_eval_batches(task: EvalTask, batches) -> Iterator:
     """``mapInArrow`` body of a Spark SQL evaluation: yields each part's result as JSON (``meta string``)."""
     import pyarrow as pa
 
-    from ..shared.exchange import encode_meta
+    from ..shared.wire.exchange import encode_meta
 
     for result in run_eval_partition(task, _task_ids(batches)):
         yield pa.RecordBatch.from_pydict({"meta": [encode_meta(result)]})
@@ -605,7 +607,7 @@ def probe_path_batches(marker: str, batches) -> Iterator:
 
     The driver wrote ``marker`` (a local path) just before the job; an
     executor on another host, whose ``/tmp`` is its own, does not see it
-    (:func:`sparkdl_avg.driver.staging.check_shared_root`).
+    (:func:`sparkdl_avg.driver.data.staging.check_shared_root`).
     """
     import pyarrow as pa
 

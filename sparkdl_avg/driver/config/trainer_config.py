@@ -1,0 +1,286 @@
+"""Where trainer options, ``fit``'s options and the model are validated, on the driver, before any Spark job.
+
+``TrainerConfig`` holds the constructor options of
+:class:`~sparkdl_avg.ParameterAveragingTrainer`; the Spark ML layer builds the
+same object, so every entry point gets the same checks. It is generated with
+:func:`dataclasses.make_dataclass` from the :data:`~sparkdl_avg.driver.config.options.TRAINER`
+rows of :data:`sparkdl_avg.driver.config.options.OPTIONS`, which declare its fields,
+defaults, docstring and per-option checks once (a hand-written dataclass
+would repeat each of them); ``__post_init__`` adds the checks that concern
+several options. :func:`check_fit_args` is the one check of ``fit``'s
+options, :func:`validate_model` of a model. Static type checkers do not see its fields; it is still a
+frozen, picklable dataclass with ``__eq__`` and ``dataclasses.fields``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Tuple
+
+from ...errors import ConfigurationError
+from ...shared.wire.delta_sums import segment_feedback
+from . import options
+from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS  # noqa: F401 (API)
+from ..algorithms.rules import UpdateRule, as_update_rule
+from ..algorithms.schedules import AveragingSchedule, as_schedule
+
+
+def _schedule(self) -> AveragingSchedule:
+    """``averaging_frequency`` as a schedule (an int becomes a fixed period)."""
+    return as_schedule(self.averaging_frequency)
+
+
+def _rule(self, num_workers: int) -> UpdateRule:
+    """``update_rule`` as a rule, with defaults for ``num_workers`` filled in."""
+    return as_update_rule(self.update_rule).resolve(num_workers)
+
+
+def _post_init(self) -> None:
+    for row in options.of(options.TRAINER):
+        options.check(row.name, getattr(self, row.name))
+    if self.reproducible and self.synchronization != "stale":
+        raise ConfigurationError(
+            "The 'reproducible' parameter needs synchronization='stale' (a bound: its chunks read the weights "
+            "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
+            f"Got reproducible=True with synchronization={self.synchronization!r} instead."
+        )
+    staleness = options.option("staleness").default
+    if self.synchronization == "sync" and self.staleness != staleness:
+        raise ConfigurationError(
+            "The 'staleness' parameter applies only when 'synchronization' is 'stale' (the bound of its chunks; "
+            "'sync' rounds wait for every worker): set 'synchronization' to 'stale' or leave 'staleness' at its "
+            f"default ({staleness}). Got staleness={self.staleness!r} with synchronization='sync' instead."
+        )
+    if self.aggregation_shards is not None and self.aggregation in ("driver", "files"):
+        raise ConfigurationError(
+            "The 'aggregation_shards' parameter applies only when 'aggregation' is 'shuffle', 'storage' or 'auto' "
+            "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
+            f"Got aggregation_shards={self.aggregation_shards!r} with aggregation={self.aggregation!r} instead."
+        )
+    if self.synchronization == "sync" and self.staleness_aware != options.option("staleness_aware").default:
+        raise ConfigurationError(
+            "The 'staleness_aware' parameter applies only when 'synchronization' is 'stale' or 'async' (it scales "
+            "updates by their delay; 'sync' updates have none): set 'synchronization' or leave 'staleness_aware' "
+            f"at its default (True). Got staleness_aware={self.staleness_aware!r} with synchronization='sync' "
+            "instead."
+        )
+    if self.aggregation_shards is not None and self.state_transport in ("spark", "files"):
+        raise ConfigurationError(
+            "The 'aggregation_shards' parameter applies only when 'state_transport' is 'sql' or 'auto' (the sql "
+            f"round's sharded aggregations; {self.state_transport!r} sums on the driver): set 'state_transport' to "
+            f"'sql' or leave 'aggregation_shards' at None. Got aggregation_shards={self.aggregation_shards!r} with "
+            f"state_transport={self.state_transport!r} instead."
+        )
+    if self.aggregation != "auto" and self.state_transport in ("spark", "files"):
+        raise ConfigurationError(
+            "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
+            f"round sums; {self.state_transport!r} has its own): set 'state_transport' to 'sql' or leave "
+            f"'aggregation' at 'auto'. Got aggregation={self.aggregation!r} with "
+            f"state_transport={self.state_transport!r} instead."
+        )
+
+    if self.error_feedback is not None and self.update_compression is None:
+        raise ConfigurationError(
+            "The 'error_feedback' parameter applies only with 'update_compression' (it keeps what the codec drops): "
+            f"set 'update_compression' or leave 'error_feedback' at None. Got error_feedback={self.error_feedback!r} "
+            "with update_compression=None instead."
+        )
+    if self.synchronization == "async" and any(_feedback(self)):
+        raise ConfigurationError(
+            "Error feedback needs synchronization='sync' or 'stale' (a worker's residual goes to its chunk a fixed "
+            "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
+            "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
+            f"update_compression={self.update_compression!r} with synchronization='async' instead."
+        )
+    if self.optimizer_state == "local" and self.synchronization != "sync":
+        raise ConfigurationError(
+            "The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state continues "
+            "from its own previous round; stale and asynchronous chunks have no fixed previous round). Got "
+            f"optimizer_state='local' with synchronization={self.synchronization!r} instead."
+        )
+    elastic = self.min_workers is not None or self.max_workers is not None
+    if not elastic and self.elastic_timeout_s != options.option("elastic_timeout_s").default:
+        raise ConfigurationError(
+            "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
+            "'min_workers' task slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its "
+            f"default. Got elastic_timeout_s={self.elastic_timeout_s!r} without them instead."
+        )
+    if self.max_workers is not None and self.num_workers is not None and self.max_workers != self.num_workers:
+        raise ConfigurationError(
+            "The 'num_workers' and 'max_workers' parameters are both the most workers of an elastic round; give "
+            f"one of them. Got num_workers={self.num_workers!r} with max_workers={self.max_workers!r} instead."
+        )
+    most = self.max_workers if self.max_workers is not None else self.num_workers
+    if self.min_workers is not None and most is not None and self.min_workers > most:
+        raise ConfigurationError(
+            f"The 'min_workers' parameter must be at most '{'max_workers' if self.max_workers else 'num_workers'}' "
+            f"({most}): a round cannot need more workers than it may have. Got min_workers={self.min_workers!r} "
+            "instead."
+        )
+
+
+def _elastic(self) -> bool:
+    """Whether rounds are elastic (``min_workers`` or ``max_workers`` given): re-planned for the live task slots."""
+    return self.min_workers is not None or self.max_workers is not None
+
+
+def _feedback(self) -> Tuple[bool, ...]:
+    """Per compressed segment (weights, first moments, other optimizer variables), whether workers keep its residual.
+
+    From ``error_feedback``; ``()`` without ``update_compression``; see
+    :func:`~sparkdl_avg.shared.wire.delta_sums.segment_feedback`.
+    """
+    if self.update_compression is None:
+        return ()
+    return segment_feedback(self.update_compression, self.error_feedback)
+
+
+_DOC = """Validated options of a parameter-averaging run (the constructor options of the trainer).
+
+    Fields, defaults and checks come from :data:`sparkdl_avg.driver.config.options.OPTIONS`.
+
+    Args:
+    """
+
+#: A frozen dataclass with one field per :data:`~sparkdl_avg.driver.config.options.TRAINER` row.
+TrainerConfig = dataclasses.make_dataclass(
+    "TrainerConfig",
+    [(o.name, o.annotation, dataclasses.field(default=o.default)) for o in options.of(options.TRAINER)],
+    namespace={
+        "__doc__": options.document(_DOC, options.trainer_entries()),
+        "schedule": _schedule,
+        "rule": _rule,
+        "__post_init__": _post_init,
+        "feedback": property(_feedback),
+        "elastic": property(_elastic),
+        "__module__": __name__,  # make_dataclass's own module= needs Python 3.12
+    },
+    frozen=True,
+)
+for _name, _method in (("schedule", _schedule), ("rule", _rule), ("__post_init__", _post_init),
+                      ("feedback", _feedback), ("elastic", _elastic)):
+    _method.__name__, _method.__qualname__ = _name, f"TrainerConfig.{_name}"
+
+
+def check_fit_args(synchronization: str = "sync", **values: Any) -> Dict[str, Any]:
+    """Validates ``fit``'s options, each and together, before any Spark job; returns them, ``verbose`` resolved.
+
+    ``values`` are :data:`~sparkdl_avg.driver.config.options.FIT` options by name
+    (those given: the jobs pass the ones they have flags for);
+    ``synchronization`` is the trainer's. As in ``keras.Model.fit``,
+    ``epochs`` is the index of the epoch to stop before and ``initial_epoch``
+    the first one trained, so a fit trains ``epochs - initial_epoch`` epochs;
+    one that would train none is refused. ``verbose="auto"`` is 1 on a
+    terminal, else 2.
+
+    Raises:
+        ConfigurationError: naming the option.
+    """
+    for name, value in values.items():
+        options.check(name, value)
+    epochs, initial_epoch = values.get("epochs"), values.get("initial_epoch", 0)
+    if epochs is not None and initial_epoch >= epochs:
+        raise ConfigurationError(
+            f"The 'initial_epoch' parameter must be less than 'epochs' ({epochs}): as in keras.Model.fit, "
+            f"'epochs' is the index of the epoch to stop before, so to continue a fit of {epochs} epochs by "
+            f"n more pass epochs={epochs}+n, initial_epoch={epochs}. Got {initial_epoch!r} instead."
+        )
+    checkpoint_dir = values.get("checkpoint_dir")
+    if values.get("resume") is True and checkpoint_dir is None:
+        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
+    checkpoint_every = values.get("checkpoint_every", "epoch")
+    if checkpoint_dir is None and checkpoint_every != "epoch":
+        raise ConfigurationError(
+            "The 'checkpoint_every' parameter applies only with a 'checkpoint_dir' (where the checkpoints go; "
+            "without one nothing is checkpointed): give a 'checkpoint_dir' or leave 'checkpoint_every' at 'epoch'. "
+            f"Got checkpoint_every={checkpoint_every!r} without a 'checkpoint_dir' instead."
+        )
+    if synchronization != "sync" and checkpoint_dir is not None and checkpoint_every != "epoch":
+        raise ConfigurationError(
+            f"The 'checkpoint_every' parameter must be 'epoch' with synchronization={synchronization!r}: "
+            "its chunks finish out of order, so only an epoch's end is a point every worker has reached. "
+            f"Got {checkpoint_every!r} instead."
+        )
+    if values.get("verbose") == "auto":
+        import sys
+
+        values = {**values, "verbose": 1 if sys.stdout.isatty() else 2}
+    return values
+
+
+def check_with_model(config: Any, model: Any) -> None:
+    """The checks of options against the (validated) model, before any Spark job.
+
+    ``aggregation_shards`` cuts the state's values into slices: more slices
+    than the model has parameters would leave some empty and cost a reducer
+    task each per round.
+
+    Raises:
+        ConfigurationError: naming the option and the model's size.
+    """
+    shards, parameters = config.aggregation_shards, model.count_params()
+    if shards is not None and shards > parameters:
+        raise ConfigurationError(
+            f"The 'aggregation_shards' parameter must be at most the model's {parameters} parameters (each slice "
+            f"of the sums holds some of them; the default is one per worker). Got aggregation_shards={shards!r} "
+            "instead."
+        )
+
+
+def check_loss(model: Any, what: str) -> None:
+    """Refuses to ``what`` (``"fit"``, ``"evaluate"``) a model compiled without a loss, before any Spark job.
+
+    Keras would fail in every worker's first minibatch ("No loss to
+    compute"). A model that computes its own loss (a ``train_step`` or
+    ``compute_loss`` of its own) needs none; ``predict`` needs none.
+
+    Raises:
+        ConfigurationError: naming the model.
+    """
+    import keras
+
+    if (getattr(model, "loss", None) is None and type(model).train_step is keras.Model.train_step
+            and type(model).compute_loss is keras.Model.compute_loss):
+        raise ConfigurationError(
+            f"The 'model' parameter must be compiled with a loss to {what}. Got the model {model.name!r}, "
+            "compiled without one, instead; call model.compile(optimizer=..., loss=...)."
+        )
+
+
+def validate_model(model: Any, name: str = "model") -> None:
+    """Checks that ``model`` is a compiled Keras model with fully known input shapes.
+
+    Args:
+        name: What the caller calls the model, for the messages (the
+            estimator's ``"kerasModel"``). Default ``"model"``.
+
+    Raises:
+        ConfigurationError: naming ``name`` and what was received.
+    """
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a compiled keras.Model. Got {model!r} "
+            f"of type {type(model).__name__} instead."
+        )
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a compiled keras.Model. Got the uncompiled model "
+            f"{model.name!r} instead; call model.compile(optimizer=..., loss=...) first."
+        )
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs:
+        raise ConfigurationError(
+            f"The '{name}' parameter must be a model with a known input shape. Got model "
+            f"{model.name!r}, which has no inputs, instead; start it with keras.Input(shape=...)."
+        )
+    for tensor in inputs:
+        if any(d is None for d in tensor.shape[1:]):
+            raise ConfigurationError(
+                f"The '{name}' parameter must be a model with fully defined input shapes (besides "
+                f"the batch dimension). Got input shape {tuple(tensor.shape)} instead."
+            )

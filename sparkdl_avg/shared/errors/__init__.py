@@ -1,0 +1,1 @@
+"""Errors across the driver/executor boundary (:mod:`.remote_errors`) and Ctrl-C during a fit (:mod:`.interrupt`)."""

@@ -1,0 +1,295 @@
+"""A compiled Keras model described for executors, and its state as numpy arrays.
+
+``ModelSpec`` carries the model as the bytes of a ``.keras`` archive
+(architecture, compile configuration and initial weights; loaded with Keras'
+safe mode, no pickle), the custom objects executors cannot import (those
+defined in ``__main__``: a notebook cell, the job script), pickled by value
+(see :mod:`sparkdl_avg.shared.model.custom_objects`), and a fingerprint of its
+architecture, compile settings and those objects, under which executors
+cache the replica they build from it.
+
+The state helpers (:func:`get_state`, :func:`set_state`) move weights and
+optimizer variables between a model and lists of numpy arrays; the driver and
+executors both use them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import numpy as np
+
+from .custom_objects import pack_custom_objects, register_custom_objects
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What an executor needs to build a replica of the user's model.
+
+    Attributes:
+        keras_bytes: The model saved as a ``.keras`` archive.
+        fingerprint: Hash of the architecture (layer names aside, see
+            :func:`architecture`), compile config, Keras version and
+            ``custom_objects``.
+        optimizer_shapes: Shapes of the optimizer's variables, in order, to
+            check that a replica's optimizer matches the driver's.
+        floatx: The driver's ``keras.config.floatx()``; losses and metrics
+            compute in it, so replicas use the same.
+        custom_objects: The model's registered custom objects that executors
+            cannot import (defined in ``__main__``), pickled by value with
+            cloudpickle under their Keras names; ``b""`` if none.
+    """
+
+    keras_bytes: bytes
+    fingerprint: str
+    optimizer_shapes: Tuple[Tuple[int, ...], ...]
+    floatx: str = "float32"
+    custom_objects: bytes = b""
+
+    @classmethod
+    def from_model(cls, model) -> "ModelSpec":
+        """Describes a compiled model, building its optimizer's variables if needed.
+
+        Raises:
+            ConfigurationError: a custom object defined in ``__main__`` cannot
+                be pickled by value (see :func:`~sparkdl_avg.shared.model.custom_objects.pack_custom_objects`).
+        """
+        import keras
+
+        data = keras_to_bytes(model)
+        shipped = pack_custom_objects(data)
+        try:
+            description = json.dumps(
+                [architecture(model), compile_settings(model), keras.__version__, keras.config.floatx()],
+                sort_keys=True,
+                default=str,
+            ).encode()
+        except NotImplementedError:
+            # Subclassed models without get_config(): fall back to the archive.
+            description = data
+        # A notebook cell re-run with a changed layer gives another class, another pickle: a new replica.
+        description += hashlib.sha256(shipped).digest() if shipped else b""
+        return cls(
+            keras_bytes=data,
+            fingerprint=hashlib.sha256(description).hexdigest(),
+            optimizer_shapes=tuple(tuple(v.shape) for v in model.optimizer.variables),
+            floatx=keras.config.floatx(),
+            custom_objects=shipped,
+        )
+
+    def build(self):
+        """Registers the shipped custom objects, then loads the compiled model from the archive (Keras safe mode)."""
+        import keras
+
+        keras.config.set_floatx(self.floatx)
+        register_custom_objects(self.custom_objects)
+        model = keras_from_bytes(self.keras_bytes)
+        ensure_optimizer_built(model)
+        shapes = tuple(tuple(v.shape) for v in model.optimizer.variables)
+        if shapes != self.optimizer_shapes:
+            raise RuntimeError(
+                "The replica's optimizer variables do not match the driver's: expected "
+                f"shapes {self.optimizer_shapes}, built {shapes}."
+            )
+        return model
+
+
+_LOADABLE: set = set()
+
+
+def check_model_loads(spec: ModelSpec) -> None:
+    """Checks on the driver that executors can rebuild the model from ``spec`` (once per fingerprint).
+
+    Raises:
+        ConfigurationError: the archive does not load in Keras' safe mode, most
+            often a custom layer, loss or metric that is not registered.
+    """
+    from ...errors import ConfigurationError
+
+    if spec.fingerprint in _LOADABLE:
+        return
+    try:
+        keras_from_bytes(spec.keras_bytes)
+    except Exception as exc:  # noqa: BLE001 - any failure means executors fail the same way
+        message = " ".join(str(exc).split())
+        raise ConfigurationError(
+            "The model cannot be rebuilt from its .keras archive, as executors must. Register "
+            "custom layers, losses and metrics with @keras.saving.register_keras_serializable() "
+            "and give them get_config(); those defined in __main__ are shipped to the executors, "
+            "ship any other module with --py-files or spark.sparkContext.addPyFile. Keras said: "
+            f"{type(exc).__name__}: {message[:500]}"
+        ) from None
+    _LOADABLE.add(spec.fingerprint)
+
+
+def input_shapes(model) -> Tuple[Tuple[int, ...], ...]:
+    """The shape of one example of each model input, in the order of ``model.inputs``."""
+    return tuple(tuple(int(d) for d in t.shape[1:]) for t in model.inputs)
+
+
+def inputs_dtype(model) -> str:
+    """The dtype of float labels: ``float64`` if every input is float64, else ``float32``."""
+    dtypes = {str(t.dtype) for t in model.inputs}
+    return "float64" if dtypes == {"float64"} else "float32"
+
+
+def input_dtypes(model) -> Tuple[str, ...]:
+    """Each model input's dtype, in the order of ``model.inputs`` (``"string"`` for a string input).
+
+    Features are staged in these, so an ``int64`` input gets its ids exactly.
+    """
+    return tuple(str(getattr(t.dtype, "name", t.dtype)) for t in model.inputs)
+
+
+def keras_to_bytes(model) -> bytes:
+    """The model as the bytes of a ``.keras`` archive (architecture, compile config, weights).
+
+    The optimizer's variables are built first, so the archive loads without
+    Keras' warning about a saved optimizer with fewer variables.
+    """
+    if getattr(model, "optimizer", None) is not None:
+        ensure_optimizer_built(model)
+    with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def keras_from_bytes(data: bytes):
+    """Loads a compiled model from ``.keras`` archive bytes, in Keras' safe mode (no pickle)."""
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="sparkdl_avg-model-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        with open(path, "wb") as f:
+            f.write(data)
+        return keras.saving.load_model(path, compile=True, safe_mode=True)
+
+
+def architecture(model) -> dict:
+    """``model.get_config()`` with its layer and model names replaced by their order of appearance.
+
+    Keras names layers by a process-wide counter (``dense``, ``dense_1``,
+    ...), so each run of a notebook cell that builds "the same" model gave
+    another config, another fingerprint, and executors built and kept one
+    more replica per fit (issue 28). Weights move by position, so a replica
+    of the same layers under other names trains the same. The names of a
+    multi-output model's outputs stay: its metric names carry them.
+    """
+    keep = {layer.name for layer in _output_layers(model)} if len(model.outputs) > 1 else set()
+    names: dict = {}
+
+    def collect(config: dict) -> None:
+        names.setdefault(config.get("name"), f"#{len(names)}")
+        for layer in config.get("layers") or []:
+            if isinstance(layer, dict) and isinstance(layer.get("config"), dict):
+                collect(layer["config"])  # a nested model's layers too
+
+    def new(name):
+        return names.get(name, name) if isinstance(name, str) and name not in keep else name
+
+    def refs(node):  # [name, node_index, tensor_index] references, possibly nested in lists
+        if isinstance(node, (list, tuple)):
+            return [new(node[0]), *node[1:]] if node and isinstance(node[0], str) else [refs(n) for n in node]
+        return node
+
+    def rename(node, parent_key=None):
+        if isinstance(node, (list, tuple)):
+            return [rename(value, parent_key) for value in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "name" and parent_key in ("layers", "config", None):
+                out[key] = new(value)
+            elif key in ("keras_history", "input_layers", "output_layers"):
+                out[key] = refs(value)
+            else:
+                out[key] = rename(value, key)
+        return out
+
+    config = model.get_config()
+    collect(config)
+    return rename(config)
+
+
+def compile_settings(model) -> dict:
+    """``model.get_compile_config()`` without the optimizer's name (``adam``, ``adam_1``, ...: another counter)."""
+    config = model.get_compile_config() or {}
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
+        config = {**config, "optimizer": {**optimizer, "config": {**optimizer["config"], "name": None}}}
+    return config
+
+
+def _output_layers(model) -> list:
+    try:
+        return [tensor._keras_history[0] for tensor in model.outputs]
+    except (AttributeError, TypeError):
+        return []
+
+
+def ensure_optimizer_built(model) -> None:
+    """Creates the optimizer's variables (slots, iteration counter) if not yet done."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+def iterations_index(model) -> int:
+    """Position of the optimizer's iteration counter in ``optimizer.variables``."""
+    for i, v in enumerate(model.optimizer.variables):
+        if v is model.optimizer.iterations:
+            return i
+    raise RuntimeError("The optimizer has no iteration counter among its variables.")
+
+
+def architecture_signature(model) -> str:
+    """What a checkpoint must match to be resumed into ``model``, independent of layer names.
+
+    The layers' classes and weight shapes, the optimizer's class and variable
+    shapes, and the loss: auto-generated names (``dense_3``) differ between
+    two builds of the same model, so :attr:`ModelSpec.fingerprint` would not do.
+    """
+    layers = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
+    optimizer = (type(model.optimizer).__name__, [tuple(v.shape) for v in model.optimizer.variables])
+    import keras
+
+    loss = keras.tree.map_structure(
+        lambda leaf: leaf
+        if isinstance(leaf, str) or leaf is None
+        else getattr(leaf, "name", None) or getattr(leaf, "__name__", None) or type(leaf).__name__,
+        model.loss,
+    )
+    description = json.dumps([layers, optimizer, loss], default=str)
+    return hashlib.sha256(description.encode()).hexdigest()[:16]
+
+
+def trainable_mask(model) -> List[bool]:
+    """Per entry of ``model.get_weights()``: whether it is a trainable weight."""
+    trainable = {id(v) for v in model.trainable_weights}
+    return [id(v) in trainable for v in model.weights]
+
+
+def current_learning_rate(model) -> float:
+    """The optimizer's learning rate at its current iteration (schedules evaluated)."""
+    import keras
+
+    return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+
+
+def get_state(model) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Returns ``(weights, optimizer_variables)`` of ``model`` as numpy arrays."""
+    return model.get_weights(), [np.asarray(v.numpy()) for v in model.optimizer.variables]
+
+
+def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.ndarray]) -> None:
+    """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``."""
+    model.set_weights(weights)
+    for var, value in zip(model.optimizer.variables, optimizer_variables):
+        var.assign(value)

@@ -1,0 +1,124 @@
+"""Keeps TensorFlow's start-up chatter out of the user's output, and nothing else.
+
+TensorFlow's C++ runtime prints lines at import and at its first operation
+that look like failures on a machine without a GPU ("Could not find cuda
+drivers", "failed call to cuInit") or are only notices (oneDNN's rounding
+note, absl's "All log messages before absl::InitializeLog()"); absl prints
+them before ``TF_CPP_MIN_LOG_LEVEL`` applies, twice per Python worker. This
+module owns hiding exactly those lines: :func:`filtered_stderr` passes every
+other line through unchanged, so real errors still show. The cuInit line is
+hidden only where no NVIDIA driver is installed (where it is then expected).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from typing import Iterator, Pattern, Sequence
+
+_NOISE: Sequence[str] = (
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
+    r"^I\d{4} .*\] oneDNN custom operations are on\.",
+    r"^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.$",
+    r"^E\d{4} .*\] Unable to register cu(DNN|FFT|BLAS) factory",
+    r"^W\d{4} .*computation_placer\.cc:\d+\] computation placer already registered",
+    r"^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU instructions",
+    r"^To enable the following instructions: .*, rebuild TensorFlow with the appropriate compiler flags\.$",
+)
+_NO_GPU_NOISE = r"^E\d{4} .*cuda_platform\.cc:\d+\] failed call to cuInit: "
+
+
+def _patterns() -> Pattern:
+    patterns = list(_NOISE)
+    if not os.path.exists("/proc/driver/nvidia"):
+        patterns.append(_NO_GPU_NOISE)
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
+
+
+@contextlib.contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """Drops TensorFlow's start-up notices from file descriptor 2 inside the block (C++ writes there directly).
+
+    Everything else written to stderr in the block is passed on, line by
+    line, when the line ends or the block ends. Where stderr is not a real
+    file descriptor (some notebook kernels), the block runs unfiltered.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    noise = _patterns()
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for raw in pipe:
+                if not noise.search(raw.decode("utf-8", "replace").rstrip("\r\n")):
+                    os.write(saved, raw)
+
+    thread = threading.Thread(target=forward, name="sparkdl_avg-stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the thread reads to its end
+        thread.join(timeout=5)
+        os.close(saved)
+
+
+IMPORT_S = 0.0
+"""Seconds spent importing TensorFlow through :func:`import_tensorflow` (0 where
+it was already imported), by the process :data:`IMPORT_PID`: a worker forked from
+a daemon inherits the daemon's, and :func:`take_import_s` tells them apart."""
+IMPORT_PID = 0
+
+_devices_listed = False
+
+
+def import_tensorflow(devices: bool = False):
+    """``import tensorflow`` with its start-up notices filtered (see :func:`filtered_stderr`); returns the module.
+
+    The first import's seconds are kept in :data:`IMPORT_S`.
+
+    Args:
+        devices: Also list the physical devices (which initialises CUDA, the
+            cuInit notice), once per process, for a process that will not pin
+            devices later: the driver. Executors pin the task's GPUs first
+            (:mod:`sparkdl_avg.shared.model.devices`).
+    """
+    global IMPORT_S, IMPORT_PID, _devices_listed
+    if "tensorflow" in sys.modules and (_devices_listed or not devices):
+        return sys.modules["tensorflow"]
+    start = time.perf_counter()
+    with filtered_stderr():
+        fresh = "tensorflow" not in sys.modules
+        import tensorflow
+
+        if fresh:
+            IMPORT_S, IMPORT_PID = time.perf_counter() - start, os.getpid()
+        if devices:
+            tensorflow.config.list_physical_devices()
+            _devices_listed = True
+    return tensorflow
+
+
+def take_import_s() -> float:
+    """The seconds this process spent importing TensorFlow itself, the first time it is asked; then 0.
+
+    0 also in a process forked after the import (a worker of
+    :mod:`sparkdl_avg.daemon`): the import was the daemon's, paid once.
+    """
+    global IMPORT_S
+    seconds = IMPORT_S if IMPORT_PID == os.getpid() else 0.0
+    IMPORT_S = 0.0
+    return seconds

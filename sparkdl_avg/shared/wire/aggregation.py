@@ -1,0 +1,114 @@
+"""Partial results of a round and their example-weighted sums.
+
+Each worker returns a :class:`PartialResult` whose arrays are already
+multiplied by its number of examples; ``treeAggregate`` merges partials with
+:func:`merge`; the driver divides by the total examples with
+:meth:`PartialResult.average`. float32 variables are summed in float32 and
+everything else (float64, integer counters) in float64: float64 copies of
+float32 weights would double the bytes every round moves from the workers and
+through the tree aggregation (measured in docs/benchmarks.md), and the
+average is cast back to float32 anyway. float64 models keep exact float64
+sums, which the identity tests rely on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .stats import WorkerRecord
+
+
+@dataclass
+class PartialResult:
+    """Example-weighted sums over one or more workers of a round.
+
+    Attributes:
+        examples: Examples trained on (the weight of each worker).
+        weight_sums: ``Σ n_i · w_i`` per model weight (float32 for float32
+            weights, else float64).
+        optimizer_sums: ``Σ n_i · s_i`` per optimizer variable, or ``None``
+            when optimizer state is not averaged.
+        metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged
+            metric (``loss`` and the compiled metrics).
+        workers: One :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord` per worker.
+        received_bytes: Bytes of sums the driver received for this result
+            (set by the transport that gathered it; ``None``: not known).
+        driver_sum_s: The driver's seconds decoding and adding them.
+        driver_sum_cpu_s: The CPU seconds of the driver's Python process in that time.
+        reduce_s: In a sharded Spark SQL round, the slowest reducer task's seconds reading and
+            summing its shard (decoding it, under ``update_compression``); 0 elsewhere.
+        deltas: Under ``update_compression``, the workers' compressed deltas not yet
+            summed, ``(worker, delta)`` (a :class:`~sparkdl_avg.shared.wire.delta_sums.Packed`
+            from the worker, its bytes once its sink delivered it); ``merge`` keeps
+            them all, so every path sums them in worker order
+            (:func:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout.add`).
+        delta_sums: ``weight_sums``/``optimizer_sums`` hold ``Σ n_i · (s_i − sent)``,
+            the deltas from the state the round sent, not ``Σ n_i · s_i``.
+    """
+
+    examples: int
+    weight_sums: Optional[List[np.ndarray]] = None
+    optimizer_sums: Optional[List[np.ndarray]] = None
+    metric_sums: Dict[str, float] = field(default_factory=dict)
+    workers: List[WorkerRecord] = field(default_factory=list)
+    received_bytes: Optional[int] = None
+    driver_sum_s: float = 0.0
+    driver_sum_cpu_s: float = 0.0
+    reduce_s: float = 0.0
+    deltas: Optional[List[Tuple[int, Any]]] = None
+    delta_sums: bool = False
+
+    def average(self, arrays: List[np.ndarray], like: List[np.ndarray]) -> List[np.ndarray]:
+        """Divides sums by :attr:`examples`, cast to the dtypes of ``like``."""
+        return [(s / self.examples).astype(ref.dtype, copy=False) for s, ref in zip(arrays, like)]
+
+    def metric_means(self) -> Dict[str, float]:
+        """Example-weighted mean of each logged metric."""
+        return {k: v / self.examples for k, v in self.metric_sums.items()}
+
+
+def _add(a: Optional[List[np.ndarray]], b: Optional[List[np.ndarray]]) -> Optional[List[np.ndarray]]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    for x, y in zip(a, b):
+        np.add(x, y, out=x)  # in place: partials are owned by the aggregation
+    return a
+
+
+def merge(a: Optional[PartialResult], b: Optional[PartialResult]) -> Optional[PartialResult]:
+    """Combines two partial results (``treeAggregate``'s seqOp and combOp)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    # b's names first: the workers' order (loss, then the compiled metrics), which a result restored from a
+    # checkpoint's JSON (sorted names) would otherwise impose on the epoch's logs
+    metric_sums = {k: a.metric_sums.get(k, 0.0) + v for k, v in b.metric_sums.items()}
+    metric_sums.update((k, v) for k, v in a.metric_sums.items() if k not in b.metric_sums)
+    return PartialResult(
+        examples=a.examples + b.examples,
+        weight_sums=_add(a.weight_sums, b.weight_sums),
+        optimizer_sums=_add(a.optimizer_sums, b.optimizer_sums),
+        metric_sums=metric_sums,
+        workers=a.workers + b.workers,
+        deltas=None if a.deltas is None and b.deltas is None else (a.deltas or []) + (b.deltas or []),
+        delta_sums=a.delta_sums or b.delta_sums,
+    )
+
+
+def weighted(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
+    """``n · a`` for each array (a worker's contribution to a sum): float32 stays float32, else float64."""
+    out = []
+    for a in arrays:
+        dtype = np.float32 if np.asarray(a).dtype == np.float32 else np.float64
+        # np.array(...) then *= keeps 0-d arrays as arrays; `a * n` would give
+        # numpy scalars, which the in-place sums of `merge` cannot update.
+        w = np.array(a, dtype=dtype)
+        w *= n
+        out.append(w)
+    return out

@@ -1,0 +1,466 @@
+"""Compressed round sums (``update_compression``): a worker's delta on the wire, its shards' sums, its residual.
+
+Under ``update_compression`` a worker does not send ``n · w`` (its weights,
+optimizer variables, example-weighted) but its **delta** from the state the
+round sent it, in a codec of :mod:`sparkdl_avg.shared.wire.compression`, with its
+example count ``n``; whoever sums (the driver, or reducer ``j`` of a sharded
+round) adds ``n · decode(delta)`` in float32, in worker order, and the driver
+sets ``start + Σ/Σn``. This module owns that format, its sum and the
+residual files of error feedback; the transports move its bytes
+(:mod:`sparkdl_avg.shared.wire.exchange`, :mod:`sparkdl_avg.driver.transport.paths`).
+
+**Segments.** A worker's state is cut into four segments: ``"w"``, the
+float32 weights; ``"m"``, the optimizer's float32 first moments (its
+variables named ``*_momentum``: :func:`first_moments`); ``"o"``, its other
+float32 variables (second moments, accumulators); ``"x"``, everything else
+(float64 weights, counters), sent as raw float64 ``n · delta`` (a few values
+in practice). ``"int8"`` sends ``"w"`` in int8 and ``"m"`` and ``"o"`` in
+bf16: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged
+with error feedback in the pre-study; int8 on its first moments alone
+matched float32 but cost more in residual files than it saved on the wire
+(:data:`SEGMENT_CODECS`; docs/benchmarks.md, "Compressed updates").
+``"int4"`` (Streaming DiLoCo's 4-bit outer gradients) sends ``"w"`` in int4,
+``"m"`` and ``"o"`` in bf16 likewise.
+
+**Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of
+each segment, cut at whole blocks of its codec (int8's 256 values, int4's
+128: whole bytes too), so a reducer decodes its shard alone and summing
+shard by shard gives exactly the elements of a whole sum.
+A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
+(float64), the int8 and int4 segments' scales (float32, in segment order),
+then the payloads (bf16's uint16, then int8's, then int4's bytes of two
+values, the even index in the low nibble). A summed shard is the segments'
+float64 and float32 sums back to back. Every path (Spark's tree, the
+driver, the shuffle, the storage reducers, the files) adds with
+:meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
+
+**Error feedback.** A worker adds its residual to its delta before encoding
+and keeps what the codec dropped (:func:`~sparkdl_avg.shared.wire.compression.with_feedback`)
+in a file under the fit's staging directory, named by the round's place in
+the fit and the worker (:class:`FeedbackFiles`): the next round's task for that
+worker, on whatever executor, reads it; a retried task reads the same file
+and rewrites identical bytes, and a lost executor loses nothing (Spark reruns
+its task, which reads the same file). Which segments keep a residual is the
+layout's ``feedback`` (``error_feedback``: by default the int8 and int4
+ones only, bf16 measured equal to float32 without it). The residual is
+stored in int8 whatever the segment's codec (1 byte a value and a scale per
+256, not 4): what that drops is the residual's own rounding, 1/254 of the
+residual, itself about 1/254 of the delta for int8, 1/14 for int4 and 1/512
+for bf16.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .compression import BLOCK, Encoded, block_of, decode, encode, payload_count, payload_dtype, with_feedback
+
+#: ``update_compression`` values (``None``: float32 sums, as without this module).
+COMPRESSIONS = ("bf16", "int8", "int4")
+
+#: Codecs of the compressed segments per ``update_compression``: the float32 weights (``"w"``), the
+#: optimizer's float32 first moments (``"m"``: its variables named ``*_momentum``, signed like the
+#: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators). int8 on
+#: ``"m"`` matched float32 too (0.336× the bytes with Adam against 0.418×), but its residual doubled the
+#: residual files and made the rounds on the shaped-network cluster slower, so ``"m"`` stays in bf16
+#: (docs/benchmarks.md, "Compressed updates"). ``"int4"`` follows int8: only the weights in int4.
+SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16"),
+                  "int4": ("int4", "bf16", "bf16")}
+
+_QUANTIZED = ("int8", "int4")  # the codecs with scales, which drop enough to keep a residual by default
+
+
+def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
+    """Which segments keep a residual: ``error_feedback=None`` the int8 and int4 ones, ``True`` all, ``False`` none."""
+    codecs = SEGMENT_CODECS[compression]
+    if error_feedback is None:
+        return tuple(codec in _QUANTIZED for codec in codecs)
+    return (bool(error_feedback),) * len(codecs)
+
+
+def first_moments(optimizer_variables) -> Tuple[int, ...]:
+    """Positions of an optimizer's first moments among its variables: those whose path ends in ``_momentum``.
+
+    Keras names them so in Adam, AdamW, Nadam, Adamax, RMSprop, SGD and
+    Lion; they are signed and move like the weights, so int8 carries them.
+    Every other variable (second moments, accumulators, custom optimizers'
+    state) travels in bf16.
+    """
+    return tuple(i for i, v in enumerate(optimizer_variables) if str(getattr(v, "path", "")).endswith("_momentum"))
+
+_HEADER = 8  # int64 n
+_PAYLOADS = ("bf16", "int8", "int4")  # the payloads' order in a shard (int8's shards kept their bytes when int4 came)
+
+
+def _bounds(size: int, codec: str, shard: int, shards: int) -> Tuple[int, int]:
+    """``[lo, hi)`` of shard ``shard`` of a segment of ``size`` values (int8, int4: at whole blocks)."""
+    unit = block_of(codec)
+    units = -(-size // unit)
+    return min(size, units * shard // shards * unit), min(size, units * (shard + 1) // shards * unit)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One worker's compressed delta: its examples, the raw ``"x"`` segment (``n · delta``) and the encoded ones."""
+
+    examples: int
+    x: np.ndarray
+    encoded: Tuple[Encoded, ...]
+
+
+@dataclass(frozen=True)
+class DeltaLayout:
+    """How a worker's compressed delta lies in segments and shards, and how shards are summed.
+
+    The transports tell it from an uncompressed
+    :class:`~sparkdl_avg.shared.wire.exchange.FlatLayout` by :attr:`compressed`.
+
+    Attributes:
+        flat: The sums' :class:`~sparkdl_avg.shared.wire.exchange.FlatLayout` (the state's arrays).
+        compression: ``"bf16"``, ``"int8"`` or ``"int4"``.
+        feedback: Per compressed segment (``"w"``, ``"m"``, ``"o"``), whether workers keep its residual
+            (:func:`segment_feedback`).
+        moments: Positions of the optimizer's first moments among its variables (:func:`first_moments`).
+    """
+
+    flat: Any
+    compression: str
+    feedback: Tuple[bool, ...]
+    moments: Tuple[int, ...] = ()
+
+    compressed = True
+
+    def __post_init__(self) -> None:
+        if self.compression not in SEGMENT_CODECS:
+            raise ValueError(f"unknown update_compression {self.compression!r}; expected one of {COMPRESSIONS}")
+
+    @property
+    def keeps_residuals(self) -> bool:
+        """Whether any segment keeps a residual (workers read and write residual files)."""
+        return any(self.feedback)
+
+    @property
+    def codecs(self) -> Tuple[str, ...]:
+        """Codecs of the compressed segments (``"w"``, ``"m"``, ``"o"``)."""
+        return SEGMENT_CODECS[self.compression]
+
+    def _segment_of(self, entry: int) -> int:
+        """The compressed segment of a float32 entry of :attr:`flat`."""
+        if entry < self.flat.num_weights:
+            return 0
+        return 1 if entry - self.flat.num_weights in self.moments else 2
+
+    @property
+    def sizes(self) -> Tuple[int, ...]:
+        """Values of each compressed segment, then of ``"x"``."""
+        out = [0] * len(self.codecs)
+        for i, (f32, shape) in enumerate(self.flat.entries):
+            if f32:
+                out[self._segment_of(i)] += int(np.prod(shape))
+        return (*out, self.flat.sizes[1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one worker's whole delta on the wire (what a round's plan sizes)."""
+        return sum(self._blob_sizes(0, 1))
+
+    @property
+    def float32_nbytes(self) -> int:
+        """Bytes of the same sums uncompressed (:attr:`FlatLayout.nbytes`)."""
+        return self.flat.nbytes
+
+    # -------------------------------------------------------------- worker side
+
+    def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int,
+             residual: Optional[List[np.ndarray]]) -> Tuple[Packed, Optional[List[np.ndarray]]]:
+        """A worker's :class:`Packed` delta from the state it was sent, and its next residual (``None``: no feedback).
+
+        ``optimizer``/``sent_optimizer``: ``None`` when the optimizer is not averaged.
+        ``residual``: the worker's residual per compressed segment (``None``: zero; an entry ``None``:
+        a segment without feedback).
+        """
+        parts, x = self._deltas(weights, optimizer, sent_weights, sent_optimizer)
+        x *= np.float64(examples)
+        encoded, kept = [], []
+        for i, (codec, part, feedback) in enumerate(zip(self.codecs, parts, self.feedback)):
+            if feedback:
+                e, r = with_feedback(part, residual[i] if residual is not None else None, codec)
+            else:
+                e, r = encode(part, codec), None
+            encoded.append(e)
+            kept.append(r)
+        return Packed(int(examples), x, tuple(encoded)), (kept if self.keeps_residuals else None)
+
+    def _deltas(self, weights, optimizer, sent_weights, sent_optimizer) -> Tuple[List[np.ndarray], np.ndarray]:
+        """``new − sent``: one float32 vector per compressed segment and the float64 ``"x"``, in entry order."""
+        new = list(weights) + list(optimizer or [])
+        old = list(sent_weights) + list(sent_optimizer or [])
+        if len(new) != len(self.flat.entries) or len(old) != len(self.flat.entries):
+            raise ValueError(f"The state holds {len(new)} arrays; its layout has {len(self.flat.entries)}.")
+        sizes = self.sizes
+        parts = [np.empty(n, np.float32) for n in sizes[:-1]]
+        x = np.empty(sizes[-1], np.float64)
+        at, ix = [0] * len(parts), 0
+        for i, (a, b, (is32, shape)) in enumerate(zip(new, old, self.flat.entries)):
+            n = int(np.prod(shape))
+            if is32:
+                seg = self._segment_of(i)
+                np.subtract(np.ravel(a), np.ravel(b), out=parts[seg][at[seg]:at[seg] + n])
+                at[seg] += n
+            else:
+                np.subtract(np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64), out=x[ix:ix + n])
+                ix += n
+        return parts, x
+
+    def _blob_sizes(self, shard: int, shards: int) -> List[int]:
+        sizes = [_HEADER]
+        (xa, xb) = _bounds(self.sizes[-1], "f64", shard, shards)
+        sizes.append(8 * (xb - xa))
+        runs = self._runs(shard, shards)
+        for (a, b), codec in zip(runs, self.codecs):
+            sizes.append(4 * (-(-(b - a) // block_of(codec))) if codec in _QUANTIZED else 0)
+        for codec in _PAYLOADS:
+            for (a, b), c in zip(runs, self.codecs):
+                if c == codec:
+                    sizes.append(payload_dtype(codec).itemsize * payload_count(codec, b - a))
+        return sizes
+
+    def shard_bytes(self, packed: Packed, shard: int, shards: int) -> bytes:
+        """Shard ``shard`` of ``S`` of a worker's delta, as one value (the module's format)."""
+        xa, xb = _bounds(self.sizes[-1], "f64", shard, shards)
+        pieces = [np.int64(packed.examples).tobytes(), packed.x[xa:xb].tobytes()]
+        runs = self._runs(shard, shards)
+        slices = [e.slice(a, b) for e, (a, b) in zip(packed.encoded, runs)]
+        pieces += [s.scales.tobytes() for s in slices if s.scales is not None]
+        for codec in _PAYLOADS:
+            pieces += [s.payload.tobytes() for s in slices if s.codec == codec]
+        return b"".join(pieces)
+
+    def file_bytes(self, packed: Packed, shards: int) -> Tuple[bytes, List[int]]:
+        """A worker's whole delta as one file: its shards back to back, and their ``S + 1`` offsets."""
+        blobs = [self.shard_bytes(packed, j, shards) for j in range(shards)]
+        offsets = [0]
+        for blob in blobs:
+            offsets.append(offsets[-1] + len(blob))
+        return b"".join(blobs), offsets
+
+    def parse(self, data, shard: int, shards: int) -> Packed:
+        """The :class:`Packed` slice a :meth:`shard_bytes` value holds (views into ``data``)."""
+        buf = memoryview(data)
+        examples = int(np.frombuffer(buf, np.int64, count=1)[0])
+        offset = _HEADER
+        xa, xb = _bounds(self.sizes[-1], "f64", shard, shards)
+        x = np.frombuffer(buf, np.float64, count=xb - xa, offset=offset)
+        offset += 8 * (xb - xa)
+        runs = self._runs(shard, shards)
+        scales = {}
+        for i, ((a, b), codec) in enumerate(zip(runs, self.codecs)):
+            if codec in _QUANTIZED:
+                count = -(-(b - a) // block_of(codec))
+                scales[i] = np.frombuffer(buf, np.float32, count=count, offset=offset)
+                offset += 4 * count
+        payloads = {}
+        for codec in _PAYLOADS:
+            dtype = payload_dtype(codec)
+            for i, ((a, b), c) in enumerate(zip(runs, self.codecs)):
+                if c == codec:
+                    count = payload_count(codec, b - a)
+                    payloads[i] = np.frombuffer(buf, dtype, count=count, offset=offset)
+                    offset += dtype.itemsize * count
+        if offset != len(buf):
+            raise ValueError(f"a compressed shard of {len(buf)} bytes does not match its layout ({offset} bytes)")
+        encoded = tuple(Encoded(c, b - a, payloads[i], scales.get(i), block_of(c)) for i, ((a, b), c) in
+                        enumerate(zip(runs, self.codecs)))
+        return Packed(examples, x, encoded)
+
+    # ----------------------------------------------------------------- the sum
+
+    def _runs(self, shard: int, shards: int) -> List[Tuple[int, int]]:
+        """``[lo, hi)`` of shard ``shard`` in each compressed segment."""
+        return [_bounds(size, codec, shard, shards) for size, codec in zip(self.sizes, self.codecs)]
+
+    def empty(self, shard: int, shards: int) -> List[np.ndarray]:
+        """Zero sums of shard ``shard``: one float32 array per compressed segment, then ``x`` (float64)."""
+        xa, xb = _bounds(self.sizes[-1], "f64", shard, shards)
+        return [np.zeros(b - a, np.float32) for a, b in self._runs(shard, shards)] + [np.zeros(xb - xa, np.float64)]
+
+    def add(self, acc: Optional[List[np.ndarray]], data, shard: int, shards: int) -> List[np.ndarray]:
+        """``acc + n · decode(delta)`` for a worker's shard value ``data``, in place (``None``: zeros first)."""
+        acc = self.empty(shard, shards) if acc is None else acc
+        packed = self.parse(data, shard, shards)
+        weight = np.float32(packed.examples)
+        for sums, e in zip(acc[:-1], packed.encoded):
+            values = decode(e)
+            values *= weight
+            np.add(sums, values, out=sums)
+        np.add(acc[-1], packed.x, out=acc[-1])
+        return acc
+
+    @staticmethod
+    def summed_bytes(acc: List[np.ndarray]) -> bytes:
+        """A summed shard as one value: ``x`` (float64), then each compressed segment's (float32)."""
+        return b"".join([acc[-1].tobytes()] + [a.tobytes() for a in acc[:-1]])
+
+    def parse_summed(self, data, shard: int, shards: int) -> List[np.ndarray]:
+        """The sums a :meth:`summed_bytes` value holds (views), as :meth:`empty` orders them."""
+        zero = self.empty(shard, shards)
+        buf = memoryview(data)
+        x = np.frombuffer(buf, np.float64, count=zero[-1].size)
+        out, offset = [], x.nbytes
+        for z in zero[:-1]:
+            out.append(np.frombuffer(buf, np.float32, count=z.size, offset=offset))
+            offset += 4 * z.size
+        return out + [x]
+
+    def delta_sums(self, shard_sums: Sequence[List[np.ndarray]]) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """``(Σ n·Δweights, Σ n·Δoptimizer or None)`` from every shard's sums, in shard order."""
+        segments = [np.concatenate([s[i] for s in shard_sums]) for i in range(len(self.codecs) + 1)]
+        f32, at = np.empty(self.flat.sizes[0], np.float32), [0] * len(self.codecs)
+        i32 = 0
+        for i, (is32, shape) in enumerate(self.flat.entries):  # the segments' values back in entry order
+            if is32:
+                n, seg = int(np.prod(shape)), self._segment_of(i)
+                f32[i32:i32 + n] = segments[seg][at[seg]:at[seg] + n]
+                at[seg] += n
+                i32 += n
+        return self.flat.unflatten(f32, segments[-1])
+
+    # ---------------------------------------------------------- the residuals
+
+    def residual_bytes(self, residual: Sequence[Optional[np.ndarray]]) -> bytes:
+        """A residual (per compressed segment; ``None`` where it keeps none) as one value: int8 scales and values."""
+        pieces = []
+        for r, feedback in zip(residual, self.feedback):
+            if feedback:
+                e = encode(r, "int8")
+                pieces += [e.scales.tobytes(), e.payload.tobytes()]
+        return b"".join(pieces)
+
+    def read_residual(self, data) -> List[Optional[np.ndarray]]:
+        """The residual per compressed segment of a :meth:`residual_bytes` value (``None`` where it keeps none)."""
+        buf, offset, out = memoryview(data), 0, []
+        for size, feedback in zip(self.sizes, self.feedback):
+            if not feedback:
+                out.append(None)
+                continue
+            blocks = -(-size // BLOCK)
+            scales = np.frombuffer(buf, np.float32, count=blocks, offset=offset)
+            payload = np.frombuffer(buf, np.int8, count=size, offset=offset + 4 * blocks)
+            offset += 4 * blocks + size
+            out.append(decode(Encoded("int8", size, payload, scales)))
+        if offset != len(buf):
+            raise ValueError(f"a residual of {len(buf)} bytes does not match its layout ({offset} bytes)")
+        return out
+
+
+@dataclass(frozen=True)
+class WorkerRoundFiles:
+    """Files that chain each worker from one round to its next, under the fit's staging directory.
+
+    Worker ``i`` of a round reads ``<directory>/<read>-w<i>.bin`` (what it
+    wrote in the round ``read`` names) and writes ``<directory>/<write>-w<i>.bin``,
+    atomically, so a retried task reads and writes the same bytes. Error
+    feedback's residuals (:class:`FeedbackFiles`) and ``optimizer_state="local"``'s
+    optimizer states (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`)
+    are such files; the driver's side is :class:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger`.
+
+    Attributes:
+        directory: The fit's directory of such files.
+        read: The name of the round whose files this round's workers read (``None``: none yet).
+        write: This round's name.
+        fresh: Workers that have no file in ``read`` (none had one yet: they start from zero or the sent state).
+    """
+
+    directory: str
+    read: Optional[str]
+    write: str
+    fresh: frozenset = frozenset()
+
+    #: What the files hold, for the error a missing one raises.
+    what = "file"
+
+    def path(self, name: str, worker: int) -> str:
+        from ..files.fs import join
+
+        return join(self.directory, f"{name}-w{worker}.bin")
+
+    def read_bytes(self, worker: int) -> Optional[bytes]:
+        """Worker ``worker``'s file from the round ``read`` names (``None``: it has none)."""
+        from ..files.fs import read_bytes
+
+        if self.read is None or worker in self.fresh:
+            return None
+        uri = self.path(self.read, worker)
+        try:
+            return read_bytes(uri)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"worker {worker}'s {self.what} {uri!r} is missing: every executor must read and write the staging "
+                "directory (staging_dir), which holds it between rounds"
+            ) from None
+
+    def write_bytes(self, worker: int, data: bytes) -> None:
+        """Writes worker ``worker``'s file of this round (atomically: a retry rewrites the same bytes)."""
+        from ..files.fs import write_atomically
+
+        write_atomically(self.path(self.write, worker), data)
+
+
+@dataclass(frozen=True)
+class FeedbackFiles(WorkerRoundFiles):
+    """Where a round's workers read and write their residuals (error feedback); ``fresh`` ones start from zero."""
+
+    what = "error-feedback residual"
+
+    def load(self, layout: DeltaLayout, worker: int) -> Optional[List[np.ndarray]]:
+        """Worker ``worker``'s residual to add this round (``None``: zero)."""
+        data = self.read_bytes(worker)
+        return None if data is None else layout.read_residual(data)
+
+    def save(self, layout: DeltaLayout, worker: int, residual: Sequence[np.ndarray]) -> None:
+        """Writes worker ``worker``'s residual of this round."""
+        self.write_bytes(worker, layout.residual_bytes(residual))
+
+
+def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: int, examples: int, weights,
+                optimizer, sent_weights, sent_optimizer, finite: bool) -> Tuple[Optional[Packed], Dict[str, float]]:
+    """What a worker of a compressed round sends, its residual written; and its ``{"encode_s", "feedback_s"}``.
+
+    ``encode_s``: seconds computing and encoding the delta; ``feedback_s``:
+    seconds reading and writing the residual file. A non-finite worker sends
+    nothing (``None``) and keeps the residual it had.
+    """
+    t0 = time.perf_counter()
+    residual = feedback.load(layout, worker) if feedback is not None else None
+    t1 = time.perf_counter()
+    if not finite:
+        packed, kept = None, residual
+    else:
+        packed, kept = layout.pack(weights, optimizer, sent_weights, sent_optimizer, examples, residual)
+    t2 = time.perf_counter()
+    if feedback is not None:
+        if kept is None:
+            kept = [np.zeros(size, np.float32) if fb else None for size, fb in zip(layout.sizes, layout.feedback)]
+        feedback.save(layout, worker, kept)
+    feedback_s = (t1 - t0) + (time.perf_counter() - t2) if feedback is not None else 0.0
+    return packed, {"encode_s": t2 - t1, "feedback_s": feedback_s}
+
+
+def sum_deltas(layout: DeltaLayout, total):
+    """Sums the compressed deltas a :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` carries, in worker order.
+
+    ``total.deltas`` (``(worker, bytes)`` of whole deltas) become its
+    ``weight_sums``/``optimizer_sums`` of deltas (``delta_sums``); returns ``total``.
+    """
+    acc = None
+    for _, data in sorted(total.deltas or [], key=lambda item: item[0]):
+        acc = layout.add(acc, data, 0, 1)
+    total.deltas = None
+    total.delta_sums = True
+    if acc is not None:
+        total.weight_sums, total.optimizer_sums = layout.delta_sums([acc])
+    return total

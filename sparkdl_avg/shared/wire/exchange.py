@@ -1,0 +1,570 @@
+"""What a round's tasks carry to read its state and hand back their sums, and the raw file format.
+
+This module is the executor-visible half of the state transport
+(:mod:`sparkdl_avg.driver.transport.paths` is the driver's half, which picks one):
+
+* a *state source* — :class:`InlineState` (in the task itself: in-process
+  tests), :class:`BroadcastState` (a Spark broadcast) or
+  :class:`StoredState` (a file under the staging directory) — whose
+  ``load()`` gives the round's ``(weights, optimizer variables)``;
+* a *result sink* — :class:`ReturnSums` (the sums travel as Spark task
+  results), :class:`StoreSums` (the worker writes them to a file of its own
+  and returns only its description), or for the Spark SQL round
+  :class:`ArrowSums` (raw bytes in Arrow rows, cut into shards) and
+  :class:`StoreFlat` (a file, and one row per shard naming it) — whose
+  ``deliver()`` turns a worker's
+  :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` into what its task yields;
+* the Spark SQL round's model file (:class:`StoredSpec`), its sums' flat
+  layout and shards (:class:`FlatLayout`), row format
+  (:data:`ROUND_SCHEMA`) and reducer (:func:`reduce_shuffled`).
+
+Why files: a round's partial sums (the model's weights and optimizer
+variables, n× each) reach the driver through Spark's result path — pickled
+in the Python worker, copied into the executor JVM, stored in the block
+manager when over ``spark.task.maxDirectResultSize``, fetched by the driver
+JVM, copied over a socket into Python and unpickled — the largest per-round
+cost at 1e6 parameters on one host (docs/benchmarks.md, "Where the time goes
+as work grows"). When the driver and the executors share a filesystem
+(always on one host: ``local[N]``, ``local-cluster``), a worker writing its
+arrays to a file and returning only the file's name costs a page-cache copy
+on each side.
+
+The format is deliberately raw: the arrays' bytes back to back, each at an
+offset aligned to 64 bytes, described by a :class:`StoredArrays` that
+travels through Spark (it is small). Local files are read through a memory
+map, so the driver sums straight out of the page cache. A file is written
+once by one task attempt under a unique name and read only if that attempt
+succeeded, so retries and speculative attempts never mix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from ...errors import WorkerError
+from ..errors import remote_errors
+from ..files.fs import join, resolve
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class StoredArrays:
+    """Where and how a list of arrays was written by :func:`store`.
+
+    Attributes:
+        uri: The file (local path or ``pyarrow.fs`` URI).
+        layout: ``(dtype, shape, byte offset)`` per array, in order. The
+            dtype objects themselves, not their ``.str``: extension dtypes
+            such as ``ml_dtypes.bfloat16`` (Keras bfloat16 weights) have no
+            string that reads back as themselves.
+    """
+
+    uri: str
+    layout: Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]
+
+
+def _layout(arrays: Sequence[np.ndarray]) -> Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]:
+    out, offset = [], 0
+    for a in arrays:
+        out.append((a.dtype, tuple(a.shape), offset))
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    return tuple(out)
+
+
+def store(directory: str, name: str, arrays: Sequence[np.ndarray]) -> StoredArrays:
+    """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description."""
+    # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
+    arrays = [np.asarray(a) if np.asarray(a).flags.c_contiguous else np.array(a, order="C") for a in arrays]
+    layout = _layout(arrays)
+    uri = join(directory, f"{name}-{uuid.uuid4().hex}.bin")
+    fs, path = resolve(uri)
+    local = isinstance(fs, pafs.LocalFileSystem)
+    if local:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        sink = open(path, "wb")
+    else:
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        sink = fs.open_output_stream(path)
+    with sink:
+        written = 0
+        for a, (_, _, offset) in zip(arrays, layout):
+            if offset > written:
+                sink.write(b"\0" * (offset - written))
+            # reshape(-1) gives 0-d arrays (counters) a 1-d buffer; bytes because the
+            # buffer protocol refuses extension dtypes (bfloat16).
+            sink.write(a.reshape(-1).view(np.uint8).data)
+            written = offset + a.nbytes
+    return StoredArrays(uri, layout)
+
+
+def load(stored: StoredArrays) -> List[np.ndarray]:
+    """The arrays of ``stored``: read-only views of a memory map (local) or of the file's bytes."""
+    fs, path = resolve(stored.uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        if not any(int(np.prod(shape)) for _, shape, _ in stored.layout):
+            return [np.zeros(shape, dtype) for dtype, shape, _ in stored.layout]
+        buffer = np.memmap(path, dtype=np.uint8, mode="r")
+    else:
+        with fs.open_input_stream(path) as src:
+            buffer = np.frombuffer(src.read(), dtype=np.uint8)
+    out = []
+    for dtype, shape, offset in stored.layout:
+        count = int(np.prod(shape))
+        out.append(buffer[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape))
+    return out
+
+
+def remove(stored: StoredArrays) -> None:
+    """Deletes the file of ``stored``; a missing file is fine."""
+    fs, path = resolve(stored.uri)
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """A model state in one file: ``num_weights`` weight arrays, then the optimizer variables if ``optimizer``."""
+
+    arrays: StoredArrays
+    num_weights: int
+    optimizer: bool
+
+    def load(self) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """The round's state, as read-only views (a state source, like :class:`BroadcastState`)."""
+        return load_state(self)
+
+
+def store_state(
+    directory: str, name: str, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]
+) -> StoredState:
+    """Writes weights and optimizer variables (or ``None``) to one new file under ``directory``."""
+    arrays = list(weights) + (list(optimizer) if optimizer is not None else [])
+    return StoredState(store(directory, name, arrays), len(weights), optimizer is not None)
+
+
+def load_state(stored: StoredState) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+    """``(weights, optimizer variables or None)`` of ``stored``, as read-only views (see :func:`load`)."""
+    arrays = load(stored.arrays)
+    return arrays[: stored.num_weights], (arrays[stored.num_weights :] if stored.optimizer else None)
+
+
+# ------------------------------------------------------------ state sources
+
+
+@dataclass(frozen=True)
+class InlineState:
+    """The round's state carried in the task itself (in-process runs and tests)."""
+
+    weights: Sequence[np.ndarray]
+    optimizer: Optional[Sequence[np.ndarray]]
+
+    def load(self) -> Tuple[Sequence[np.ndarray], Optional[Sequence[np.ndarray]]]:
+        return self.weights, self.optimizer
+
+
+@dataclass(frozen=True)
+class BroadcastState:
+    """The round's state in a Spark broadcast of ``(weights, optimizer variables)``."""
+
+    broadcast: Any
+
+    def load(self) -> Tuple[Sequence[np.ndarray], Optional[Sequence[np.ndarray]]]:
+        return self.broadcast.value
+
+
+# ------------------------------------------------------------- result sinks
+
+
+def _delta_of(result):
+    """The one worker's compressed delta a result carries (``None``: it sends none)."""
+    return result.deltas[0][1] if result.deltas else None
+
+
+@dataclass(frozen=True)
+class ReturnSums:
+    """Workers return their sums as Spark task results.
+
+    Attributes:
+        deltas: Under ``update_compression`` the round's
+            :class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`: workers send
+            compressed deltas in its format (``None``: float32 sums).
+    """
+
+    deltas: Any = None
+
+    def deliver(self, result, name: str):
+        packed = _delta_of(result)
+        if packed is not None:
+            worker = result.workers[0].worker
+            return dataclasses.replace(result, deltas=[(worker, self.deltas.shard_bytes(packed, 0, 1))])
+        return result
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A worker's result without its array sums, and the file holding them (``None``: it had no examples)."""
+
+    result: Any
+    sums: Any  # a StoredState; a StoredArrays of one byte array (a compressed delta); None
+
+
+@dataclass(frozen=True)
+class StoreSums:
+    """Workers write their weight and optimizer sums to a file of their own under ``directory``.
+
+    ``deltas``: as :class:`ReturnSums`'; the file then holds the worker's
+    compressed delta as one byte array.
+    """
+
+    directory: str
+    deltas: Any = None
+
+    def deliver(self, result, name: str) -> StoredResult:
+        packed = _delta_of(result)
+        if packed is not None:
+            data = np.frombuffer(self.deltas.shard_bytes(packed, 0, 1), np.uint8)
+            return StoredResult(dataclasses.replace(result, deltas=None), store(self.directory, name, [data]))
+        if result.weight_sums is None:
+            return StoredResult(result, None)
+        stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums)
+        return StoredResult(dataclasses.replace(result, weight_sums=None, optimizer_sums=None), stored)
+
+
+# ---------------------------------------------- the Spark SQL round's formats
+
+
+@dataclass(frozen=True)
+class StoredSpec:
+    """A :class:`~sparkdl_avg.shared.model.modelspec.ModelSpec` in a file: how the Spark SQL round ships the model.
+
+    Read only when an executor builds a replica (replicas are cached by
+    ``fingerprint``), so a fit writes it once and rounds carry 100 bytes.
+    """
+
+    uri: str
+    fingerprint: str
+
+    @property
+    def value(self):
+        import pickle
+
+        from ..files.fs import read_bytes
+
+        # Our own file under the fit's staging directory, as trusted as a broadcast.
+        return pickle.loads(read_bytes(self.uri))
+
+
+def store_spec(directory: str, spec) -> StoredSpec:
+    """Writes ``spec`` to a new file under ``directory``."""
+    import pickle
+
+    from ..files.fs import write_atomically
+
+    uri = join(directory, f"spec-{spec.fingerprint[:16]}-{uuid.uuid4().hex[:8]}.pkl")
+    write_atomically(uri, pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
+    return StoredSpec(uri, spec.fingerprint)
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """How a worker's sums lie in two flat vectors, one float32 and one float64, and how those split into shards.
+
+    The Spark SQL round moves sums as raw bytes: the weight sums then the
+    optimizer sums, float32 arrays back to back in one vector and the rest
+    (float64, counters) in another (:func:`~sparkdl_avg.shared.wire.aggregation.weighted`
+    makes every sum one of the two). Shard ``j`` of ``S`` is the ``j``-th of
+    ``S`` near-equal slices of each vector, so summing shard ``j`` of every
+    worker in worker order gives exactly the elements a whole-vector sum in
+    that order would.
+
+    Attributes:
+        entries: ``(is_float32, shape)`` per array, weights first.
+        num_weights: How many of the entries are weights.
+        optimizer: Whether the optimizer variables follow.
+    """
+
+    entries: Tuple[Tuple[bool, Tuple[int, ...]], ...]
+    num_weights: int
+    optimizer: bool
+
+    compressed = False  # a DeltaLayout (update_compression) says True
+
+    @classmethod
+    def of(cls, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> "FlatLayout":
+        """The layout of the sums of a state ``(weights, optimizer variables or None)``."""
+        arrays = list(weights) + list(optimizer or [])
+        entries = tuple((np.asarray(a).dtype == np.float32, tuple(np.shape(a))) for a in arrays)
+        return cls(entries, len(weights), optimizer is not None)
+
+    @property
+    def sizes(self) -> Tuple[int, int]:
+        """Elements of the float32 and of the float64 vector."""
+        n32 = sum(int(np.prod(s)) for f32, s in self.entries if f32)
+        n64 = sum(int(np.prod(s)) for f32, s in self.entries if not f32)
+        return n32, n64
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one worker's sums (one model's state in sum dtypes)."""
+        n32, n64 = self.sizes
+        return 4 * n32 + 8 * n64
+
+    def flatten(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+        """The two vectors of a worker's sums."""
+        arrays = list(weights) + list(optimizer or [])
+        if len(arrays) != len(self.entries):
+            raise ValueError(f"The sums hold {len(arrays)} arrays; their layout has {len(self.entries)}.")
+        f32 = [np.ravel(a) for a, (is32, _) in zip(arrays, self.entries) if is32]
+        f64 = [np.ravel(a) for a, (is32, _) in zip(arrays, self.entries) if not is32]
+        return (
+            np.concatenate(f32).astype(np.float32, copy=False) if f32 else np.zeros(0, np.float32),
+            np.concatenate(f64).astype(np.float64, copy=False) if f64 else np.zeros(0, np.float64),
+        )
+
+    def unflatten(self, f32: np.ndarray, f64: np.ndarray) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """``(weight sums, optimizer sums or None)`` from the two vectors (views into them)."""
+        out, i32, i64 = [], 0, 0
+        for is32, shape in self.entries:
+            n = int(np.prod(shape))
+            if is32:
+                out.append(f32[i32 : i32 + n].reshape(shape))
+                i32 += n
+            else:
+                out.append(f64[i64 : i64 + n].reshape(shape))
+                i64 += n
+        return out[: self.num_weights], (out[self.num_weights :] if self.optimizer else None)
+
+    def bounds(self, shard: int, shards: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        """``((lo, hi) of the float32 vector, (lo, hi) of the float64 vector)`` of shard ``shard``."""
+        n32, n64 = self.sizes
+        return (n32 * shard // shards, n32 * (shard + 1) // shards), (n64 * shard // shards, n64 * (shard + 1) // shards)
+
+    def shard_bytes(self, f32: np.ndarray, f64: np.ndarray, shard: int, shards: int) -> bytes:
+        """Shard ``shard`` of the two vectors as one value: its float32 slice, then its float64 slice."""
+        (a, b), (c, d) = self.bounds(shard, shards)
+        if shards == 1:
+            return f32.tobytes() + f64.tobytes()
+        return f32[a:b].tobytes() + f64[c:d].tobytes()
+
+    def parse_shard(self, data, shard: int, shards: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The two slices of a :meth:`shard_bytes` value (read-only views)."""
+        (a, b), (c, d) = self.bounds(shard, shards)
+        buf = memoryview(data)
+        return (
+            np.frombuffer(buf, np.float32, count=b - a),
+            np.frombuffer(buf, np.float64, count=d - c, offset=4 * (b - a)),
+        )
+
+    def join(self, pieces: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """The sums from every shard's two slices, in shard order."""
+        f32 = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else np.array(pieces[0][0])
+        f64 = np.concatenate([p[1] for p in pieces]) if len(pieces) > 1 else np.array(pieces[0][1])
+        return self.unflatten(f32, f64)
+
+
+def add_slices(acc: Optional[Tuple[np.ndarray, np.ndarray]], part: Tuple[np.ndarray, np.ndarray]):
+    """``acc + part`` element-wise, in place in ``acc`` (a copy of ``part`` when ``acc`` is ``None``)."""
+    if acc is None:
+        return np.array(part[0]), np.array(part[1])
+    np.add(acc[0], part[0], out=acc[0])
+    np.add(acc[1], part[1], out=acc[1])
+    return acc
+
+
+#: The rows of a Spark SQL round: what workers yield and reducers pass on. ``shard`` -1 with a ``meta``
+#: (a worker's result without its sums, as JSON) or ``shard`` j >= 0 with ``data`` (raw sums of that
+#: shard, :meth:`FlatLayout.shard_bytes`; ``worker`` -1 once summed, its ``meta`` the reducer's
+#: ``{"sum_s": seconds}``) or ``uri`` (a file of
+#: :func:`store` holding the worker's two vectors, for reducers to read shard by shard).
+ROUND_SCHEMA = "shard int, worker int, meta string, data binary, uri string, offsets array<bigint>"
+
+
+def encode_meta(result) -> str:
+    """A :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` without its arrays, as JSON."""
+    import json
+
+    return json.dumps({
+        "examples": result.examples,
+        "metric_sums": result.metric_sums,
+        "workers": [dataclasses.asdict(w) for w in result.workers],
+    })
+
+
+def decode_meta(text: str):
+    """The :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` (without arrays) of :func:`encode_meta`."""
+    import json
+
+    from .aggregation import PartialResult
+    from .stats import WorkerRecord
+
+    d = json.loads(text)
+    return PartialResult(d["examples"], metric_sums=d["metric_sums"], workers=[WorkerRecord(**w) for w in d["workers"]])
+
+
+def read_range(uri: str, offset: int, nbytes: int) -> bytes:
+    """``nbytes`` bytes of the file at ``uri`` from ``offset`` (a ranged read on object stores)."""
+    fs, path = resolve(uri)
+    if nbytes == 0:
+        return b""
+    with fs.open_input_file(path) as f:
+        return f.read_at(nbytes, offset)
+
+
+@dataclass(frozen=True)
+class ArrowSums:
+    """Workers yield their sums as Arrow rows, cut into ``shards`` shards (:data:`ROUND_SCHEMA`)."""
+
+    layout: Any  # a FlatLayout, or a DeltaLayout under update_compression
+    shards: int = 1
+
+    @property
+    def deltas(self):
+        """The round's ``DeltaLayout`` when workers send compressed deltas (``None``: float32 sums)."""
+        return self.layout if self.layout.compressed else None
+
+    def deliver(self, result, name: str):
+        import pyarrow as pa
+
+        rows = {"shard": [-1], "worker": [result.workers[0].worker], "meta": [encode_meta(result)],
+                "data": [None], "uri": [None], "offsets": [None]}
+        packed = _delta_of(result)
+        if packed is not None or result.weight_sums is not None:
+            if packed is None:
+                f32, f64 = self.layout.flatten(result.weight_sums, result.optimizer_sums)
+            for j in range(self.shards):
+                data = (self.layout.shard_bytes(packed, j, self.shards) if packed is not None
+                        else self.layout.shard_bytes(f32, f64, j, self.shards))
+                for key, value in (("shard", j), ("worker", result.workers[0].worker), ("meta", None),
+                                   ("data", data), ("uri", None), ("offsets", None)):
+                    rows[key].append(value)
+        return pa.RecordBatch.from_pydict(rows, schema=round_arrow_schema())
+
+
+@dataclass(frozen=True)
+class StoreFlat:
+    """Workers write their sums' two vectors to a file under ``directory`` and yield one row per shard naming it.
+
+    The rows (:data:`ROUND_SCHEMA`: ``uri`` and the vectors' ``offsets``) are
+    all that crosses the round's shuffle; reducer ``j`` reads its slice of
+    every worker's file by range (:func:`reduce_shuffled`).
+    """
+
+    directory: str
+    layout: Any  # a FlatLayout, or a DeltaLayout under update_compression
+    shards: int = 1
+
+    deltas = ArrowSums.deltas
+
+    def deliver(self, result, name: str):
+        import pyarrow as pa
+
+        worker = result.workers[0].worker
+        rows = {"shard": [-1], "worker": [worker], "meta": [encode_meta(result)], "data": [None], "uri": [None],
+                "offsets": [None]}
+        packed = _delta_of(result)
+        if packed is not None:  # one byte array of the shards back to back; offsets: where each starts, and the end
+            data, starts = self.layout.file_bytes(packed, self.shards)
+            stored = store(self.directory, name, [np.frombuffer(data, np.uint8)])
+            offsets = [stored.layout[0][2] + start for start in starts]
+        elif result.weight_sums is not None:
+            stored = store(self.directory, name, list(self.layout.flatten(result.weight_sums, result.optimizer_sums)))
+            offsets = [offset for _, _, offset in stored.layout]
+        if packed is not None or result.weight_sums is not None:
+            for j in range(self.shards):
+                for key, value in (("shard", j), ("worker", worker), ("meta", None), ("data", None),
+                                   ("uri", stored.uri), ("offsets", offsets)):
+                    rows[key].append(value)
+        return pa.RecordBatch.from_pydict(rows, schema=round_arrow_schema())
+
+
+def round_arrow_schema():
+    """:data:`ROUND_SCHEMA` as a ``pyarrow`` schema."""
+    import pyarrow as pa
+
+    return pa.schema([("shard", pa.int32()), ("worker", pa.int32()), ("meta", pa.string()), ("data", pa.binary()),
+                      ("uri", pa.string()), ("offsets", pa.list_(pa.int64()))])
+
+
+def _summed_row(shard: int, acc, layout, shards: int, seconds: float) -> dict:
+    """Shard ``shard``'s summed row; its ``meta`` says the reducer's seconds reading and summing it (``sum_s``)."""
+    import json
+
+    if layout.compressed:
+        data = layout.summed_bytes(acc if acc is not None else layout.empty(shard, shards))
+    else:
+        (a, b), (c, d) = layout.bounds(shard, shards)
+        f32, f64 = acc if acc is not None else (np.zeros(b - a, np.float32), np.zeros(d - c, np.float64))
+        data = f32.tobytes() + f64.tobytes()
+    return {"shard": shard, "worker": -1, "meta": json.dumps({"sum_s": seconds}), "data": data, "uri": None,
+            "offsets": None}
+
+
+def _batch(rows: List[dict]):
+    import pyarrow as pa
+
+    schema = round_arrow_schema()
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def reduce_shuffled(layout: FlatLayout, shards: int, batches):
+    """``mapInArrow`` body of a round's reducer: sums each shard it received over the workers, in worker order.
+
+    A shard's rows carry its slice of a worker's sums (``data``, from
+    :class:`ArrowSums`) or name the worker's file (``uri``, from
+    :class:`StoreFlat`), whose slice is then read by range. Rows without
+    either (the workers' results) pass through; each shard ``j`` present
+    becomes one row of its sum (two shards share a reducer only if their
+    keys' hash partitions collide, which :func:`~sparkdl_avg.driver.transport.paths.shard_keys` avoids).
+    """
+    passed, pieces = [], {}
+    try:
+        for batch in batches:
+            for row in batch.to_pylist():
+                if row["data"] is None and row["uri"] is None:
+                    passed.append({k: row[k] for k in ("shard", "worker", "meta", "data", "uri", "offsets")})
+                else:
+                    pieces.setdefault(row["shard"], []).append(row)
+        out = []
+        for shard, rows in sorted(pieces.items()):
+            acc, start = None, time.perf_counter()
+            for row in sorted(rows, key=lambda r: r["worker"]):
+                if layout.compressed:
+                    acc = layout.add(acc, _delta_shard(row, shard), shard, shards)
+                else:
+                    acc = add_slices(acc, _slice_of(row, layout, shard, shards))
+            out.append(_summed_row(shard, acc, layout, shards, time.perf_counter() - start))
+    except Exception as exc:
+        raise remote_errors.failure(WorkerError, f"Summing the round's shard(s) {sorted(pieces)} failed: "
+                             f"{type(exc).__name__}: {remote_errors.one_line(str(exc))}") from exc
+    yield _batch(passed + out)
+
+
+def _delta_shard(row: dict, shard: int):
+    """A worker's compressed shard ``shard`` that a reducer's row holds or names (:class:`StoreFlat`'s offsets)."""
+    if row["data"] is not None:
+        return row["data"]
+    start, stop = row["offsets"][shard], row["offsets"][shard + 1]
+    return read_range(row["uri"], start, stop - start)
+
+
+def _slice_of(row: dict, layout: FlatLayout, shard: int, shards: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The two slices of shard ``shard`` a reducer's row holds or names."""
+    if row["data"] is not None:
+        return layout.parse_shard(row["data"], shard, shards)
+    (a, b), (c, d) = layout.bounds(shard, shards)
+    off32, off64 = row["offsets"]
+    return (
+        np.frombuffer(read_range(row["uri"], off32 + 4 * a, 4 * (b - a)), np.float32),
+        np.frombuffer(read_range(row["uri"], off64 + 8 * c, 8 * (d - c)), np.float64),
+    )

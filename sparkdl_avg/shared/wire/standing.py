@@ -1,0 +1,152 @@
+"""The files through which one long Spark job runs round after round: the driver's word and the workers' answers.
+
+Under Spark Connect every Spark job is analysed, optimised and planned by the
+server, and its Python tasks start and end through Spark SQL's Python
+runner: tens of milliseconds a round that a classic session's RDD round does
+not pay (docs/benchmarks.md, "Spark Connect round overhead, one job for the
+rounds"). Where the client and the executors share a host and a local
+staging directory (a local Connect server), the Spark SQL round
+(:class:`~sparkdl_avg.driver.transport.paths.SqlTransport`) therefore runs its
+rounds in one *standing* job: ``N`` tasks, one per worker, that train each
+round the driver announces here and answer here, until told to stop
+(:func:`sparkdl_avg.executor.worker.run_standing_rounds`).
+
+In the job's directory (a local path):
+
+* ``round-<seq>``: the driver's word for the job's round ``seq`` (0, 1, ...),
+  written atomically (:func:`announce`): a pickled ``(entry, task)`` (the
+  partition body and the round's
+  :class:`~sparkdl_avg.executor.worker.RoundTask`, as a per-round job's
+  closure would carry them). The driver removes a round's file once it has
+  written the next one, so the lowest one present is where a task that
+  starts late (a retried attempt) joins (:func:`first_round`).
+* ``stop``: the tasks end (:func:`stop`), whichever round they wait for.
+* ``done-<seq>-<worker>``: what that worker's task yields for round ``seq``
+  (Arrow IPC, :data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows),
+  written atomically once the round is trained (:func:`answer`); the driver
+  reads them (:func:`collect`) and deletes them with the round's word when it
+  announces the next round.
+
+A task waits for the next word by polling its file; a task whose word does
+not come within its deadline ends (the driver has gone). These files come
+from the driver, as the round's state and the model's spec do.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import uuid
+from typing import Any, List, Optional, Sequence
+
+_STOP = "stop"
+_POLL_FIRST_S = 0.0002
+_POLL_MAX_S = 0.002  # a stat costs microseconds; the wait is the round's latency once the file appears
+
+
+def _round_file(directory: str, seq: int) -> str:
+    return os.path.join(directory, f"round-{seq}")
+
+
+def _done_file(directory: str, seq: int, worker: int) -> str:
+    return os.path.join(directory, f"done-{seq}-{worker}")
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}-{uuid.uuid4().hex}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def announce(directory: str, seq: int, word: bytes) -> None:
+    """Driver: writes the word (:func:`go`) for round ``seq``; removes round ``seq - 1``'s files."""
+    _write_atomically(_round_file(directory, seq), word)
+    if seq > 0:
+        previous = (f"round-{seq - 1}", f"done-{seq - 1}-")
+        for name in os.listdir(directory):
+            if name == previous[0] or name.startswith(previous[1]):
+                try:
+                    os.remove(os.path.join(directory, name))
+                except FileNotFoundError:
+                    pass
+
+
+def go(entry, task) -> bytes:
+    """The word that has the tasks train ``task`` with ``entry`` (what a per-round job's tasks would run)."""
+    from pyspark import cloudpickle  # PySpark's: what a test registers its modules with (pickled by value)
+
+    return cloudpickle.dumps((entry, task))
+
+
+def stop(directory: str) -> None:
+    """Driver: tells the tasks to end, whichever round they wait for."""
+    _write_atomically(os.path.join(directory, _STOP), b"")
+
+
+def first_round(directory: str, deadline_s: float) -> Optional[int]:
+    """Task: the lowest round announced (where a task joins); ``None``: told to stop, or none within ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        names = os.listdir(directory)
+        if _STOP in names:
+            return None
+        seqs = [int(name[6:]) for name in names if name.startswith("round-")]
+        if seqs:
+            return min(seqs)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(_POLL_MAX_S)
+
+
+def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
+    """Task: the driver's word for round ``seq``, unpickled; ``None``: told to stop, or none within ``deadline_s``."""
+    path = _round_file(directory, seq)
+    stopped = os.path.join(directory, _STOP)
+    deadline = time.monotonic() + deadline_s
+    delay = _POLL_FIRST_S
+    while True:
+        try:
+            with open(path, "rb") as f:
+                return pickle.loads(f.read())
+        except FileNotFoundError:
+            pass
+        if os.path.exists(stopped) or time.monotonic() > deadline:
+            return None
+        time.sleep(delay)
+        delay = min(2 * delay, _POLL_MAX_S)
+
+
+def answered(directory: str, seq: int, workers: Sequence[int]) -> bool:
+    """Whether ``workers`` have answered round ``seq`` (an earlier attempt of a retried task did)."""
+    return all(os.path.exists(_done_file(directory, seq, w)) for w in workers)
+
+
+def answer(directory: str, seq: int, batches: Sequence[Any]) -> None:
+    """Task: writes each worker's rows of round ``seq`` (one Arrow batch per worker, its ``worker`` column)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        _write_atomically(_done_file(directory, seq, batch.column("worker")[0].as_py()), sink.getvalue().to_pybytes())
+
+
+def collect(directory: str, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
+    """Driver: the rows of round ``seq`` once all ``workers`` have answered, else ``None``.
+
+    The files stay until the next round is announced: a retried task that
+    joins meanwhile finds the round answered.
+    """
+    import pyarrow as pa
+
+    paths = [_done_file(directory, seq, w) for w in workers]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    batches = []
+    for path in paths:
+        with open(path, "rb") as f:
+            batches.extend(pa.ipc.open_stream(f.read()))
+    return batches
