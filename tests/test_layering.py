@@ -115,7 +115,8 @@ def test_the_import_graph_is_read_from_the_source(graph):
     assert {"shared.wire.aggregation", "shared.model.modelspec", "shared.data.example_order",
             "shared.wire.stats"} <= graph["executor.worker"]
     assert "executor.worker" in graph["driver.runtime.session"]  # session imports worker inside Engine._warm_up only
-    assert "errors" in graph["driver.api.trainer"] and "driver.fit.rounds" in graph["driver.api.trainer"]
+    assert "errors" in graph["driver.api.trainer"] and "driver.fit.loop" in graph["driver.api.trainer"]
+    assert "driver.fit.rounds" in graph["driver.fit.loop"]
     assert graph["errors"] == set()
     assert graph["ml"] == {"driver.api.ml"}
     assert graph["driver.ml"] == {"driver.api.ml"}

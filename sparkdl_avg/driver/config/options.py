@@ -19,7 +19,7 @@ From the rows derive:
   flags and the estimator's ``mlflow*`` Params, made into one logger by
   :func:`sparkdl_avg.driver.observe.tracking.from_options`;
 - the checks of README.md's configuration reference (tests/test_readme.py)
-  and tests/test_options.py (every row reaches all three entry points with
+  and tests/config/test_options.py (every row reaches all three entry points with
   the same default and the same error).
 
 Where an entry point gives an option another default or form, the row says

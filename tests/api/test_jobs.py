@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 JOBS_AT_ONCE = 3
 

@@ -24,7 +24,7 @@ from sparkdl_avg.driver.config import options
 from sparkdl_avg.ml import _SNAKE_TO_PARAM, KerasAveragingEstimator, _camel_case_message
 from sparkdl_avg.driver.algorithms.rules import as_update_rule
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRED = ["--data", "d.parquet", "--model", "m.keras", "--output-dir", "out"]
 
 

@@ -28,7 +28,7 @@ from sparkdl_avg.shared.files import fs
 from sparkdl_avg.driver.data import staging_roots
 from sparkdl_avg.errors import ConfigurationError, PathError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A driver that makes its staging root, stages 256 examples into it and is killed before close() or exit.
 KILLED_DRIVER = """

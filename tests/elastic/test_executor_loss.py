@@ -34,7 +34,7 @@ from sparkdl_avg.executor import worker as worker_module
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "cluster.sh")
 N, B, K = 2, 8, 2
 DATA = regression_data(N * B * K * 4, seed=5)  # 4 rounds per epoch

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "hosts.py")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import hosts  # noqa: E402

@@ -516,7 +516,7 @@ def test_the_estimator_takes_the_synchronization_params(spark):
 def parse():
     import importlib.util
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     spec = importlib.util.spec_from_file_location("train_job_stale", os.path.join(root, "jobs", "train.py"))
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)

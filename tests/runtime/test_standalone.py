@@ -37,7 +37,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 SPARK_SUBMIT = os.path.join(BIN, "spark-submit")
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]

@@ -167,7 +167,7 @@ def test_not_a_model(spark, not_a_model):
 
 
 def test_model_with_two_inputs_is_accepted():
-    # Several inputs are supported (tests/test_multi_io.py); the check is per input.
+    # Several inputs are supported (tests/data/test_multi_io.py); the check is per input.
     a, b = keras.Input((2,), dtype="float64"), keras.Input((None, 3), dtype="float64")
     pooled = keras.layers.GlobalAveragePooling1D(dtype="float64")(b)
     out = keras.layers.Dense(1, dtype="float64")(keras.layers.Concatenate(dtype="float64")([a, pooled]))

@@ -15,7 +15,7 @@ from conftest import assert_weights_close, make_model, regression_data, run_job_
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer  # noqa: E402
 from sparkdl_avg.tracking import LOGGED_TAG, MlflowLogger, TrackingWarning, from_options  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_mlflow_is_installed():

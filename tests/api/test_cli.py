@@ -19,7 +19,7 @@ from sparkdl_avg import ConfigurationError, DataError, cli
 from sparkdl_avg.shared.files import fs
 from sparkdl_avg.errors import PathError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_columns_accept_repeated_flags_and_comma_lists():

@@ -3,7 +3,7 @@
 A task body (``worker.run_standing_rounds``) runs in a thread here, with a
 stand-in for the round's entry; the test plays the driver: it announces
 rounds, collects the answers and stops the task. Spark Connect runs the same
-body in a real job (tests/test_connect.py).
+body in a real job (tests/runtime/test_connect.py).
 """
 
 import threading
