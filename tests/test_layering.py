@@ -204,7 +204,7 @@ def test_the_shims_are_the_modules_they_name():
         assert importlib.import_module(f"sparkdl_avg.{shim}") is importlib.import_module(f"sparkdl_avg.{real}")
     from sparkdl_avg.ml import KerasAveragingModel
 
-    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.api.ml"
+    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.ml"  # the path saved pipelines have recorded
 
 
 def test_every_error_the_library_raises_is_one_hierarchy():

@@ -12,6 +12,7 @@ Data sets are scikit-learn's bundled ones (no downloads), kept small.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -212,6 +213,12 @@ def test_pipeline_fit_transform_accuracy_and_persistence(wine_pipeline, tmp_path
     path = str(tmp_path / "wine_pipeline")
     fitted.save(path)
     assert os.path.exists(os.path.join(path, "stages"))
+    # the stage's class by the path saved pipelines have always recorded (a shim since the driver's folders)
+    [keras_stage] = [d for d in os.listdir(os.path.join(path, "stages")) if "KerasAveragingModel" in d]
+    metadata = os.path.join(path, "stages", keras_stage, "metadata")
+    [part] = [f for f in os.listdir(metadata) if f.startswith("part-")]
+    with open(os.path.join(metadata, part)) as f:
+        assert json.loads(f.readline())["class"] == "sparkdl_avg.driver.ml.KerasAveragingModel"
     loaded = PipelineModel.load(path)
     assert [type(s).__name__ for s in loaded.stages] == [type(s).__name__ for s in fitted.stages]
     assert isinstance(loaded.stages[-1], KerasAveragingModel)

@@ -521,3 +521,9 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         if getattr(self, "_cache", None) is None:
             self._cache = PredictCache()
         return self._cache
+
+
+# Saved pipelines record each stage by its class's module path, and those written so far name
+# sparkdl_avg.driver.ml (a shim of this module now): new saves keep naming it, so files read the same.
+for _stage in (KerasAveragingEstimator, KerasAveragingModel):
+    _stage.__module__ = "sparkdl_avg.driver.ml"
