@@ -44,7 +44,8 @@ from ..transport import paths as transport_mod
 from ..config.trainer_config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from ..transport.feedback import FeedbackLedger, lag_of
 from ..elastic.membership import Change, Membership, probes, slot_source
-from ..config.options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
+from ..config.codegen import constructor, document, trainer_entries
+from ..config.options import TRAINER, Ints, Text, of, require
 from ..observe.progress import Progress
 from ..fit.rounds import RoundRunner, RoundSettings, RuleState
 from ..algorithms.schedules import AveragingSchedule, FixedPeriod, next_period
