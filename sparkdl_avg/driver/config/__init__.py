@@ -7,3 +7,4 @@ MLflow's rows from :mod:`.fit_options`. Its machinery is apart: :mod:`.rows` (wh
 :mod:`.trainer_config` validates one configuration.
 
 The bottom of the driver's layers: imports only :mod:`..algorithms`, the shared side and :mod:`sparkdl_avg.errors`.
+"""
