@@ -186,7 +186,7 @@ def test_documented_defaults_match(key, tables, api):
 
 def _expected_cell(default) -> str:
     """How the reference writes a default: `32`, `"average"`, `None`."""
-    from sparkdl_avg.driver.config.options import literal
+    from sparkdl_avg.driver.config.codegen import literal
 
     return f"`{literal(default)}`"
 

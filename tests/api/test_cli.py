@@ -288,7 +288,7 @@ def test_train_job_help_documents_every_trainer_option():
     # every constructor option and the fit options a job needs, derived from the code
     options = [n for n in inspect.signature(ParameterAveragingTrainer).parameters if n != "model"]
     options += ["epochs", "checkpoint_dir", "checkpoint_every", "resume"]
-    from sparkdl_avg.driver.config.options import flag_names
+    from sparkdl_avg.driver.config.messages import flag_names
 
     flags = flag_names()  # the table's spelling: --no-check-data, --no-staleness-aware, ...
     for name in options:

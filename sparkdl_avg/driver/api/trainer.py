@@ -38,7 +38,8 @@ from ...shared.model.modelspec import (
 from ...shared.wire.stats import TrainingStats
 from ..algorithms.rules import RuleState
 from ..checkpoint import policy as resume_mod
-from ..config.options import Ints, Text, constructor, document, require, trainer_entries
+from ..config.codegen import constructor, document, trainer_entries
+from ..config.options import Ints, Text, require
 from ..config.trainer_config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from ..data import staging
 from ..data.staging_roots import StagingRoot
