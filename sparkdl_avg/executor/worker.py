@@ -561,7 +561,7 @@ def run_eval_batches(task: EvalTask, batches) -> Iterator:
     """``mapInArrow`` body of a Spark SQL evaluation: yields each part's result as JSON (``meta string``)."""
     import pyarrow as pa
 
-    from ..shared.wire.exchange import encode_meta
+    from ..shared.wire.round_rows import encode_meta
 
     for result in run_eval_partition(task, _task_ids(batches)):
         yield pa.RecordBatch.from_pydict({"meta": [encode_meta(result)]})

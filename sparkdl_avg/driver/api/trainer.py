@@ -4,7 +4,7 @@ This module owns what a user calls — ``fit``, ``evaluate``, ``predict``,
 ``write_report`` — and the loop of a fit: staging the data, callbacks,
 progress, validation after each epoch, and when to checkpoint. One round
 (state out, the Spark job, the update rule) is :mod:`sparkdl_avg.driver.fit.rounds`'s;
-how state moves is :mod:`sparkdl_avg.driver.transport.paths`'s; checkpoint policy is
+how state moves is :mod:`sparkdl_avg.driver.transport`'s; checkpoint policy is
 :mod:`sparkdl_avg.driver.checkpoint.policy`'s; what executors run is :mod:`sparkdl_avg.executor.worker`'s.
 """
 
@@ -40,9 +40,11 @@ from ...shared.data.staged_dataset import StagedDataset
 from ...shared.wire.stats import TrainingStats
 from ..checkpoint import policy as resume_mod
 from ..data import staging
-from ..transport import paths as transport_mod
+from ..transport import policy as transport_mod
 from ..config.trainer_config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
-from ..transport.feedback import FeedbackLedger, lag_of
+from ..transport.base import TransportSettings
+from ..transport.feedback import ResidualLedger, lag_of
+from ..transport.local_states import LocalStateLedger
 from ..elastic.membership import Change, Membership, probes, slot_source
 from ..config.options import TRAINER, Ints, Text, constructor, document, of, require, trainer_entries
 from ..observe.progress import Progress
@@ -106,9 +108,9 @@ class _FitContext:
     progress: Progress
     checkpoints: resume_mod.Checkpointing
     stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
-    feedback: Optional[FeedbackLedger] = None  # update_compression with error feedback: the residual files
+    feedback: Optional[ResidualLedger] = None  # update_compression with error feedback: the residual files
     membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
-    local: Optional[FeedbackLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
+    local: Optional[LocalStateLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
     rounds_in_fit: int = 0
     capped_warned: bool = False  # the warning that k exceeds an epoch's minibatches, once per fit
 
@@ -529,15 +531,15 @@ class ParameterAveragingTrainer:
         membership = self._membership(plan)
         feedback = None
         if any(cfg.feedback):  # residual files, beside the transport's, deleted with the fit
-            feedback = FeedbackLedger(join(self._staging_root, f"exchange-{self._fits}/feedback"), plan.num_workers,
+            feedback = ResidualLedger(join(self._staging_root, f"exchange-{self._fits}/feedback"), plan.num_workers,
                                       lag_of(cfg.synchronization, cfg.staleness), cfg.update_compression)
             if plan.restored is not None:
                 feedback.restore(plan.restored.feedback)
         local = None
         if cfg.optimizer_state == "local":  # each worker's own optimizer state, beside the transport's files
             # kept on the workers' hosts where tasks can be placed there (classic sessions: a locality preference)
-            local = FeedbackLedger.local_states(join(self._staging_root, f"exchange-{self._fits}/local"),
-                                                plan.num_workers, host_local=plan.engine.sc is not None)
+            local = LocalStateLedger(join(self._staging_root, f"exchange-{self._fits}/local"),
+                                     plan.num_workers, host_local=plan.engine.sc is not None)
             if plan.restored is not None:
                 local.restore(plan.restored.feedback)
         settings = RoundSettings(
@@ -848,23 +850,11 @@ class ParameterAveragingTrainer:
     # ------------------------------------------------------------- evaluate
 
     def _transport(self, engine, name: str, num_workers: int):
-        """A :class:`~sparkdl_avg.driver.transport.paths.StateTransport` from the options, its files under ``name``."""
-        from ...shared.wire.delta_sums import DeltaLayout, first_moments
-        from ...shared.wire.exchange import FlatLayout
-
-        cfg = self.config
-        weights, opt = get_state(self.model)
-        optimizer_sums = cfg.optimizer_state == "average"  # what the workers' sums hold
-        layout = FlatLayout.of(weights, opt if optimizer_sums else None)
-        moments = first_moments(self.model.optimizer.variables)
-        if cfg.update_compression:  # what a worker sends is then its compressed delta
-            layout = DeltaLayout(layout, cfg.update_compression, cfg.feedback, moments)
-        return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
-                                    cfg.aggregation, cfg.aggregation_shards, num_workers, layout.nbytes,
-                                    cfg.network_rate, optimizer_sums=optimizer_sums,
-                                    compression=cfg.update_compression, feedback=cfg.feedback, moments=moments,
-                                    # a standing job holds every slot: elastic rounds' probe jobs would wait on it
-                                    standing=not (cfg.elastic and probes(engine)))
+        """A :class:`~sparkdl_avg.driver.transport.base.StateTransport` from the options, its files under ``name``."""
+        # a standing job holds every slot: elastic rounds' probe jobs would wait on it
+        settings = TransportSettings.of(self.config, self.model, num_workers,
+                                        standing=not (self.config.elastic and probes(engine)))
+        return transport_mod.choose(settings, engine, self._staging_root, name)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):
