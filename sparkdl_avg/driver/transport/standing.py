@@ -7,7 +7,7 @@ runner: most of what a Connect round costs beyond a classic one
 rounds"). :class:`StandingRounds` keeps one job whose ``N`` tasks train
 round after round: the driver announces each round (its state and task) in
 a file and the tasks answer in files (:mod:`sparkdl_avg.shared.wire.standing`,
-:func:`~sparkdl_avg.executor.worker.run_standing_rounds`). The job is
+:func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`). The job is
 planned once, its tasks start once, and a round costs what its files cost.
 It is stopped (its tasks end) when a round comes that it cannot run, when
 no round comes within :data:`STANDING_IDLE_S` of the last one's end (a
@@ -26,7 +26,7 @@ import time
 from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
-from ...executor import worker as worker_mod
+from ...executor.arrow_entries import run_standing_rounds
 from ...shared.files.fs import join, make_dir, resolve
 from ...shared.wire import round_rows, standing
 from .base import remove_quietly
@@ -147,7 +147,7 @@ class StandingJob:
         return self.seq
 
     def _run(self) -> None:
-        body = partial(worker_mod.run_standing_rounds, self.path, STANDING_DEADLINE_S)
+        body = partial(run_standing_rounds, self.path, STANDING_DEADLINE_S)
         try:
             with self.labels():
                 self.engine.run_tasks(len(self.workers), body, round_rows.ROUND_SCHEMA,

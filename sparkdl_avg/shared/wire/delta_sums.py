@@ -7,7 +7,7 @@ example count ``n``; whoever sums (the driver, or reducer ``j`` of a sharded
 round) adds ``n · decode(delta)`` in float32, in worker order, and the driver
 sets ``start + Σ/Σn``. This module owns that format, its sum and the
 residual files of error feedback; the transports move its bytes
-(:mod:`sparkdl_avg.shared.wire.exchange`, :mod:`sparkdl_avg.driver.transport.paths`).
+(:mod:`sparkdl_avg.shared.wire.exchange`, :mod:`sparkdl_avg.shared.wire.round_rows`, :mod:`sparkdl_avg.driver.transport`).
 
 **Segments.** A worker's state is cut into four segments: ``"w"``, the
 float32 weights; ``"m"``, the optimizer's float32 first moments (its
@@ -394,7 +394,7 @@ class WorkerRoundFiles:
     atomically, so a retried task reads and writes the same bytes. Error
     feedback's residuals (:class:`FeedbackFiles`) and ``optimizer_state="local"``'s
     optimizer states (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`)
-    are such files; the driver's side is :class:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger`.
+    are such files; the driver's side is :class:`~sparkdl_avg.driver.transport.chains.RoundChains`.
 
     Attributes:
         directory: The fit's directory of such files.
