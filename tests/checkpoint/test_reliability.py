@@ -585,19 +585,19 @@ def test_resuming_from_an_older_path_into_a_directory_with_newer_checkpoints_is_
 def test_local_states_place_each_workers_next_task_on_the_host_that_keeps_its_state(spark):
     import pyarrow as pa
 
-    from sparkdl_avg.driver.transport.feedback import FeedbackLedger
+    from sparkdl_avg.driver.transport.local_states import LocalStateLedger
     from sparkdl_avg.driver.runtime.session import Engine
     from sparkdl_avg.shared.wire.local_state import host_names
     from sparkdl_avg.shared.wire.stats import WorkerRecord
 
-    ledger = FeedbackLedger.local_states("unused", 3, host_local=True)
+    ledger = LocalStateLedger("unused", 3, host_local=True)
     ledger.placed([WorkerRecord(worker=w, host=f"h{w}", pid=1, examples=8, start=0.0, end=0.0,
                                 host_names=(f"h{w}", f"10.0.0.{w + 1}")) for w in (0, 1)])
     live = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
     assert ledger.places(range(3), live) == ["10.0.0.1", "10.0.0.2", None]  # worker 2 has not run yet
     assert ledger.places(range(3), {"10.0.0.2", "10.0.0.3"}) == [None, "10.0.0.2", None]  # worker 0's host is gone
     assert ledger.places(range(3), {"10.0.0.1"}) is None  # one host: its files are every task's
-    assert FeedbackLedger.local_states("unused", 3).places(range(3), live) is None  # shared files: anywhere
+    assert LocalStateLedger("unused", 3).places(range(3), live) is None  # shared files: anywhere
     assert host_names() and all(isinstance(n, str) and n for n in host_names())
 
     engine = Engine(spark)

@@ -30,7 +30,7 @@ from sparkdl_avg.shared.data import staged_dataset
 from sparkdl_avg.shared.wire import exchange
 from sparkdl_avg.shared.files import fs
 from sparkdl_avg.driver.checkpoint import policy as resume
-from sparkdl_avg.driver.transport import paths as transport_mod
+from sparkdl_avg.driver.transport import files as transport_mod
 from sparkdl_avg.shared.wire.aggregation import PartialResult
 from sparkdl_avg.errors import ConfigurationError, PathError
 

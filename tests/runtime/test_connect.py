@@ -322,7 +322,7 @@ def test_a_fits_rounds_run_in_one_standing_spark_job_that_ends_with_the_fit(conn
 def test_a_callbacks_spark_job_between_rounds_gets_the_slots_the_standing_job_holds(connect, reference):
     import keras
 
-    from sparkdl_avg.driver.transport import paths as transport
+    from sparkdl_avg.driver.transport import standing as transport
 
     counts = []
 

@@ -21,7 +21,10 @@ from conftest import make_model, regression_data
 from sparkdl_avg.driver.data import staging_roots
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
 from sparkdl_avg.shared.wire import exchange
-from sparkdl_avg.driver.transport import paths as transport
+from sparkdl_avg.driver import transport
+from sparkdl_avg.driver.transport.base import TransportSettings
+from sparkdl_avg.driver.transport.files import FileTransport
+from sparkdl_avg.driver.transport.policy import choose
 from sparkdl_avg.shared.wire.aggregation import PartialResult, merge
 
 
@@ -90,7 +93,7 @@ def test_stored_partials_sum_exactly_like_in_memory_ones_and_their_files_go(tmp_
     expected = None
     for p in [_partial(n, seed, optimizer) for seed, n in enumerate([3, 5, 8])]:
         expected = merge(expected, p)
-    files = transport.FileTransport(None, str(tmp_path / "fit"))
+    files = FileTransport(None, str(tmp_path / "fit"))
     published = files.publish("e0-r0", [np.zeros(2)], None)
     state, sink = published.state, files.sink(published)
     delivered = [sink.deliver(p, f"w{i}") for i, p in enumerate(parts)]
@@ -149,9 +152,10 @@ def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
     staging = None if isinstance(staging, int) else staging
     root = staging or str(tmp_path)
     engine = types.SimpleNamespace(master=master, one_host=master.startswith("local"), connect=False)
-    with caplog.at_level("WARNING", logger="sparkdl_avg"), mock.patch.object(transport, "make_dir"):
-        chosen = transport.choose(mode, engine, root, "exchange-1", 2, num_workers=4 if round_bytes else None,
-                                  model_bytes=round_bytes // 4 if round_bytes else None)
+    with caplog.at_level("WARNING", logger="sparkdl_avg"), mock.patch.object(transport.sql, "make_dir"):
+        settings = TransportSettings(mode, num_workers=4 if round_bytes else None,
+                                     sums_bytes=round_bytes // 4 if round_bytes else None)
+        chosen = choose(settings, engine, root, "exchange-1")
     assert chosen.name == chosen_name
     if chosen_name != "spark":
         assert chosen.directory == root + "/exchange-1"
@@ -166,11 +170,11 @@ def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
 def test_under_connect_only_the_sql_round_is_offered(mode, tmp_path):
     engine = types.SimpleNamespace(master="local[2]", one_host=True, connect=True)
     if mode in ("auto", "sql"):
-        assert transport.choose(mode, engine, str(tmp_path), "exchange-1", 2).name == "sql"
+        assert choose(TransportSettings(mode), engine, str(tmp_path), "exchange-1").name == "sql"
     else:
         with pytest.raises(ConfigurationError, match=rf"'state_transport' parameter must be 'auto' or 'sql' under "
                                                      rf"Spark Connect .* Got '{mode}' instead"):
-            transport.choose(mode, engine, str(tmp_path), "exchange-1", 2)
+            choose(TransportSettings(mode), engine, str(tmp_path), "exchange-1")
 
 
 def test_bfloat16_and_float16_arrays_round_trip(tmp_path):

@@ -3,7 +3,7 @@
 ``state_transport="sql"`` runs each round as ``spark.range(N).mapInArrow``;
 the workers' sums come back as raw Arrow bytes, summed on the driver, by
 ``S`` shuffle reducers or by ``S`` reducers reading the workers' files
-(:mod:`sparkdl_avg.driver.transport.paths`). Every path adds the same numbers in worker
+(:mod:`sparkdl_avg.driver.transport.sql_paths`). Every path adds the same numbers in worker
 order, so at 3 workers (where a tree could add in another order) the
 trained float64 weights must be bitwise those of the other transports.
 """
@@ -16,7 +16,10 @@ import pytest
 from conftest import make_model, regression_data
 from sparkdl_avg import ParameterAveragingTrainer
 from sparkdl_avg.shared.wire import exchange
-from sparkdl_avg.driver.transport import paths as transport
+from sparkdl_avg.driver.transport import murmur3, policy as transport
+from sparkdl_avg.driver.transport.base import TransportSettings
+from sparkdl_avg.driver.transport.spark import SparkTransport
+from sparkdl_avg.driver.transport.sql import SqlTransport
 from sparkdl_avg.shared.wire.aggregation import PartialResult, merge
 
 X, Y = regression_data(288, seed=8)
@@ -99,13 +102,14 @@ class _Engine:
 
 def test_auto_on_a_multi_host_master_keeps_the_tree_for_small_rounds_and_shards_large_ones(tmp_path):
     root = f"s3://bucket/{tmp_path.name}"  # a URI: no directory is made for the tree
-    small = transport.choose("auto", _Engine(), root, "fit-1", 1, num_workers=8, model_bytes=1_200_000)
-    assert isinstance(small, transport.SparkTransport)
-    big = transport.choose("auto", _Engine(), str(tmp_path), "fit-2", 1, num_workers=8, model_bytes=12_000_000)
-    assert isinstance(big, transport.SqlTransport) and big.plan(8, 12_000_000) == ("shuffle", 8)
-    fast = transport.choose("auto", _Engine(), root, "fit-3", 1, num_workers=8, model_bytes=6_000_000,
-                            network_rate="10gbit")
-    assert isinstance(fast, transport.SparkTransport)
+    small = transport.choose(TransportSettings(depth=1, num_workers=8, sums_bytes=1_200_000), _Engine(), root, "fit-1")
+    assert isinstance(small, SparkTransport)
+    big = transport.choose(TransportSettings(depth=1, num_workers=8, sums_bytes=12_000_000), _Engine(), str(tmp_path),
+                           "fit-2")
+    assert isinstance(big, SqlTransport) and big.plan(8, 12_000_000) == ("shuffle", 8)
+    fast = transport.choose(TransportSettings(depth=1, num_workers=8, sums_bytes=6_000_000, network_rate="10gbit"),
+                            _Engine(), root, "fit-3")
+    assert isinstance(fast, SparkTransport)
 
 
 def test_a_bad_network_rate_is_refused_naming_it():
@@ -121,12 +125,12 @@ def test_shard_keys_send_shard_j_to_spark_partition_j(spark):
     from pyspark.sql import functions as F
 
     for shards in (1, 2, 3, 8, 16, 33):
-        keys = transport.shard_keys(shards)
+        keys = murmur3.shard_keys(shards)
         df = spark.createDataFrame([(j, k) for j, k in enumerate(keys)], "shard int, key int")
         got = {r.shard: r.p for r in df.repartition(shards, "key").select("shard", F.spark_partition_id().alias("p")).collect()}
         assert got == {j: j for j in range(shards)}
         hashed = df.select(F.hash("key").alias("h")).collect()
-        assert [r.h for r in hashed] == [transport._spark_int_hash(k) for k in keys]
+        assert [r.h for r in hashed] == [murmur3.spark_int_hash(k) for k in keys]
 
 
 def _fit(spark_df, **options):

@@ -18,7 +18,7 @@ from conftest import assert_weights_close, spark_session
 from parity import COMPRESSED_DATA, CompressedUpdatesMixin, compressed_fit, f32_model
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
 from sparkdl_avg.driver.checkpoint import files as ckpt
-from sparkdl_avg.driver.transport.feedback import FeedbackLedger
+from sparkdl_avg.driver.transport.feedback import ResidualLedger
 from sparkdl_avg.shared.wire.delta_sums import DeltaLayout, FeedbackFiles
 from sparkdl_avg.shared.wire.exchange import FlatLayout
 
@@ -129,7 +129,7 @@ def test_error_feedback_through_residual_files_keeps_what_the_codec_drops(tmp_pa
 
 def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips_a_checkpoint(tmp_path):
     directory = str(tmp_path / "feedback")
-    ledger = FeedbackLedger(directory, num_workers=2, lag=2, compression="int8")
+    ledger = ResidualLedger(directory, num_workers=2, lag=2, compression="int8")
     seen = []
     for rnd in range(4):
         files = ledger.files(0, rnd, [0, 1])
@@ -144,10 +144,10 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
     exported = ledger.export()
     assert exported == {"int8/1/0": bytes([3, 0]), "int8/1/1": bytes([3, 1]), "int8/2/0": bytes([2, 0]),
                         "int8/2/1": bytes([2, 1])}
-    other = FeedbackLedger(str(tmp_path / "other"), num_workers=2, lag=2, compression="bf16")
+    other = ResidualLedger(str(tmp_path / "other"), num_workers=2, lag=2, compression="bf16")
     other.restore(exported)  # another format: its chains start from zero
     assert other.files(5, 0, [0, 1]).read is None
-    resumed = FeedbackLedger(str(tmp_path / "resumed"), num_workers=2, lag=2, compression="int8")
+    resumed = ResidualLedger(str(tmp_path / "resumed"), num_workers=2, lag=2, compression="int8")
     resumed.restore(exported)
     first, second = resumed.files(5, 0, [0, 1]), resumed.files(5, 1, [0, 1])
     assert first.read == "g0" and second.read == "g1"

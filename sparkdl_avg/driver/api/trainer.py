@@ -48,7 +48,8 @@ from ..fit import loop
 from ..fit.plan import FitInfo, FitPlan, check_classes, fit_params, fit_workers, run_settings
 from ..fit.plan import epoch_steps as plan_steps
 from ..runtime.session import engine_for
-from ..transport import paths as transport_mod
+from ..transport import policy as transport_mod
+from ..transport.base import TransportSettings
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -386,23 +387,11 @@ class ParameterAveragingTrainer:
     # ------------------------------------------------------------- evaluate
 
     def _transport(self, engine, name: str, num_workers: int):
-        """A :class:`~sparkdl_avg.driver.transport.paths.StateTransport` from the options, its files under ``name``."""
-        from ...shared.wire.delta_sums import DeltaLayout, first_moments
-        from ...shared.wire.exchange import FlatLayout
-
-        cfg = self.config
-        weights, opt = get_state(self.model)
-        optimizer_sums = cfg.optimizer_state == "average"  # what the workers' sums hold
-        layout = FlatLayout.of(weights, opt if optimizer_sums else None)
-        moments = first_moments(self.model.optimizer.variables)
-        if cfg.update_compression:  # what a worker sends is then its compressed delta
-            layout = DeltaLayout(layout, cfg.update_compression, cfg.feedback, moments)
-        return transport_mod.choose(cfg.state_transport, engine, self._staging_root, name, cfg.aggregation_depth,
-                                    cfg.aggregation, cfg.aggregation_shards, num_workers, layout.nbytes,
-                                    cfg.network_rate, optimizer_sums=optimizer_sums,
-                                    compression=cfg.update_compression, feedback=cfg.feedback, moments=moments,
-                                    # a standing job holds every slot: elastic rounds' probe jobs would wait on it
-                                    standing=not (cfg.elastic and probes(engine)))
+        """A :class:`~sparkdl_avg.driver.transport.base.StateTransport` from the options, its files under ``name``."""
+        # a standing job holds every slot: elastic rounds' probe jobs would wait on it
+        settings = TransportSettings.of(self.config, self.model, num_workers,
+                                        standing=not (self.config.elastic and probes(engine)))
+        return transport_mod.choose(settings, engine, self._staging_root, name)
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

@@ -219,7 +219,7 @@ OPTIONS: Tuple[Option, ...] = (
              "(broadcast + treeAggregate), 'files' (files under the staging dir), 'auto' (files when all "
              "executors run on the driver's host, else spark while the driver's link is cheaper than sharding, "
              "sql above)",
-        doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.driver.transport.paths`). "
+        doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.driver.transport`). "
             "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a file under "
             "the staging directory, the workers' sums raw bytes in Arrow rows, summed as ``aggregation`` says; "
             "the only one under Spark Connect. ``\"spark\"``: broadcast out, ``treeAggregate`` back (classic "
@@ -228,7 +228,7 @@ OPTIONS: Tuple[Option, ...] = (
             "(default): files when every executor runs on the driver's host (``local[N]``, ``local-cluster``) "
             "and the staging directory is local; on hosts of their own Spark's tree while bringing every "
             "worker's sums through the driver's link (``network_rate``) costs less than a sharded round, else "
-            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.paths.choose`). Name one only "
+            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.policy.choose`). Name one only "
             "to compare them, or ``\"files\"`` with a fast shared filesystem. Measurements: docs/benchmarks.md, "
             "\"On a shaped network\" and \"Aggregation paths\".",
         check=OneOf(STATE_TRANSPORTS),
@@ -249,8 +249,8 @@ OPTIONS: Tuple[Option, ...] = (
             "Sharded, the driver receives one model's bytes. ``\"auto\"`` (default): files under Spark Connect "
             "when its master and the staging directory are local (client and executors share its files); on hosts of their own the driver while "
             "that costs less than sharding (``network_rate``), else shuffle; on one host the driver up to "
-            ":data:`sparkdl_avg.driver.transport.paths.DRIVER_SUM_BYTES` of sums in all, else storage (the whole rule: "
-            ":func:`sparkdl_avg.driver.transport.paths.plan_aggregation`; measurements: docs/benchmarks.md, \"Aggregation "
+            ":data:`sparkdl_avg.driver.transport.policy.DRIVER_SUM_BYTES` of sums in all, else storage (the whole rule: "
+            ":func:`sparkdl_avg.driver.transport.policy.plan_aggregation`; measurements: docs/benchmarks.md, \"Aggregation "
             "paths\" and \"On a shaped network\"). All give bitwise the same sums, so name one only to compare "
             "them. Anything but ``\"auto\"`` is refused with ``state_transport=\"spark\"`` or ``\"files\"``, "
             "which sum on the driver.",
@@ -345,7 +345,7 @@ OPTIONS: Tuple[Option, ...] = (
             "(``state_transport``, ``aggregation``) weighs: a string such as ``\"1gbit\"``, ``\"10gbit\"`` or "
             "``\"800mbit\"``, or bytes per second. Default ``None``: 1 Gbit/s. Every worker's sums go straight "
             "to the driver while that costs less than sharding them "
-            "(:func:`sparkdl_avg.driver.transport.paths.driver_bound_pays`), else they are sharded through the shuffle and the "
+            "(:func:`sparkdl_avg.driver.transport.policy.driver_bound_pays`), else they are sharded through the shuffle and the "
             "driver's link carries about one model's bytes each way per round. Give your link's rate when it is "
             "not 1 Gbit/s. Not used when every executor runs on the driver's host (``local[N]``, "
             "``local-cluster``). Measurements: docs/benchmarks.md, \"On a shaped network\".",

@@ -19,7 +19,8 @@ from ..algorithms.schedules import AveragingSchedule, FixedPeriod
 from ..checkpoint import policy as resume_mod
 from ..elastic.membership import Change, Membership, slot_source
 from ..observe.progress import Progress
-from ..transport.feedback import FeedbackLedger, lag_of
+from ..transport.feedback import ResidualLedger, lag_of
+from ..transport.local_states import LocalStateLedger
 from . import hooks as fit_hooks
 from .plan import FitInfo, FitPlan
 from .planner import EpochState, RoundPlanner
@@ -44,9 +45,9 @@ class FitContext:
     progress: Progress
     checkpoints: resume_mod.Checkpointing
     stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
-    feedback: Optional[FeedbackLedger] = None  # update_compression with error feedback: the residual files
+    feedback: Optional[ResidualLedger] = None  # update_compression with error feedback: the residual files
     membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
-    local: Optional[FeedbackLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
+    local: Optional[LocalStateLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
     rounds_in_fit: int = 0
 
 
@@ -77,15 +78,15 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
     membership = _membership(config, plan)
     feedback = None
     if any(config.feedback):  # residual files, beside the transport's, deleted with the fit
-        feedback = FeedbackLedger(join(exchange, "feedback"), plan.num_workers,
+        feedback = ResidualLedger(join(exchange, "feedback"), plan.num_workers,
                                   lag_of(config.synchronization, config.staleness), config.update_compression)
         if plan.restored is not None:
             feedback.restore(plan.restored.feedback)
     local = None
     if config.optimizer_state == "local":  # each worker's own optimizer state, beside the transport's files
         # kept on the workers' hosts where tasks can be placed there (classic sessions: a locality preference)
-        local = FeedbackLedger.local_states(join(exchange, "local"), plan.num_workers,
-                                            host_local=plan.engine.sc is not None)
+        local = LocalStateLedger(join(exchange, "local"), plan.num_workers,
+                                 host_local=plan.engine.sc is not None)
         if plan.restored is not None:
             local.restore(plan.restored.feedback)
     settings = RoundSettings(
