@@ -113,7 +113,8 @@ def test_a_pandas_dataframe_is_refused_with_how_to_convert_it_and_is_no_datafram
                                             r"convert it with spark\.createDataFrame\(pdf\)"):
             ask()
     assert adapter.dataframe() is None and not adapter.has_column("a") and adapter.key(()) is None
-    with pytest.raises(DataError, match=r"^The data to predict on must be a Spark DataFrame\. Got DataFrame instead\.$"):
+    with pytest.raises(DataError, match=r"^The data to predict on must be a Spark DataFrame\. Got DataFrame "
+                                        r"instead\.$"):
         add_predictions(pdf, None)
 
 

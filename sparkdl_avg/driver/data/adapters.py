@@ -110,7 +110,7 @@ class DataAdapter:
         raise NotImplementedError(f"{cls.__name__} must implement the classmethod can_handle(cls, data)")
 
     def convert(self) -> Any:
-        """``self.data`` as a Spark DataFrame, an RDD of ``(x, y)`` pairs or ``(x, y[, sample_weight])`` numpy arrays."""
+        """``self.data`` as a Spark DataFrame, an RDD of ``(x, y)`` pairs or ``(x, y[, w])`` numpy arrays."""
         raise NotImplementedError(f"{type(self).__name__} must implement convert(self)")
 
     # -- the driver's questions (the library's adapters answer them; a converting adapter delegates)
@@ -128,9 +128,9 @@ class DataAdapter:
             adapter = _find(converted, self.what, _BUILT_IN)
             if adapter is None:
                 raise DataError(
-                    f"The data adapter {type(self).__name__} converted the {self.what} data ({type(self.data).__name__}) "
-                    f"to {type(converted).__name__}; it must convert to a Spark DataFrame, an RDD of (x, y) pairs or "
-                    "a tuple (x, y) (or (x, y, sample_weight)) of numpy arrays."
+                    f"The data adapter {type(self).__name__} converted the {self.what} data "
+                    f"({type(self.data).__name__}) to {type(converted).__name__}; it must convert to a Spark "
+                    "DataFrame, an RDD of (x, y) pairs or a tuple (x, y) (or (x, y, sample_weight)) of numpy arrays."
                 )
             self._known = adapter.known()
         return self._known
@@ -307,9 +307,10 @@ _REGISTERED: List[Type[DataAdapter]] = []
 
 
 def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
-    """Registers a :class:`DataAdapter` subclass, so that its container can be passed to ``fit``, ``evaluate``, ``predict`` and ``advise``.
+    """Registers a :class:`DataAdapter` subclass, so that its container can be passed as data.
 
-    Adapters registered later are asked first, before the library's own;
+    As data to ``fit`` (and its ``validation_data``), ``evaluate``,
+    ``predict`` and ``advise``. Adapters registered later are asked first, before the library's own;
     registering a class again moves it first. Returns the class, so it can
     be used as a class decorator.
 
@@ -317,7 +318,9 @@ def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
         ConfigurationError: ``adapter_cls`` is not a ``DataAdapter`` subclass
             that implements ``can_handle`` and ``convert``.
     """
-    if not (isinstance(adapter_cls, type) and issubclass(adapter_cls, DataAdapter)) or issubclass(adapter_cls, _BuiltIn):
+    user = isinstance(adapter_cls, type) and issubclass(adapter_cls, DataAdapter) and not issubclass(adapter_cls,
+                                                                                                     _BuiltIn)
+    if not user:
         raise ConfigurationError(f"register_data_adapter takes a subclass of sparkdl_avg.DataAdapter. Got "
                                  f"{adapter_cls!r} instead.")
     missing = [name for name in ("can_handle", "convert")

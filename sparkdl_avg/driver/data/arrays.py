@@ -35,7 +35,7 @@ def as_list(value, count: int) -> list:
 
 
 def digest(data) -> str:
-    """A hash of ``(x, y)``/``(x, y, sample_weight)`` arrays' shapes, dtypes and contents (changed in place: changed)."""
+    """A hash of ``(x, y)``/``(x, y, sample_weight)`` arrays' shapes, dtypes and contents."""
     found = hashlib.sha1()
     for a in [*as_list(data[0], 2), *as_list(data[1], 2), *data[2:]]:
         a = np.ascontiguousarray(a)

@@ -40,7 +40,7 @@ from .conversions import (exact_cast, image_pixels, is_image_struct, is_list, is
                           tensor_array)
 
 TEXT = "string"
-"""The dtype of a :class:`~sparkdl_avg.shared.data.columns.Field` that holds bytes or text (a ``keras.Input(..., dtype="string")``)."""
+"""The dtype of a :class:`~sparkdl_avg.shared.data.columns.Field` of bytes or text (``keras.Input(..., dtype="string")``)."""
 
 STRING_INPUT_ADVICE = (
     "Give the model a string input (keras.Input(shape=(1,), dtype='string')) and decode in a layer "
@@ -82,7 +82,7 @@ class ColumnKind:
         return False
 
     def spark_input(self, source, data_type, metadata: dict, field, name: str, input_name: str):
-        """How DataFrame column ``name`` (Spark SQL ``data_type``, expression ``source``) feeds ``input_name`` of ``field``.
+        """How DataFrame column ``name`` (of Spark SQL ``data_type``, as ``source``) feeds ``input_name`` of ``field``.
 
         Returns the expression to stage, or ``None`` when this kind does not
         take the column (the next kind is asked).
@@ -193,7 +193,7 @@ def _input_advice(spec) -> str:
 
 @register_column_kind
 class TextKind(ColumnKind):
-    """Bytes or text, one value per row, staged as they came (``binary``/``string``, ``large_*`` kept); read as objects."""
+    """Bytes or text, one value per row, staged as they came (``binary``/``string``, ``large_*`` kept)."""
 
     name = "text"
 
