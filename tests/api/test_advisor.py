@@ -105,7 +105,7 @@ def test_the_cost_model_is_a_pure_module_that_the_advisor_re_exports():
         elif isinstance(node, ast.ImportFrom):
             imported.add("." * node.level + (node.module or ""))
     package = {m for m in imported if m.startswith((".", "sparkdl_avg"))}
-    assert package <= {"..errors"}, f"costmodel imports from the package: {sorted(package)}"
+    assert package <= {"...errors"}, f"costmodel imports from the package: {sorted(package)}"
     outside = {m.split(".")[0] for m in imported - package}
     assert outside <= set(sys.stdlib_module_names) | {"numpy"}, sorted(outside)
     for name in ("CostModel", "predict", "recommend", "slower_than_one_process", "is_cold", "steady_costs",

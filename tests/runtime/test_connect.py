@@ -110,7 +110,8 @@ class TestDataKinds(DataKindsMixin):
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(connect):
-    from sparkdl_avg.driver.runtime.session import Engine, engine_for
+    from sparkdl_avg.driver.data.adapters import engine_for
+    from sparkdl_avg.driver.runtime.session import Engine
 
     engine = engine_for(frame(connect))
     assert engine.connect and engine.sc is None

@@ -42,12 +42,12 @@ from ..config.codegen import constructor, document, trainer_entries
 from ..config.options import Ints, Text, require
 from ..config.trainer_config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from ..data import staging
+from ..data.adapters import engine_for, get_data_adapter, known_data
 from ..data.staging_roots import StagingRoot
 from ..elastic.membership import probes
 from ..fit import loop
 from ..fit.plan import FitInfo, FitPlan, check_classes, fit_params, fit_workers, run_settings
 from ..fit.plan import epoch_steps as plan_steps
-from ..runtime.session import engine_for
 from ..transport import policy as transport_mod
 from ..transport.base import TransportSettings
 
@@ -179,7 +179,8 @@ class ParameterAveragingTrainer:
                 arrays. Staged once and reused when the same data is fitted
                 again. For a model with several inputs (outputs), ``x``
                 (``y``) is a list/tuple of arrays in the order of
-                ``model.inputs`` (``model.outputs``).
+                ``model.inputs`` (``model.outputs``). Any other container
+                through its :class:`sparkdl_avg.DataAdapter` (``register_data_adapter``).
             epochs: The index of the epoch to stop before, as in
                 ``keras.Model.fit``: the fit trains epochs ``initial_epoch``
                 to ``epochs - 1``, i.e. ``epochs`` passes over the data from
@@ -289,7 +290,8 @@ class ParameterAveragingTrainer:
         """
         verbose = self._check_fit_args(epochs, initial_epoch, verbose, shuffle, checkpoint_dir, checkpoint_every, resume,
                                        sample_weight_col, class_weight)
-        staging.refuse_pandas(data, "training")
+        data = known_data(data, "training")  # a user's container converted once; pandas refused
+        validation_data = None if validation_data is None else known_data(validation_data, "validation")
         engine = engine_for(data)
         num_workers = fit_workers(self.config, engine)
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
@@ -433,7 +435,7 @@ class ParameterAveragingTrainer:
             raise ConfigurationError(f"The 'return_dict' parameter must be True or False. Got {return_dict!r} instead.")
         if batch_size is not None:
             TrainerConfig(batch_size=batch_size)  # the same check as the trainer's
-        staging.refuse_pandas(data, "evaluation")
+        data = known_data(data, "evaluation")
         engine = engine_for(data)
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
         require("sample_weight_col", sample_weight_col, Text("a column name"))
@@ -507,9 +509,7 @@ class ParameterAveragingTrainer:
 
 def _has_column(data, column: Optional[str]) -> bool:
     """Whether ``data`` is a DataFrame with ``column``."""
-    from pyspark.sql import DataFrame
-
-    return column is not None and isinstance(data, DataFrame) and column in data.columns
+    return column is not None and get_data_adapter(data).has_column(column)
 
 
 def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:
