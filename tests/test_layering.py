@@ -228,3 +228,19 @@ def test_every_error_the_library_raises_is_one_hierarchy():
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and path.name != "errors.py":
                 defined.append(f"{path.relative_to(PACKAGE)}:{node.name}")
     assert defined == ["driver/api/cli.py:UsageError"]
+
+
+def test_the_extension_tests_use_only_the_public_api():
+    """Issue 46: a user's rule, outer optimizer and data adapter are tested as a user writes them: public names only."""
+    import sparkdl_avg
+
+    modules = sorted((PACKAGE.parent / "tests").rglob("test_extensions*.py"))
+    assert modules, "no tests/**/test_extensions*.py"
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sparkdl_avg"):
+                assert node.module == "sparkdl_avg", f"{path.name} imports from {node.module}"
+                names = {alias.name for alias in node.names}
+                assert names <= set(sparkdl_avg.__all__), f"{path.name} imports {sorted(names - set(sparkdl_avg.__all__))}"
+            elif isinstance(node, ast.Import):
+                assert all(a.name == "sparkdl_avg" or not a.name.startswith("sparkdl_avg") for a in node.names), path.name
