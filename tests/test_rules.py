@@ -76,7 +76,8 @@ def test_diloco_is_pytorch_nesterov_sgd_on_the_outer_gradient_and_bmuf_nesterov_
         bsent = bmuf.to_send([wb], bstate, [True])[0]
         wb = bmuf.apply([wb], [bsent], [bsent + offset], bstate, [True], 0.01)[0]
         np.testing.assert_allclose(bmuf.to_send([wb], bstate, [True])[0], theta, rtol=0, atol=1e-12)
-    assert rule_from_name("diloco", None, 1.0) == DiLoCo() and rule_from_name("diloco", 0.5, 0.3) == DiLoCo(0.3, 0.5)
+    assert rule_from_name("diloco") == DiLoCo() and rule_from_name("diloco", 0.5, 0.3) == DiLoCo(0.3, 0.5)
+    assert rule_from_name("diloco", None, 1.0) == DiLoCo(outer_lr=1.0)  # no sentinel: 1.0 is 1.0
     with pytest.raises(ConfigurationError, match=r"'outer_momentum' parameter of DiLoCo must be a float in the "
                                                  r"range \[0.0, 1.0\)\. Got 1.0 instead"):
         DiLoCo(outer_momentum=1.0)
