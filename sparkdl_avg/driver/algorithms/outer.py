@@ -16,14 +16,19 @@ the model's dtypes; non-trainable weights are plainly averaged, as with every
 rule. The optimizer's variables (Keras makes its iteration counter int64, its
 learning rate float32, its slots float64) are the rule's state, a list of
 numpy arrays under ``"optimizer"``: they go into checkpoints and come back
-bitwise. The iteration counter counts outer steps (rounds), so a Keras
+bitwise. Keras (TensorFlow backend) turns a float hyperparameter into a
+float32 before casting it to the variables' float64, so a step uses
+``float32(lr)`` and ``float32(μ)``; the configuration keeps the decimal you
+wrote (``0.7``, where ``get_config()`` gives ``0.699999988``). The iteration counter counts outer steps (rounds), so a Keras
 learning-rate schedule is a schedule over rounds.
 
 ``OuterOptimizer(keras.optimizers.SGD(lr, momentum=μ, nesterov=True))`` is
 :class:`~sparkdl_avg.driver.algorithms.rules.DiLoCo` ``(lr, μ)``: Keras keeps
 ``m = μ·m − lr·g`` and steps ``w ← w + μ·m − lr·g``; with ``m = −lr·v`` that
 is PyTorch's ``v ← μ·v + g``, ``w ← w − lr·(g + μ·v)`` at a constant ``lr``.
-They differ only in rounding (Keras holds ``lr`` as a float32).
+Steps of float64 variables with ``float32(lr)``, ``float32(μ)`` (above), it
+equals ``DiLoCo(float32(lr), float32(μ))`` to float64 rounding, and
+``DiLoCo(lr, μ)`` to float32 rounding.
 """
 
 from __future__ import annotations
@@ -55,6 +60,14 @@ def _json(value: Any, what: str) -> Any:
         ) from None
 
 
+def _learning_rate(value: Any) -> Any:
+    """A config's learning rate as the user wrote it: Keras keeps a float one as a float32 variable, whose
+    ``get_config()`` gives ``0.699999988079071`` for ``0.7``; the shortest decimal of that float32 is ``0.7``."""
+    if isinstance(value, float) and float(np.float32(value)) == value:
+        return float(str(np.float32(value)))
+    return value
+
+
 class OuterOptimizer(UpdateRule):
     """Any Keras optimizer applied to the outer gradient ``g = sent − w̄`` (as torchft's ``DiLoCo(outer_optimizer=)``).
 
@@ -83,6 +96,8 @@ class OuterOptimizer(UpdateRule):
             )
         self._class = type(optimizer)
         config = {k: v for k, v in optimizer.get_config().items() if k != "name"}  # "sgd_1": a counter, no setting
+        if "learning_rate" in config:
+            config["learning_rate"] = _learning_rate(config["learning_rate"])
         self._config = _json(config, type(optimizer).__name__)
         self._built: Optional[Tuple[Any, Any, List[Any]]] = None  # (shapes, optimizer, variables): a cache
 
@@ -103,13 +118,17 @@ class OuterOptimizer(UpdateRule):
         kwargs = parse_arguments(arguments, spec)
         if "lr" in kwargs:
             kwargs["learning_rate"] = kwargs.pop("lr")
-        takes = [p for p in inspect.signature(type(made).__init__).parameters if p not in ("self", "kwargs", "name")]
+        signature = inspect.signature(type(made).__init__).parameters
+        takes = [p for p in signature if p not in ("self", "kwargs", "name")]
         unknown = [k for k in kwargs if k not in takes]
         if unknown:
             raise ConfigurationError(
                 f"The 'update_rule' parameter must be an 'outer' spec with {type(made).__name__}'s arguments "
                 f"(lr, {', '.join(takes)}); {unknown[0]!r} is none of them. Got {spec!r} instead."
             )
+        for key, value in kwargs.items():  # Keras wants floats where its defaults are ("momentum=0")
+            if isinstance(signature[key].default, float) and type(value) is int:
+                kwargs[key] = float(value)
         try:
             optimizer = type(made)(**kwargs)
         except (ValueError, TypeError) as e:
