@@ -30,7 +30,7 @@ example-weighted average ``w̄``. The rule then sets the global weights:
 **The registry.** A rule class declares the names ``update_rule=`` takes for
 it (``names``) and its parameters (``params``: each one's doc, and which flat
 option of the CLI and the estimator carries it; type and default are the
-dataclass field's). Declaring ``names`` registers the class
+dataclass field's, or ``__init__``'s). Declaring ``names`` registers the class
 (``UpdateRule.__init_subclass__``); :func:`as_update_rule` resolves every
 name and spec (``"slowmo:slow_momentum=0.7"``, ``"outer:adam:lr=0.001"``),
 and :func:`flat_option` derives the flat options' help from the declared
@@ -46,6 +46,7 @@ can configure several trainers.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import re
 import typing
@@ -253,10 +254,14 @@ class UpdateRule:
 
     @classmethod
     def parameters(cls) -> Tuple[Parameter, ...]:
-        """The declared ``params`` with the type and default of the dataclass field each names."""
-        defaults = {f.name: f.default for f in fields(cls)} if is_dataclass(cls) else {}
+        """The declared ``params`` with their types and defaults: the dataclass fields', else ``__init__``'s."""
+        if is_dataclass(cls):
+            defaults, owner = {f.name: f.default for f in fields(cls)}, cls
+        else:
+            signature = inspect.signature(cls.__init__).parameters
+            defaults, owner = {k: p.default for k, p in signature.items() if p.default is not p.empty}, cls.__init__
         try:
-            hints = typing.get_type_hints(cls)
+            hints = typing.get_type_hints(owner)
         except Exception:  # an annotation that does not evaluate: the values are inferred
             hints = {}
         return tuple(
