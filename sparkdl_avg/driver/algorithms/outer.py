@@ -124,7 +124,7 @@ class OuterOptimizer(UpdateRule):
         if unknown:
             raise ConfigurationError(
                 f"The 'update_rule' parameter must be an 'outer' spec with {type(made).__name__}'s arguments "
-                f"(lr, {', '.join(takes)}); {unknown[0]!r} is none of them. Got {spec!r} instead."
+                f"(lr, {', '.join(takes)}); {unknown[0]} is none of them. Got {spec!r} instead."
             )
         for key, value in kwargs.items():  # Keras wants floats where its defaults are ("momentum=0")
             if isinstance(signature[key].default, float) and type(value) is int:

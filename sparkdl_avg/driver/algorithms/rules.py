@@ -171,7 +171,7 @@ def _from_text(raw: str, kind: Any, spec: str, key: str) -> Any:
         return raw
     what = {bool: "true or false", int: "an int", float: "a float"}[kind]
     raise ConfigurationError(
-        f"The 'update_rule' parameter must be a rule spec whose {key!r} is {what}. Got {spec!r} instead."
+        f"The 'update_rule' parameter must be a rule spec whose {key} is {what}. Got {spec!r} instead."
     )
 
 
@@ -192,12 +192,12 @@ def parse_arguments(text: str, spec: str, types: Optional[Mapping[str, Any]] = N
                 f"Got {spec!r} instead."
             )
         if key in out:
-            raise ConfigurationError(f"The 'update_rule' parameter gives {key!r} twice. Got {spec!r} instead.")
+            raise ConfigurationError(f"The 'update_rule' parameter gives {key} twice. Got {spec!r} instead.")
         if types is not None and key not in types:
             takes = ", ".join(types) or "no parameters"
             raise ConfigurationError(
                 f"The 'update_rule' parameter must be a rule spec with the rule's parameters ({takes}); "
-                f"{key!r} is none of them. Got {spec!r} instead."
+                f"{key} is none of them. Got {spec!r} instead."
             )
         out[key] = _from_text(raw, Any if types is None else types[key], spec, key) if eq else True
     return out
@@ -278,12 +278,13 @@ class UpdateRule:
         default parses ``args`` as the declared parameters and calls
         ``cls(**arguments)``.
         """
-        arguments = parse_arguments(args, spec, {p.name: p.type for p in cls.parameters()})
-        twice = sorted(set(arguments) & set(values))
+        params = cls.parameters()
+        arguments = parse_arguments(args, spec, {p.name: p.type for p in params})
+        twice = [p for p in params if p.name in arguments and p.name in values]
         if twice:
             raise ConfigurationError(
-                f"The 'update_rule' parameter {spec!r} sets {twice[0]!r}, which a flat option also gives: "
-                "give it once."
+                f"The 'update_rule' parameter sets {twice[0].name} in {spec!r} and '{twice[0].flat}' sets it "
+                "too: give it once."
             )
         return cls(**arguments, **values)
 
