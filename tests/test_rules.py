@@ -413,3 +413,40 @@ def test_estimator_update_rule_params_are_validated(spark):
         KerasAveragingEstimator(kerasModel=make_model(), updateRule="bmuf", blockMomentum=1.0).fit(df)
     est = KerasAveragingEstimator(kerasModel=make_model(), updateRule="slowmo", blockMomentum=0.7)
     assert est._trainer_options()["update_rule"] == SlowMo(0.7, 1.0)
+
+
+# ------------------------------------------- one update arithmetic for rounds and stale chunks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("delta_sums", [False, True], ids=["sums", "delta-sums"])
+def test_rounds_and_stale_chunks_read_the_sums_with_one_function_bitwise_as_before(dtype, delta_sums):
+    """fit/update.py replaced two copies of this arithmetic (RoundRunner.update, StaleUpdater.apply): the
+    formulas each had, written out here, give bitwise what the shared function does."""
+    from sparkdl_avg.driver.fit.update import replica_means, round_state
+    from sparkdl_avg.shared.wire.aggregation import PartialResult
+
+    rng = np.random.default_rng(1)
+    sent = [rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=2).astype(dtype)]
+    opt = [np.asarray(7, np.int64), rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=2).astype(dtype)]
+    sums = [rng.normal(size=a.shape).astype(dtype) * 5 for a in sent]
+    opt_sums = [np.asarray(35.0)] + [rng.normal(size=a.shape).astype(dtype) * 5 for a in opt[1:]]
+    result = PartialResult(examples=5, weight_sums=sums, optimizer_sums=opt_sums, delta_sums=delta_sums)
+    # RoundRunner.update before
+    if delta_sums:
+        average = [np.asarray(s, np.float64) + x / 5 for s, x in zip(sent, sums)]
+        old_opt = [(np.asarray(v, np.float64) + x / 5).astype(np.asarray(v).dtype) for v, x in zip(opt, opt_sums)]
+    else:
+        average = [x / 5 for x in sums]
+        old_opt = result.average(opt_sums, opt)
+    old_opt[0] = np.asarray(7 + 3, np.int64)
+    rule = BlockMomentum(0.5, 0.8)
+    old_state, new_state = rule.init_state(sent, [True, True]), rule.init_state(sent, [True, True])
+    old_weights = rule.apply(sent, sent, average, old_state, [True, True], 0.1)
+    new_weights, new_opt = round_state(result, sent, sent, opt, rule, new_state, [True, True], 0.1, True, 0, 3)
+    for a, b in zip(new_weights + new_opt + new_state["delta"], old_weights + old_opt + old_state["delta"]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    # StaleUpdater.apply before: the move of each array from what the chunk read, float64
+    for got, total, base in zip(replica_means(sums, 5, sent, delta_sums, move=True), sums, sent):
+        mean = np.asarray(total, np.float64) / 5
+        assert np.array_equal(got, mean if delta_sums else mean - base)
