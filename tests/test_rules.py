@@ -415,6 +415,18 @@ def test_estimator_update_rule_params_are_validated(spark):
     assert est._trainer_options()["update_rule"] == SlowMo(0.7, 1.0)
 
 
+def test_an_estimator_saved_with_the_old_block_lr_default_loads_with_each_rules_own(spark, tmp_path):
+    """Before the registry, blockLearningRate defaulted to 1.0 (standing for DiLoCo's 0.7); saved stages carry it."""
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    old = KerasAveragingEstimator(kerasModel=make_model(), updateRule="diloco")
+    old._setDefault(blockLearningRate=1.0)
+    old.save(str(tmp_path / "stage"))
+    loaded = KerasAveragingEstimator.load(str(tmp_path / "stage"))
+    assert not loaded.isDefined(loaded.blockLearningRate)
+    assert loaded._trainer_options()["update_rule"] == DiLoCo()
+
+
 # ------------------------------------------- one update arithmetic for rounds and stale chunks
 
 
