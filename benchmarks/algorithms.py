@@ -13,7 +13,7 @@ Arms (each from the same initial weights, per seed):
 
 * ``single``: one worker, i.e. plain sequential Keras SGD with batch 16
   (``model.fit``; the trainer with one worker equals it exactly, see
-  tests/test_identities.py);
+  tests/algorithms/test_identities.py);
 * ``plain``: parameter averaging;
 * ``bmuf`` / ``bmuf_nesterov``: block momentum, ``η = 1 − 1/8``, ``ζ = 1``;
 * ``slowmo0.5`` / ``slowmo0.7``: SlowMo, ``β`` ∈ {0.5, 0.7}, ``α = 1``;

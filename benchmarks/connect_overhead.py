@@ -9,7 +9,7 @@ with the README's settings (``benchmarks/harness.py``:
 ``connect-plain``: the arms that deviate, with ``spark.python.daemon.module``
 unset, to show what the daemon does under each), and ``connect-per-round``:
 README's settings with a Spark job for every round
-(``transport.STANDING = False``, what every Connect round did before rounds
+(``standing.STANDING = False``, what every Connect round did before rounds
 ran in one standing job), run in alternating order ``--repeats`` times
 (``--arms``: which of them, default all). In each, the MLPs of ``overhead.py`` (1e5 and 1e6
 parameters, Adam, batch 32, ``k = 1``) train ``--rounds`` rounds per fit,
@@ -52,7 +52,7 @@ ARM_CONF = {arm: {"spark.python.daemon.module": None} for arm in ARMS if arm.end
 
 def child(arm: str, rounds: int) -> list:
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver.transport import paths as transport_mod
+    from sparkdl_avg.driver.transport import standing as transport_mod
 
     connect = arm.startswith("connect")
     transport_mod.STANDING = arm != "connect-per-round"

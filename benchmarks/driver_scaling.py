@@ -8,10 +8,10 @@ alone, in one process: for N = 2, 4, 8, 16 workers and the MLPs of
 ``overhead.py`` (1e6 and 3e6 parameters, Adam) it builds the Arrow table a
 Spark SQL round's job returns to the driver (``sql:storage`` and
 ``sql:shuffle``: the N workers' result rows and the S summed shards of
-:func:`~sparkdl_avg.driver.transport.paths.plan_aggregation`; ``sql:driver``: every
+:func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`; ``sql:driver``: every
 worker's whole sums), then times what the driver does with it in a round,
 with the same functions the round runs: decoding and summing
-(``transport._read_rows`` and ``transport._assemble``) and the update
+(``sql_paths.read_rows`` and ``sql_paths.assemble``) and the update
 (:meth:`sparkdl_avg.driver.fit.rounds.RoundRunner.update`: the averages, the update
 rule, the optimizer's average and setting the Keras model's state). The
 sweep runs twice; each configuration runs 3 untimed rounds (a fit's rounds
@@ -48,8 +48,8 @@ def round_table(layout, f32, f64, workers: int, how: str):
     """The Arrow table the round's job gives the driver for ``workers`` workers, and its shard count."""
     import pyarrow as pa
 
-    from sparkdl_avg.shared.wire import exchange
-    from sparkdl_avg.driver.transport import paths as transport
+    from sparkdl_avg.shared.wire import round_rows
+    from sparkdl_avg.driver.transport import policy as transport
     from sparkdl_avg.shared.wire.aggregation import PartialResult
     from sparkdl_avg.shared.wire.stats import WorkerRecord
 
@@ -58,21 +58,22 @@ def round_table(layout, f32, f64, workers: int, how: str):
     for w in range(workers):
         result = PartialResult(64, metric_sums={"loss": 140.0, "accuracy": 10.0}, workers=[WorkerRecord(
             worker=w, host="host", pid=1000 + w, examples=64, start=1.0, end=2.0, load_s=0.01, compute_s=0.5)])
-        rows.append({"shard": -1, "worker": w, "meta": exchange.encode_meta(result), "data": None, "uri": None,
+        rows.append({"shard": -1, "worker": w, "meta": round_rows.encode_meta(result), "data": None, "uri": None,
                      "offsets": None})
         if how == "driver":  # every worker's whole sums
             rows.append({"shard": 0, "worker": w, "meta": None, "data": layout.shard_bytes(f32, f64, 0, 1),
                          "uri": None, "offsets": None})
     if how != "driver":  # the reducers' summed shards
         for j in range(shards):
-            rows.append(exchange._summed_row(j, layout.parse_shard(layout.shard_bytes(f32, f64, j, shards), j, shards),
-                                             layout, shards))
-    return pa.Table.from_batches([exchange._batch(rows)]), shards
+            rows.append(round_rows._summed_row(j, layout.parse_shard(layout.shard_bytes(f32, f64, j, shards), j, shards),
+                                               layout, shards, 0.0))
+    return pa.Table.from_batches([round_rows._batch(rows)]), shards
 
 
 def measure(size: str, repeats: int) -> list:
     from sparkdl_avg.shared.wire import exchange
-    from sparkdl_avg.driver.transport import paths as transport
+    from sparkdl_avg.driver.transport import sql_paths
+    from sparkdl_avg.driver.transport.base import AGGREGATIONS
     from sparkdl_avg.shared.model.modelspec import current_learning_rate, get_state, trainable_mask
     from sparkdl_avg.driver.fit.rounds import RoundRunner, RoundSettings, RuleState
     from sparkdl_avg.driver.algorithms.rules import PlainAveraging
@@ -97,8 +98,8 @@ def measure(size: str, repeats: int) -> list:
             for i in range(3 + repeats):
                 w, o = get_state(model)
                 t0 = time.perf_counter()
-                results, pieces = transport._read_rows(table)
-                total = transport._assemble(results, pieces, layout, path.split(":")[1], shards)
+                results, pieces, _ = sql_paths.read_rows(table)
+                total, _ = sql_paths.assemble(results, pieces, layout, AGGREGATIONS.get(path.split(":")[1])(), shards)
                 t1 = time.perf_counter()
                 runner.update(total, w, w, o, mask, learning_rate, 1)
                 if i >= 3:

@@ -43,6 +43,7 @@ from .driver.algorithms.schedules import AdaComm, AveragingSchedule, PostLocalSG
 from .driver.runtime.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
 from .driver.observe.tracking import MlflowLogger  # noqa: E402
 from .driver.api.trainer import FitInfo, ParameterAveragingTrainer  # noqa: E402
+from .driver.data.adapters import DataAdapter, register_data_adapter  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
     ConfigurationError,
@@ -67,8 +68,8 @@ __all__ = [
     "warm_up", "DAEMON_MODULE", "RECOMMENDED_CONF",
     # should it be distributed?
     "advise", "Advice",
-    # data as users keep it: helpers for preprocessing functions
-    "decode_images", "example_seeds",
+    # data as users keep it: helpers for preprocessing functions, containers of their own
+    "decode_images", "example_seeds", "DataAdapter", "register_data_adapter",
     # pipelines and tracking
     "KerasAveragingEstimator", "KerasAveragingModel", "MlflowLogger",
     # what a fit reports

@@ -1,4 +1,4 @@
-"""A driver program for tests/test_hosts.py: runs on host 0 of the namespaced cluster (scripts/hosts.py).
+"""A driver program for tests/runtime/test_hosts.py: runs on host 0 of the namespaced cluster (scripts/hosts.py).
 
 ``python tests/hosts_driver.py --session MASTER_OR_SC_URL --store s3://bucket/prefix --out result.json
 SCENARIO ... [--then --session ... SCENARIO ...]`` builds a classic session (``spark://...``, ``local[3]``) or a

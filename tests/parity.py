@@ -3,7 +3,7 @@
 Each class here is a mixin of test methods that take a ``session`` fixture
 (as PySpark's own TorchDistributor tests share theirs through ``...Mixin``
 classes). A classic test module subclasses it next to its own tests, with
-``session`` its classic session; ``tests/test_connect.py`` subclasses it
+``session`` its classic session; ``tests/runtime/test_connect.py`` subclasses it
 with ``session`` its Spark Connect session. So one body runs on both
 engines, each in a module that holds that session already: no test starts
 a Spark session of its own (a Connect server takes ~25 s to start, and one

@@ -115,7 +115,8 @@ def test_the_import_graph_is_read_from_the_source(graph):
     assert {"shared.wire.aggregation", "shared.model.modelspec", "shared.data.example_order",
             "shared.wire.stats"} <= graph["executor.worker"]
     assert "executor.worker" in graph["driver.runtime.session"]  # session imports worker inside Engine._warm_up only
-    assert "errors" in graph["driver.api.trainer"] and "driver.fit.rounds" in graph["driver.api.trainer"]
+    assert "errors" in graph["driver.api.trainer"] and "driver.fit.loop" in graph["driver.api.trainer"]
+    assert "driver.fit.rounds" in graph["driver.fit.loop"]
     assert graph["errors"] == set()
     assert graph["ml"] == {"driver.api.ml"}
     assert graph["driver.ml"] == {"driver.api.ml"}
@@ -203,7 +204,7 @@ def test_the_shims_are_the_modules_they_name():
         assert importlib.import_module(f"sparkdl_avg.{shim}") is importlib.import_module(f"sparkdl_avg.{real}")
     from sparkdl_avg.ml import KerasAveragingModel
 
-    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.api.ml"
+    assert KerasAveragingModel.__module__ == "sparkdl_avg.driver.ml"  # the path saved pipelines have recorded
 
 
 def test_every_error_the_library_raises_is_one_hierarchy():
@@ -227,3 +228,19 @@ def test_every_error_the_library_raises_is_one_hierarchy():
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and path.name != "errors.py":
                 defined.append(f"{path.relative_to(PACKAGE)}:{node.name}")
     assert defined == ["driver/api/cli.py:UsageError"]
+
+
+def test_the_extension_tests_use_only_the_public_api():
+    """Issue 46: a user's rule, outer optimizer and data adapter are tested as a user writes them: public names only."""
+    import sparkdl_avg
+
+    modules = sorted((PACKAGE.parent / "tests").rglob("test_extensions*.py"))
+    assert modules, "no tests/**/test_extensions*.py"
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sparkdl_avg"):
+                assert node.module == "sparkdl_avg", f"{path.name} imports from {node.module}"
+                names = {alias.name for alias in node.names}
+                assert names <= set(sparkdl_avg.__all__), f"{path.name} imports {sorted(names - set(sparkdl_avg.__all__))}"
+            elif isinstance(node, ast.Import):
+                assert all(a.name == "sparkdl_avg" or not a.name.startswith("sparkdl_avg") for a in node.names), path.name

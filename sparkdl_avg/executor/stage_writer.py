@@ -27,6 +27,7 @@ import pyarrow as pa
 from ..errors import DataError
 from ..shared.errors import remote_errors
 from ..shared.data.columns import Column, stage_arrow, stage_numpy
+from ..shared.data.kinds import TensorKind
 from ..shared.files.fs import is_full, join
 from ..shared.data.staged_dataset import write_columns
 from ..shared.data.value_checks import DataChecks, check_values
@@ -34,8 +35,8 @@ from ..shared.data.value_checks import DataChecks, check_values
 
 def check_staged(array: pa.Array, column: Column, checks: Optional[DataChecks], first_row: int = 0,
                  partition: bool = True, name: Optional[str] = None) -> None:
-    """The ``check_data`` checks of one staged tensor column, by its role (finite values, label ranges, weights ≥ 0)."""
-    if column.kind != "tensor" or checks is None or len(array) == 0:
+    """The ``check_data`` checks of one staged numeric column, by its role (finite values, label ranges, weights ≥ 0)."""
+    if not column.handler.numeric or checks is None or len(array) == 0:
         return
     values = array.values.to_numpy(zero_copy_only=False).reshape(len(array), -1)
     name = name or f"Column '{column.source}'"
@@ -106,7 +107,7 @@ def export_arrow_batches(
             for column in columns:
                 staged = stage_arrow(batch.column(column.name), column, first_row=rows)
                 check_staged(staged, column, checks, first_row=rows)
-                if column.role == "y" and column.kind == "tensor":
+                if column.role == "y" and column.handler.numeric:
                     source = batch.column(column.name)
                     widths.append(staged.type.list_size if pa.types.is_list(source.type)
                                   or pa.types.is_large_list(source.type) or pa.types.is_fixed_size_list(source.type)
@@ -180,17 +181,7 @@ def export_pairs(
             except (TypeError, ValueError):
                 raise DataError(f"RDD elements must be (x, y) pairs; {where} is {type(pair).__name__}.") from None
             for k, (part, column) in enumerate(zip(_flat_parts(x, len(inputs), "feature", where), inputs)):
-                if column.kind == "text":
-                    xs[k].append(part)
-                    continue
-                part = np.asarray(part).reshape(-1)
-                if part.size != column.field.width:
-                    which = f" for input {k}" if len(inputs) > 1 else ""
-                    raise DataError(
-                        f"{where} has features of {part.size} values{which}; expected {column.field.width} "
-                        f"(the model's input size)."
-                    )
-                xs[k].append(part)
+                xs[k].append(column.handler.element(part, column, where, f" for input {k}" if len(inputs) > 1 else ""))
             labels = [np.asarray(p, dtype=y_dtype) for p in _flat_parts(y, num_outputs, "label", where)]
             label_shapes = tuple(p.shape for p in labels)
             if shapes not in (None, label_shapes):
@@ -203,12 +194,11 @@ def export_pairs(
         else:
             arrays = {}
             for column, values in zip(inputs, xs):
-                data = np.array(values, dtype=object) if column.kind == "text" else np.stack(values)
-                arrays[column.name] = stage_numpy(data, column)
+                arrays[column.name] = stage_numpy(column.handler.stack(values), column)
                 check_staged(arrays[column.name], column, checks, partition=False,
                              name=f"The features of RDD partition {index}")
             for k, values in enumerate(ys):
-                label = Column(f"y{k}", f"The labels of RDD partition {index}", "tensor", role="y", index=k)
+                label = Column(f"y{k}", f"The labels of RDD partition {index}", TensorKind.name, role="y", index=k)
                 arrays[label.name] = stage_numpy(np.stack(values), label)
                 check_staged(arrays[label.name], label, checks, partition=False, name=label.source)
             uri = join(directory, f"part-{index:05d}.arrow")

@@ -6,7 +6,7 @@ model and state (broadcasts or files, :mod:`sparkdl_avg.shared.wire.exchange`), 
 yields what its result sink makes of its
 :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` (the RDD entry points) or
 Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round; the
-standing job's task, :func:`run_standing_rounds`, trains round after round
+standing job's task, :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`, trains round after round
 as the driver announces them in files). Every function also runs in-process
 with plain values in place of broadcasts, which is how the unit tests call it.
 
@@ -35,7 +35,6 @@ import numpy as np
 from ..errors import WorkerError
 from ..shared.model import quiet
 from ..shared.errors import remote_errors
-from ..shared.wire import standing
 from ..shared.wire.aggregation import PartialResult, weighted
 from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
@@ -45,6 +44,8 @@ from ..shared.wire.local_state import host_names
 from ..shared.model.modelspec import ModelSpec, get_state, set_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
 from ..shared.wire.stats import WorkerRecord
+from .arrow_entries import probe_path_batches, run_standing_rounds  # noqa: F401 (their old home)
+from .arrow_entries import task_ids as _task_ids
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -457,44 +458,12 @@ def run_round_partition(task: RoundTask, workers: Iterable[int]) -> Iterator[Par
         yield result
 
 
-def _task_ids(batches) -> list:
-    """The ids of ``spark.range(n, numPartitions=n)``'s rows a ``mapInArrow`` task got (all of its input)."""
-    return [int(i) for batch in batches for i in batch.column(0).to_pylist()]
-
-
 def run_round_batches(task: RoundTask, batches, entry=None) -> Iterator:
     """``mapInArrow`` body of a Spark SQL round: one task per worker id; yields the sink's Arrow rows.
 
     ``entry``: the partition body to run (default :func:`run_round_partition`).
     """
     yield from (entry or run_round_partition)(task, _task_ids(batches))
-
-
-def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
-    """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
-
-    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`:
-    the driver's word for each round under ``directory``, a local path, and
-    the answers). Each round runs the announced entry (the body a per-round
-    job would run, :func:`run_round_partition` or a test's wrapper) on the
-    announced :class:`RoundTask`, and its rows go to the round's answer
-    files instead of the job's result; the job itself yields nothing. A
-    retried attempt joins at the lowest round still announced and skips the
-    rounds its worker has answered. A task whose next word does not come
-    within ``deadline_s`` seconds ends.
-    """
-    ids = _task_ids(batches)
-    seq = standing.first_round(directory, deadline_s)
-    while seq is not None:
-        word = standing.word(directory, seq, deadline_s)
-        if word is None:
-            break
-        entry, task = word
-        if not standing.answered(directory, seq, ids):
-            standing.answer(directory, seq, list(entry(task, ids)))
-        seq += 1
-    return
-    yield  # a generator: mapInArrow's body
 
 
 @dataclass(frozen=True)
@@ -561,7 +530,7 @@ def run_eval_batches(task: EvalTask, batches) -> Iterator:
     """``mapInArrow`` body of a Spark SQL evaluation: yields each part's result as JSON (``meta string``)."""
     import pyarrow as pa
 
-    from ..shared.wire.exchange import encode_meta
+    from ..shared.wire.round_rows import encode_meta
 
     for result in run_eval_partition(task, _task_ids(batches)):
         yield pa.RecordBatch.from_pydict({"meta": [encode_meta(result)]})
@@ -600,29 +569,3 @@ def warm_up_batches(batches) -> Iterator:
 
     pids = list(warm_up_partition(_task_ids(batches)))
     yield pa.RecordBatch.from_pydict({"pid": pa.array(pids, pa.int64())})
-
-
-def probe_path_batches(marker: str, batches) -> Iterator:
-    """``mapInArrow`` body of the staging check: one row saying whether this executor sees the file ``marker``.
-
-    The driver wrote ``marker`` (a local path) just before the job; an
-    executor on another host, whose ``/tmp`` is its own, does not see it
-    (:func:`sparkdl_avg.driver.data.staging.check_shared_root`).
-    """
-    import pyarrow as pa
-
-    ids = _task_ids(batches)
-    seen = os.path.exists(marker)
-    yield pa.RecordBatch.from_pydict({
-        "task": pa.array([int(i) for i in ids], pa.int64()),
-        "host": pa.array([socket.gethostname() + "/" + _address()] * len(ids), pa.string()),
-        "seen": pa.array([seen] * len(ids), pa.bool_()),
-    })
-
-
-def _address() -> str:
-    """The address this executor's Spark binds to (``SPARK_LOCAL_IP``), else its host name's."""
-    try:
-        return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
-    except OSError:  # a host name that does not resolve (some containers): the name alone says enough
-        return ""

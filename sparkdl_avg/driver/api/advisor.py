@@ -202,7 +202,7 @@ def advise(
     """
     from ...shared.model.modelspec import ModelSpec, check_model_loads, get_state
     from ..config.trainer_config import validate_model
-    from ..runtime.session import engine_for
+    from ..data.adapters import engine_for, find_data_adapter, get_data_adapter, known_data
     from .trainer import ParameterAveragingTrainer
 
     started = time.perf_counter()
@@ -216,9 +216,15 @@ def advise(
                       "one short distributed fit", budget_s)
     spec = ModelSpec.from_model(model)
     check_model_loads(spec)
+    if find_data_adapter(data) is None:
+        raise DataError(
+            "The data must be a Spark DataFrame, an RDD of (x, y) pairs or a tuple (x, y) of numpy arrays. "
+            f"Got {type(data).__name__} instead."
+        )
+    data = known_data(data)  # a user's container converted once
     engine = engine_for(data)
     parallelism = engine.default_parallelism
-    total = _count(data)
+    total = get_data_adapter(data).count()
     if total == 0:
         raise DataError("The data is empty: there is nothing to measure.")
     if total < 2 * batch_size:
@@ -282,38 +288,11 @@ def advise(
     return Advice(summary=summary, rows=rows, cost=cost, measurements=measurements, best=best, epochs=epochs)
 
 
-def _count(data) -> int:
-    from pyspark import RDD
-    from pyspark.sql import DataFrame
-
-    if isinstance(data, (DataFrame, RDD)) or type(data).__name__ == "DataFrame":
-        return int(data.count())
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        x = data[0]
-        first = x[0] if isinstance(x, (list, tuple)) else x
-        return len(first)
-    raise DataError(
-        "The data must be a Spark DataFrame, an RDD of (x, y) pairs or a tuple (x, y) of numpy arrays. "
-        f"Got {type(data).__name__} instead."
-    )
-
-
 def _head(data, n: int, total: int):
     """The first ``n`` examples of ``data``, of the same kind (all of it when ``n >= total``)."""
-    if n >= total:
-        return data
-    from pyspark import RDD
+    from ..data.adapters import get_data_adapter
 
-    if isinstance(data, RDD):
-        return data.context.parallelize(data.take(n), max(1, data.getNumPartitions()))
-    if isinstance(data, (tuple, list)):
-        x, y = data
-
-        def cut(a):
-            return [v[:n] for v in a] if isinstance(a, (list, tuple)) else a[:n]
-
-        return cut(x), cut(y)
-    return data.limit(n)
+    return data if n >= total else get_data_adapter(data).head(n)
 
 
 def _single_process_step(model, spec, head, features_col, label_col, batch_size: int, k: int,

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from ...errors import ConfigurationError, DataError, ExecutorEnvironmentError, PathError, WorkerError
 from ...shared.files import fs
+from ..config import messages
 from ..config import options as table
 from ..config.trainer_config import check_fit_args
 
@@ -155,18 +156,18 @@ def check_fit_flags(args: argparse.Namespace) -> Dict[str, Any]:
 def flag_message(message: str) -> str:
     """Names the flag (``--batch-size``) where the trainer's message names its option (``'batch_size'``).
 
-    Applies to every option with a flag (:func:`sparkdl_avg.driver.config.options.flag_names`);
+    Applies to every option with a flag (:func:`sparkdl_avg.driver.config.messages.flag_names`);
     ``The '<option>' parameter`` reads ``The <flag> flag``, and the API's
     ``fit(resume=True)``/``Pass resume=True`` read ``--resume``.
     """
-    names = table.flag_names()
+    names = messages.flag_names()
     message = re.sub(r"\bfit\(resume=True\)|\bresume=True\b", "--resume", message)
     message = re.sub(
         r"\bThe '([a-z]+(?:_[a-z]+)*)' parameter\b",
         lambda m: f"The {names[m.group(1)]} flag" if m.group(1) in names else m.group(0),
         message,
     )
-    return table.rename(message, names, quote=False)
+    return messages.rename(message, names, quote=False)
 
 
 def columns(values: Optional[Sequence[str]], default: str) -> Union[str, List[str]]:

@@ -34,7 +34,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from ...errors import ConfigurationError, DataError, SessionError
 from ...shared.files import fs
 from ...shared.model.modelspec import keras_from_bytes, keras_to_bytes
-from ..config import options
+from ..config import codegen, messages, options
 from ..runtime.session import Engine, is_connect
 
 KERAS_FILE = "model.keras"
@@ -49,7 +49,7 @@ _OPTION_PARAMS = tuple(o for o in options.OPTIONS if o.param is not None)
 _BY_PARAM = {o.param.name: o for o in _OPTION_PARAMS}
 
 #: snake_case names in the trainer's messages → the estimator's Params (``'batch_size'`` → ``'batchSize'``).
-_SNAKE_TO_PARAM = options.param_names()
+_SNAKE_TO_PARAM = messages.param_names()
 
 
 class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
@@ -309,10 +309,10 @@ def _from_table(cls):
         setattr(cls, "set" + _capitalized(name), setter(name))
     init = cls.__init__
     own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    init.__signature__ = options.signature(_OPTION_PARAMS, leading=own, kind=inspect.Parameter.KEYWORD_ONLY,
+    init.__signature__ = codegen.signature(_OPTION_PARAMS, leading=own, kind=inspect.Parameter.KEYWORD_ONLY,
                                            camel=True)
     cls._init_names = tuple(p for p in init.__signature__.parameters if p != "self")
-    cls.__doc__ = options.document(cls.__doc__, [(o.param.name, _param_entry(o)) for o in _OPTION_PARAMS])
+    cls.__doc__ = codegen.document(cls.__doc__, [(o.param.name, _param_entry(o)) for o in _OPTION_PARAMS])
     return cls
 
 
@@ -320,7 +320,7 @@ def _param_entry(o) -> str:
     """The docstring entry of an option's Param: its doc, the trainer's name, the default."""
     default = o.param_default()
     text = o.param_doc()
-    shown = f". Default {options.literal(default)}" if default is not None else ""
+    shown = f". Default {codegen.literal(default)}" if default is not None else ""
     owner = {options.TRAINER: "the trainer's", options.RULE: "the update rule's", options.FIT: "``fit``'s",
              options.TRACKING: "MLflow tracking's"}[o.scope]
     return f"{text[0].upper()}{text[1:]} ({owner} ``{o.name}``){shown}."
@@ -378,7 +378,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
             if not o.param.shared and o.param_default() is not None
         })
         kwargs = dict(self._input_kwargs)
-        options.check_names(type(self).__name__, kwargs, self._init_names)
+        codegen.check_names(type(self).__name__, kwargs, self._init_names)
         self._set_keras(kwargs.pop("kerasModel", None))
         self.setPreprocess(kwargs.pop("preprocess", None))
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
@@ -455,7 +455,7 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
 
 def _camel_case_message(message: str) -> str:
     """Names the Spark param (``'batchSize'``) where the trainer's message names its option."""
-    return options.rename(message, _SNAKE_TO_PARAM)
+    return messages.rename(message, _SNAKE_TO_PARAM)
 
 
 class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadable):
@@ -525,3 +525,9 @@ class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadab
         if getattr(self, "_cache", None) is None:
             self._cache = PredictCache()
         return self._cache
+
+
+# Saved pipelines record each stage by its class's module path, and those written so far name
+# sparkdl_avg.driver.ml (a shim of this module now): new saves keep naming it, so files read the same.
+for _stage in (KerasAveragingEstimator, KerasAveragingModel):
+    _stage.__module__ = "sparkdl_avg.driver.ml"

@@ -120,7 +120,7 @@ class Checkpoint:
         meta: The run's seed, settings, schedule state, partial epoch and history.
         feedback: Under error feedback (``update_compression``), the workers'
             residual files, ``"<rounds back>/<worker>"`` → their bytes
-            (:meth:`sparkdl_avg.driver.transport.feedback.FeedbackLedger.export`); empty otherwise.
+            (:meth:`sparkdl_avg.driver.transport.chains.RoundChains.export`); empty otherwise.
     """
 
     epoch: int

@@ -158,7 +158,7 @@ def warn_dropped_residuals(uri: str, saved: checkpoint.Checkpoint, compression: 
         compression: This fit's ``update_compression``.
         keeps: Whether this fit keeps residuals (error feedback on for some segment).
     """
-    from ..transport.feedback import LOCAL_TAG
+    from ..transport.local_states import LOCAL_TAG
 
     dropped = sorted(key for key in saved.feedback  # optimizer_state="local"'s own states are not residuals
                      if key.split("/")[0] != LOCAL_TAG and (not keeps or key.split("/")[0] != compression))
@@ -193,7 +193,7 @@ class Checkpointing:
         run_settings: What a resumed run must match (see :func:`checkpoint.check_compatible`).
         tracking: The fit's tracking state (``FitInfo.tracking``), saved as it is at each checkpoint.
         feedback: The fit's residual files under error feedback (a
-            :class:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger`), saved with each checkpoint; ``None``: none.
+            :class:`~sparkdl_avg.driver.transport.feedback.ResidualLedger`), saved with each checkpoint; ``None``: none.
         membership: Elastic rounds' :class:`~sparkdl_avg.driver.elastic.membership.Membership`, whose history each
             checkpoint carries; ``None``: fixed workers.
         local: ``optimizer_state="local"``'s ledger of the workers' own optimizer states, saved with each
@@ -217,7 +217,7 @@ class Checkpointing:
 
         ``epoch_may_end``: the round may be its epoch's last (a checkpoint
         follows every epoch, or the last one). A callback's ``stop_training``
-        mid-epoch is not foreseen (see :meth:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger.export`).
+        mid-epoch is not foreseen (see :meth:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger.export`).
         """
         if self.directory is None:
             return False

@@ -1,4 +1,10 @@
-"""Configuration: :mod:`.options` is the one table of options (from which signatures, CLI flags, ML Params and docs derive); :mod:`.trainer_config` validates one configuration.
+"""Configuration: the one table of options and its machinery, from which signatures, CLI flags, ML Params and docs derive.
 
-The bottom of the driver's layers: imports only the shared side and :mod:`sparkdl_avg.errors`.
+:mod:`.options` is the table: the trainer's rows and the checks that join them (``JOINTS``), with ``fit``'s and
+MLflow's rows from :mod:`.fit_options`. Its machinery is apart: :mod:`.rows` (what a row declares),
+:mod:`.constraints` (the constraint types, the flags' parsers, the checks across options), :mod:`.codegen`
+(signatures, keyword checks, docstrings' Args), :mod:`.messages` (the messages in flags' and Params' words).
+:mod:`.trainer_config` validates one configuration.
+
+The bottom of the driver's layers: imports only :mod:`..algorithms`, the shared side and :mod:`sparkdl_avg.errors`.
 """

@@ -1,14 +1,18 @@
 """The one table of trainer options, :data:`OPTIONS`: every entry point derives its options from it.
 
-Each :class:`Option` row declares an option once: its snake_case name,
+Each :class:`~.rows.Option` row declares an option once: its snake_case name,
 default, type, documentation, check, how the jobs' command line spells it
-(:class:`Flag`) and which Spark ML Param carries it (:class:`SparkParam`).
-From the rows derive:
+(:class:`~.rows.Flag`) and which Spark ML Param carries it (:class:`~.rows.SparkParam`);
+:data:`JOINTS`, right after the trainer's rows, declares the checks that join
+several of them. The trainer's rows are here, ``fit``'s and MLflow's in
+:mod:`.fit_options`; the machinery is apart: the row types in :mod:`.rows`,
+the constraints and parsers in :mod:`.constraints`, the code generation in
+:mod:`.codegen`, the renaming of messages in :mod:`.messages`. From the rows derive:
 
 - :class:`~sparkdl_avg.driver.config.trainer_config.TrainerConfig` (the :data:`TRAINER` rows: its
   fields, defaults, docstring and the checks ``__post_init__`` runs);
 - ``ParameterAveragingTrainer.__init__``'s signature, its unknown-keyword
-  error and its docstring's Args (:func:`constructor`, :func:`document`);
+  error and its docstring's Args (:func:`~.codegen.constructor`, :func:`~.codegen.document`);
 - the jobs' flags (``sparkdl_avg.driver.api.cli.add_trainer_args``, ``add_data_args``)
   and ``cli.trainer_options``;
 - ``KerasAveragingEstimator``'s Params, keyword arguments, defaults,
@@ -19,7 +23,7 @@ From the rows derive:
   flags and the estimator's ``mlflow*`` Params, made into one logger by
   :func:`sparkdl_avg.driver.observe.tracking.from_options`;
 - the checks of README.md's configuration reference (tests/test_readme.py)
-  and tests/test_options.py (every row reaches all three entry points with
+  and tests/config/test_options.py (every row reaches all three entry points with
   the same default and the same error).
 
 Where an entry point gives an option another default or form, the row says
@@ -29,12 +33,12 @@ and ``block_lr``, whose help derives from the rules' declared parameters,
 combined by :func:`from_flat`); the CLI prints one line per epoch
 (``verbose=2``), the estimator is silent (``verbose=0``).
 
-Every row's ``check`` is a :class:`Constraint`, which renders the one message
-style (:func:`must_be`). The trainer's rows are checked by ``TrainerConfig``
-(with the checks across options), the :data:`FIT` rows by
+Every row's ``check`` is a :class:`~.constraints.Constraint`, which renders the one message
+style (:func:`~.constraints.must_be`). The trainer's rows are checked by ``TrainerConfig``
+(with the checks across options, :data:`JOINTS`), the :data:`FIT` rows by
 :func:`sparkdl_avg.driver.config.trainer_config.check_fit_args`, which ``fit`` and, before
 Spark starts, the jobs (``sparkdl_avg.driver.api.cli.check_fit_flags``) call. Whatever the check, the
-CLI's message names the flag (``--batch-size``, :func:`flag_names`) and the
+CLI's message names the flag (``--batch-size``, :func:`~.messages.flag_names`) and the
 estimator's the Param (``batchSize``) where the trainer's names the option.
 Besides its row, an option's name appears only where it is used, in
 messages and in other callables' own options such as ``evaluate``'s
@@ -43,22 +47,17 @@ messages and in other callables' own options such as ``evaluate``'s
 
 from __future__ import annotations
 
-import inspect
-import math
-import numbers
-import operator
-import textwrap
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
-from ...errors import ConfigurationError
+from ...shared.wire.delta_sums import segment_feedback
 from ..algorithms.rules import as_update_rule, flat_option, names_help
 from ..algorithms.schedules import as_schedule
-
-TRAINER = "trainer"  #: a ``ParameterAveragingTrainer``/``TrainerConfig`` option
-RULE = "rule"  #: one of update_rule's numbers, given flat by the CLI and the estimator
-FIT = "fit"  #: an option of ``ParameterAveragingTrainer.fit``
-TRACKING = "tracking"  #: an option of :class:`sparkdl_avg.driver.observe.tracking.MlflowLogger` (MLflow tracking of a fit)
+from .constraints import (  # noqa: F401 (API: the row types and constraints, importable from the table)
+    Bool, BoolOrPath, ClassWeights, Constraint, CrossCheck, Function, Ints, Joint, OneOf, Parsed, Requires,
+    RoundsOrEpoch, Seconds, Text, check_joints, import_function, must_be, on_off, parse_class_weight,
+    parse_optional_rate, parse_rate, require, rounds_or_epoch)
+from .fit_options import FIT_OPTIONS, TRACKING_OPTIONS
+from .rows import FIT, RULE, SAME, TRACKING, TRAINER, Flag, Option, SparkParam  # noqa: F401 (API)
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset", "local")
 NONFINITE_POLICIES = ("raise", "skip")
@@ -69,368 +68,6 @@ AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
 MAX_AGGREGATION_SHARDS = 1024
 SYNCHRONIZATIONS = ("sync", "stale", "async")
 UPDATE_COMPRESSIONS = ("bf16", "int8", "int4")  # sparkdl_avg.shared.wire.delta_sums.COMPRESSIONS (the executors' side)
-
-
-class _Same:
-    def __repr__(self) -> str:
-        return "SAME"
-
-
-SAME = _Same()  #: "the row's default" in :class:`Flag` and :class:`SparkParam`
-
-# ------------------------------------------------------------- constraints
-
-
-def must_be(name: str, what: str, value: Any) -> ConfigurationError:
-    """The one message of a value an option refuses: ``The 'name' parameter must be <what>. Got <value> instead.``"""
-    return ConfigurationError(f"The '{name}' parameter must be {what}. Got {value!r} instead.")
-
-
-class Constraint:
-    """What an option's value must be: a row's ``check``, called as ``check(name, value)``.
-
-    A constraint says what it accepts (``str(c)``: "an int in the range [1,
-    inf)") and refuses anything else with :func:`must_be`'s message, so every
-    option's error reads the same; the CLI and the estimator rename the
-    option in it (:func:`rename`). Subclasses define :meth:`accepts` and
-    ``__str__``, or override :meth:`__call__` where a parser raises its own,
-    more specific message (the update rule, the schedule, the link rate).
-    """
-
-    def accepts(self, value: Any) -> bool:
-        raise NotImplementedError
-
-    def __call__(self, name: str, value: Any) -> None:
-        """Raises ``ConfigurationError`` naming ``name`` unless ``value`` is accepted."""
-        if not self.accepts(value):
-            raise must_be(name, str(self), value)
-
-
-@dataclass(frozen=True)
-class Ints(Constraint):
-    """An integer in ``[low, high]`` (numpy integers too, not ``bool``), or ``None`` where ``allow_none``.
-
-    ``high=None``: no upper bound.
-    """
-
-    low: int
-    allow_none: bool = False
-    high: Optional[int] = None
-
-    def accepts(self, value: Any) -> bool:
-        if value is None:
-            return self.allow_none
-        return (not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= self.low
-                and (self.high is None or value <= self.high))
-
-    def __str__(self) -> str:
-        upper = "inf)" if self.high is None else f"{self.high}]"
-        return f"an int in the range [{self.low}, {upper}" + (" or None" if self.allow_none else "")
-
-
-@dataclass(frozen=True)
-class Seconds(Constraint):
-    """A number of seconds above 0 (an int or a float, not ``bool``, finite)."""
-
-    def accepts(self, value: Any) -> bool:
-        return (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-                and value > 0)
-
-    def __str__(self) -> str:
-        return "a number of seconds above 0"
-
-
-@dataclass(frozen=True)
-class OneOf(Constraint):
-    """One of ``choices``."""
-
-    choices: Tuple[Any, ...]
-
-    def accepts(self, value: Any) -> bool:
-        return value in self.choices
-
-    def __str__(self) -> str:
-        return "one of " + ", ".join(repr(c) for c in self.choices)
-
-
-@dataclass(frozen=True)
-class Bool(Constraint):
-    """``True`` or ``False`` (or ``None`` with ``allow_none``)."""
-
-    allow_none: bool = False
-
-    def accepts(self, value: Any) -> bool:
-        return isinstance(value, bool) or (self.allow_none and value is None)
-
-    def __str__(self) -> str:
-        return "a bool or None" if self.allow_none else "a bool"
-
-
-@dataclass(frozen=True)
-class Text(Constraint):
-    """A non-empty ``str`` or ``None``; ``what`` says what the string is, where it is more than text."""
-
-    what: str = ""
-
-    def accepts(self, value: Any) -> bool:
-        return value is None or (isinstance(value, str) and value != "")
-
-    def __str__(self) -> str:
-        return f"a non-empty str{f' ({self.what})' if self.what else ''} or None"
-
-
-@dataclass(frozen=True)
-class RoundsOrEpoch(Constraint):
-    """``"epoch"`` or a number of rounds ≥ 1."""
-
-    def accepts(self, value: Any) -> bool:
-        return value == "epoch" or Ints(1).accepts(value)
-
-    def __str__(self) -> str:
-        return "'epoch' or an int in the range [1, inf) (rounds)"
-
-
-@dataclass(frozen=True)
-class BoolOrPath(Constraint):
-    """A bool, or the path of a checkpoint."""
-
-    def accepts(self, value: Any) -> bool:
-        return isinstance(value, bool) or (isinstance(value, str) and value != "")
-
-    def __str__(self) -> str:
-        return "a bool or the path of a checkpoint"
-
-
-@dataclass(frozen=True)
-class Parsed(Constraint):
-    """Whatever ``parse(value)`` accepts; its ``ConfigurationError`` says what else it takes."""
-
-    parse: Callable[[Any], Any]
-    what: str
-
-    def accepts(self, value: Any) -> bool:
-        return True
-
-    def __call__(self, name: str, value: Any) -> None:
-        self.parse(value)
-
-    def __str__(self) -> str:
-        return self.what
-
-
-@dataclass(frozen=True)
-class Function(Constraint):
-    """A function executors can receive (:meth:`sparkdl_avg.shared.data.preprocess.Preprocess.of` says why not), or ``None``."""
-
-    def accepts(self, value: Any) -> bool:
-        return True
-
-    def __call__(self, name: str, value: Any) -> None:
-        from ...shared.data.preprocess import Preprocess
-
-        Preprocess.of(value, name)
-
-    def __str__(self) -> str:
-        return "a function of a batch (a dict of numpy arrays) or None"
-
-
-@dataclass(frozen=True)
-class ClassWeights(Constraint):
-    """A dict of class index (int ≥ 0) → weight (a number ≥ 0), or ``None``, as Keras' ``class_weight``."""
-
-    def accepts(self, value: Any) -> bool:
-        if value is None:
-            return True
-        return isinstance(value, dict) and bool(value) and all(
-            Ints(0).accepts(k) and isinstance(v, numbers.Real) and not isinstance(v, bool) and v >= 0
-            for k, v in value.items())
-
-    def __str__(self) -> str:
-        return "a dict of class index (an int >= 0) to weight (a number >= 0), or None"
-
-
-def import_function(text: str) -> Any:
-    """``MODULE:FUNCTION`` (``--preprocess``) as the function; the module must be importable on the driver.
-
-    Raises ``argparse.ArgumentTypeError``, whose message argparse prints as the flag's error.
-    """
-    import argparse
-    import importlib
-
-    module_name, sep, name = str(text).partition(":")
-    if not sep or not module_name or not name:
-        raise argparse.ArgumentTypeError(f"expected MODULE:FUNCTION, got {text!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise argparse.ArgumentTypeError(f"cannot import module {module_name!r} ({exc}); put it on the driver's path and ship it "
-                         "to executors with --py-files") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise argparse.ArgumentTypeError(f"module {module_name!r} has no function {name!r}")
-    return fn
-
-
-def parse_class_weight(text: str) -> Dict[int, float]:
-    """``--class-weight``'s ``CLASS=WEIGHT,...`` (``0=1,1=5``) as a dict."""
-    weights = {}
-    for part in str(text).split(","):
-        key, sep, value = part.partition("=")
-        try:
-            weights[int(key)] = float(value)
-        except ValueError:
-            raise ValueError(f"expected CLASS=WEIGHT,... such as 0=1,1=5, got {text!r}") from None
-        if not sep:
-            raise ValueError(f"expected CLASS=WEIGHT,... such as 0=1,1=5, got {text!r}")
-    return weights
-
-
-def parse_rate(rate: Any) -> float:
-    """Bytes per second of a link rate: a positive number (bytes/s) or a string such as ``"1gbit"``, ``"800mbit"``.
-
-    Raises:
-        ConfigurationError: anything else, naming ``network_rate``.
-    """
-    if isinstance(rate, numbers.Real) and not isinstance(rate, bool) and rate > 0:
-        return float(rate)
-    if isinstance(rate, str):
-        text = rate.strip().lower()
-        try:
-            return parse_rate(float(text))  # a number of bytes/s, as a Spark ML Param holds it
-        except ValueError:
-            pass
-        for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-            if text.endswith(unit):
-                try:
-                    value = float(text[: -len(unit)])
-                except ValueError:
-                    break
-                if value > 0:
-                    return value * scale / 8
-                break
-    raise must_be("network_rate", "a link rate such as '1gbit', '10gbit' or '800mbit', or a positive number of bytes "
-                  "per second", rate)
-
-
-def parse_optional_rate(rate: Any) -> Optional[float]:
-    """:func:`parse_rate`, with ``None`` (the option's default: 1 Gbit/s) kept."""
-    return None if rate is None else parse_rate(rate)
-
-
-def on_off(text: str) -> bool:
-    """A flag's ``on``/``off`` (also ``true``/``false``, ``1``/``0``) as a bool."""
-    value = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}.get(text.strip().lower())
-    if value is None:
-        raise ValueError(f"expected on or off, got {text!r}")
-    return value
-
-
-def rounds_or_epoch(value: Any) -> Any:
-    """``--checkpoint-every``'s text as the option: ``"epoch"`` stays, digits become an int (checked by the row)."""
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        return int(value)
-    return value
-
-
-def require(name: str, value: Any, constraint: Constraint) -> None:
-    """Checks an argument that is not an option row (``evaluate``'s ``batch_size``, ``advise``'s ``max_workers``)."""
-    constraint(name, value)
-
-
-# ------------------------------------------------------------------- rows
-
-
-@dataclass(frozen=True)
-class Flag:
-    """How the jobs' command line (``sparkdl_avg.driver.api.cli``) spells an option.
-
-    Attributes:
-        flag: The flag; default ``--`` and the name in kebab-case.
-        type: argparse ``type`` (``int``, ``float``); ``None``: a string.
-        default: The flag's default; :data:`SAME`: the option's.
-        action: argparse ``action`` (``"store_false"`` for ``--no-check-data``).
-        dest: The ``argparse.Namespace`` attribute; default the option's name.
-        choices: argparse ``choices``.
-        metavar: argparse ``metavar``.
-        help: The help text when the option's ``help`` does not fit the flag.
-        to_option: Turns the parsed value into the option's (``--no-shuffle``).
-        group: ``"training"`` (``add_trainer_args``), ``"data"`` (``add_data_args``) or
-            ``"tracking"`` (``add_tracking_args``).
-    """
-
-    flag: Optional[str] = None
-    type: Optional[Callable[[str], Any]] = None
-    default: Any = SAME
-    action: Optional[str] = None
-    dest: Optional[str] = None
-    choices: Optional[Tuple[Any, ...]] = None
-    metavar: Optional[str] = None
-    help: Optional[str] = None
-    to_option: Optional[Callable[[Any], Any]] = None
-    group: str = "training"
-
-
-@dataclass(frozen=True)
-class SparkParam:
-    """The Spark ML Param of ``KerasAveragingEstimator`` that carries an option.
-
-    Attributes:
-        name: camelCase, like Spark's own Params.
-        converter: The name of a ``pyspark.ml.param.TypeConverters`` function.
-        default: The Param's default; :data:`SAME`: the option's; ``None``: unset.
-        shared: Declared by a ``pyspark.ml.param.shared`` mixin the stage
-            inherits (``HasSeed``'s default is a hash of the class name).
-        unset: What unset means for the estimator, when not the row's ``unset``.
-    """
-
-    name: str
-    converter: str
-    default: Any = SAME
-    shared: bool = False
-    unset: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option, declared once.
-
-    Attributes:
-        name: snake_case: the ``TrainerConfig`` field and keyword argument.
-        default: The trainer's (or ``fit``'s) default.
-        annotation: The type, as written in the generated signatures.
-        help: One line (flag help, Param doc): what the option is.
-        doc: The Args entry of the trainer's and ``TrainerConfig``'s docstrings.
-        scope: :data:`TRAINER`, :data:`RULE`, :data:`FIT` or :data:`TRACKING`.
-        check: The :class:`Constraint` the value must meet, or ``None``: any value.
-        unset: What ``None`` means, for help texts ("Spark's defaultParallelism").
-        cli: The flag, or ``None``: no flag.
-        param: The estimator's Param, or ``None``: no Param.
-        aliases: Other snake_case names the trainer's messages give the
-            same value (``SlowMo``'s ``slow_lr`` is ``block_lr``).
-    """
-
-    name: str
-    default: Any
-    annotation: str
-    help: str
-    doc: str = ""
-    scope: str = TRAINER
-    check: Optional[Constraint] = None
-    unset: str = ""
-    cli: Optional[Flag] = None
-    param: Optional[SparkParam] = None
-    aliases: Tuple[str, ...] = ()
-
-    def flag_default(self) -> Any:
-        return self.default if self.cli is None or self.cli.default is SAME else self.cli.default
-
-    def param_default(self) -> Any:
-        return self.default if self.param is None or self.param.default is SAME else self.param.default
-
-    def param_doc(self) -> str:
-        """The Param's doc: ``help``, and what unset means."""
-        unset = self.unset if self.param is None or self.param.unset is None else self.param.unset
-        return self.help + (f"; unset: {unset}" if self.param_default() is None and unset else "")
 
 
 OPTIONS: Tuple[Option, ...] = (
@@ -581,7 +218,7 @@ OPTIONS: Tuple[Option, ...] = (
              "(broadcast + treeAggregate), 'files' (files under the staging dir), 'auto' (files when all "
              "executors run on the driver's host, else spark while the driver's link is cheaper than sharding, "
              "sql above)",
-        doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.driver.transport.paths`). "
+        doc="How a round's state moves between driver and workers (:mod:`sparkdl_avg.driver.transport`). "
             "``\"sql\"``: the round is a DataFrame job (``spark.range(N).mapInArrow``), the state a file under "
             "the staging directory, the workers' sums raw bytes in Arrow rows, summed as ``aggregation`` says; "
             "the only one under Spark Connect. ``\"spark\"``: broadcast out, ``treeAggregate`` back (classic "
@@ -590,7 +227,7 @@ OPTIONS: Tuple[Option, ...] = (
             "(default): files when every executor runs on the driver's host (``local[N]``, ``local-cluster``) "
             "and the staging directory is local; on hosts of their own Spark's tree while bringing every "
             "worker's sums through the driver's link (``network_rate``) costs less than a sharded round, else "
-            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.paths.choose`). Name one only "
+            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.policy.choose`). Name one only "
             "to compare them, or ``\"files\"`` with a fast shared filesystem. Measurements: docs/benchmarks.md, "
             "\"On a shaped network\" and \"Aggregation paths\".",
         check=OneOf(STATE_TRANSPORTS),
@@ -611,8 +248,8 @@ OPTIONS: Tuple[Option, ...] = (
             "Sharded, the driver receives one model's bytes. ``\"auto\"`` (default): files under Spark Connect "
             "when its master and the staging directory are local (client and executors share its files); on hosts of their own the driver while "
             "that costs less than sharding (``network_rate``), else shuffle; on one host the driver up to "
-            ":data:`sparkdl_avg.driver.transport.paths.DRIVER_SUM_BYTES` of sums in all, else storage (the whole rule: "
-            ":func:`sparkdl_avg.driver.transport.paths.plan_aggregation`; measurements: docs/benchmarks.md, \"Aggregation "
+            ":data:`sparkdl_avg.driver.transport.policy.DRIVER_SUM_BYTES` of sums in all, else storage (the whole rule: "
+            ":func:`sparkdl_avg.driver.transport.policy.plan_aggregation`; measurements: docs/benchmarks.md, \"Aggregation "
             "paths\" and \"On a shaped network\"). All give bitwise the same sums, so name one only to compare "
             "them. Anything but ``\"auto\"`` is refused with ``state_transport=\"spark\"`` or ``\"files\"``, "
             "which sum on the driver.",
@@ -707,7 +344,7 @@ OPTIONS: Tuple[Option, ...] = (
             "(``state_transport``, ``aggregation``) weighs: a string such as ``\"1gbit\"``, ``\"10gbit\"`` or "
             "``\"800mbit\"``, or bytes per second. Default ``None``: 1 Gbit/s. Every worker's sums go straight "
             "to the driver while that costs less than sharding them "
-            "(:func:`sparkdl_avg.driver.transport.paths.driver_bound_pays`), else they are sharded through the shuffle and the "
+            "(:func:`sparkdl_avg.driver.transport.policy.driver_bound_pays`), else they are sharded through the shuffle and the "
             "driver's link carries about one model's bytes each way per round. Give your link's rate when it is "
             "not 1 Gbit/s. Not used when every executor runs on the driver's host (``local[N]``, "
             "``local-cluster``). Measurements: docs/benchmarks.md, \"On a shaped network\".",
@@ -805,144 +442,88 @@ OPTIONS: Tuple[Option, ...] = (
         cli=Flag(type=float),
         param=SparkParam("elasticTimeoutS", "toFloat"),
     ),
-    # ------------------------------------------------- fit options the CLI and the estimator expose
-    Option(
-        "epochs", 1, "int", scope=FIT,
-        help="passes over the training data (with initial_epoch: the index of the epoch to stop before)",
-        check=Ints(1),
-        cli=Flag(type=int),
-        param=SparkParam("epochs", "toInt"),
-    ),
-    Option(
-        "initial_epoch", 0, "int", scope=FIT,
-        help="epoch at which to start, to continue an earlier fit (as in keras.Model.fit); must be below epochs",
-        check=Ints(0),
-        cli=Flag(type=int),
-    ),
-    Option(
-        "features_col", "features", "Any", scope=FIT,
-        help="features column(s): array<float/double> or ml Vector",
-        cli=Flag(action="append", default=None, metavar="COL", group="data",
-                 help="features column(s): array<float/double> or ml Vector; for a model with several inputs "
-                      "repeat the flag or give a comma list, in the order of model.inputs (default: features)"),
-        param=SparkParam("featuresCol", "toString", shared=True),
-    ),
-    Option(
-        "label_col", "label", "Any", scope=FIT,
-        help="label column(s)",
-        cli=Flag(action="append", default=None, metavar="COL", group="data",
-                 help="label column(s); several for a model with several outputs (default: label)"),
-        param=SparkParam("labelCol", "toString", shared=True),
-    ),
-    Option(
-        "shuffle", True, "bool", scope=FIT,
-        help="shuffle the examples every epoch",
-        check=Bool(),
-        cli=Flag("--no-shuffle", action="store_true", dest="no_shuffle", to_option=operator.not_,
-                 help="keep the data's order instead of shuffling each epoch"),
-        param=SparkParam("shuffle", "toBoolean"),
-    ),
-    Option(
-        "verbose", "auto", "Any", scope=FIT,
-        help="0 silent, 1 progress bar, 2 one line per epoch",
-        check=OneOf(("auto", 0, 1, 2)),
-        cli=Flag(type=int, choices=(0, 1, 2), default=2),
-        param=SparkParam("verbose", "toInt", default=0),
-    ),
-    Option(
-        "checkpoint_dir", None, "Optional[str]", scope=FIT,
-        help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)",
-        check=Text("a local path or a pyarrow.fs URI"),
-        cli=Flag(metavar="PATH_OR_URI"),
-        param=SparkParam("checkpointDir", "toString"),
-    ),
-    Option(
-        "checkpoint_every", "epoch", "Any", scope=FIT,
-        help="'epoch' or a number of rounds",
-        check=RoundsOrEpoch(),
-        cli=Flag(to_option=rounds_or_epoch),
-        param=SparkParam("checkpointEvery", "identity"),
-    ),
-    Option(
-        "resume", False, "Any", scope=FIT,
-        help="continue from the latest checkpoint in --checkpoint-dir, if there is one",
-        check=BoolOrPath(),
-        cli=Flag(action="store_true"),
-        param=SparkParam("resume", "identity"),
-    ),
-    Option(
-        "sample_weight_col", None, "Optional[str]", scope=FIT,
-        help="column of each example's weight in the loss (Keras' sample_weight)",
-        unset="every example weighs 1",
-        check=Text("a column name"),
-        cli=Flag(metavar="COL", group="data"),
-        param=SparkParam("weightCol", "toString", shared=True),
-    ),
-    Option(
-        "class_weight", None, "Optional[dict]", scope=FIT,
-        help="weight of each class in the loss, as Keras' class_weight ({class index: weight}; a flag: 0=1,1=5)",
-        unset="every class weighs 1",
-        check=ClassWeights(),
-        cli=Flag(metavar="CLASS=WEIGHT,...", type=parse_class_weight),
-    ),
-    # ------------------------------------------------- MLflow tracking (sparkdl_avg.driver.observe.tracking.MlflowLogger)
-    Option(
-        "mlflow", False, "bool", scope=TRACKING,
-        help="log the fit to MLflow (also on when an experiment, tracking URI or run name is given)",
-        doc="Log the fit to MLflow: into the active run, else into a new run of ``experiment``. The "
-            "jobs and the estimator only; an ``MlflowLogger`` in ``callbacks`` is this switch for the trainer.",
-        check=Bool(),
-        cli=Flag(action="store_true", group="tracking"),
-        param=SparkParam("mlflowTracking", "toBoolean"),
-    ),
-    Option(
-        "experiment", None, "Optional[str]", scope=TRACKING,
-        help="MLflow experiment of the run (created if missing)",
-        unset="the active run's, else MLflow's (MLFLOW_EXPERIMENT_NAME / _ID, or 'Default')",
-        doc="Name of the MLflow experiment a new run goes into, created if it does not exist. Default "
-            "``None``: the active run's, else MLflow's current experiment (``mlflow.set_experiment``, "
-            "``MLFLOW_EXPERIMENT_NAME``/``_ID``, else ``\"Default\"``).",
-        check=Text(),
-        cli=Flag("--mlflow-experiment", metavar="NAME", group="tracking"),
-        param=SparkParam("mlflowExperiment", "toString"),
-    ),
-    Option(
-        "tracking_uri", None, "Optional[str]", scope=TRACKING,
-        help="MLflow tracking URI (http://host:5000, sqlite:///mlflow.db, databricks)",
-        unset="MLflow's (mlflow.set_tracking_uri, MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
-        doc="Where the run is tracked: a tracking server (``http://host:5000``), a database "
-            "(``sqlite:///mlflow.db``) or ``databricks``. Default ``None``: MLflow's current tracking URI "
-            "(``mlflow.set_tracking_uri``, ``MLFLOW_TRACKING_URI``). Only this logger uses it; MLflow's "
-            "global setting is not changed.",
-        check=Text(),
-        cli=Flag("--mlflow-tracking-uri", metavar="URI", group="tracking"),
-        param=SparkParam("mlflowTrackingUri", "toString"),
-    ),
-    Option(
-        "run_name", None, "Optional[str]", scope=TRACKING,
-        help="name of a new MLflow run",
-        unset="MLflow's generated name",
-        doc="Name of the new run (not used when logging into the active run or resuming one). Default "
-            "``None``: MLflow generates one.",
-        check=Text(),
-        cli=Flag("--mlflow-run-name", metavar="NAME", group="tracking"),
-        param=SparkParam("mlflowRunName", "toString"),
-    ),
-    Option(
-        "log_model", True, "bool", scope=TRACKING,
-        help="log the trained model (Keras flavour, with its signature), stats.json and report.html at the end",
-        doc="At the end of a fit, log the trained model in MLflow's Keras flavour (artifact ``model``, "
-            "with an input/output tensor signature; ``mlflow.keras.load_model(\"runs:/<id>/model\")``) "
-            "and the ``stats.json`` and ``report.html`` artifacts. Default True.",
-        check=Bool(),
-        cli=Flag("--mlflow-no-log-model", action="store_false", dest="log_model", group="tracking",
-                 help="do not log the trained model, stats.json and report.html to MLflow"),
-        param=SparkParam("mlflowLogModel", "toBoolean"),
-    ),
+) + FIT_OPTIONS + TRACKING_OPTIONS
+
+
+def _most(values: Mapping[str, Any]) -> Any:
+    """The most workers a round may have: ``max_workers``, else ``num_workers`` (``None``: not given)."""
+    return values["max_workers"] if values["max_workers"] is not None else values["num_workers"]
+
+
+#: The checks that join several trainer options (``TrainerConfig`` runs them after each row's own check, in this
+#: order: the first refusal is the error). Each concerns its first option when that is set (not its default).
+JOINTS: Tuple[CrossCheck, ...] = (
+    Requires(
+        "reproducible", "synchronization", ("stale",),
+        "The 'reproducible' parameter needs synchronization='stale' (a bound: its chunks read the weights "
+        "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
+        "Got reproducible=True with synchronization={synchronization!r} instead."),
+    Requires(
+        "staleness", "synchronization", ("stale", "async"),
+        "The 'staleness' parameter applies only when 'synchronization' is 'stale' (the bound of its chunks; "
+        "'sync' rounds wait for every worker): set 'synchronization' to 'stale' or leave 'staleness' at its "
+        "default ({default}). Got staleness={staleness!r} with synchronization='sync' instead."),
+    Requires(
+        "aggregation_shards", "aggregation", ("shuffle", "storage", "auto"),
+        "The 'aggregation_shards' parameter applies only when 'aggregation' is 'shuffle', 'storage' or 'auto' "
+        "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
+        "Got aggregation_shards={aggregation_shards!r} with aggregation={aggregation!r} instead."),
+    Requires(
+        "staleness_aware", "synchronization", ("stale", "async"),
+        "The 'staleness_aware' parameter applies only when 'synchronization' is 'stale' or 'async' (it scales "
+        "updates by their delay; 'sync' updates have none): set 'synchronization' or leave 'staleness_aware' "
+        "at its default (True). Got staleness_aware={staleness_aware!r} with synchronization='sync' instead."),
+    Requires(
+        "aggregation_shards", "state_transport", ("sql", "auto"),
+        "The 'aggregation_shards' parameter applies only when 'state_transport' is 'sql' or 'auto' (the sql "
+        "round's sharded aggregations; {state_transport!r} sums on the driver): set 'state_transport' to "
+        "'sql' or leave 'aggregation_shards' at None. Got aggregation_shards={aggregation_shards!r} with "
+        "state_transport={state_transport!r} instead."),
+    Requires(
+        "aggregation", "state_transport", ("sql", "auto"),
+        "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
+        "round sums; {state_transport!r} has its own): set 'state_transport' to 'sql' or leave "
+        "'aggregation' at 'auto'. Got aggregation={aggregation!r} with state_transport={state_transport!r} "
+        "instead."),
+    Requires(
+        "error_feedback", "update_compression", UPDATE_COMPRESSIONS,
+        "The 'error_feedback' parameter applies only with 'update_compression' (it keeps what the codec drops): "
+        "set 'update_compression' or leave 'error_feedback' at None. Got error_feedback={error_feedback!r} "
+        "with update_compression=None instead."),
+    Joint(
+        "update_compression",
+        lambda v: v["synchronization"] == "async" and any(segment_feedback(v["update_compression"],
+                                                                           v["error_feedback"])),
+        "Error feedback needs synchronization='sync' or 'stale' (a worker's residual goes to its chunk a fixed "
+        "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
+        "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
+        "update_compression={update_compression!r} with synchronization='async' instead."),
+    Requires(
+        "optimizer_state", "synchronization", ("sync",), when=("local",),
+        message="The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state "
+                "continues from its own previous round; stale and asynchronous chunks have no fixed previous "
+                "round). Got optimizer_state='local' with synchronization={synchronization!r} instead."),
+    Joint(
+        "elastic_timeout_s", lambda v: v["min_workers"] is None and v["max_workers"] is None,
+        "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
+        "'min_workers' task slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its "
+        "default. Got elastic_timeout_s={elastic_timeout_s!r} without them instead."),
+    Joint(
+        "max_workers", lambda v: v["num_workers"] is not None and v["max_workers"] != v["num_workers"],
+        "The 'num_workers' and 'max_workers' parameters are both the most workers of an elastic round; give "
+        "one of them. Got num_workers={num_workers!r} with max_workers={max_workers!r} instead."),
+    Joint(
+        "min_workers", lambda v: _most(v) is not None and v["min_workers"] > _most(v),
+        lambda v: f"The 'min_workers' parameter must be at most '{'max_workers' if v['max_workers'] else 'num_workers'}' "
+                  f"({_most(v)}): a round cannot need more workers than it may have. "
+                  f"Got min_workers={v['min_workers']!r} instead."),
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 assert len(_BY_NAME) == len(OPTIONS), "an option is declared twice"
+#: Each option's default by name.
+DEFAULTS: Dict[str, Any] = {o.name: o.default for o in OPTIONS}
+assert all(c.name in _BY_NAME and getattr(c, "other", c.name) in _BY_NAME for c in JOINTS), "a check joins no row"
 
 
 def option(name: str) -> Option:
@@ -962,43 +543,6 @@ def check(name: str, value: Any) -> None:
         row.check(name, value)
 
 
-def flag_names() -> Dict[str, str]:
-    """snake_case names in the trainer's messages → the jobs' flags (``"batch_size"`` → ``"--batch-size"``)."""
-    return {name: o.cli.flag or "--" + o.name.replace("_", "-")
-            for o in OPTIONS if o.cli is not None for name in (o.name, *o.aliases)}
-
-
-def param_names() -> Dict[str, str]:
-    """snake_case names in the trainer's messages → the estimator's Params (``"batch_size"`` → ``"batchSize"``)."""
-    return {name: o.param.name for o in OPTIONS if o.param is not None for name in (o.name, *o.aliases)}
-
-
-def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
-    """``message`` with each quoted option name (``'batch_size'``) of ``names``, and each ``name=`` of one, replaced by its entry.
-
-    With ``quote=False`` the replacement is written bare (flags: ``--batch-size``). A quoted word
-    that is also a value some option takes (``'shuffle'``, an ``aggregation``) is a value in the
-    messages (``Got aggregation='shuffle'``), and stays: issue 38 found the jobs turning it into
-    ``--no-shuffle``. ``The 'shuffle' parameter`` is renamed by the callers' own rule.
-    """
-    import re
-
-    values = {c for o in OPTIONS if isinstance(o.check, OneOf) for c in o.check.choices if isinstance(c, str)}
-
-    def sub(m: "re.Match") -> str:
-        if m.group(1) not in names or m.group(1) in values:
-            return m.group(0)
-        new = names[m.group(1)]
-        return f"'{new}'" if quote else new
-
-    def assignment(m: "re.Match") -> str:  # "Got checkpoint_every=3": the value an option was given
-        return f"{names[m.group(1)]}=" if m.group(1) in names else m.group(0)
-
-    message = re.sub(r"'([a-z]+(?:_[a-z]+)*)'", sub, message)
-    # not inside an update rule's spec ('slowmo:slow_lr=2,slow_momentum=0.7'): the names the user wrote stay
-    return re.sub(r"(?<![\w.'\-:,])([a-z]+(?:_[a-z]+)*)=(?!=)", assignment, message)
-
-
 # ------------------------------------------------------------- derivations
 
 
@@ -1012,97 +556,3 @@ def from_flat(values: Mapping[str, Any]) -> Dict[str, Any]:
     out = {o.name: values[o.name] for o in of(TRAINER) if o.name in values}
     out["update_rule"] = as_update_rule(values["update_rule"], {o.name: values[o.name] for o in of(RULE)})
     return out
-
-
-def literal(value: Any) -> str:
-    """``value`` as README.md and the docs write it: ``"average"``, ``None``, ``32``."""
-    return f'"{value}"' if isinstance(value, str) else repr(value)
-
-
-def signature(rows: Iterable[Option], leading: Sequence[inspect.Parameter] = (),
-              kind: Any = inspect.Parameter.POSITIONAL_OR_KEYWORD, camel: bool = False) -> inspect.Signature:
-    """A signature: ``leading`` parameters, then one per row with its default.
-
-    With ``camel`` the rows' Param names and Param defaults (the estimator's).
-    """
-    params = list(leading)
-    for o in rows:
-        if camel:
-            params.append(inspect.Parameter(o.param.name, kind, default=o.param_default(), annotation=o.annotation))
-        else:
-            params.append(inspect.Parameter(o.name, kind, default=o.default, annotation=o.annotation))
-    return inspect.Signature(params)
-
-
-def check_names(owner: str, given: Iterable[str], valid: Sequence[str]) -> None:
-    """Raises ``TypeError`` naming the keyword arguments of ``given`` that are not ``valid``."""
-    unknown = [n for n in given if n not in valid]
-    if unknown:
-        raise TypeError(
-            f"{owner} got unexpected keyword argument(s) {', '.join(repr(n) for n in unknown)}. "
-            f"Valid options: {', '.join(valid)}."
-        )
-
-
-def constructor(scope: str = TRAINER, exclude: Sequence[str] = ()) -> Callable:
-    """Decorates ``__init__(self, model, **kwargs)``: the signature shows ``scope``'s options.
-
-    The parameters before ``**kwargs`` (``self, model``; ``self`` alone) come
-    first, then one per row of ``scope`` except those named in ``exclude``.
-
-    The wrapped ``__init__`` gets the options bound by name with their
-    defaults (positional ones in table order, as a written-out signature
-    would take them) as ``kwargs``; an unknown name raises ``TypeError``
-    listing the valid ones.
-    """
-
-    def decorate(init: Callable) -> Callable:
-        first = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
-        rows = [o for o in of(scope) if o.name not in exclude]
-        sig = signature(rows, leading=[p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in first])
-        names = [o.name for o in rows]
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            check_names(type(self).__name__, [k for k in kwargs if k not in (p.name for p in first)], names)
-            try:
-                bound = sig.bind(self, *args, **kwargs)
-            except TypeError as exc:
-                raise TypeError(f"{type(self).__name__}(): {exc}") from None
-            bound.apply_defaults()
-            values = dict(bound.arguments)
-            lead = [values.pop(p.name) for p in first]
-            init(*lead, **values)
-
-        __init__.__signature__ = sig
-        __init__.__doc__ = init.__doc__
-        __init__.__qualname__ = init.__qualname__
-        __init__.__module__ = init.__module__
-        __init__.__wrapped__ = init
-        return __init__
-
-    return decorate
-
-
-def args_entries(entries: Iterable[Tuple[str, str]], indent: int = 8, width: int = 96) -> str:
-    """Google-style Args entries ``name: text``, wrapped, continuation lines indented by 4 more."""
-    out = []
-    for name, text in entries:
-        out.append(textwrap.fill(f"{name}: {text}", width=width, initial_indent=" " * indent,
-                                 subsequent_indent=" " * (indent + 4), break_on_hyphens=False,
-                                 break_long_words=False))
-    return "\n".join(out)
-
-
-def document(doc: Optional[str], entries: Iterable[Tuple[str, str]]) -> str:
-    """``doc`` with ``entries`` added at the end of its ``Args`` section (8-space indented entries)."""
-    lines = (doc or "").split("\n")
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Args") and line.rstrip().endswith(":"))
-    end = start + 1
-    while end < len(lines) and lines[end].strip():
-        end += 1
-    return "\n".join(lines[:end] + [args_entries(entries)] + lines[end:])
-
-
-def trainer_entries(scope: str = TRAINER, exclude: Sequence[str] = ()) -> Tuple[Tuple[str, str], ...]:
-    """The Args entries of ``scope``'s options (but those named in ``exclude``): ``(name, doc)``."""
-    return tuple((o.name, o.doc or o.help) for o in of(scope) if o.name not in exclude)

@@ -7,7 +7,7 @@ same object, so every entry point gets the same checks. It is generated with
 rows of :data:`sparkdl_avg.driver.config.options.OPTIONS`, which declare its fields,
 defaults, docstring and per-option checks once (a hand-written dataclass
 would repeat each of them); ``__post_init__`` adds the checks that concern
-several options. :func:`check_fit_args` is the one check of ``fit``'s
+several options, declared after the rows (:data:`~sparkdl_avg.driver.config.options.JOINTS`). :func:`check_fit_args` is the one check of ``fit``'s
 options, :func:`validate_model` of a model. Static type checkers do not see its fields; it is still a
 frozen, picklable dataclass with ``__eq__`` and ``dataclasses.fields``.
 """
@@ -20,6 +20,8 @@ from typing import Any, Dict, Tuple
 from ...errors import ConfigurationError
 from ...shared.wire.delta_sums import segment_feedback
 from . import options
+from .codegen import document, trainer_entries
+from .constraints import check_joints
 from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS  # noqa: F401 (API)
 from ..algorithms.rules import UpdateRule, as_update_rule
 from ..algorithms.schedules import AveragingSchedule, as_schedule
@@ -36,87 +38,11 @@ def _rule(self, num_workers: int) -> UpdateRule:
 
 
 def _post_init(self) -> None:
-    for row in options.of(options.TRAINER):
-        options.check(row.name, getattr(self, row.name))
-    if self.reproducible and self.synchronization != "stale":
-        raise ConfigurationError(
-            "The 'reproducible' parameter needs synchronization='stale' (a bound: its chunks read the weights "
-            "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
-            f"Got reproducible=True with synchronization={self.synchronization!r} instead."
-        )
-    staleness = options.option("staleness").default
-    if self.synchronization == "sync" and self.staleness != staleness:
-        raise ConfigurationError(
-            "The 'staleness' parameter applies only when 'synchronization' is 'stale' (the bound of its chunks; "
-            "'sync' rounds wait for every worker): set 'synchronization' to 'stale' or leave 'staleness' at its "
-            f"default ({staleness}). Got staleness={self.staleness!r} with synchronization='sync' instead."
-        )
-    if self.aggregation_shards is not None and self.aggregation in ("driver", "files"):
-        raise ConfigurationError(
-            "The 'aggregation_shards' parameter applies only when 'aggregation' is 'shuffle', 'storage' or 'auto' "
-            "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
-            f"Got aggregation_shards={self.aggregation_shards!r} with aggregation={self.aggregation!r} instead."
-        )
-    if self.synchronization == "sync" and self.staleness_aware != options.option("staleness_aware").default:
-        raise ConfigurationError(
-            "The 'staleness_aware' parameter applies only when 'synchronization' is 'stale' or 'async' (it scales "
-            "updates by their delay; 'sync' updates have none): set 'synchronization' or leave 'staleness_aware' "
-            f"at its default (True). Got staleness_aware={self.staleness_aware!r} with synchronization='sync' "
-            "instead."
-        )
-    if self.aggregation_shards is not None and self.state_transport in ("spark", "files"):
-        raise ConfigurationError(
-            "The 'aggregation_shards' parameter applies only when 'state_transport' is 'sql' or 'auto' (the sql "
-            f"round's sharded aggregations; {self.state_transport!r} sums on the driver): set 'state_transport' to "
-            f"'sql' or leave 'aggregation_shards' at None. Got aggregation_shards={self.aggregation_shards!r} with "
-            f"state_transport={self.state_transport!r} instead."
-        )
-    if self.aggregation != "auto" and self.state_transport in ("spark", "files"):
-        raise ConfigurationError(
-            "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
-            f"round sums; {self.state_transport!r} has its own): set 'state_transport' to 'sql' or leave "
-            f"'aggregation' at 'auto'. Got aggregation={self.aggregation!r} with "
-            f"state_transport={self.state_transport!r} instead."
-        )
-
-    if self.error_feedback is not None and self.update_compression is None:
-        raise ConfigurationError(
-            "The 'error_feedback' parameter applies only with 'update_compression' (it keeps what the codec drops): "
-            f"set 'update_compression' or leave 'error_feedback' at None. Got error_feedback={self.error_feedback!r} "
-            "with update_compression=None instead."
-        )
-    if self.synchronization == "async" and any(_feedback(self)):
-        raise ConfigurationError(
-            "Error feedback needs synchronization='sync' or 'stale' (a worker's residual goes to its chunk a fixed "
-            "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
-            "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
-            f"update_compression={self.update_compression!r} with synchronization='async' instead."
-        )
-    if self.optimizer_state == "local" and self.synchronization != "sync":
-        raise ConfigurationError(
-            "The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state continues "
-            "from its own previous round; stale and asynchronous chunks have no fixed previous round). Got "
-            f"optimizer_state='local' with synchronization={self.synchronization!r} instead."
-        )
-    elastic = self.min_workers is not None or self.max_workers is not None
-    if not elastic and self.elastic_timeout_s != options.option("elastic_timeout_s").default:
-        raise ConfigurationError(
-            "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
-            "'min_workers' task slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its "
-            f"default. Got elastic_timeout_s={self.elastic_timeout_s!r} without them instead."
-        )
-    if self.max_workers is not None and self.num_workers is not None and self.max_workers != self.num_workers:
-        raise ConfigurationError(
-            "The 'num_workers' and 'max_workers' parameters are both the most workers of an elastic round; give "
-            f"one of them. Got num_workers={self.num_workers!r} with max_workers={self.max_workers!r} instead."
-        )
-    most = self.max_workers if self.max_workers is not None else self.num_workers
-    if self.min_workers is not None and most is not None and self.min_workers > most:
-        raise ConfigurationError(
-            f"The 'min_workers' parameter must be at most '{'max_workers' if self.max_workers else 'num_workers'}' "
-            f"({most}): a round cannot need more workers than it may have. Got min_workers={self.min_workers!r} "
-            "instead."
-        )
+    """Each row's check, then the checks across options (:data:`~sparkdl_avg.driver.config.options.JOINTS`), in order."""
+    values = {row.name: getattr(self, row.name) for row in options.of(options.TRAINER)}
+    for name, value in values.items():
+        options.check(name, value)
+    check_joints(options.JOINTS, values, options.DEFAULTS)
 
 
 def _elastic(self) -> bool:
@@ -147,7 +73,7 @@ TrainerConfig = dataclasses.make_dataclass(
     "TrainerConfig",
     [(o.name, o.annotation, dataclasses.field(default=o.default)) for o in options.of(options.TRAINER)],
     namespace={
-        "__doc__": options.document(_DOC, options.trainer_entries()),
+        "__doc__": document(_DOC, trainer_entries()),
         "schedule": _schedule,
         "rule": _rule,
         "__post_init__": _post_init,

@@ -21,7 +21,8 @@ from ...executor.predict import PredictTask, predict_batches
 from ...shared.errors import remote_errors
 from ...shared.model.modelspec import ModelSpec, input_dtypes, input_shapes
 from ..runtime.session import Engine
-from .staging import column_list, input_column
+from .adapters import find_data_adapter
+from .frames import column_list, dry_run, input_column, quoted
 
 CLASSIFIER_LOSSES = ("categoricalcrossentropy", "categoricalfocalcrossentropy")
 BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")
@@ -95,20 +96,20 @@ def udf_inputs(df, model, features_col, preprocess=None, what: str = "input"):
     """How ``df`` feeds ``model``: ``(expressions, StagedDataset without files)`` for :class:`PredictTask`.
 
     Without ``preprocess``, one expression per model input
-    (:func:`sparkdl_avg.driver.data.staging.input_column`); with it, the raw
+    (:func:`sparkdl_avg.driver.data.frames.input_column`); with it, the raw
     columns the function reads, found by its dry run on a few rows
-    (:func:`sparkdl_avg.driver.data.staging.dry_run`).
+    (:func:`sparkdl_avg.driver.data.frames.dry_run`).
     """
     from ...shared.data.columns import Column, Field
+    from ...shared.data.kinds import RawKind
     from ...shared.data.staged_dataset import StagedDataset
-    from .staging import _quoted, dry_run
 
     x_fields = tuple(Field(shape, dtype) for shape, dtype in zip(input_shapes(model), input_dtypes(model)))
     names = column_list(features_col, len(x_fields), "features_col", "input")
     if preprocess is not None:
         preprocess, staged, _ = dry_run(df, preprocess, names, x_fields, (), "float32", None, None, what)
-        columns = tuple(Column(c, c, "raw", None, "raw") for c in staged)
-        exprs = [_quoted(c) for c in staged]
+        columns = tuple(Column(c, c, RawKind.name, None, "raw") for c in staged)
+        exprs = [quoted(c) for c in staged]
         return exprs, StagedDataset((), columns, tuple(names), x_fields, (), (), preprocess=preprocess)
     pairs = [input_column(df, c, k, len(x_fields), field, what) for k, (c, field) in enumerate(zip(names, x_fields))]
     columns = tuple(Column(f"x{k}", col.source, col.kind, col.field, "x", k) for k, (_, col) in enumerate(pairs))
@@ -169,7 +170,9 @@ def add_predictions(
     """Returns ``df`` with the model's outputs added (lazily, like any transformation).
 
     Args:
-        df: Spark DataFrame with a features column.
+        df: Spark DataFrame with a features column (or a container a
+            registered :class:`~sparkdl_avg.driver.data.adapters.DataAdapter`
+            converts to one).
         model: A compiled (or loaded) ``keras.Model``; its current weights are used.
         features_col: Column of ``array<float|double>``, numbers, ``pyspark.ml``
             Vectors, bytes or strings (string inputs) or Spark images; a list
@@ -198,14 +201,16 @@ def add_predictions(
             null one (see :func:`sparkdl_avg.shared.errors.remote_errors.decode_user_actions`).
     """
     from pyspark.ml.functions import array_to_vector
-    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
     from pyspark.sql.functions import arrow_udf
 
     from ...shared.data.preprocess import Preprocess
 
-    if not isinstance(df, DataFrame):
+    adapter = find_data_adapter(df, "prediction")  # a user's container converts (once) to the DataFrame it stands for
+    frame = None if adapter is None else adapter.dataframe()
+    if frame is None:
         raise DataError(f"The data to predict on must be a Spark DataFrame. Got {type(df).__name__} instead.")
+    df = frame
     kind = output_kind(model)
     for param, name in (("prediction_col", prediction_col), ("probability_col", probability_col)):
         if name is not None and (not isinstance(name, str) or not name.strip()):

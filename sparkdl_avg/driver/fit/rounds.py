@@ -4,7 +4,7 @@ This module owns a round from the driver's side. :class:`RoundRunner` is
 made once per ``fit`` with everything its rounds share; each
 :meth:`RoundRunner.run` reads the model's state, has the update rule say what
 to send, sends it through the fit's state transport
-(:mod:`sparkdl_avg.driver.transport.paths`), runs one Spark job in which each of
+(:mod:`sparkdl_avg.driver.transport`), runs one Spark job in which each of
 ``num_workers`` tasks trains its replica (:func:`sparkdl_avg.executor.worker.run_round_partition`;
 under a local Spark Connect server, one round of a job that runs many),
 gets the example-weighted sums back, stops on non-finite replicas, applies
@@ -37,10 +37,11 @@ from ...shared.wire.aggregation import PartialResult
 from ...shared.model.modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
 from ...shared.data.staged_dataset import StagedDataset
 from ...shared.wire.stats import RoundRecord, TrainingStats
-from ..transport.feedback import FeedbackLedger
+from ..transport.feedback import ResidualLedger
+from ..transport.local_states import LocalStateLedger
 from ..algorithms.rules import RuleState, UpdateRule
 from .update import round_state
-from ..transport.paths import StateTransport
+from ..transport.base import StateTransport
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -93,8 +94,8 @@ class RoundRunner:
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
-                 transport: StateTransport, stats: TrainingStats, feedback: Optional[FeedbackLedger] = None,
-                 local: Optional[FeedbackLedger] = None) -> None:
+                 transport: StateTransport, stats: TrainingStats, feedback: Optional[ResidualLedger] = None,
+                 local: Optional[LocalStateLedger] = None) -> None:
         self.engine = engine
         self.model = model
         self.settings = settings

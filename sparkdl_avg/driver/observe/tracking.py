@@ -35,7 +35,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import keras
 
 from ...errors import ConfigurationError
-from ..config.options import TRACKING, check, constructor, document, of, trainer_entries
+from ..config.codegen import constructor, document, trainer_entries
+from ..config.options import TRACKING, check, of
 
 logger = logging.getLogger("sparkdl_avg")
 

@@ -1,8 +1,9 @@
 """Which Spark a call runs on — a classic session or Spark Connect — and how its jobs are launched and labelled.
 
 This module owns the driver's view of Spark itself (as opposed to the data or
-the round). :func:`engine_for` finds the session that owns the data a user
-passes and wraps it in an :class:`Engine`, the one object the rest of the
+the round). The data's adapter (:mod:`sparkdl_avg.driver.data.adapters`) finds
+the session that owns the data a user passes, or :func:`active_engine` the
+session of data that names none, and wraps it in an :class:`Engine`, the one object the rest of the
 driver asks for the master, the default parallelism, job labels and
 "``n`` tasks of this Arrow function" jobs. Only a classic engine has a
 ``SparkContext`` (:attr:`Engine.sc`); under Spark Connect there is none, and
@@ -23,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from ...errors import DataError, SessionError
+from ...errors import SessionError
 
 _TAG = re.compile(r"[^A-Za-z0-9_.-]+")
 logger = logging.getLogger(__name__)
@@ -435,27 +436,15 @@ def spark_job_labels(sc, description: str, group: Optional[str] = None):
             sc.setLocalProperty(key, value)
 
 
-def engine_for(data: Any) -> Engine:
-    """The :class:`Engine` of the session that owns ``data``, or of the active session for numpy arrays.
+def active_engine() -> Engine:
+    """The :class:`Engine` of the active session, or of a session on the running SparkContext (numpy arrays' engine).
 
     Raises:
-        DataError: RDD input under Spark Connect (there are no RDDs: pass a
-            DataFrame), or numpy arrays without an active session.
+        SessionError: neither a session nor a SparkContext is active.
     """
-    from pyspark import RDD
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-    if isinstance(data, DataFrame):
-        return Engine(data.sparkSession)
     active = SparkSession.getActiveSession()
-    if isinstance(data, RDD):
-        if active is not None and is_connect(active):
-            raise DataError(
-                "The data must be a Spark DataFrame or a tuple (x, y) of numpy arrays under Spark Connect, "
-                "which has no RDDs (spark.createDataFrame(...) with 'features' and 'label' columns). "
-                "Got an RDD instead."
-            )
-        return Engine(SparkSession(data.context) if active is None else active)
     if active is None:
         from pyspark import SparkContext
 

@@ -1,5 +1,23 @@
-"""How state goes out to a round's workers and their sums come back: the aggregation paths and the residual/local-state ledger.
+"""How state goes out to a round's workers and their sums come back: the state transports, the Spark SQL round's aggregation paths, and the files that chain each worker from round to round.
+
+* :mod:`.base` — the protocol (:class:`~.base.StateTransport`), the
+  registries that find a transport or an aggregation path by name, and the
+  settings record a fit's transport is built from;
+* one module per transport: :mod:`.spark` (broadcast + ``treeAggregate``),
+  :mod:`.files` (files under the staging directory), :mod:`.sql` (a
+  DataFrame job; its aggregation paths in :mod:`.sql_paths`, its standing
+  job in :mod:`.standing`, its shard keys in :mod:`.murmur3`);
+* :mod:`.policy` — what ``"auto"`` chooses (benchmark-derived) and
+  :func:`~.policy.choose`, which builds a fit's transport;
+* :mod:`.chains`, :mod:`.feedback`, :mod:`.local_states` — the files that
+  chain each worker from one round to its next: error feedback's residuals
+  and ``optimizer_state="local"``'s optimizer states;
+* :mod:`.paths` — the old module path, re-exporting the names it had.
+
+Importing this package registers the transports (its modules below).
 
 May import :mod:`..runtime` (the Spark engine), :mod:`..config` and the shared side's
 wire formats (:mod:`sparkdl_avg.shared.wire`); never :mod:`..fit` or :mod:`..api`.
 """
+
+from . import files, spark, sql  # noqa: F401 (registers the transports and the aggregation paths)

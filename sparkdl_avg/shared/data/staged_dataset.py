@@ -214,7 +214,7 @@ def read_columns(dataset: StagedDataset, indices: np.ndarray) -> Dict[str, Any]:
     files = np.unique(which)
     out: Dict[str, Any] = {}
     for column in dataset.columns:
-        if column.kind == "tensor":
+        if column.handler.numeric:
             field = column.field
             values = None
             for f in files:

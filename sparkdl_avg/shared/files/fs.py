@@ -1,26 +1,24 @@
-"""Paths, URIs and filesystems: the one place where the package reaches storage.
+"""Paths, URIs and filesystems: the one place where the package reaches storage, and the checks of output locations.
 
-This module owns how a local path or URI becomes a ``pyarrow.fs`` filesystem
-and a path on it (:func:`resolve`), the package's whole-file operations on
-any such filesystem (:func:`read_bytes`, :func:`exists`, :func:`remove_tree`,
-:func:`download`, :func:`local_copy`), the check that an output location
-can be written, run before the work whose results go there
-(:func:`check_writable`, :func:`make_writable_dir`; on a remote filesystem
-bounded by :func:`path_check_time_limit`), its two ways of replacing a file
-atomically (:func:`replace_atomically` for local files written by a library
-that wants a path, such as Keras' ``model.save``; :func:`open_atomically` and
-:func:`write_atomically` for any filesystem), the jobs' all-or-nothing output
-directory (:class:`OutputDir`) and the other route to storage, the JVM's
-Hadoop ``FileSystem`` over Py4J (``hadoop_*``, driver only), which the Spark
-ML persistence uses so that its paths are exactly those Spark's own writers
-accept. Everything else (staging, checkpoints, the exchange files, the jobs)
-goes through here. It holds no state and runs on executors too.
+The package's storage operations are in three modules, and every one of them is importable from here:
+:mod:`.uris` owns how a local path or URI becomes a ``pyarrow.fs`` filesystem and a path on it
+(:func:`resolve`), the whole-file operations on any such filesystem (:func:`read_bytes`,
+:func:`exists`, :func:`remove_tree`, :func:`make_dir`) and the other route to storage, the JVM's
+Hadoop ``FileSystem`` over Py4J (``hadoop_*``, driver only); :mod:`.atomic` owns the writes readers
+never see a part of (:func:`replace_atomically` for local files written by a library that wants a
+path, such as Keras' ``model.save``; :func:`open_atomically` and :func:`write_atomically` for any
+filesystem), whole copies (:func:`download`, :func:`local_copy`) and what a failed write says
+(:func:`is_full`, :func:`write_failure`). This module owns the check that an output location can be
+written, run before the work whose results go there (:func:`check_writable`,
+:func:`make_writable_dir`; on a remote filesystem bounded by :func:`path_check_time_limit`), and
+the jobs' all-or-nothing output directory (:class:`OutputDir`). Everything else (staging,
+checkpoints, the exchange files, the jobs) goes through here. It holds no state and runs on
+executors too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import posixpath
@@ -29,19 +27,17 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, BinaryIO, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import pyarrow.fs as pafs
 
 from ...errors import ConfigurationError, PathError
-
-# Names of temporary files (and directories) written next to their target;
-# readers that list a directory (checkpoint.latest) skip them by this prefix.
-TEMP_PREFIX = ".tmp-"
-
-# Object stores: an object becomes visible only once its upload (one PUT, or
-# a multipart upload's completion) has finished, and a "move" is a copy.
-_OBJECT_STORES = ("S3FileSystem", "GcsFileSystem", "AzureFileSystem")
+from .atomic import (  # noqa: F401 (API: the package's storage operations, by one module's name)
+    TEMP_PREFIX, _temp_path, _umask, download, is_full, local_copy, open_atomically, refuse_existing,
+    replace_atomically, write_atomically, write_failure)
+from .uris import (  # noqa: F401 (API)
+    _exists, _make_dir, exists, hadoop_exists, hadoop_read_bytes, hadoop_write_bytes, is_local, join, make_dir,
+    read_bytes, remove_tree, resolve)
 
 # The longest a check of a remote location may take, in seconds (see path_check_time_limit): without a
 # limit a gs:// bucket that does not exist, with no credentials, kept pyarrow's GCS client retrying in
@@ -72,97 +68,6 @@ def path_check_time_limit() -> float:
             f"Got {given!r} instead."
         )
     return limit
-
-
-def is_local(uri: str) -> bool:
-    """Whether ``uri`` is a local path or a ``file://`` URI (else a remote filesystem's URI)."""
-    return "://" not in uri or uri.startswith("file://")
-
-def resolve(uri: str, retry_limit_s: Optional[float] = None) -> Tuple[pafs.FileSystem, str]:
-    """The ``pyarrow.fs`` filesystem and the path on it for a local path or URI.
-
-    Accepts local paths (made absolute), ``file://`` URIs and every URI
-    ``pyarrow.fs.FileSystem.from_uri`` opens (``hdfs://``, ``s3://``,
-    ``gs://``, ...); Hadoop's ``s3a://`` and ``s3n://`` are read as ``s3://``.
-
-    Args:
-        uri: Local path or URI.
-        retry_limit_s: For ``gs://`` (``gcs://``) URIs without a
-            ``retry_limit_seconds`` of their own: how long the GCS client may
-            retry a request, in seconds (its default is many minutes). Other
-            filesystems take no such option from a URI. Default ``None``: the
-            filesystem's own.
-
-    Raises:
-        PathError: ``pyarrow.fs`` cannot open the URI (an unknown scheme, a
-            missing ``libhdfs``, an unreachable name node, ...).
-    """
-    given = uri
-    if uri.startswith(("s3a://", "s3n://")):
-        uri = "s3://" + uri.split("://", 1)[1]
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    if retry_limit_s is not None and uri.startswith(("gs://", "gcs://")) and "retry_limit_seconds=" not in uri:
-        uri += ("&" if "?" in uri else "?") + f"retry_limit_seconds={retry_limit_s:g}"
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except Exception as exc:  # ArrowInvalid for the URI itself, OSError for the connection
-        raise PathError(f"Cannot open {given!r} with pyarrow.fs: {exc}") from None
-
-
-def join(base: str, name: str) -> str:
-    """``base`` (a directory's path or URI) and ``name`` joined with one ``/``."""
-    return base.rstrip("/") + "/" + name
-
-
-def exists(uri: str, empty_dir: bool = True) -> bool:
-    """Whether a file or directory is at ``uri``.
-
-    Args:
-        uri: Local path or URI.
-        empty_dir: Whether an empty directory counts. Default ``True``.
-    """
-    filesystem, path = resolve(uri)
-    return _exists(filesystem, path, empty_dir)
-
-
-def _exists(filesystem: pafs.FileSystem, path: str, empty_dir: bool = True) -> bool:
-    info = filesystem.get_file_info(path)
-    if info.type == pafs.FileType.NotFound:
-        return False
-    if info.type == pafs.FileType.Directory and not empty_dir:
-        return bool(filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
-    return True
-
-
-def remove_tree(uri: str) -> None:
-    """Deletes the directory at ``uri`` and everything in it; a missing one is fine."""
-    filesystem, path = resolve(uri)
-    with contextlib.suppress(FileNotFoundError):
-        filesystem.delete_dir(path)
-
-
-def make_dir(uri: str, private: bool = False) -> None:
-    """Creates the directory at ``uri`` and its missing parents; an existing one is fine.
-
-    Args:
-        uri: Local path or URI.
-        private: For a local directory: mode ``0o700`` (its owner only, like
-            Spark's local scratch directories), also when it already exists.
-            Ignored on other filesystems, whose own permissions apply.
-    """
-    filesystem, path = resolve(uri)
-    _make_dir(filesystem, path, private)
-
-
-def _make_dir(filesystem: pafs.FileSystem, path: str, private: bool) -> None:
-    if private and filesystem.type_name == "local":
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
-        return
-    filesystem.create_dir(path, recursive=True)
 
 
 class _Traced:
@@ -325,35 +230,6 @@ def not_writable(subject: str, uri: str, cause: str) -> PathError:
     return PathError(f"{subject} must be a directory this process can write. Got {uri!r} instead: {cause}.")
 
 
-# What a full filesystem says, by errno and in the text of errors that carry none (pyarrow keeps the
-# errno; shutil.copytree's Error only lists "[Errno 28] No space left on device" per file).
-_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
-
-
-def is_full(exc: BaseException) -> bool:
-    """Whether ``exc`` is a write that failed because the filesystem has no room left (``ENOSPC``, ``EDQUOT``)."""
-    return isinstance(exc, OSError) and (exc.errno in _FULL or any(text in str(exc) for text in _FULL.values()))
-
-
-def write_failure(exc: BaseException) -> str:
-    """Why a write failed, in a few words on one line, for messages that go on to say what is intact.
-
-    ``"the disk is full (no space left on device)"`` (or ``"the disk quota
-    is exceeded"``) when :func:`is_full`; else the error's own text, and for
-    ``shutil.copytree``'s ``Error``, which lists every file that failed, the
-    first file's reason only.
-    """
-    if is_full(exc):
-        quota = exc.errno == errno.EDQUOT or _FULL[errno.EDQUOT] in str(exc)
-        return "the disk quota is exceeded" if quota else "the disk is full (no space left on device)"
-    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
-        first = exc.args[0][0]  # (source, destination, why)
-        cause = str(first[-1]) if isinstance(first, tuple) else str(first)
-    else:
-        cause = str(exc) or type(exc).__name__
-    return " ".join(cause.split()).rstrip(".")
-
-
 def _file_in_the_way(filesystem: pafs.FileSystem, path: str, uri: str, in_parent: bool = False) -> str:
     """Why ``path`` cannot become a directory if a file is in the way (at it or above it), else ``""``."""
     current = path.rstrip("/")
@@ -397,169 +273,6 @@ def make_writable_dir(uri: str, subject: str, given: str, private: bool = False)
             raise  # the filesystem's own words, which _bounded_check completes
 
     _bounded_check(uri, subject, given, "creating a directory there", make)
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
-
-
-def read_bytes(uri: str) -> bytes:
-    """The whole file at ``uri``.
-
-    Raises:
-        FileNotFoundError: no file there (``OSError`` for other failures).
-    """
-    filesystem, path = resolve(uri)
-    with filesystem.open_input_stream(path) as f:
-        return f.read()
-
-
-def _temp_path(path: str, suffix: str = "") -> str:
-    """A unique name next to ``path``: same directory, so that moving it over ``path`` is a rename."""
-    parent, base = posixpath.split(path.rstrip("/"))
-    return f"{parent}/{TEMP_PREFIX}{base}-{uuid.uuid4().hex[:12]}{suffix}"
-
-
-def refuse_existing(uri: str) -> None:
-    """Raises ``PathError`` if something exists at ``uri`` (a job's output without ``--overwrite``)."""
-    filesystem, path = resolve(uri)
-    _refuse_existing(filesystem, path, uri)
-
-
-def _refuse_existing(filesystem: pafs.FileSystem, path: str, uri: str) -> None:
-    if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
-        raise PathError(f"{uri!r} already exists; pass --overwrite to replace it")
-
-
-@contextlib.contextmanager
-def open_atomically(uri: str, overwrite: bool = True, parents: bool = True) -> Iterator[BinaryIO]:
-    """Yields a binary output stream whose bytes appear at ``uri`` all at once.
-
-    The stream writes a temporary file next to ``uri``; when the block ends
-    without an error it is moved over ``uri`` (a rename locally and on HDFS,
-    so a reader sees the old file or the new one, never a part), otherwise
-    it is deleted. On HDFS replacing a file is delete + rename.
-
-    Args:
-        uri: Local path or URI of the file.
-        overwrite: Replace an existing file. Default ``True``.
-        parents: Create missing parent directories. Default ``True``;
-            without, a missing directory fails the write (``OSError``).
-
-    Raises:
-        PathError: ``overwrite`` is off and something exists at ``uri``.
-    """
-    filesystem, path = resolve(uri)
-    if not overwrite:
-        _refuse_existing(filesystem, path, uri)
-    if parents:
-        filesystem.create_dir(posixpath.dirname(path), recursive=True)
-    tmp = _temp_path(path)
-    try:
-        with filesystem.open_output_stream(tmp) as out:
-            yield out
-        filesystem.move(tmp, path)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            filesystem.delete_file(tmp)
-        raise
-
-
-def write_atomically(uri: str, data: bytes, overwrite: bool = True) -> None:
-    """Writes ``data`` as the file at ``uri`` so that readers never see a part of it.
-
-    Every file :mod:`sparkdl_avg.driver.checkpoint.files` writes goes through here (the
-    tests inject write failures by replacing this function).
-
-    Args:
-        uri: Local path or URI of the file; parent directories are created.
-        data: The file's bytes.
-        overwrite: Replace an existing file. Default ``True``.
-
-    Raises:
-        PathError: ``overwrite`` is off and something exists at ``uri``.
-    """
-    filesystem, path = resolve(uri)
-    if type(filesystem).__name__ in _OBJECT_STORES:
-        if not overwrite:
-            _refuse_existing(filesystem, path, uri)
-        # No rename on object stores (a move is a server-side copy), and none is needed:
-        # the bytes are all here, and an object appears only once its upload completes,
-        # so this single PUT is already atomic.
-        with filesystem.open_output_stream(path) as out:
-            out.write(data)
-        return
-    with open_atomically(uri, overwrite) as out:
-        out.write(data)
-
-
-@contextlib.contextmanager
-def replace_atomically(path: str, suffix: str = "") -> Iterator[str]:
-    """Yields a temporary local path next to ``path``; renames it over ``path`` on success.
-
-    For writers that insist on a local path of their own (Keras'
-    ``model.save``, Plotly's ``write_html``, ``open``). An existing file at
-    ``path`` stays untouched until the new one is complete; on an exception
-    the temporary file is removed. The new file gets the usual permissions
-    (``0o666`` less the umask).
-
-    Args:
-        path: The local file to (re)place.
-        suffix: Suffix of the temporary name (some writers, like Keras'
-            ``model.save``, insist on an extension such as ``.keras``).
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # mkstemp reserves the name, so two writers never share a temporary file.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=suffix)
-    os.close(fd)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0o600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-
-
-def download(uri: str, local_path: str) -> None:
-    """Copies the file at ``uri`` to the local file ``local_path``, whole (through a temporary name).
-
-    Raises:
-        FileNotFoundError: no file at ``uri``.
-    """
-    filesystem, path = resolve(uri)
-    with replace_atomically(local_path) as tmp:
-        with filesystem.open_input_stream(path) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)  # 4 MiB chunks
-
-
-@contextlib.contextmanager
-def local_copy(uri: str) -> Iterator[str]:
-    """Yields a local path holding the file at ``uri``: the path itself when local, else a temporary copy.
-
-    Raises:
-        PathError: no file at ``uri``.
-    """
-    filesystem, path = resolve(uri)
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        if not os.path.isfile(path):
-            raise PathError(f"No such file: {uri!r}")
-        yield path
-        return
-    tmp = tempfile.mkdtemp(prefix="sparkdl_avg-model-")
-    try:
-        local = os.path.join(tmp, os.path.basename(path) or "model.keras")
-        try:
-            download(uri, local)
-        except FileNotFoundError:
-            raise PathError(f"No such file: {uri!r}") from None
-        yield local
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class OutputDir:
@@ -749,42 +462,3 @@ def _set_default_modes(root: str) -> None:
             os.chmod(os.path.join(parent, name), 0o777 & ~umask)
         for name in files:
             os.chmod(os.path.join(parent, name), 0o666 & ~umask)
-
-
-# ------------------------------------------------ Hadoop FileSystem (driver only)
-#
-# Spark ML persistence writes its metadata with Spark's own writers, so the
-# model file beside it must go wherever they go: local, hdfs://, s3a://,
-# abfss://, dbfs:/, ... That is the JVM's Hadoop FileSystem, reached through
-# the SparkContext's Py4J gateway, not pyarrow.fs.
-
-
-def _hadoop_fs_and_path(sc, path: str):
-    hpath = sc._jvm.org.apache.hadoop.fs.Path(path)
-    return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
-
-
-def hadoop_write_bytes(sc, path: str, data: bytes) -> None:
-    """Writes ``data`` to a new file at ``path`` through Hadoop's ``FileSystem``; fails if the file exists."""
-    filesystem, hpath = _hadoop_fs_and_path(sc, path)
-    out = filesystem.create(hpath, False)
-    try:
-        out.write(bytearray(data))
-    finally:
-        out.close()
-
-
-def hadoop_read_bytes(sc, path: str) -> bytes:
-    """The whole file at ``path``, read through Hadoop's ``FileSystem``."""
-    filesystem, hpath = _hadoop_fs_and_path(sc, path)
-    stream = filesystem.open(hpath)
-    try:
-        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-    finally:
-        stream.close()
-
-
-def hadoop_exists(sc, path: str) -> bool:
-    """Whether anything is at ``path``, asked of Hadoop's ``FileSystem`` (any path Spark writes)."""
-    filesystem, hpath = _hadoop_fs_and_path(sc, path)
-    return bool(filesystem.exists(hpath))

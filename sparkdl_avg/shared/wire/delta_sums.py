@@ -7,7 +7,7 @@ example count ``n``; whoever sums (the driver, or reducer ``j`` of a sharded
 round) adds ``n · decode(delta)`` in float32, in worker order, and the driver
 sets ``start + Σ/Σn``. This module owns that format, its sum and the
 residual files of error feedback; the transports move its bytes
-(:mod:`sparkdl_avg.shared.wire.exchange`, :mod:`sparkdl_avg.driver.transport.paths`).
+(:mod:`sparkdl_avg.shared.wire.exchange`, :mod:`sparkdl_avg.shared.wire.round_rows`, :mod:`sparkdl_avg.driver.transport`).
 
 **Segments.** A worker's state is cut into four segments: ``"w"``, the
 float32 weights; ``"m"``, the optimizer's float32 first moments (its
@@ -300,9 +300,9 @@ class DeltaLayout:
         np.add(acc[-1], packed.x, out=acc[-1])
         return acc
 
-    @staticmethod
-    def summed_bytes(acc: List[np.ndarray]) -> bytes:
-        """A summed shard as one value: ``x`` (float64), then each compressed segment's (float32)."""
+    def summed_bytes(self, acc: Optional[List[np.ndarray]], shard: int = 0, shards: int = 1) -> bytes:
+        """A summed shard as one value: ``x`` (float64), then each compressed segment's (float32); ``None``: zeros."""
+        acc = self.empty(shard, shards) if acc is None else acc
         return b"".join([acc[-1].tobytes()] + [a.tobytes() for a in acc[:-1]])
 
     def parse_summed(self, data, shard: int, shards: int) -> List[np.ndarray]:
@@ -328,6 +328,34 @@ class DeltaLayout:
                 at[seg] += n
                 i32 += n
         return self.flat.unflatten(f32, segments[-1])
+
+    sums = delta_sums  # the sums' protocol (SumsLayout), as FlatLayout.sums
+
+    # ----------------------------------------------- the wire (SumsLayout)
+
+    @staticmethod
+    def encode(result) -> Optional[Packed]:
+        """What a worker's result sends: its one compressed delta (``None``: it sends none)."""
+        return result.deltas[0][1] if result.deltas else None
+
+    def value_bytes(self, encoded: Packed, shard: int, shards: int) -> bytes:
+        """Shard ``shard`` of a worker's delta as one value (:meth:`shard_bytes`)."""
+        return self.shard_bytes(encoded, shard, shards)
+
+    def store_file(self, directory: str, name: str, encoded: Packed, shards: int) -> Tuple[str, List[int]]:
+        """Writes a worker's delta to a new file, its shards back to back; returns its URI and the ``S + 1`` offsets."""
+        from .exchange import store
+
+        data, starts = self.file_bytes(encoded, shards)
+        stored = store(directory, name, [np.frombuffer(data, np.uint8)])
+        return stored.uri, [stored.layout[0][2] + start for start in starts]
+
+    @staticmethod
+    def read_shard(uri: str, offsets: Sequence[int], shard: int, shards: int) -> bytes:
+        """Shard ``shard`` of a worker's delta in a :meth:`store_file` file (a ranged read)."""
+        from .exchange import read_range
+
+        return read_range(uri, offsets[shard], offsets[shard + 1] - offsets[shard])
 
     # ---------------------------------------------------------- the residuals
 
@@ -366,7 +394,7 @@ class WorkerRoundFiles:
     atomically, so a retried task reads and writes the same bytes. Error
     feedback's residuals (:class:`FeedbackFiles`) and ``optimizer_state="local"``'s
     optimizer states (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`)
-    are such files; the driver's side is :class:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger`.
+    are such files; the driver's side is :class:`~sparkdl_avg.driver.transport.chains.RoundChains`.
 
     Attributes:
         directory: The fit's directory of such files.

@@ -9,7 +9,7 @@ variables' raw bytes in ``optimizer.variables`` order, in one of two places:
 * **On its host** (``host_local``, classic sessions): a file under this
   machine's temporary directory (:func:`host_directory`), and the driver asks
   Spark to run the worker's next task on the same host (a locality
-  preference, :mod:`sparkdl_avg.driver.transport.paths`), so nothing crosses the
+  preference, :mod:`sparkdl_avg.driver.transport.local_states`), so nothing crosses the
   network. A task that Spark retries on that host reads the same file and
   writes the same bytes. Rounds after which a checkpoint may be saved
   (``share``) also write the file to the shared staging directory, which the
@@ -28,7 +28,7 @@ A worker that has no state yet (the fit's first round, or a worker index an
 elastic round adds) starts from the optimizer variables the driver sent: the
 driver's own, which these fits never update but for the iteration counter.
 The driver's side (which round reads which, when files go, what a checkpoint
-carries) is :class:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger`'s, as for
+carries) is :class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`'s, as for
 error feedback's residuals.
 """
 
@@ -94,7 +94,7 @@ def host_names() -> Tuple[str, ...]:
     Spark names an executor's host ``SPARK_LOCAL_HOSTNAME`` if set, else an
     address of the machine (``SPARK_LOCAL_IP``, or what its host name
     resolves to, or an interface's); the driver matches these with its live
-    executors' hosts (:meth:`~sparkdl_avg.driver.transport.feedback.FeedbackLedger.places`).
+    executors' hosts (:meth:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger.places`).
     """
     names = [os.environ.get(var) for var in ("SPARK_LOCAL_HOSTNAME", "SPARK_LOCAL_IP")]
     host = socket.gethostname()

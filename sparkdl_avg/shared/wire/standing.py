@@ -6,10 +6,10 @@ runner: tens of milliseconds a round that a classic session's RDD round does
 not pay (docs/benchmarks.md, "Spark Connect round overhead, one job for the
 rounds"). Where the client and the executors share a host and a local
 staging directory (a local Connect server), the Spark SQL round
-(:class:`~sparkdl_avg.driver.transport.paths.SqlTransport`) therefore runs its
+(:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`) therefore runs its
 rounds in one *standing* job: ``N`` tasks, one per worker, that train each
 round the driver announces here and answer here, until told to stop
-(:func:`sparkdl_avg.executor.worker.run_standing_rounds`).
+(:func:`sparkdl_avg.executor.arrow_entries.run_standing_rounds`).
 
 In the job's directory (a local path):
 

@@ -129,7 +129,7 @@ class RoundRecord(_ReadsLikeADict):
     ``workers`` (their :class:`WorkerRecord`\\ s, by index). How the sums
     travelled: ``transport`` (``"spark"``, ``"files"``, ``"sql"``),
     ``aggregation`` and ``shards`` (the Spark SQL round's plan, see
-    :mod:`sparkdl_avg.driver.transport.paths`), ``received_bytes`` (bytes of sums the
+    :mod:`sparkdl_avg.driver.transport`), ``received_bytes`` (bytes of sums the
     driver received or read; ``None`` on Spark's tree, which does not say)
     ``driver_sum_s`` (the driver's time decoding and adding them, part
     of ``aggregate_s``) and ``driver_cpu_s`` (the CPU seconds the driver's

@@ -1,0 +1,299 @@
+"""The protocol every state transport follows, the registries that find transports and aggregation paths by name, and the settings they are built from.
+
+A *state transport* (``state_transport``: ``"spark"``, ``"files"``,
+``"sql"``) moves one fit's model and each round's state out to the workers
+and brings their sums back; the Spark SQL round sums them along one of its
+*aggregation paths* (``aggregation``: ``"driver"``, ``"files"``,
+``"shuffle"``, ``"storage"``, :mod:`.sql_paths`). Both are classes found by
+name in a :class:`Registry` (:data:`TRANSPORTS`, :data:`AGGREGATIONS`): a
+new one is a class in one module with ``@TRANSPORTS.register`` or
+``@AGGREGATIONS.register``, and its name in the option's values
+(:mod:`sparkdl_avg.driver.config.options`). ``"auto"`` is no class but a
+policy (:mod:`.policy`). What one fit's transport is built from is one
+:class:`TransportSettings`, made from the trainer's config in one place
+(:meth:`TransportSettings.of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...errors import ConfigurationError, WorkerError
+from ...executor import worker as worker_mod
+from ...shared.errors.remote_errors import run_job
+from ...shared.files.fs import remove_tree
+from ...shared.wire import exchange
+from ...shared.wire.aggregation import PartialResult, merge
+from ...shared.model.modelspec import get_state
+from ...shared.wire.delta_sums import DeltaLayout, first_moments
+
+logger = logging.getLogger("sparkdl_avg")
+
+
+class Registry:
+    """Classes found by their ``name``, for one option (``state_transport``, ``aggregation``).
+
+    Args:
+        option: The option whose values name the classes (in the error an unknown name raises).
+        what: What a class is, in words.
+    """
+
+    def __init__(self, option: str, what: str) -> None:
+        self.option, self.what = option, what
+        self._classes: Dict[str, type] = {}
+
+    def register(self, cls: type) -> type:
+        """Registers ``cls`` under ``cls.name`` (a class decorator); a name taken twice is an error."""
+        if not cls.name or self._classes.get(cls.name, cls) is not cls:
+            raise ValueError(f"{self.what} {cls.__name__} needs a name of its own; got {cls.name!r}")
+        self._classes[cls.name] = cls
+        return cls
+
+    def get(self, name: str) -> type:
+        """The class registered as ``name``.
+
+        Raises:
+            ConfigurationError: no such name; the message names the option and the names there are.
+        """
+        try:
+            return self._classes[name]
+        except (KeyError, TypeError):
+            raise ConfigurationError(
+                f"The '{self.option}' parameter names no {self.what}: it must be one of "
+                f"{', '.join(repr(n) for n in self.names())} (or 'auto'). Got {name!r} instead."
+            ) from None
+
+    def names(self) -> Tuple[str, ...]:
+        """The registered names, in registration order."""
+        return tuple(self._classes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._classes
+
+
+#: The state transports by ``state_transport`` value (filled as :mod:`.spark`, :mod:`.files`, :mod:`.sql` load).
+TRANSPORTS = Registry("state_transport", "state transport")
+
+#: The Spark SQL round's aggregation paths by ``aggregation`` value (:mod:`.sql_paths`).
+AGGREGATIONS = Registry("aggregation", "aggregation path")
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """What one fit's (or evaluation's) transport is built from: the options that shape it, read once.
+
+    Attributes:
+        mode: ``state_transport`` (``"auto"`` or a name in :data:`TRANSPORTS`).
+        aggregation: ``aggregation`` (``"auto"`` or a name in :data:`AGGREGATIONS`).
+        shards: ``aggregation_shards``; ``None``: :func:`.policy.plan_aggregation`'s.
+        depth: ``aggregation_depth``: the ``treeAggregate``'s depth (Spark's tree, classic evaluations).
+        network_rate: ``network_rate`` as given (``None``: :data:`.policy.DEFAULT_NETWORK_RATE`).
+        num_workers: Workers per round (``"auto"``'s choice); ``None``: not known.
+        sums_bytes: One worker's sums on the wire (a compressed delta's size under compression); ``None``: not known.
+        optimizer_sums: Whether the workers' sums hold the optimizer's (``optimizer_state="average"``).
+        compression: ``update_compression`` (``None``: float32 sums).
+        feedback: Per compressed segment, whether workers keep its residual (error feedback).
+        moments: Positions of the optimizer's first moments among its variables.
+        standing: Whether Spark Connect's rounds may share one standing job (not with elastic probes).
+    """
+
+    mode: str = "auto"
+    aggregation: str = "auto"
+    shards: Optional[int] = None
+    depth: int = 2
+    network_rate: Any = None
+    num_workers: Optional[int] = None
+    sums_bytes: Optional[int] = None
+    optimizer_sums: bool = True
+    compression: Optional[str] = None
+    feedback: Tuple[bool, ...] = ()
+    moments: Tuple[int, ...] = ()
+    standing: bool = True
+
+    @classmethod
+    def of(cls, config, model, num_workers: int, standing: bool = True) -> "TransportSettings":
+        """The settings of a trainer's ``config`` for its compiled Keras ``model`` and ``num_workers`` workers."""
+        weights, optimizer = get_state(model)
+        settings = cls(config.state_transport, config.aggregation, config.aggregation_shards, config.aggregation_depth,
+                       config.network_rate, num_workers, None, config.optimizer_state == "average",
+                       config.update_compression, tuple(config.feedback), first_moments(model.optimizer.variables),
+                       standing)
+        return dataclasses.replace(settings, sums_bytes=settings.layout(weights, optimizer).nbytes)
+
+    def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
+        """The layout of the workers' sums of a round on this state: a ``FlatLayout``, or a ``DeltaLayout`` when compressed."""
+        flat = exchange.FlatLayout.of(weights, optimizer if self.optimizer_sums else None)
+        return DeltaLayout(flat, self.compression, self.feedback, self.moments) if self.compression else flat
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a fit runs, as the transports' choice reads it.
+
+    Attributes:
+        connect: A Spark Connect session (no broadcasts, no RDDs).
+        one_host: Every executor runs on the driver's host.
+        local_fs: The staging root is a local path (by its scheme: resolving a URI would connect to it).
+        rate: The driver's link in bytes/s on hosts of their own; ``None`` on one host.
+        root: The staging root (the fit's exchange directory is below it).
+    """
+
+    connect: bool
+    one_host: bool
+    local_fs: bool
+    rate: Optional[float]
+    root: str = ""
+
+
+class StateTransport:
+    """One fit's way of moving the model and round state out to the workers and their sums back.
+
+    A transport is registered by its ``name`` (:data:`TRANSPORTS`) and built
+    by :meth:`for_fit`. Subclasses implement :meth:`publish` and :meth:`run`.
+
+    Attributes:
+        name: The ``state_transport`` value naming it (what ``"auto"`` chose).
+        connect: Whether it runs under Spark Connect.
+        engine: The :class:`~sparkdl_avg.driver.runtime.session.Engine` the jobs run on.
+        settings: Its :class:`TransportSettings`.
+        last_plan: ``(aggregation, shards)`` of the latest round of the Spark SQL round; ``None`` for the others.
+    """
+
+    name = ""
+    connect = False
+    last_plan: Optional[Tuple[str, int]] = None
+
+    def __init__(self, engine, settings: TransportSettings = TransportSettings()) -> None:
+        self.engine = engine
+        self.settings = settings
+        self._spec_bc = None
+
+    @classmethod
+    def for_fit(cls, engine, directory: str, settings: TransportSettings, site: Site) -> "StateTransport":
+        """This transport for one fit whose exchange files go under ``directory``."""
+        return cls(engine, settings)
+
+    def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
+        """The layout of the workers' sums of a round on this state (:meth:`TransportSettings.layout`)."""
+        return self.settings.layout(weights, optimizer)
+
+    def ship_spec(self, spec):
+        """The handle tasks carry to build the model's replica: a broadcast (classic) or a stored file."""
+        self._spec_bc = self.engine.broadcast(spec)
+        return self._spec_bc
+
+    def publish(self, name: str, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> "Published":
+        """Publishes a state under ``name`` for one job's tasks (a round's or a chunk's)."""
+        raise NotImplementedError
+
+    def run(self, make_task: Callable[[Any, Any], Any], entry, workers: Sequence[int], what: str,
+            published: "Published", places: Optional[Sequence[Optional[str]]] = None) -> PartialResult:
+        """Runs one job whose tasks train the contiguous worker ids ``workers`` on ``published`` and sums their results.
+
+        The transport decides where the workers deliver their sums (the
+        result sink, :mod:`sparkdl_avg.shared.wire.exchange`); ``make_task(state, sink)``
+        gives the job's :class:`~sparkdl_avg.executor.worker.RoundTask` with it.
+        ``entry`` is the executor body, ``worker.run_round_partition`` (looked
+        up by the caller each round: the tests' fault-injection seam).
+        ``places``: the host each worker's task should run on (classic
+        sessions; :meth:`~sparkdl_avg.driver.runtime.session.Engine.located`), ``None``: anywhere.
+
+        Raises:
+            DataError, WorkerError: decoded from the failed job (:mod:`sparkdl_avg.shared.errors.remote_errors`).
+        """
+        raise NotImplementedError
+
+    def run_job(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry,
+                workers: Sequence[int], what: str, rounds_labels: Optional[Callable[[], Any]] = None,
+                places: Optional[Sequence[Optional[str]]] = None) -> Tuple[PartialResult, float]:
+        """A round's or a chunk's job: publishes its state under ``name``, runs it (:meth:`run`), sums it; thread-safe.
+
+        What was published is released before this returns, however the job ends.
+        ``rounds_labels``: given by a caller that runs rounds one after
+        another on all its workers (not chunks from several threads), a
+        context manager factory that labels a Spark job started in another
+        thread (:meth:`~sparkdl_avg.driver.runtime.session.Engine.carried_labels`);
+        a transport that keeps one job for such rounds
+        (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`'s standing job) labels that job with it.
+        The others ignore it. ``places``: see :meth:`run`.
+
+        Returns:
+            The summed result and the wall-clock time (``time.time``) at which the state was published.
+        """
+        published = self.publish(name, weights, optimizer)
+        try:
+            at = time.time()
+            return self.run(make_task, entry, workers, what, published, places), at
+        finally:
+            published.release()
+
+    def evaluate(self, spec, fingerprint: str, staged, parts: int, batch_size: int, state) -> PartialResult:
+        """Evaluates ``state`` (``(weights, optimizer variables)``) on ``staged`` data in ``parts`` tasks."""
+        bc = self.engine.broadcast(state)
+        task = worker_mod.EvalTask(spec, fingerprint, exchange.BroadcastState(bc), staged, parts, batch_size)
+        try:
+            return run_job(
+                lambda: self.engine.sc.parallelize(range(parts), parts)
+                .mapPartitions(partial(worker_mod.run_eval_partition, task))
+                .treeAggregate(None, merge, merge, self.settings.depth),
+                "Evaluation",
+            )
+        finally:
+            bc.unpersist()
+
+    def close(self) -> None:
+        """Releases everything left at the end of the fit, however it ends."""
+        if self._spec_bc is not None:
+            self._spec_bc.unpersist()
+            self._spec_bc = None
+
+
+@dataclass(frozen=True)
+class Published:
+    """What :meth:`StateTransport.publish` made for one job: what its tasks carry and how to take it back.
+
+    Attributes:
+        state: The state source the tasks load (:mod:`sparkdl_avg.shared.wire.exchange`).
+        release: Deletes the broadcast or the files.
+        directory: The job's directory under the exchange directory (file-based transports).
+        layout: The sums' layout (:class:`~sparkdl_avg.shared.wire.exchange.SumsLayout`): a ``FlatLayout``,
+            or under ``update_compression`` a ``DeltaLayout``.
+    """
+
+    state: Any
+    release: Callable[[], None]
+    directory: Optional[str] = None
+    layout: Any = None
+
+
+def rdd_job(engine, task, entry, workers: Sequence[int], places: Optional[Sequence[Optional[str]]] = None):
+    """The lazy RDD of a round's job on a classic session: one partition per worker, placed where asked."""
+    if places is not None and any(places):
+        ids = engine.located(list(workers), places)
+    else:
+        ids = engine.sc.parallelize(list(workers), len(workers))
+    return ids.mapPartitions(partial(entry, task))
+
+
+def remove_quietly(uri: str) -> None:
+    """Deletes a tree of exchange files; a failure is logged, not raised (it must not hide the fit's own error)."""
+    try:
+        remove_tree(uri)
+    except OSError as exc:
+        logger.warning("Could not delete %s: %s", uri, exc)
+
+
+def unreadable(what: str, directory: str, exc: BaseException, option: str, other: str) -> WorkerError:
+    """The error of a driver that cannot read the workers' result files under ``directory``."""
+    return WorkerError(
+        f"Could not read the workers' results of {what[0].lower()}{what[1:]} under {directory!r}: {exc}. "
+        f"With {option} the driver must read what executors write under staging_dir; use a "
+        f"filesystem both see, or {other}."
+    )

@@ -1,0 +1,41 @@
+"""``state_transport="spark"``: the state as a Spark broadcast, the sums as task results summed by ``treeAggregate``.
+
+Classic sessions only (Spark Connect has no broadcasts or RDDs). The tree
+(depth ``aggregation_depth``) merges the workers' float sums; under
+``update_compression`` it keeps every worker's compressed delta, which the
+driver then adds in worker order (:func:`~sparkdl_avg.shared.wire.delta_sums.sum_deltas`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...shared.errors.remote_errors import run_job
+from ...shared.wire import exchange
+from ...shared.wire.aggregation import merge
+from ...shared.wire.delta_sums import sum_deltas
+from .base import TRANSPORTS, Published, StateTransport, rdd_job
+
+
+@TRANSPORTS.register
+class SparkTransport(StateTransport):
+    """State as a Spark broadcast; sums as task results, summed by ``treeAggregate(depth)``."""
+
+    name = "spark"
+
+    def publish(self, name, weights, optimizer):
+        broadcast = self.engine.broadcast((weights, optimizer))
+        return Published(exchange.BroadcastState(broadcast), broadcast.unpersist, layout=self.layout(weights, optimizer))
+
+    def run(self, make_task, entry, workers, what, published, places=None):
+        layout = published.layout
+        # sums (or compressed deltas) as task results
+        task = make_task(published.state, exchange.ReturnSums(layout if layout.compressed else None))
+        results = rdd_job(self.engine, task, entry, workers, places)
+        total = run_job(lambda: results.treeAggregate(None, merge, merge, self.settings.depth), what)
+        if layout.compressed:  # the tree kept every worker's delta; summed here, in worker order
+            t0, c0 = time.perf_counter(), time.process_time()
+            total.received_bytes = sum(len(data) for _, data in total.deltas or [])
+            sum_deltas(layout, total)
+            total.driver_sum_s, total.driver_sum_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        return total

@@ -1,0 +1,186 @@
+"""``state_transport="sql"``: the round as a DataFrame job; the only transport under Spark Connect.
+
+The model (once per fit) and each round's state go out as files under the
+fit's exchange directory (every executor reads the staging directory: it
+holds the staged data); each worker's sums come back through the round's
+aggregation path (:mod:`.sql_paths`: Arrow rows or files, summed by the
+driver or by reducer tasks), chosen per round by
+:func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`. Runs the same
+on a classic session and under Spark Connect, where consecutive rounds may
+share one standing job (:mod:`.standing`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from functools import partial
+from typing import Optional, Sequence, Tuple
+
+from ...executor import worker as worker_mod
+from ...shared.errors.remote_errors import run_job
+from ...shared.files.fs import join, make_dir
+from ...shared.wire import exchange, round_rows
+from ...shared.wire.aggregation import PartialResult, merge
+from ..runtime.session import struct_type
+from . import standing as standing_mod
+from .base import AGGREGATIONS, TRANSPORTS, Published, StateTransport, TransportSettings, remove_quietly
+from .murmur3 import shard_keys
+from .policy import plan_aggregation
+from .sql_paths import Aggregation, assemble, read_rows
+
+logger = logging.getLogger("sparkdl_avg")
+
+
+@TRANSPORTS.register
+class SqlTransport(StateTransport):
+    """The round as a DataFrame job (``spark.range(N).mapInArrow``); works on classic sessions and under Spark Connect.
+
+    Every aggregation path adds the same numbers in the same order (worker
+    0, 1, ...), so all give bitwise the same sums as each other, as
+    ``state_transport="files"`` and as ``"spark"`` at
+    ``aggregation_depth=1`` (deeper trees add in another order).
+
+    Args:
+        engine: The session's :class:`~sparkdl_avg.driver.runtime.session.Engine`.
+        directory: The fit's exchange directory under the staging root.
+        settings: Its :class:`~sparkdl_avg.driver.transport.base.TransportSettings` (``aggregation``, ``shards``).
+        one_host_files: ``"auto"`` sums the workers' files on the driver (Connect, one host, local staging).
+        network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s
+            choice, :func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`); ``None`` when they share its host.
+        standing: Run consecutive rounds in one standing job (:mod:`.standing`); only where the driver
+            and the executors share a host and the directory is local. Rounds run through
+            :meth:`run_job` with ``rounds_labels`` (a fit's synchronous rounds) go to it when their
+            path allows (:attr:`~sparkdl_avg.driver.transport.sql_paths.Aggregation.standing`: ``"files"``,
+            what ``"auto"`` takes there) and they have at most as many workers as the cluster has task
+            slots (every task must hold a slot at once). A task that fails is retried by Spark as usual
+            and joins at the round in progress; a failed job raises what the round's own job would have.
+    """
+
+    name = "sql"
+    connect = True
+
+    def __init__(self, engine, directory: str, settings: TransportSettings = TransportSettings(),
+                 one_host_files: bool = False, network_rate: Optional[float] = None, standing: bool = False) -> None:
+        super().__init__(engine, settings)
+        self.directory = directory
+        self.one_host_files = one_host_files
+        self.network_rate = network_rate  # bytes/s of the driver's link on hosts of their own; None: one host
+        self.standing = standing
+        self._spec: Optional[exchange.StoredSpec] = None
+        self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
+        self._rounds = standing_mod.StandingRounds(engine, directory)
+        make_dir(directory)
+
+    @classmethod
+    def for_fit(cls, engine, directory, settings, site):
+        if not site.connect:
+            return cls(engine, directory, settings, network_rate=site.rate)
+        # One standing job where its tasks can wait on local files that the client writes (one host, local staging).
+        shared = site.local_fs and site.one_host
+        return cls(engine, directory, settings, one_host_files=shared, network_rate=site.rate,
+                   standing=settings.standing and standing_mod.STANDING and shared)
+
+    def ship_spec(self, spec):
+        if self._spec is None or self._spec.fingerprint != spec.fingerprint:
+            self._spec = exchange.store_spec(self.directory, spec)
+        return self._spec
+
+    def publish(self, name, weights, optimizer):
+        directory = join(self.directory, name)
+        state = exchange.store_state(directory, "state", weights, optimizer)
+        return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer))
+
+    def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
+        """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
+        s = self.settings
+        return plan_aggregation(s.aggregation, s.shards, num_workers, nbytes, self.network_rate, self.one_host_files)
+
+    def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None, places=None):
+        plan = path = None
+        if rounds_labels is not None and self.standing:
+            plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes)
+            path = AGGREGATIONS.get(plan[0])()
+        usable = path is not None and path.standing and len(workers) <= self.engine.default_parallelism
+        job = self._rounds.job_for(workers, rounds_labels, usable)
+        if job is None:  # (a standing job runs where the driver does: one host, nothing to place)
+            return super().run_job(name, weights, optimizer, make_task, entry, workers, what, places=places)
+        published = None
+        try:
+            published = self.publish(name, weights, optimizer)
+            self.last_plan = plan
+            task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
+            seq = job.announce(entry, task)
+            at = time.time()
+            batches = run_job(partial(job.answers, seq), what)
+            if batches is None:  # the job ended without an error and without this round: a job of its own
+                logger.debug("%s: the standing job ended before the round; running it as a job of its own", what)
+                return self.run(make_task, entry, workers, what, published), at
+            import pyarrow as pa
+
+            table = pa.Table.from_batches(batches, round_rows.round_arrow_schema())
+            return self._collect(table, what, published.directory, published.layout, path, plan[1]), at
+        except BaseException:
+            self._rounds.stop()  # failed (the error is the round's) or interrupted: no job of the fit left running
+            raise
+        finally:
+            if published is not None:
+                published.release()
+            self._rounds.idle()
+
+    def run(self, make_task, entry, workers, what, published, places=None):
+        layout = published.layout
+        how, shards = self.last_plan = self.plan(len(workers), layout.nbytes)
+        path = AGGREGATIONS.get(how)()
+        task = make_task(published.state, path.sink(published.directory, layout, shards))
+        rows = self._rows(task, entry, workers, layout, path, shards, places)
+        return self._collect(run_job(rows.toArrow, what), what, published.directory, layout, path, shards)
+
+    def _rows(self, task, entry, workers: Sequence[int], layout, path: Aggregation, shards: int, places=None):
+        """The lazy DataFrame of a round's job: its tasks' rows, summed by reducers when sharded."""
+        rows = self.engine.run_tasks(
+            len(workers), partial(worker_mod.run_round_batches, task, entry=entry), round_rows.ROUND_SCHEMA,
+            start=workers[0], places=places,
+        )
+        if path.sharded:
+            from pyspark.sql import functions as F
+
+            # Shard j's rows to reducer task j; the workers' results (shard -1) to reducer 0.
+            keys = shard_keys(shards)
+            slot = F.when(F.col("shard") < 0, 0).otherwise(F.col("shard"))
+            key = F.element_at(F.array(*[F.lit(k) for k in keys]), slot + 1)
+            rows = rows.repartition(shards, key).mapInArrow(
+                partial(round_rows.reduce_shuffled, layout, shards), struct_type(round_rows.ROUND_SCHEMA)
+            )
+        return rows
+
+    def _collect(self, table, what: str, directory: str, layout, path: Aggregation, shards: int) -> PartialResult:
+        """The round's sums from its job's Arrow rows (and whatever files its path reads)."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        results, pieces, reduce_s = read_rows(table)
+        total, read = assemble(results, pieces, layout, path, shards, what, directory)
+        total.received_bytes, total.driver_sum_s = table.nbytes + read, time.perf_counter() - t0
+        total.reduce_s = reduce_s
+        total.driver_sum_cpu_s = time.process_time() - c0
+        return total
+
+    def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
+        self._rounds.stop()  # its waiting tasks would hold the slots this job needs
+        directory = join(self.directory, "evaluate")
+        stored = exchange.store_state(directory, "state", *state)
+        task = worker_mod.EvalTask(spec, fingerprint, stored, staged, parts, batch_size)
+        try:
+            table = run_job(
+                lambda: self.engine.run_tasks(parts, partial(worker_mod.run_eval_batches, task), "meta string").toArrow(),
+                "Evaluation",
+            )
+        finally:
+            remove_quietly(directory)
+        parts_results = sorted((round_rows.decode_meta(m) for m in table.column("meta").to_pylist()),
+                               key=lambda r: r.workers[0].worker)
+        return functools.reduce(merge, parts_results, None)
+
+    def close(self) -> None:
+        self._rounds.stop(wait_s=standing_mod.STANDING_CLOSE_S)  # no job of the fit left running
+        remove_quietly(self.directory)

@@ -1,0 +1,76 @@
+"""The ``mapInArrow`` entry points that need no model replica: a task's ids, the standing round job's loop, the staging probe.
+
+Executor side. The Spark SQL round's and the warm-up's bodies in
+:mod:`sparkdl_avg.executor.worker` read their ids with :func:`task_ids`; the
+standing job's task (:func:`run_standing_rounds`) runs round after round the
+bodies the driver announces (:mod:`sparkdl_avg.shared.wire.standing`); the
+staging check's task (:func:`probe_path_batches`) says whether this executor
+sees the driver's files. All three are importable from
+:mod:`sparkdl_avg.executor.worker` too, where they were.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Iterator
+
+from ..shared.wire import standing
+
+
+def task_ids(batches) -> list:
+    """The ids of ``spark.range(n, numPartitions=n)``'s rows a ``mapInArrow`` task got (all of its input)."""
+    return [int(i) for batch in batches for i in batch.column(0).to_pylist()]
+
+
+def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
+    """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
+
+    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`:
+    the driver's word for each round under ``directory``, a local path, and
+    the answers). Each round runs the announced entry (the body a per-round
+    job would run, :func:`run_round_partition` or a test's wrapper) on the
+    announced :class:`RoundTask`, and its rows go to the round's answer
+    files instead of the job's result; the job itself yields nothing. A
+    retried attempt joins at the lowest round still announced and skips the
+    rounds its worker has answered. A task whose next word does not come
+    within ``deadline_s`` seconds ends.
+    """
+    ids = task_ids(batches)
+    seq = standing.first_round(directory, deadline_s)
+    while seq is not None:
+        word = standing.word(directory, seq, deadline_s)
+        if word is None:
+            break
+        entry, task = word
+        if not standing.answered(directory, seq, ids):
+            standing.answer(directory, seq, list(entry(task, ids)))
+        seq += 1
+    return
+    yield  # a generator: mapInArrow's body
+
+
+def probe_path_batches(marker: str, batches) -> Iterator:
+    """``mapInArrow`` body of the staging check: one row saying whether this executor sees the file ``marker``.
+
+    The driver wrote ``marker`` (a local path) just before the job; an
+    executor on another host, whose ``/tmp`` is its own, does not see it
+    (:func:`sparkdl_avg.driver.data.staging.check_shared_root`).
+    """
+    import pyarrow as pa
+
+    ids = task_ids(batches)
+    seen = os.path.exists(marker)
+    yield pa.RecordBatch.from_pydict({
+        "task": pa.array([int(i) for i in ids], pa.int64()),
+        "host": pa.array([socket.gethostname() + "/" + _address()] * len(ids), pa.string()),
+        "seen": pa.array([seen] * len(ids), pa.bool_()),
+    })
+
+
+def _address() -> str:
+    """The address this executor's Spark binds to (``SPARK_LOCAL_IP``), else its host name's."""
+    try:
+        return os.environ.get("SPARK_LOCAL_IP") or socket.gethostbyname(socket.gethostname())
+    except OSError:  # a host name that does not resolve (some containers): the name alone says enough
+        return ""

@@ -1,0 +1,100 @@
+"""The standing round job's file protocol (sparkdl_avg.shared.wire.standing), without Spark.
+
+A task body (``worker.run_standing_rounds``) runs in a thread here, with a
+stand-in for the round's entry; the test plays the driver: it announces
+rounds, collects the answers and stops the task. Spark Connect runs the same
+body in a real job (tests/runtime/test_connect.py).
+"""
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+from sparkdl_avg.executor import worker
+from sparkdl_avg.shared.wire import exchange, standing
+
+CALLS = []
+
+
+def fake_entry(task, workers):
+    """What ``run_round_partition`` yields through the SQL sinks: one batch per worker; ``task`` is a round number."""
+    for w in workers:
+        CALLS.append((task, w))
+        yield pa.RecordBatch.from_pydict({"shard": [-1], "worker": [w], "meta": [f"round {task}"], "data": [None],
+                                          "uri": [None], "offsets": [None]}, schema=exchange.round_arrow_schema())
+
+
+def ids_batch(*ids):
+    return pa.RecordBatch.from_pydict({"id": list(ids)})
+
+
+def start_task(directory, ids, deadline_s=30.0):
+    """The body of one task of the job, in a thread; returns the thread (it ends when the task ends)."""
+    thread = threading.Thread(target=lambda: list(worker.run_standing_rounds(str(directory), deadline_s,
+                                                                             [ids_batch(*ids)])))
+    thread.start()
+    return thread
+
+
+def wait_answers(directory, seq, workers, timeout_s=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batches = standing.collect(str(directory), seq, workers)
+        if batches is not None:
+            return [b.column("meta")[0].as_py() for b in batches]
+        time.sleep(0.001)
+    raise AssertionError(f"no answers to round {seq}")
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls():
+    CALLS.clear()
+
+
+def test_tasks_train_each_announced_round_in_order_and_end_when_told(tmp_path):
+    standing.announce(str(tmp_path), 0, standing.go(fake_entry, 10))
+    tasks = [start_task(tmp_path, [0]), start_task(tmp_path, [1])]
+    assert wait_answers(tmp_path, 0, [0, 1]) == ["round 10", "round 10"]
+    for seq, task in ((1, 11), (2, 12)):
+        standing.announce(str(tmp_path), seq, standing.go(fake_entry, task))
+        assert wait_answers(tmp_path, seq, [0, 1]) == [f"round {task}"] * 2
+    standing.stop(str(tmp_path))
+    for t in tasks:
+        t.join(10)
+        assert not t.is_alive()
+    assert sorted(CALLS) == [(r, w) for r in (10, 11, 12) for w in (0, 1)]
+    # Announcing a round removes the round before it and its answers.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done-2-0", "done-2-1", "round-2", "stop"]
+
+
+def test_a_retried_task_joins_at_the_round_in_progress_and_skips_what_its_worker_answered(tmp_path):
+    first = start_task(tmp_path, [0])
+    standing.announce(str(tmp_path), 0, standing.go(fake_entry, 0))
+    wait_answers(tmp_path, 0, [0])
+    standing.announce(str(tmp_path), 1, standing.go(fake_entry, 1))
+    wait_answers(tmp_path, 1, [0])
+    standing.stop(str(tmp_path))
+    first.join(10)
+    # A second attempt of the same task: round 1 is the lowest announced and its worker answered it.
+    (tmp_path / "stop").unlink()
+    CALLS.clear()
+    retried = start_task(tmp_path, [0])
+    standing.announce(str(tmp_path), 2, standing.go(fake_entry, 2))
+    wait_answers(tmp_path, 2, [0])
+    standing.stop(str(tmp_path))
+    retried.join(10)
+    assert CALLS == [(2, 0)]
+
+
+def test_a_task_that_hears_nothing_ends_at_its_deadline(tmp_path):
+    task = start_task(tmp_path, [0], deadline_s=0.2)
+    task.join(10)
+    assert not task.is_alive()
+    standing.announce(str(tmp_path), 0, standing.go(fake_entry, 0))
+    task = start_task(tmp_path, [0], deadline_s=0.2)
+    wait_answers(tmp_path, 0, [0])
+    task.join(10)  # no round 1 comes
+    assert not task.is_alive()
