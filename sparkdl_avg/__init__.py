@@ -37,7 +37,8 @@ for _key in _RECOMMENDED_CONF:
 from .driver.api.advisor import Advice, advise  # noqa: E402
 from .driver.config.trainer_config import TrainerConfig  # noqa: E402
 from .driver.api.ml import KerasAveragingEstimator, KerasAveragingModel  # noqa: E402
-from .driver.algorithms.rules import BlockMomentum, DiLoCo, PlainAveraging, SlowMo, UpdateRule  # noqa: E402
+from .driver.algorithms.rules import BlockMomentum, DiLoCo, PlainAveraging, RuleParam, SlowMo, UpdateRule  # noqa: E402
+from .driver.algorithms.outer import OuterOptimizer  # noqa: E402
 from .driver.algorithms.schedules import AdaComm, AveragingSchedule, PostLocalSGD  # noqa: E402
 from .driver.runtime.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up  # noqa: E402
 from .driver.observe.tracking import MlflowLogger  # noqa: E402
@@ -61,7 +62,7 @@ from .version import __version__  # noqa: E402
 __all__ = [
     # training
     "ParameterAveragingTrainer", "TrainerConfig", "FitInfo",
-    "UpdateRule", "PlainAveraging", "BlockMomentum", "SlowMo", "DiLoCo",
+    "UpdateRule", "RuleParam", "PlainAveraging", "BlockMomentum", "SlowMo", "DiLoCo", "OuterOptimizer",
     "AveragingSchedule", "PostLocalSGD", "AdaComm",
     # the session
     "warm_up", "DAEMON_MODULE", "RECOMMENDED_CONF",

@@ -8,14 +8,19 @@ classical BMUF(η, ζ) is SlowMo(β=η, α=ζ) at a constant learning rate)
 through full fits on local[2], in float64.
 """
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import pytest
 
 import keras
 
 from conftest import assert_weights_close, clone_compiled, make_model, max_weight_change, regression_data
-from sparkdl_avg import AdaComm, BlockMomentum, ConfigurationError, ParameterAveragingTrainer, PostLocalSGD, SlowMo
+from sparkdl_avg import (AdaComm, BlockMomentum, ConfigurationError, DiLoCo, ParameterAveragingTrainer, PostLocalSGD,
+                         SlowMo)
 from sparkdl_avg.shared.data import example_order
+from sparkdl_avg.driver.algorithms import rules
 from sparkdl_avg.driver.algorithms.rules import PlainAveraging, as_update_rule, rule_from_name
 from sparkdl_avg.driver.algorithms.schedules import as_schedule, next_period
 
@@ -76,7 +81,8 @@ def test_diloco_is_pytorch_nesterov_sgd_on_the_outer_gradient_and_bmuf_nesterov_
         bsent = bmuf.to_send([wb], bstate, [True])[0]
         wb = bmuf.apply([wb], [bsent], [bsent + offset], bstate, [True], 0.01)[0]
         np.testing.assert_allclose(bmuf.to_send([wb], bstate, [True])[0], theta, rtol=0, atol=1e-12)
-    assert rule_from_name("diloco", None, 1.0) == DiLoCo() and rule_from_name("diloco", 0.5, 0.3) == DiLoCo(0.3, 0.5)
+    assert rule_from_name("diloco") == DiLoCo() and rule_from_name("diloco", 0.5, 0.3) == DiLoCo(0.3, 0.5)
+    assert rule_from_name("diloco", None, 1.0) == DiLoCo(outer_lr=1.0)  # no sentinel: 1.0 is 1.0
     with pytest.raises(ConfigurationError, match=r"'outer_momentum' parameter of DiLoCo must be a float in the "
                                                  r"range \[0.0, 1.0\)\. Got 1.0 instead"):
         DiLoCo(outer_momentum=1.0)
@@ -139,11 +145,120 @@ def test_identity_rules_are_plain_averaging_on_arrays():
         (lambda: as_update_rule("momentum"), r"'update_rule'.*'bmuf'.*Got 'momentum' instead"),
         (lambda: rule_from_name("average", 0.5), r"apply to the block-momentum rules.*update_rule='average'"),
         (lambda: rule_from_name("bmuf", 1.5), r"'block_momentum'.*Got 1.5"),
+        (lambda: rule_from_name("outer:adam", 0.5), r"apply to the block-momentum rules \('bmuf', 'bmuf_nesterov', "
+                                                    r"'slowmo', 'diloco'\), not to update_rule='outer:adam'"),
+        (lambda: as_update_rule("bmuf:nesterov"), r"rule spec with the rule's parameters \(block_momentum, "
+                                                  r"block_lr\); nesterov is none of them. Got 'bmuf:nesterov'"),
+        (lambda: as_update_rule("slowmo:slow_lr=fast"), r"spec whose slow_lr is a float. Got 'slowmo:slow_lr=fast'"),
+        (lambda: as_update_rule("slowmo:slow_lr=0"), r"'slow_lr' parameter of SlowMo must be > 0"),
+        (lambda: as_update_rule("average:x=1"), r"rule's parameters \(no parameters\); x is none of them"),
+        (lambda: rule_from_name("slowmo:slow_lr=2", None, 3.0), r"'update_rule' parameter sets slow_lr in "
+                                                                r"'slowmo:slow_lr=2' and 'block_lr' sets it too"),
     ],
 )
 def test_rule_errors(make, message):
     with pytest.raises(ConfigurationError, match=message):
         make()
+
+
+# ------------------------------------------------------------- the registry
+
+
+def test_every_name_resolves_in_the_registry_to_its_class_with_its_defaults():
+    assert rules.rule_names()[:6] == ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco", "outer")
+    assert [as_update_rule(n) for n in ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco")] == [
+        PlainAveraging(), BlockMomentum(), BlockMomentum(nesterov=True), SlowMo(), DiLoCo()]
+    assert as_update_rule(None) == PlainAveraging() and as_update_rule(SlowMo(0.1)) == SlowMo(0.1)
+    assert [r.name for r in (PlainAveraging(), SlowMo(), DiLoCo(), BlockMomentum(nesterov=True))] == [
+        "average", "slowmo", "diloco", "bmuf_nesterov"]
+    # each rule's declared parameters are its fields, with their types and defaults
+    declared = {cls.__name__: [(p.name, p.type, p.default, p.flat) for p in cls.parameters()]
+                for cls in (PlainAveraging, BlockMomentum, SlowMo, DiLoCo)}
+    assert declared == {
+        "PlainAveraging": [],
+        "BlockMomentum": [("block_momentum", Optional[float], None, "block_momentum"),
+                          ("block_lr", float, 1.0, "block_lr")],
+        "SlowMo": [("slow_momentum", float, 0.5, "block_momentum"), ("slow_lr", float, 1.0, "block_lr")],
+        "DiLoCo": [("outer_lr", float, 0.7, "block_lr"), ("outer_momentum", float, 0.9, "block_momentum")],
+    }
+
+
+def test_a_spec_sets_the_declared_parameters_and_the_flat_options_theirs_without_a_sentinel():
+    assert as_update_rule("slowmo:slow_momentum=0.7,slow_lr=2") == SlowMo(0.7, 2.0)
+    assert as_update_rule("bmuf_nesterov:block_momentum=0.5") == BlockMomentum(0.5, nesterov=True)
+    assert as_update_rule("bmuf:block_momentum=none") == BlockMomentum()
+    assert as_update_rule("diloco:outer_lr=0.5") == DiLoCo(outer_lr=0.5)
+    assert rule_from_name("slowmo:slow_lr=2", 0.7) == SlowMo(0.7, 2.0)
+    # no stand-in defaults: unset flat options leave each rule's own
+    assert [rule_from_name(n) for n in ("bmuf", "slowmo", "diloco")] == [BlockMomentum(), SlowMo(), DiLoCo()]
+    assert rule_from_name("diloco", 0.8, 1.0) == DiLoCo(outer_lr=1.0, outer_momentum=0.8)
+
+
+def test_the_flat_options_derive_from_the_rules_parameters():
+    from sparkdl_avg.driver.config import options
+
+    momentum, lr = options.option("block_momentum"), options.option("block_lr")
+    assert momentum.help == "the rule's momentum: BMUF's eta, SlowMo's beta or DiLoCo's outer momentum"
+    assert momentum.unset == "1 - 1/workers for BMUF, 0.5 for SlowMo, 0.9 for DiLoCo"
+    assert lr.help == "the rule's learning rate: BMUF's zeta, SlowMo's alpha or DiLoCo's outer lr"
+    assert lr.unset == "1 for BMUF, 1 for SlowMo, 0.7 for DiLoCo"
+    assert (momentum.aliases, lr.aliases) == (("slow_momentum", "outer_momentum"), ("slow_lr", "outer_lr"))
+    assert (momentum.default, lr.default) == (None, None)
+    assert options.option("update_rule").help.startswith(
+        "how the average becomes the next weights: 'average', 'bmuf', 'bmuf_nesterov', 'slowmo', 'diloco'")
+
+
+def test_a_new_rule_is_one_class_found_by_its_names():
+    @dataclass(frozen=True)
+    class Halfway(rules.UpdateRule):
+        """``w ← w + scale·(w̄ − w)``; its scale is also the flat ``block_lr``."""
+
+        scale: float = 0.5
+        names = ("toy_halfway",)
+        params = (rules.RuleParam("scale", "the toy's scale", flat="block_lr"),)
+
+        def apply(self, weights, sent, average, state, trainable, learning_rate):
+            return [(w + self.scale * (np.asarray(a, np.float64) - w)).astype(w.dtype)
+                    for w, a in zip(weights, average)]
+
+    assert as_update_rule("toy_halfway") == Halfway() and as_update_rule("toy_halfway:scale=0.25") == Halfway(0.25)
+    assert rule_from_name("toy_halfway", None, 0.75) == Halfway(0.75)
+    assert "the toy's scale" in rules.flat_option("block_lr", "x")["help"]
+    assert rules.rule_names()[-1] == "toy_halfway" and Halfway().name == "toy_halfway"
+    with pytest.raises(ValueError, match=r"'toy_halfway' is taken by"):
+        type("Other", (rules.UpdateRule,), {"names": ("toy_halfway",)})
+    with pytest.raises(ConfigurationError, match=r"'block_momentum' and 'block_lr' parameters apply"):
+        rule_from_name("toy_halfway", 0.5)
+
+
+def test_the_cli_and_the_estimator_take_specs_and_name_their_own_option_in_errors(capsys):
+    import argparse
+
+    from sparkdl_avg import OuterOptimizer
+    from sparkdl_avg.driver.api import cli
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    parser = argparse.ArgumentParser()
+    cli.add_data_args(parser)
+    cli.add_trainer_args(parser)
+    parse = lambda *flags: parser.parse_args(["--data", "d", *flags])  # noqa: E731
+    options = cli.trainer_options(parse("--update-rule", "outer:sgd:lr=0.7,momentum=0.9,nesterov"))
+    assert options["update_rule"] == OuterOptimizer(keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True))
+    options = cli.trainer_options(parse("--update-rule", "slowmo", "--block-lr", "2"))
+    assert options["update_rule"] == SlowMo(0.5, 2.0)
+
+    def main(argv):
+        cli.trainer_options(parse("--update-rule", "slowmo:slow_lr=2", "--block-lr", "3"))
+
+    assert cli.run(main) == 2
+    assert ("The --update-rule flag sets slow_lr in 'slowmo:slow_lr=2' and --block-lr sets it too: give it once."
+            in capsys.readouterr().err)
+    est = KerasAveragingEstimator(updateRule="outer:adam:lr=0.001")
+    assert est._trainer_options()["update_rule"] == OuterOptimizer(keras.optimizers.Adam(0.001))
+    est = KerasAveragingEstimator(kerasModel=make_model(), updateRule="slowmo:slow_lr=fast")
+    with pytest.raises(ConfigurationError, match=r"^The 'updateRule' parameter must be a rule spec whose slow_lr "
+                                                 r"is a float. Got 'slowmo:slow_lr=fast' instead.$"):
+        est.fit(None)
 
 
 def test_trainer_rejects_a_bad_update_rule_before_any_spark_job():
@@ -298,3 +413,52 @@ def test_estimator_update_rule_params_are_validated(spark):
         KerasAveragingEstimator(kerasModel=make_model(), updateRule="bmuf", blockMomentum=1.0).fit(df)
     est = KerasAveragingEstimator(kerasModel=make_model(), updateRule="slowmo", blockMomentum=0.7)
     assert est._trainer_options()["update_rule"] == SlowMo(0.7, 1.0)
+
+
+def test_an_estimator_saved_with_the_old_block_lr_default_loads_with_each_rules_own(spark, tmp_path):
+    """Before the registry, blockLearningRate defaulted to 1.0 (standing for DiLoCo's 0.7); saved stages carry it."""
+    from sparkdl_avg.ml import KerasAveragingEstimator
+
+    old = KerasAveragingEstimator(kerasModel=make_model(), updateRule="diloco")
+    old._setDefault(blockLearningRate=1.0)
+    old.save(str(tmp_path / "stage"))
+    loaded = KerasAveragingEstimator.load(str(tmp_path / "stage"))
+    assert not loaded.isDefined(loaded.blockLearningRate)
+    assert loaded._trainer_options()["update_rule"] == DiLoCo()
+
+
+# ------------------------------------------- one update arithmetic for rounds and stale chunks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("delta_sums", [False, True], ids=["sums", "delta-sums"])
+def test_rounds_and_stale_chunks_read_the_sums_with_one_function_bitwise_as_before(dtype, delta_sums):
+    """fit/update.py replaced two copies of this arithmetic (RoundRunner.update, StaleUpdater.apply): the
+    formulas each had, written out here, give bitwise what the shared function does."""
+    from sparkdl_avg.driver.fit.update import replica_means, round_state
+    from sparkdl_avg.shared.wire.aggregation import PartialResult
+
+    rng = np.random.default_rng(1)
+    sent = [rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=2).astype(dtype)]
+    opt = [np.asarray(7, np.int64), rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=2).astype(dtype)]
+    sums = [rng.normal(size=a.shape).astype(dtype) * 5 for a in sent]
+    opt_sums = [np.asarray(35.0)] + [rng.normal(size=a.shape).astype(dtype) * 5 for a in opt[1:]]
+    result = PartialResult(examples=5, weight_sums=sums, optimizer_sums=opt_sums, delta_sums=delta_sums)
+    # RoundRunner.update before
+    if delta_sums:
+        average = [np.asarray(s, np.float64) + x / 5 for s, x in zip(sent, sums)]
+        old_opt = [(np.asarray(v, np.float64) + x / 5).astype(np.asarray(v).dtype) for v, x in zip(opt, opt_sums)]
+    else:
+        average = [x / 5 for x in sums]
+        old_opt = result.average(opt_sums, opt)
+    old_opt[0] = np.asarray(7 + 3, np.int64)
+    rule = BlockMomentum(0.5, 0.8)
+    old_state, new_state = rule.init_state(sent, [True, True]), rule.init_state(sent, [True, True])
+    old_weights = rule.apply(sent, sent, average, old_state, [True, True], 0.1)
+    new_weights, new_opt = round_state(result, sent, sent, opt, rule, new_state, [True, True], 0.1, True, 0, 3)
+    for a, b in zip(new_weights + new_opt + new_state["delta"], old_weights + old_opt + old_state["delta"]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    # StaleUpdater.apply before: the move of each array from what the chunk read, float64
+    for got, total, base in zip(replica_means(sums, 5, sent, delta_sums, move=True), sums, sent):
+        mean = np.asarray(total, np.float64) / 5
+        assert np.array_equal(got, mean if delta_sums else mean - base)

@@ -1,5 +1,8 @@
 """Algorithms on the driver: update rules (how the replicas' average becomes the next weights) and averaging schedules (k per round).
 
-Pure numerics and their parameters: imports only the shared side, :mod:`sparkdl_avg.errors`
-and :mod:`..config.options` (the constraint types rules declare their parameters with).
+Pure numerics and their parameters: imports only the shared side, :mod:`sparkdl_avg.errors` and Keras
+(:mod:`.outer` steps a Keras optimizer). :mod:`.rules` holds the rule registry: a rule class that declares
+``names`` is registered, so importing this package registers every built-in rule, ``"outer"`` included.
 """
+
+from . import outer, rules  # noqa: F401  (registers the built-in update rules)

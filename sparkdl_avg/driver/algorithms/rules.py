@@ -1,4 +1,4 @@
-"""Update rules: how the replicas' average becomes the next global weights.
+"""Update rules: how the replicas' average becomes the next global weights; the registry that names them.
 
 A round starts every replica from the *sent* weights and ends with their
 example-weighted average ``w̄``. The rule then sets the global weights:
@@ -16,7 +16,6 @@ example-weighted average ``w̄``. The rule then sets the global weights:
   (substitute ``Δ = −α·γ·u``); with a learning-rate schedule SlowMo's
   momentum buffer is in gradient units, so a decaying ``γ`` also shrinks the
   momentum step, while BMUF's ``Δ`` keeps its size.
-
 - :class:`DiLoCo` (Douillard et al. 2023, arXiv 2311.08105): DiLoCo's outer
   optimizer, SGD with Nesterov momentum on the outer gradient ``g = sent − w̄``
   exactly as PyTorch's ``torch.optim.SGD(nesterov=True)`` steps it:
@@ -25,28 +24,44 @@ example-weighted average ``w̄``. The rule then sets the global weights:
   nesterov=True)`` in the points it sends (BMUF's look-ahead is DiLoCo's
   ``w``), but the weights a fit ends with are DiLoCo's ``w``, not BMUF's
   ``w`` before the look-ahead; docs/algorithms.md checks it term by term.
+- :class:`~sparkdl_avg.driver.algorithms.outer.OuterOptimizer` (its own
+  module): any Keras optimizer stepping the outer gradient.
+
+**The registry.** A rule class declares the names ``update_rule=`` takes for
+it (``names``) and its parameters (``params``: each one's doc, and which flat
+option of the CLI and the estimator carries it; type and default are the
+dataclass field's, or ``__init__``'s). Declaring ``names`` registers the class
+(``UpdateRule.__init_subclass__``, into :mod:`.registry`); :func:`as_update_rule`
+resolves every name and spec (``"slowmo:slow_momentum=0.7"``,
+``"outer:adam:lr=0.001"``), and :func:`.registry.flat_option` derives the flat
+options' help from the declared parameters. Adding a rule is one class with
+``names`` and ``params``.
 
 Momentum applies to the trainable weights; non-trainable ones (batch-norm
 statistics) are plainly averaged. The rule's state (``Δ`` or ``u``, float64
-numpy arrays) is kept by the trainer between rounds and between ``fit``
-calls. Rules are small frozen dataclasses: validated when built, with no
-state of their own, so one rule can configure several trainers.
+numpy arrays) is kept by :class:`RuleState` between rounds and between
+``fit`` calls, and written into checkpoints. Rules are small frozen
+dataclasses: validated when built, with no state of their own, so one rule
+can configure several trainers.
 """
 
 from __future__ import annotations
 
+import inspect
 import numbers
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence
+import typing
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...errors import ConfigurationError
 from ...shared.model.modelspec import trainable_mask
+from .registry import (  # noqa: F401  (RuleParam, parse_arguments, flat_option, names_help, rule_names: re-exported)
+    _RULES, Parameter, RuleParam, as_text, flat_option, names_help, parse_arguments, register, rule_classes, rule_names,
+)
 
 State = Dict[str, List[np.ndarray]]
-
-RULE_NAMES = ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco")
 
 
 def _check_float(rule: str, name: str, value: Any, low: float, high: float, high_open: bool) -> None:
@@ -75,23 +90,107 @@ def _buffers(weights, trainable) -> List[np.ndarray]:
     """A rule's float64 state: zeros shaped as each trainable weight."""
     return [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]
 
-
 class UpdateRule:
-    """Base class of update rules. Subclasses override the four methods below."""
+    """Base class of update rules: the contract a rule of your own meets.
 
-    #: Short name recorded in the stats and accepted by ``update_rule=``.
+    Subclass it and pass an instance as ``update_rule=``; declare ``names``
+    (and ``params``) to make the rule a name the trainer, the jobs
+    (``--update-rule``) and the estimator (``updateRule``) take. The trainer
+    calls, on the driver, in one thread:
+
+    - :meth:`resolve` once per fit, with the fit's number of workers;
+    - :meth:`init_state` when the rule's state does not exist yet or belongs
+      to another rule or other trainable weights (its shapes are also how a
+      checkpoint's rule state is checked);
+    - per round, :meth:`to_send` then, with the round's average,
+      :meth:`apply`.
+
+    Synchronous rounds and stale or asynchronous chunks call :meth:`apply`
+    the same way: under ``synchronization="stale"``/``"async"`` the rule
+    steps once per ``N`` applied chunks (a "block"), with ``weights`` and
+    ``sent`` both the block's starting weights and ``average`` those weights
+    plus the block's summed, scaled updates (float64).
+
+    The state is a ``dict`` of ``str`` → list of numpy arrays (any dtype,
+    any shape; no objects: checkpoints write it with ``numpy.savez`` and read
+    it without pickle). It is the rule's only memory: a rule object holds
+    no state of its own (one rule may configure several trainers), so that
+    a fit of 2 epochs equals 1 epoch plus a resume to 2, bitwise.
+    ``describe()`` is recorded in stats, reports, MLflow and checkpoints:
+    JSON values only; a resumed fit must describe its rule equally.
+    """
+
+    #: Names ``update_rule=`` takes for this class; declaring them registers it. Subclasses do not inherit them.
+    names: ClassVar[Tuple[str, ...]] = ()
+    #: The parameters a spec (``"name:key=value,..."``) and the flat options may set (see :class:`RuleParam`).
+    params: ClassVar[Tuple[RuleParam, ...]] = ()
+    #: How help texts call the rule ("BMUF"); default: the class name.
+    label: ClassVar[str] = ""
+    #: How help texts write the rule's spec; default: its names, quoted.
+    syntax: ClassVar[str] = ""
+    #: Short name recorded in the stats (default: the first of ``names``).
     name = "average"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("names", ())
+        if own and "name" not in cls.__dict__:
+            cls.name = own[0]
+        for alias in own:
+            register(alias, cls)
+
+    @classmethod
+    def parameters(cls) -> Tuple[Parameter, ...]:
+        """The declared ``params`` with their types and defaults: the dataclass fields', else ``__init__``'s."""
+        if is_dataclass(cls):
+            defaults, owner = {f.name: f.default for f in fields(cls)}, cls
+        else:
+            signature = inspect.signature(cls.__init__).parameters
+            defaults, owner = {k: p.default for k, p in signature.items() if p.default is not p.empty}, cls.__init__
+        try:
+            hints = typing.get_type_hints(owner)
+        except Exception:  # an annotation that does not evaluate: the values are inferred
+            hints = {}
+        return tuple(
+            Parameter(p.name, hints.get(p.name, Any), defaults.get(p.name), p.doc, p.flat,
+                      p.unset if p.unset is not None else as_text(defaults.get(p.name)))
+            for p in cls.params
+        )
+
+    @classmethod
+    def from_spec(cls, name: str, args: str, values: Mapping[str, Any], spec: str) -> "UpdateRule":
+        """The rule for ``update_rule=spec``: registered ``name``, ``args`` (after its ``:``), flat ``values``.
+
+        ``values``: what the flat options give, by parameter name. The
+        default parses ``args`` as the declared parameters and calls
+        ``cls(**arguments)``.
+        """
+        params = cls.parameters()
+        arguments = parse_arguments(args, spec, {p.name: p.type for p in params})
+        twice = [p for p in params if p.name in arguments and p.name in values]
+        if twice:
+            raise ConfigurationError(
+                f"The 'update_rule' parameter sets {twice[0].name} in {spec!r} and '{twice[0].flat}' sets it "
+                "too: give it once."
+            )
+        return cls(**arguments, **values)
+
     def resolve(self, num_workers: int) -> "UpdateRule":
-        """The rule with defaults that depend on the number of workers filled in."""
+        """The rule with defaults that depend on the number of workers (``N``) filled in; ``self`` if none."""
         return self
 
     def init_state(self, weights: Sequence[np.ndarray], trainable: Sequence[bool]) -> State:
-        """The rule's state before the first round (empty for plain averaging)."""
+        """The rule's state before the first round (empty for plain averaging).
+
+        Args:
+            weights: The model's weights (read only), in the model's dtypes.
+            trainable: Per weight, whether it is trainable.
+        """
         return {}
 
     def to_send(self, weights: Sequence[np.ndarray], state: State, trainable: Sequence[bool]) -> List[np.ndarray]:
-        """The weights broadcast to the replicas, given the global weights."""
+        """The weights broadcast to the replicas, given the global weights (read only; return new arrays to change
+        them, in the dtypes of ``weights``). Default: ``weights`` themselves."""
         return list(weights)
 
     def apply(
@@ -106,10 +205,15 @@ class UpdateRule:
         """The next global weights; updates ``state`` in place.
 
         Args:
-            weights: The global weights before the round (``w_prev``).
-            sent: The weights the replicas started from.
-            average: The replicas' example-weighted average (``w̄``), float64.
-            state: The rule's state, from :meth:`init_state`.
+            weights: The global weights before the round (``w_prev``), in the
+                model's dtypes. Read only.
+            sent: The weights the replicas started from (what :meth:`to_send`
+                returned). Read only.
+            average: The replicas' example-weighted average (``w̄``), float64
+                or the model's float32 (sums of float32 weights are float32).
+                Yours to keep or modify.
+            state: The rule's state, from :meth:`init_state`: modify it in
+                place (its arrays, or the lists' items).
             trainable: Per weight, whether momentum applies to it.
             learning_rate: The base optimizer's learning rate at the round's start.
 
@@ -119,15 +223,68 @@ class UpdateRule:
         return [np.asarray(a).astype(w.dtype, copy=False) for a, w in zip(average, weights)]
 
     def describe(self) -> Dict[str, Any]:
-        """Name and parameters, for stats, reports and checkpoints."""
+        """Name and parameters, for stats, reports and checkpoints (JSON values)."""
         return {"name": self.name}
+
+def as_update_rule(value: Any, flat: Optional[Mapping[str, Any]] = None) -> UpdateRule:
+    """The rule for an ``update_rule`` argument: ``None``, a name, a spec or an :class:`UpdateRule`.
+
+    Every name resolves here. A string is a registered name (``"average"``,
+    ``"bmuf"``, ``"bmuf_nesterov"``, ``"slowmo"``, ``"diloco"``, ...) with
+    the defaults of its class, or a spec ``"name:args"``: the declared
+    parameters (``"slowmo:slow_momentum=0.7,slow_lr=1"``), or for
+    ``"outer"`` a Keras optimizer and its arguments
+    (``"outer:sgd:lr=0.7,momentum=0.9,nesterov"``).
+
+    Args:
+        flat: The CLI's and the estimator's flat options by name
+            (``block_momentum``, ``block_lr``); ``None`` values are unset. A
+            set one goes to the rule's parameter that declares it as its ``flat``.
+
+    Raises:
+        ConfigurationError: anything else, naming ``update_rule`` (or the flat option).
+    """
+    flat = dict(flat or {})
+    given = {k: v for k, v in flat.items() if v is not None}
+    if isinstance(value, UpdateRule):
+        cls, name, args = None, "", ""
+    else:
+        if value is None:
+            value = "average"
+        name, _, args = value.partition(":") if isinstance(value, str) else ("", "", "")
+        cls = _RULES.get(name)
+        if cls is None:
+            raise ConfigurationError(
+                f"The 'update_rule' parameter must be None, one of {names_help()}, or an UpdateRule such as "
+                f"BlockMomentum(...), SlowMo(...), DiLoCo(...) or OuterOptimizer(...). Got {value!r} instead."
+            )
+    carried = {p.flat: p.name for p in cls.parameters() if p.flat} if cls is not None else {}
+    if set(given) - set(carried):
+        takers = [repr(n) for c in rule_classes() if any(p.flat for p in c.parameters()) for n in c.__dict__["names"]]
+        flats = list(flat)
+        raise ConfigurationError(
+            f"The {' and '.join(repr(f) for f in flats)} parameters apply to the block-momentum rules "
+            f"({', '.join(takers)}), not to update_rule={value!r}. "
+            f"Got {', '.join(f'{f}={flat[f]!r}' for f in flats)}."
+        )
+    if cls is None:
+        return value
+    return cls.from_spec(name, args, {carried[k]: v for k, v in given.items()}, value)
+
+
+def rule_from_name(name: Any, momentum: Optional[float] = None, lr: Optional[float] = None) -> UpdateRule:
+    """A rule from a name or spec and the flat options ``block_momentum`` and ``block_lr`` (``None``: unset)."""
+    return as_update_rule(name, {"block_momentum": momentum, "block_lr": lr})
+
+
+# ------------------------------------------------------------- the rules
 
 
 @dataclass(frozen=True)
 class PlainAveraging(UpdateRule):
     """``w ← w̄``: the average of the replicas is the next global weights (DL4J's rule)."""
 
-    name = "average"
+    names = ("average",)
 
 
 @dataclass(frozen=True)
@@ -146,6 +303,16 @@ class BlockMomentum(UpdateRule):
     block_momentum: Optional[float] = None
     block_lr: float = 1.0
     nesterov: bool = False
+
+    names = ("bmuf", "bmuf_nesterov")  # bmuf_nesterov: nesterov=True
+    label = "BMUF"
+    params = (RuleParam("block_momentum", "BMUF's eta", flat="block_momentum", unset="1 - 1/workers"),
+              RuleParam("block_lr", "BMUF's zeta", flat="block_lr"))
+
+    @classmethod
+    def from_spec(cls, name, args, values, spec) -> "BlockMomentum":
+        rule = super().from_spec(name, args, values, spec)
+        return BlockMomentum(rule.block_momentum, rule.block_lr, nesterov=name == "bmuf_nesterov")
 
     def __post_init__(self) -> None:
         if self.block_momentum is not None:
@@ -219,7 +386,10 @@ class SlowMo(UpdateRule):
 
     slow_momentum: float = 0.5
     slow_lr: float = 1.0
-    name = "slowmo"
+
+    names = ("slowmo",)
+    params = (RuleParam("slow_momentum", "SlowMo's beta", flat="block_momentum"),
+              RuleParam("slow_lr", "SlowMo's alpha", flat="block_lr"))
 
     def __post_init__(self) -> None:
         _check_momentum_and_lr(self, "slow_momentum", "slow_lr")
@@ -267,7 +437,10 @@ class DiLoCo(UpdateRule):
 
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    name = "diloco"
+
+    names = ("diloco",)
+    params = (RuleParam("outer_lr", "DiLoCo's outer lr", flat="block_lr"),
+              RuleParam("outer_momentum", "DiLoCo's outer momentum", flat="block_momentum"))
 
     def __post_init__(self) -> None:
         _check_momentum_and_lr(self, "outer_momentum", "outer_lr")
@@ -293,59 +466,6 @@ class DiLoCo(UpdateRule):
     def describe(self) -> Dict[str, Any]:
         return {"name": self.name, **asdict(self)}
 
-
-def as_update_rule(value: Any) -> UpdateRule:
-    """The rule for an ``update_rule`` argument: ``None``, a name or an :class:`UpdateRule`.
-
-    Names: ``"average"``, ``"bmuf"``, ``"bmuf_nesterov"`` (defaults of
-    :class:`BlockMomentum`), ``"slowmo"`` (defaults of :class:`SlowMo`),
-    ``"diloco"`` (defaults of :class:`DiLoCo`).
-
-    Raises:
-        ConfigurationError: anything else.
-    """
-    if value is None or value == "average":
-        return PlainAveraging()
-    if isinstance(value, UpdateRule):
-        return value
-    if value == "bmuf":
-        return BlockMomentum()
-    if value == "bmuf_nesterov":
-        return BlockMomentum(nesterov=True)
-    if value == "slowmo":
-        return SlowMo()
-    if value == "diloco":
-        return DiLoCo()
-    raise ConfigurationError(
-        "The 'update_rule' parameter must be None, one of "
-        f"{', '.join(repr(n) for n in RULE_NAMES)}, or an UpdateRule such as "
-        f"BlockMomentum(...), SlowMo(...) or DiLoCo(...). Got {value!r} instead."
-    )
-
-
-def rule_from_name(name: Any, momentum: Optional[float] = None, lr: float = 1.0) -> UpdateRule:
-    """A rule from a name and its two numbers (the Spark ML layer's flat params).
-
-    Args:
-        name: ``"average"``, ``"bmuf"``, ``"bmuf_nesterov"`` or ``"slowmo"``.
-        momentum: BMUF's ``η`` (``None``: ``1 − 1/N``) or SlowMo's ``β``
-            (``None``: 0.5). Must be ``None`` for ``"average"``.
-        lr: BMUF's ``ζ`` or SlowMo's ``α``. Default 1.
-    """
-    if name in ("bmuf", "bmuf_nesterov"):
-        return BlockMomentum(momentum, lr, nesterov=name == "bmuf_nesterov")
-    if name == "slowmo":
-        return SlowMo(0.5 if momentum is None else momentum, lr)
-    if name == "diloco":  # the flat block_lr's default (1.0) stands for DiLoCo's own, 0.7
-        return DiLoCo(0.7 if lr == 1.0 else lr, 0.9 if momentum is None else momentum)
-    rule = as_update_rule(name)
-    if momentum is not None or lr != 1.0:
-        raise ConfigurationError(
-            f"The 'block_momentum' and 'block_lr' parameters apply to the block-momentum rules "
-            f"('bmuf', 'bmuf_nesterov', 'slowmo'), not to update_rule={name!r}. "
-            f"Got block_momentum={momentum!r}, block_lr={lr!r}."
-        )
-    return rule
 
 class RuleState:
     """The update rule's state (e.g. BMUF's ``Δ``) and what it belongs to; carried across a trainer's fits."""

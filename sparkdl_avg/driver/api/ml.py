@@ -258,6 +258,10 @@ class _KerasStageReader(MLReader):
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
+        # a default saved by an older version where the Param has none now (blockLearningRate's 1.0, issue 46)
+        for o in _OPTION_PARAMS:
+            if o.param_default() is None and not o.param.shared and instance.hasParam(o.param.name):
+                instance._defaultParamMap.pop(instance.getParam(o.param.name), None)
         instance._keras_bytes = _read_keras_file(self.sparkSession, path.rstrip("/") + "/" + KERAS_FILE)
         payload = _read_optional_file(self.sparkSession, path.rstrip("/") + "/" + PREPROCESS_FILE)
         if payload is not None:

@@ -47,4 +47,5 @@ def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
         return f"{names[m.group(1)]}=" if m.group(1) in names else m.group(0)
 
     message = re.sub(r"'([a-z]+(?:_[a-z]+)*)'", sub, message)
-    return re.sub(r"(?<![\w.'\-])([a-z]+(?:_[a-z]+)*)=(?!=)", assignment, message)
+    # not inside an update rule's spec ('slowmo:slow_lr=2,slow_momentum=0.7'): the names the user wrote stay
+    return re.sub(r"(?<![\w.'\-:,])([a-z]+(?:_[a-z]+)*)=(?!=)", assignment, message)

@@ -27,10 +27,11 @@ the constraints and parsers in :mod:`.constraints`, the code generation in
   the same default and the same error).
 
 Where an entry point gives an option another default or form, the row says
-so: the CLI and the estimator name the update rule (``update_rule="average"``)
-and give its two numbers flat (the :data:`RULE` rows ``block_momentum`` and
-``block_lr``, combined by :func:`from_flat`); the CLI prints one line per
-epoch (``verbose=2``), the estimator is silent (``verbose=0``).
+so: the CLI and the estimator name the update rule (``update_rule="average"``,
+or a spec) and give its numbers flat (the :data:`RULE` rows ``block_momentum``
+and ``block_lr``, whose help derives from the rules' declared parameters,
+combined by :func:`from_flat`); the CLI prints one line per epoch
+(``verbose=2``), the estimator is silent (``verbose=0``).
 
 Every row's ``check`` is a :class:`~.constraints.Constraint`, which renders the one message
 style (:func:`~.constraints.must_be`). The trainer's rows are checked by ``TrainerConfig``
@@ -49,7 +50,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from ...shared.wire.delta_sums import segment_feedback
-from ..algorithms.rules import as_update_rule, rule_from_name
+from ..algorithms.rules import as_update_rule, flat_option, names_help
 from ..algorithms.schedules import as_schedule
 from .constraints import (  # noqa: F401 (API: the row types and constraints, importable from the table)
     Bool, BoolOrPath, ClassWeights, Constraint, CrossCheck, Function, Ints, Joint, OneOf, Parsed, Requires,
@@ -134,34 +135,32 @@ OPTIONS: Tuple[Option, ...] = (
     ),
     Option(
         "update_rule", None, "Any",
-        help="how the average becomes the next weights: 'average', 'bmuf', 'bmuf_nesterov', 'slowmo' or 'diloco'",
+        help=f"how the average becomes the next weights: {names_help()}",
         doc="How the replicas' average becomes the next global weights (:mod:`sparkdl_avg.driver.algorithms.rules`). "
             "``None`` or ``\"average\"``: plain averaging; ``\"bmuf\"`` / ``\"bmuf_nesterov\"``: "
             "block momentum with ``η = 1 − 1/num_workers``, ``ζ = 1``; ``\"slowmo\"``: SlowMo with "
             "``β = 0.5``, ``α = 1``; ``\"diloco\"``: DiLoCo's outer Nesterov SGD with ``lr = 0.7``, "
             "``μ = 0.9``; or a ``BlockMomentum(...)`` / ``SlowMo(...)`` / ``DiLoCo(...)`` with your "
-            "parameters. The rule's state (block momentum ``Δ``) carries over to the next ``fit`` of "
-            "this trainer. The CLI and the estimator take the name, with ``block_momentum`` and "
-            "``block_lr``.",
+            "parameters, an ``OuterOptimizer(keras_optimizer)`` (any Keras optimizer on the outer gradient) "
+            "or your own :class:`~sparkdl_avg.UpdateRule`. The rule's state (block momentum ``Δ``) carries "
+            "over to the next ``fit`` of this trainer. The CLI and the estimator take the name or a spec "
+            "(``\"slowmo:slow_momentum=0.7\"``, ``\"outer:sgd:lr=0.7,momentum=0.9,nesterov\"``), with "
+            "``block_momentum`` and ``block_lr``.",
         check=Parsed(as_update_rule, "an update rule"),
         cli=Flag(default="average"),
         param=SparkParam("updateRule", "toString", default="average"),
     ),
     Option(
         "block_momentum", None, "Optional[float]", scope=RULE,
-        help="the rule's momentum: BMUF's eta, SlowMo's beta or DiLoCo's outer momentum",
-        unset="1 - 1/workers for BMUF, 0.5 for SlowMo, 0.9 for DiLoCo",
+        **flat_option("block_momentum", "the rule's momentum"),  # help, unset, aliases: from the rules' params
         cli=Flag(type=float),
         param=SparkParam("blockMomentum", "toFloat"),
-        aliases=("slow_momentum", "outer_momentum"),
     ),
     Option(
-        "block_lr", 1.0, "float", scope=RULE,
-        help="the rule's learning rate: BMUF's zeta, SlowMo's alpha or DiLoCo's outer lr (its 1.0 stands for "
-             "DiLoCo's 0.7)",
+        "block_lr", None, "Optional[float]", scope=RULE,
+        **flat_option("block_lr", "the rule's learning rate"),
         cli=Flag(type=float),
         param=SparkParam("blockLearningRate", "toFloat"),
-        aliases=("slow_lr", "outer_lr"),
     ),
     Option(
         "seed", None, "Optional[int]",
@@ -551,9 +550,9 @@ def from_flat(values: Mapping[str, Any]) -> Dict[str, Any]:
     """The trainer's options from the CLI's or the estimator's flat values.
 
     ``values`` holds the :data:`TRAINER` and :data:`RULE` options by name;
-    ``update_rule`` is a rule name, made a rule with ``block_momentum`` and
-    ``block_lr`` by :func:`~sparkdl_avg.driver.algorithms.rules.rule_from_name`.
+    ``update_rule`` is a rule name or spec, made a rule with the :data:`RULE`
+    options by :func:`~sparkdl_avg.driver.algorithms.rules.as_update_rule`.
     """
     out = {o.name: values[o.name] for o in of(TRAINER) if o.name in values}
-    out["update_rule"] = rule_from_name(values["update_rule"], values["block_momentum"], values["block_lr"])
+    out["update_rule"] = as_update_rule(values["update_rule"], {o.name: values[o.name] for o in of(RULE)})
     return out

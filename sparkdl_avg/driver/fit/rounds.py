@@ -40,6 +40,7 @@ from ...shared.wire.stats import RoundRecord, TrainingStats
 from ..transport.feedback import ResidualLedger
 from ..transport.local_states import LocalStateLedger
 from ..algorithms.rules import RuleState, UpdateRule
+from .update import round_state
 from ..transport.base import StateTransport
 
 logger = logging.getLogger("sparkdl_avg")
@@ -235,22 +236,12 @@ class RoundRunner:
         ``weights``/``opt_vars``: the state the round started from; ``sent``:
         what the workers started from (:meth:`UpdateRule.to_send`); the
         optimizer's iteration counter advances by ``steps``. Sums of deltas
-        (``update_compression``) are from ``sent`` and ``opt_vars``.
+        (``update_compression``) are from ``sent`` and ``opt_vars``. The
+        arithmetic is :func:`~sparkdl_avg.driver.fit.update.round_state`'s.
         """
-        if result.delta_sums:
-            average = [np.asarray(s, np.float64) + x / result.examples for s, x in zip(sent, result.weight_sums)]
-        else:
-            average = [x / result.examples for x in result.weight_sums]  # float64
-        new_weights = self.rule.apply(weights, sent, average, self.rule_state.state, mask, learning_rate)
-        if not self.settings.average_optimizer:
-            new_opt = list(opt_vars)
-        elif result.delta_sums:
-            new_opt = [(np.asarray(v, np.float64) + x / result.examples).astype(np.asarray(v).dtype)
-                       for v, x in zip(opt_vars, result.optimizer_sums)]
-        else:
-            new_opt = result.average(result.optimizer_sums, opt_vars)
-        it = iterations_index(self.model)
-        new_opt[it] = np.asarray(int(opt_vars[it]) + steps, dtype=opt_vars[it].dtype)
+        new_weights, new_opt = round_state(result, weights, sent, opt_vars, self.rule, self.rule_state.state, mask,
+                                           learning_rate, self.settings.average_optimizer,
+                                           iterations_index(self.model), steps)
         set_state(self.model, new_weights, new_opt)
 
     def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None,

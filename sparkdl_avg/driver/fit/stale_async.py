@@ -75,6 +75,7 @@ import numpy as np
 
 from ...shared.wire.aggregation import PartialResult, merge
 from .rounds import RoundRunner, check_finite
+from .update import replica_means
 from ..algorithms.rules import UpdateRule
 
 
@@ -144,16 +145,16 @@ class StaleUpdater:
         delay = (self.applied - version) / self.n
         scale = (1.0 / max(1.0, delay) if self.aware else 1.0) / self.n
         if result.examples:
-            # w_i - w_read: sums of deltas (update_compression) are that already
-            for w, total, s in zip(self.w, result.weight_sums, sent):
+            # w_i - w_read (sums of deltas are that already): the same means as a synchronous round's
+            moves = replica_means(result.weight_sums, result.examples, sent, result.delta_sums, move=True)
+            for w, m in zip(self.w, moves):
                 if _is_float(w):
-                    mean = np.asarray(total, np.float64) / result.examples
-                    w += scale * (mean if result.delta_sums else mean - s)
+                    w += scale * m
             if self.average_optimizer and result.optimizer_sums is not None:
-                for i, (v, total, r) in enumerate(zip(self.opt, result.optimizer_sums, opt_read)):
+                moves = replica_means(result.optimizer_sums, result.examples, opt_read, result.delta_sums, move=True)
+                for i, (v, m) in enumerate(zip(self.opt, moves)):
                     if i != self.it and _is_float(v):
-                        mean = np.asarray(total, np.float64) / result.examples
-                        v += scale * (mean if result.delta_sums else mean - r)
+                        v += scale * m
         else:
             scale = 0.0
         self.applied += 1

@@ -1,0 +1,196 @@
+"""Extension points as a user reaches them: ``OuterOptimizer`` and an ``UpdateRule`` of one's own.
+
+Imports only ``sparkdl_avg``'s public names (and keras, numpy, pyspark,
+sklearn). Small float64 models on scikit-learn's digits, 2 workers on
+local[2]; identities are checked in float64.
+"""
+
+import numpy as np
+import pytest
+
+import keras
+from sklearn.datasets import load_digits
+
+from sparkdl_avg import (
+    ConfigurationError,
+    DiLoCo,
+    OuterOptimizer,
+    ParameterAveragingTrainer,
+    RuleParam,
+    TrainerConfig,
+    UpdateRule,
+)
+
+
+def _f32(value: float) -> float:
+    return float(np.float32(value))
+
+
+def _nesterov_sgd():
+    return OuterOptimizer(keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True))
+
+
+def _data(n=256):
+    x, y = load_digits(return_X_y=True)
+    return (x[:n] / 16.0).astype("float64"), y[:n].astype("int64")
+
+
+def _model(seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((64,), dtype="float64")
+    hidden = keras.layers.Dense(16, activation="tanh", dtype="float64")(inputs)
+    out = keras.layers.Dense(10, activation="softmax", dtype="float64")(hidden)
+    model = keras.Model(inputs, out)
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    return model
+
+
+def _fit(rule, epochs=2, model=None, fit_options=None, **options):
+    """A 2-worker fit of 256 digits: 4 rounds of k=2 per epoch, the same examples in the same order each time."""
+    model = model if model is not None else _model()
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=16, averaging_frequency=2,
+                                        update_rule=rule, seed=0, slow_warning=False, **options)
+    history = trainer.fit(_data(), epochs=epochs, verbose=0, shuffle=False, **(fit_options or {}))
+    return model, trainer, history
+
+
+def _close(actual, expected, rtol):
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol)
+
+
+# ------------------------------------------------------------- on arrays, no Spark
+
+
+def _steps(rule, rounds=12, dtype=np.float64):
+    """``rule``'s weights after ``rounds`` rounds whose average lands at random offsets (one frozen weight)."""
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=(5, 3)).astype(dtype), rng.normal(size=3).astype(dtype), np.ones(2, dtype)]
+    trainable = [True, True, False]
+    state = rule.init_state(weights, trainable)
+    for _ in range(rounds):
+        sent = rule.to_send(weights, state, trainable)
+        average = [s + rng.normal(scale=0.1, size=s.shape) for s in sent]
+        weights = rule.apply(weights, sent, average, state, trainable, 0.05)
+    return weights, state
+
+
+def test_nesterov_sgd_as_the_outer_optimizer_is_diloco_on_arrays():
+    """Keras keeps m = μ·m − lr·g and steps w + μ·m − lr·g: with m = −lr·v that is DiLoCo's (PyTorch's)
+    v = μ·v + g, w − lr·(g + μ·v). Keras casts lr and μ to float64 through float32, so it is DiLoCo of the
+    float32 values to float64 rounding, and DiLoCo of 0.7, 0.9 to float32 rounding."""
+    outer, state = _steps(_nesterov_sgd())
+    _close(outer, _steps(DiLoCo(_f32(0.7), _f32(0.9)))[0], rtol=1e-13)
+    _close(outer, _steps(DiLoCo())[0], rtol=1e-6)
+    assert [a.dtype for a in outer] == [np.float64] * 3
+    assert int(state["optimizer"][0]) == 12  # Keras' iteration counter: one outer step per round
+    outer32, _ = _steps(_nesterov_sgd(), dtype=np.float32)
+    assert [a.dtype for a in outer32] == [np.float32] * 3
+    _close(outer32, _steps(DiLoCo(), dtype=np.float32)[0], rtol=2e-6)
+
+
+def test_the_spec_is_the_optimizer_and_bad_specs_say_what_was_expected():
+    rule = TrainerConfig(update_rule="outer:sgd:lr=0.7,momentum=0.9,nesterov").rule(2)
+    assert rule == _nesterov_sgd() and rule.describe()["config"]["learning_rate"] == 0.7
+    assert TrainerConfig(update_rule="outer:adam:lr=0.001").rule(2) == OuterOptimizer(keras.optimizers.Adam(0.001))
+    assert TrainerConfig(update_rule="outer:sgd:lr=1,momentum=0").rule(2) == OuterOptimizer(
+        keras.optimizers.SGD(1.0, momentum=0.0))
+    for spec, message in [
+        ("outer", r"'update_rule' parameter must be 'outer:<optimizer>:<key>=<value>,\.\.\.' with a Keras "
+                  r"optimizer's name.*Got 'outer' instead"),
+        ("outer:nope:lr=1", r"a Keras optimizer's name \(sgd, adam, adamw, rmsprop, \.\.\.\).*Got 'outer:nope:lr=1'"),
+        ("outer:sgd:mom=0.9", r"SGD's arguments \(lr, learning_rate, momentum, nesterov.*; mom is none of them"),
+        ("outer:sgd:momentum=2.0", r"arguments SGD accepts \(`momentum` must be a float between \[0, 1\]"),
+        ("outer:adam:lr=0.1,lr=0.2", r"gives lr twice"),
+        ("outer:adam:=0.1", r"a rule spec 'name:key=value,\.\.\.' \(a bare key means True\)"),
+        (OuterOptimizer, r"'update_rule' parameter must be None, one of 'average', .*'diloco',? (or )?"
+                         r"'outer:<optimizer>:<key>=<value>,\.\.\.'.*or OuterOptimizer\(\.\.\.\)"),
+    ]:
+        with pytest.raises(ConfigurationError, match=message):
+            ParameterAveragingTrainer(_model(), update_rule=spec)
+    with pytest.raises(ConfigurationError, match=r"'optimizer' parameter of OuterOptimizer must be a Keras optimizer"):
+        OuterOptimizer("sgd")
+
+
+# ------------------------------------------------------------- through fit
+
+
+def test_nesterov_sgd_as_the_outer_optimizer_trains_as_diloco(spark):
+    outer, trainer, _ = _fit(_nesterov_sgd())
+    diloco, _, _ = _fit("diloco")
+    _close(outer.get_weights(), diloco.get_weights(), rtol=1e-6)
+    assert {r["update_rule"] for r in trainer.stats.records} == {"outer"}
+    assert int(trainer.update_rule_state["state"]["optimizer"][0]) == 8  # two epochs of 4 rounds
+
+
+def test_adam_as_the_outer_optimizer_trains(spark):
+    _, trainer, history = _fit(OuterOptimizer(keras.optimizers.Adam(0.01)), epochs=3)
+    assert history.history["loss"][-1] < 0.9 * history.history["loss"][0]
+    assert trainer.update_rule_state["rule"]["optimizer"].endswith("Adam")
+
+
+def test_the_outer_optimizers_state_resumes_bitwise_from_a_checkpoint(spark, tmp_path):
+    """Two epochs equal one epoch, then a new trainer resuming its checkpoint to two: weights and Adam's moments."""
+    rule = OuterOptimizer(keras.optimizers.Adam(0.01))
+    whole, whole_trainer, _ = _fit(rule, epochs=2, fit_options={"checkpoint_dir": str(tmp_path / "whole")})
+    _fit(rule, epochs=1, fit_options={"checkpoint_dir": str(tmp_path / "part")})
+    resumed, resumed_trainer, _ = _fit(
+        OuterOptimizer(keras.optimizers.Adam(0.01)), epochs=2,
+        fit_options={"checkpoint_dir": str(tmp_path / "part"), "resume": True},
+    )
+    for a, b in zip(resumed.get_weights(), whole.get_weights()):
+        assert np.array_equal(a, b)
+    state, expected = resumed_trainer.update_rule_state["state"], whole_trainer.update_rule_state["state"]
+    assert len(state["optimizer"]) == len(expected["optimizer"]) == 10  # counter, lr, (m, v) of 4 trainable weights
+    for a, b in zip(state["optimizer"], expected["optimizer"]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_the_outer_optimizer_steps_stale_blocks_as_diloco(spark):
+    """Stale-synchronous chunks call the rule once per block of N chunks, as every rule."""
+    stale = dict(synchronization="stale", staleness=1, reproducible=True)
+    outer, trainer, _ = _fit(_nesterov_sgd(), epochs=1, **stale)
+    diloco, _, _ = _fit("diloco", epochs=1, **stale)
+    _close(outer.get_weights(), diloco.get_weights(), rtol=1e-6)
+    assert int(trainer.update_rule_state["state"]["optimizer"][0]) == 4  # blocks: one per round's worth of chunks
+
+
+# ------------------------------------------------------------- a rule of one's own
+
+
+class Extrapolate(UpdateRule):
+    """``w ← sent + α·(w̄ − sent)`` on trainable weights; counts its calls in its state."""
+
+    names = ("extrapolate",)
+    params = (RuleParam("alpha", "the step's scale"),)
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        self.alpha = float(alpha)
+
+    def __eq__(self, other):
+        return type(other) is Extrapolate and other.alpha == self.alpha
+
+    def init_state(self, weights, trainable):
+        return {"calls": [np.zeros((), np.int64)]}
+
+    def apply(self, weights, sent, average, state, trainable, learning_rate):
+        state["calls"][0] += 1
+        return [(s + self.alpha * (np.asarray(a, np.float64) - s)).astype(w.dtype) if t
+                else np.asarray(a).astype(w.dtype) for w, s, a, t in zip(weights, sent, average, trainable)]
+
+    def describe(self):
+        return {"name": self.name, "alpha": self.alpha}
+
+
+def test_a_rule_of_ones_own_through_fit_sync_and_stale(spark):
+    plain, _, _ = _fit(None, epochs=1)
+    mine, trainer, _ = _fit(Extrapolate(1.0), epochs=1)
+    _close(mine.get_weights(), plain.get_weights(), rtol=1e-12)  # α = 1: the average (up to s + (a − s) rounding)
+    assert int(trainer.update_rule_state["state"]["calls"][0]) == 4
+    assert trainer.update_rule_state["rule"]["alpha"] == 1.0
+    # by its registered name and a spec, as the jobs and the estimator pass it
+    bold, trainer, _ = _fit("extrapolate:alpha=1.5", epochs=1, synchronization="stale", staleness=1,
+                            reproducible=True)
+    assert {r["update_rule"] for r in trainer.stats.records} == {"extrapolate"}
+    assert int(trainer.update_rule_state["state"]["calls"][0]) == 4  # once per block of 2 chunks
+    assert max(np.abs(a - b).max() for a, b in zip(bold.get_weights(), plain.get_weights())) > 1e-4
