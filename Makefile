@@ -9,7 +9,10 @@ MASTER ?= local[2]
 # Executors and the driver must run the venv's Python (it has TensorFlow).
 SPARK_ENV := PYSPARK_PYTHON=$(PY) PYSPARK_DRIVER_PYTHON=$(PY)
 
-.PHONY: env check-java train test test-fast bench bench-network clean dist dist-env cluster-up cluster-down hosts-up hosts-down
+# Documentation site (mkdocs.yml): built into site/ without network; served on 127.0.0.1:8000.
+DOCS_PORT ?= 8000
+
+.PHONY: env check-java docs docs-serve train test test-fast bench bench-network clean dist dist-env cluster-up cluster-down hosts-up hosts-down
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -35,6 +38,14 @@ train: env
 	  --driver-java-options "-Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)" \
 	  --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/train_digits.py --output-dir output/digits --overwrite
+
+## The documentation site into site/ (--strict: a broken link or reference fails), offline.
+docs: env
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+## Serve the documentation site on http://127.0.0.1:$(DOCS_PORT), rebuilt on every change.
+docs-serve: env
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 ## The whole test suite (slow cluster tests included), as CI runs it.
 test: env
@@ -97,4 +108,4 @@ bench-network: env
 		--compressions none int8 bf16 --out benchmarks/results/network_compression.json
 
 clean:
-	rm -rf output build dist *.egg-info .pytest_cache
+	rm -rf output build dist site *.egg-info .pytest_cache

