@@ -5,7 +5,7 @@ Everything on it is read from where it is declared, so it cannot drift: the opti
 jobs' flag, the estimator's Param, the one-line help), ``fit``'s signature and docstring for
 its arguments that have no row, the Spark ML stages' Params, and every job's argparse parser
 (captured by running its ``parse_args`` with ``parse_args`` itself stubbed out).
-``tests/docs/test_options_page.py`` compares the page with the code.
+``tests/docs/test_site.py`` compares the page with the code.
 """
 
 from __future__ import annotations
@@ -111,12 +111,16 @@ def render() -> str:
             for o in table.of(scope))
 
     out = [
+        "---",
+        "hide: [toc]",  # the tables need the width
+        "---",
+        "",
         "# Options",
         "",
         "Generated from the code when the site is built (`docs/hooks/options_page.py`): the option table",
         "`sparkdl_avg/driver/config/options.py` (every entry point derives its options from it), `fit`'s",
         "signature, the Spark ML stages' Params and the jobs' parsers. "
-        "`tests/docs/test_options_page.py` checks it against them.",
+        "`tests/docs/test_site.py` checks it against them.",
         "A value the option refuses raises a `ConfigurationError` that names the option (the flag in the",
         "jobs, the Param in the estimator) and says what it must be: the *allowed values* column.",
         "",
