@@ -39,7 +39,7 @@ from sparkdl_avg.shared.files import fs  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="train.py", description=__doc__.split("\n\n")[0], epilog="See README.md, 'Running on a cluster'."
+        prog="train.py", description=__doc__.split("\n\n")[0], epilog="See docs/guides/cluster.md, 'The generic jobs', and the options page (make docs)."
     )
     cli.add_data_args(p)
     p.add_argument("--validation-data", metavar="PATH", default=None,

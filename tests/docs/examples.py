@@ -70,10 +70,12 @@ class Warnings(logging.Handler):
         logging.getLogger("sparkdl_avg").removeHandler(self)
 
 
-def run(page: str, namespace: dict, session_line: str = SESSION_LINE) -> List[str]:
-    """Runs ``page``'s blocks in ``namespace``; returns the warnings the library logged meanwhile."""
-    with Warnings() as warnings:
-        for i, block in enumerate(runnable(page, session_line)):
-            code = compile(block, f"docs/{page} (python block {i + 1})", "exec")
+def run(page: str, namespace: dict, session_line: str = SESSION_LINE) -> List[Tuple[str, str]]:
+    """Runs ``page``'s blocks in ``namespace``; returns ``[(block, warning)]``: what the library logged in each."""
+    logged = []
+    for i, block in enumerate(runnable(page, session_line)):
+        code = compile(block, f"docs/{page} (python block {i + 1})", "exec")
+        with Warnings() as warnings:
             exec(code, namespace)  # noqa: S102 (the documentation's own examples)
-    return warnings.messages
+        logged += [(block, message) for message in warnings.messages]
+    return logged

@@ -18,8 +18,23 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import examples  # noqa: E402
 
-#: Warnings a page's examples may log, with why (none so far).
-ALLOWED_WARNINGS = {}
+SLOWER = "This fit is slower than one process would be"
+CUT = "rounds are cut to the epoch"
+#: Warnings a page's examples may log; each page says so where its setup is shown: the Quickstart's
+#: 1,437 digits are too few for two workers to beat one process, which the slow warning says.
+ALLOWED_WARNINGS = {
+    "guides/advise.md": (SLOWER,),
+    "guides/compression.md": (SLOWER,),
+    "guides/stragglers.md": (SLOWER,),
+    "guides/failures.md": (SLOWER,),
+    "guides/watching.md": (SLOWER,),
+    "guides/diloco.md": (SLOWER, CUT),
+    "guides/ml-pipelines.md": (SLOWER,),
+    "guides/data.md": (SLOWER,),
+    "guides/inference.md": (SLOWER,),
+}
+#: Blocks (found by a line of theirs) that must log no warning at all: issue 48 item 14's text example.
+QUIET = {"guides/data.md": ("TextVectorization",)}
 
 
 def test_every_guide_has_runnable_blocks_and_few_are_skipped():
@@ -50,7 +65,20 @@ def test_the_pages_code_blocks_run(spark, page, tmp_path, monkeypatch):
     if not examples.runnable(page):
         pytest.skip(f"docs/{page} has no code block the tests run")
     monkeypatch.chdir(tmp_path)  # files a block writes (model.keras, mlruns) land here
-    warnings = examples.run(page, {"__name__": "__main__"})
+    logged = examples.run(page, {"__name__": "__main__"})
+    for marker in QUIET.get(page, ()):
+        said = [message for block, message in logged if marker in block]
+        assert not said, f"docs/{page}'s example with {marker} logged warnings: {said}"
+    warnings = [message for _block, message in logged]
     allowed = ALLOWED_WARNINGS.get(page, ())
+    if allowed:
+        text = " ".join((examples.DOCS / page).read_text(encoding="utf-8").split())
+        assert "one process would be faster" in text or "one process is faster" in text, (
+            f"docs/{page} may log the slow warning in the tests but does not tell its reader")
     unexpected = [w for w in warnings if not any(a in w for a in allowed)]
     assert not unexpected, f"docs/{page}'s examples logged warnings: {unexpected}"
+
+
+def test_a_page_that_shows_no_example_to_run_is_a_known_one():
+    assert [p for p in examples.pages() if not examples.runnable(p) and p != "getting-started.md"] == [
+        "guides/cluster.md", "guides/connect.md"]

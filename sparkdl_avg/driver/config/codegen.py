@@ -4,7 +4,7 @@
 signature of a scope's rows, binding the options by name with their defaults and refusing
 unknown ones (:func:`check_names`); :func:`signature` is the same for other callers (the
 estimator's camelCase keywords); :func:`document` adds a scope's Args entries
-(:func:`trainer_entries`) to a docstring; :func:`literal` writes a default as README.md does.
+(:func:`trainer_entries`) to a docstring; :func:`literal` writes a default as the options page does.
 The CLI's flags and the estimator's Params are derived where they are made
 (``sparkdl_avg.driver.api.cli``, ``sparkdl_avg.driver.api.ml``), from the same rows.
 """

@@ -22,7 +22,7 @@ the constraints and parsers in :mod:`.constraints`, the code generation in
   :data:`TRACKING` rows but the ``mlflow`` switch), the jobs' ``--mlflow-*``
   flags and the estimator's ``mlflow*`` Params, made into one logger by
   :func:`sparkdl_avg.driver.observe.tracking.from_options`;
-- the checks of README.md's configuration reference (tests/test_readme.py)
+- the site's options page (docs/hooks/options_page.py, checked by tests/docs/test_site.py)
   and tests/config/test_options.py (every row reaches all three entry points with
   the same default and the same error).
 
@@ -399,7 +399,7 @@ OPTIONS: Tuple[Option, ...] = (
             "bitwise; ``training`` is True only in ``fit``'s rounds. Only the columns it reads are staged, as "
             "they came (found by running it on a few rows on the driver first, which also checks its output "
             "against the model). Shipped by value when defined in ``__main__``; otherwise its module must be "
-            "importable on the executors. Default ``None``. See README, \"Images, text and ids\".",
+            "importable on the executors. Default ``None``. See docs/guides/data.md, \"Images, text and ids\".",
         check=Function(),
         cli=Flag(metavar="MODULE:FUNCTION", type=import_function, group="data",
                  help="a function that maps a minibatch of raw columns (a dict of numpy arrays) to the model's "
@@ -411,7 +411,7 @@ OPTIONS: Tuple[Option, ...] = (
         help="elastic rounds: the fewest workers a round may run with; set it (or max_workers) to re-plan each "
              "round for the task slots Spark has live",
         unset="elastic rounds off: every round has num_workers workers",
-        doc="Elastic rounds (README, \"Elastic rounds\"): the fewest workers a round may run with. Setting it or "
+        doc="Elastic rounds (docs/guides/failures.md, \"Elastic rounds\"): the fewest workers a round may run with. Setting it or "
             "``max_workers`` makes the rounds elastic: before each round the trainer reads the task slots Spark "
             "has live (:mod:`sparkdl_avg.driver.elastic.membership`) and plans ``min(max_workers, slots)`` workers, which "
             "split what the epoch has left, so a host that leaves costs one retried task and a host that joins "

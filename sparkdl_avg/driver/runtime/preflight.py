@@ -24,7 +24,7 @@ from .session import Engine
 
 SHIP_HINT = (
     "ship it with spark-submit --py-files dist/sparkdl_avg-<version>.zip (built by `make dist`) "
-    "or an --archives environment that has it installed; see README, 'Running on a cluster'"
+    "or an --archives environment that has it installed; see docs/guides/cluster.md, 'Shipping the code to executors'"
 )
 
 
@@ -71,6 +71,6 @@ def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
         raise ExecutorEnvironmentError(
             f"The executors' Python ({info['python']} on {info['host']}) cannot import TensorFlow/Keras: "
             f"{info['import_error']}. Point PYSPARK_PYTHON at a Python that has them, or ship an environment "
-            "with --archives (see README, 'Running on a cluster')."
+            "with --archives (see docs/guides/cluster.md, 'Shipping the code to executors')."
         )
     return infos

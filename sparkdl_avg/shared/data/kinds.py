@@ -45,7 +45,7 @@ TEXT = "string"
 STRING_INPUT_ADVICE = (
     "Give the model a string input (keras.Input(shape=(1,), dtype='string')) and decode in a layer "
     "(tf.io.decode_png, TextVectorization), or pass preprocess= a function that turns the column into the "
-    "model's input (README, \"Images, text and ids\")."
+    "model's input (docs/guides/data.md, \"Images, text and ids\")."
 )
 
 
