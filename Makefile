@@ -55,9 +55,9 @@ test: env
 test-fast: env
 	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests -m "not slow"
 
-## Benchmark suite of docs/benchmarks.md (~85 min on 2 cores): the trainer against plain Keras,
+## Benchmark suite of docs/benchmarks/ (~85 min on 2 cores): the trainer against plain Keras,
 ## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round
-## overhead vs model size, k, workers and depth; the scaling projection of docs/scaling.md; plots.
+## overhead vs model size, k, workers and depth; the scaling projection of docs/benchmarks/scaling.md; plots.
 ## Every script runs through benchmarks/harness.py: README's session settings (RECOMMENDED_CONF) unless
 ## an arm measures another setting, and one results format in benchmarks/results/<name>.json.
 bench: env
@@ -99,7 +99,7 @@ hosts-up: env
 hosts-down:
 	$(PYTHON) scripts/hosts.py down
 
-## Aggregation paths on the shaped-network cluster (docs/benchmarks.md "On a shaped network", ~30 min, root),
+## Aggregation paths on the shaped-network cluster (docs/benchmarks/network.md, ~30 min, root),
 ## then update_compression there (~14 min); the driver's session has README's settings (benchmarks/harness.py),
 ## results in benchmarks/results/network.json and network_compression.json.
 bench-network: env

@@ -23,7 +23,6 @@ CUT = "rounds are cut to the epoch"
 #: Warnings a page's examples may log; each page says so where its setup is shown: the Quickstart's
 #: 1,437 digits are too few for two workers to beat one process, which the slow warning says.
 ALLOWED_WARNINGS = {
-    "guides/advise.md": (SLOWER,),
     "guides/compression.md": (SLOWER,),
     "guides/stragglers.md": (SLOWER,),
     "guides/failures.md": (SLOWER,),

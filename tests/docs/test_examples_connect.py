@@ -29,10 +29,13 @@ def connect(tmp_path_factory):
 
     from sparkdl_avg import RECOMMENDED_CONF
 
-    sys.path.insert(0, str(examples.ROOT / "tests"))
-    from conftest import stop_active_session
+    from pyspark import SparkContext
 
-    stop_active_session()
+    active = SparkSession.getActiveSession()  # one JVM runs one SparkContext: the classic one goes first
+    if active is not None:
+        active.stop()
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
     spark = (SparkSession.builder.remote("local[2, 2]")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.local.dir", str(tmp_path_factory.mktemp("connect-local")))
