@@ -121,6 +121,7 @@ class Engine:
         self._ranges: Dict[Tuple[int, int], Any] = {}
         if self.sc is not None:
             _share_python_workers(spark)
+            _quiet_once(spark)
 
     @property
     def master(self) -> str:
@@ -336,6 +337,16 @@ def warm_up(spark=None) -> concurrent.futures.Future:
     return Engine(spark).warm_up()
 
 
+_quieted: Dict[int, bool] = {}  # SparkContexts given quiet_task_failures, by id of their Java context
+
+
+def _quiet_once(spark) -> None:
+    """:func:`quiet_task_failures` once per SparkContext (each call costs a few Py4J round trips)."""
+    key = id(spark.sparkContext._jsc)
+    if key not in _quieted:
+        _quieted[key] = quiet_task_failures(spark)
+
+
 def quiet_task_failures(spark) -> bool:
     """Keeps failed tasks' stack traces off the console of ``spark``'s driver, unless its logging was turned up.
 
@@ -347,10 +358,14 @@ def quiet_task_failures(spark) -> bool:
     traces included. Under Spark Connect the server's logging is the
     server's: nothing is changed. Calling it again changes nothing; a later
     ``sc.setLogLevel("INFO")`` shows the loggers' other messages again but
-    not these (start the session with ``spark.log.level=INFO``). The jobs
-    call it for the session they build
-    (:func:`sparkdl_avg.driver.api.cli.spark_session`); sessions that users build
-    are left as they configured them.
+    not these (start the session with ``spark.log.level=INFO``). Every
+    session the trainer runs jobs on gets it (:class:`Engine`), the jobs'
+    (:func:`sparkdl_avg.driver.api.cli.spark_session`) and users' alike: a
+    failed round, staging or prediction reaches the caller as an exception
+    that holds the task's trace (a ``WorkerError`` chains it; a
+    ``DataError`` says which row), so the console's copy of it was noise
+    (61 to 138 lines per failure, issue 48). A user's own failing job
+    still raises its trace in Python; only the log's copy is dropped.
 
     Returns:
         Whether the filters are in place.
