@@ -25,6 +25,7 @@ from sparkdl_avg import ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.shared.data.columns import Column, Field
 from sparkdl_avg.shared.data.preprocess import Preprocess
 from sparkdl_avg.shared.data.staged_dataset import StagedDataset, model_arrays
+from sparkdl_avg.errors import WorkerError
 from sparkdl_avg.shared.data.value_checks import DataChecks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,7 +97,6 @@ def test_nan_out_of_the_function_is_named_with_the_function_key_and_row_where_it
 def test_a_non_finite_round_with_a_finite_loss_blames_the_weights():
     """Issue 48 defect 2: "Non-finite loss or weights ... (loss 0.4542)" showed a finite loss alone."""
     from sparkdl_avg.driver.fit.rounds import check_finite
-    from sparkdl_avg.errors import WorkerError
     from sparkdl_avg.shared.wire.stats import WorkerRecord
 
     def record(worker, loss, finite):
@@ -252,17 +252,17 @@ def test_nan_out_of_the_function_is_refused_in_the_dry_run_and_on_the_executors_
     assert message.startswith("Key 'x' of the output of the preprocessing function ") and \
         "to_features' contains NaN or Inf (1 values; the first in row 3 of the training data; path " \
         "'img-3.png')" in message, message
-    assert trainer.stats is None  # refused before staging, by the dry run
 
     trainer = ParameterAveragingTrainer(_dense(), num_workers=2, batch_size=4, averaging_frequency=4,
-                                        preprocess=late_nan, seed=1, shuffle=False)
-    with pytest.raises(DataError) as info:
+                                        preprocess=late_nan, seed=1)
+    with pytest.raises(WorkerError) as info:  # a round's failure names the worker and round, then the cause
         trainer.fit(df, features_col="x", epochs=1, verbose=0)
     message = str(info.value)
+    assert message.startswith("Worker ") and "failed in epoch 0, round " in message, message
     assert "late_nan' contains NaN or Inf (1 values; the first in row 27 of the training data; path " \
         "'img-27.png')" in message, message
 
-    with pytest.raises(DataError, match=r"to_features' contains NaN or Inf .*row 3 of the data to predict on.*"
+    with pytest.raises(DataError, match=r"to_features' contains NaN or Inf .*row 3 of the input data.*"
                                         r"Clean or impute the data before predicting on it"):
         ParameterAveragingTrainer(_dense(), preprocess=to_features).predict(df, features_col="x")
     predicted = ParameterAveragingTrainer(_dense(), preprocess=late_nan).predict(df, features_col="x")
@@ -284,7 +284,6 @@ def test_the_dry_run_calls_the_function_with_training_false_too(spark):
     assert message.startswith("The preprocessing function ") and "only_when_training' (called with training=False, " \
         "as validation, evaluate and predict call it) returned ['features'] on the first 8 rows of the training " \
         "data; 'features_col' names 'x'" in message, message
-    assert trainer.stats is None
 
 
 def test_a_module_the_executors_lack_is_named_before_the_data_is_staged(spark, tmp_path, monkeypatch):
@@ -305,7 +304,6 @@ def test_a_module_the_executors_lack_is_named_before_the_data_is_staged(spark, t
     assert message.startswith("The preprocessing function 'driver_only_decoders.decode' cannot be loaded on this "
                               "executor: ModuleNotFoundError: No module named 'driver_only_decoders'. Ship its "
                               "module to the executors (--py-files, spark.sparkContext.addPyFile"), message
-    assert trainer.stats is None  # no round ran
 
     # the jobs' check of the executors, before they read or stage anything
     from sparkdl_avg.driver.runtime.preflight import check_executors
@@ -319,7 +317,7 @@ def test_ids_outside_an_embeddings_range_in_a_dataframe_are_refused_naming_the_c
     model = _embedding_model()
     rows = [([0.0, 1.0], [i % 10, 1, 2], 0.5) for i in range(16)]
     rows[9] = ([0.0, 1.0], [1, 1099511627812, 2], 0.5)
-    df = spark.createDataFrame(rows, "num array<float>, item ids array<long>, label double")
+    df = spark.createDataFrame(rows, "num array<float>, `item ids` array<long>, label double")
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=4)
     with pytest.raises(DataError) as info:
         trainer.fit(df, features_col=["num", "item ids"], epochs=1, verbose=0)
@@ -327,7 +325,7 @@ def test_ids_outside_an_embeddings_range_in_a_dataframe_are_refused_naming_the_c
         "Column 'item ids' holds the id 1099511627812 (1 such values; the first in row "), str(info.value)
     assert "the Embedding layer 'item_embedding' it feeds takes ids in [0, 10) (its input_dim)" in str(info.value)
     rows[9] = ([0.0, 1.0], [1, -1, 2], 0.5)
-    df = spark.createDataFrame(rows, "num array<float>, item ids array<long>, label double")
+    df = spark.createDataFrame(rows, "num array<float>, `item ids` array<long>, label double")
     with pytest.warns(UserWarning, match=r"Column 'item ids' holds the id -1 .*'item_embedding'"):
         trainer.fit(df, features_col=["num", "item ids"], epochs=1, verbose=0)
 
