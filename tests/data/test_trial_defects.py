@@ -348,6 +348,7 @@ USER_SCRIPT = """
 import numpy as np, keras
 from pyspark.sql import SparkSession
 from sparkdl_avg import DataError, ParameterAveragingTrainer
+from sparkdl_avg.errors import WorkerError
 
 spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false").getOrCreate())
@@ -365,8 +366,8 @@ for action in (lambda: trainer.fit(df, features_col="x", epochs=1, verbose=0),
                lambda: trainer.predict(df, features_col="x").collect()):
     try:
         action()
-    except DataError as exc:
-        print("RAISED", str(exc)[:120], flush=True)
+    except (DataError, WorkerError) as exc:
+        print("RAISED", type(exc).__name__, str(exc)[:300], flush=True)
 spark.stop()
 """
 
