@@ -338,7 +338,7 @@ def warm_up(spark=None) -> concurrent.futures.Future:
 
 
 def _console_level(jvm):
-    """The least severe level Spark's console shows: its shell threshold where set, else the root logger's level.
+    """The least severe level Spark's console shows: the more severe of its shell threshold (where set) and the root's.
 
     A session started from Python (a script, a notebook, the pyspark shell)
     keeps the root logger at ``INFO`` and shows ``WARN`` and above through
@@ -351,7 +351,7 @@ def _console_level(jvm):
         threshold = logging_object.sparkShellThresholdLevel()
     except Exception:  # noqa: BLE001 - another Spark: the root logger's level is all there is
         threshold = None
-    return threshold if threshold is not None else root
+    return threshold if threshold is not None and threshold.isMoreSpecificThan(root) else root
 
 
 _quieted: Dict[int, bool] = {}  # SparkContexts given quiet_task_failures, by id of their Java context
