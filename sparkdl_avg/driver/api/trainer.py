@@ -42,7 +42,7 @@ from ..config.codegen import constructor, document, trainer_entries
 from ..config.options import Ints, Text, require
 from ..config.trainer_config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from ..data import staging
-from ..data.adapters import engine_for, get_data_adapter, known_data
+from ..data.adapters import engine_for, known_data
 from ..data.staging_roots import StagingRoot
 from ..elastic.membership import probes
 from ..fit import loop
