@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     spark = cli.spark_session("sparkdl_avg evaluate")
     try:
         data = cli.read_data(spark, args.data, args.format, options, cli.needed_columns(args, features, labels))
-        cli.check_executors(spark, args.check_executors)
+        cli.check_executors(spark, args.check_executors, args.preprocess)
         with trainer:
             metrics = trainer.evaluate(data, features_col=features, label_col=labels, return_dict=True,
                                        sample_weight_col=args.sample_weight_col)

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         data = cli.read_data(spark, args.data, args.format, options, cli.needed_columns(args, features, keep or []))
         if not args.overwrite and fs.hadoop_exists(spark.sparkContext, args.output):
             raise cli.UsageError(f"Output {args.output!r} already exists; pass --overwrite to replace it")
-        cli.check_executors(spark, args.check_executors)
+        cli.check_executors(spark, args.check_executors, args.preprocess)
         trainer = ParameterAveragingTrainer(model, batch_size=32, preprocess=args.preprocess)
         out = trainer.predict(data, features_col=features, prediction_col=args.prediction_col,
                               probability_col=probability, batch_size=args.batch_size)

@@ -97,10 +97,12 @@ def main(argv=None) -> int:
         data = cli.read_data(spark, args.data, args.format, options, needed)
         validation = None
         if args.validation_data:
-            validation = cli.read_data(spark, args.validation_data, args.format, options, needed, "--validation-data")
+            validation = cli.read_data(spark, args.validation_data, args.format, options,
+                                       cli.needed_columns(args, features, labels, what="validation"),
+                                       "--validation-data")
         elif args.validation_split:
             data, validation = data.randomSplit([1 - args.validation_split, args.validation_split], seed=args.seed)
-        executors = cli.check_executors(spark, args.check_executors)
+        executors = cli.check_executors(spark, args.check_executors, trainer.config.preprocess)
         # One line per distinct environment: the probe's tasks often land in one Python on one host.
         for host, python, package in sorted({(i["host"], i["python"], i["sparkdl_avg_file"]) for i in executors}):
             log.info("executor Python %s on %s: sparkdl_avg from %s", python, host, package)

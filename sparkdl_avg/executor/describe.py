@@ -48,12 +48,25 @@ def describe_python() -> dict:
     return info
 
 
-def probe_batches(batches: Iterable) -> Iterator:
-    """``mapInArrow`` body: the task's :func:`describe_python` as one JSON row."""
+def probe_batches(batches: Iterable, preprocess=None) -> Iterator:
+    """``mapInArrow`` body: the task's :func:`describe_python` as one JSON row.
+
+    With ``preprocess`` (a :class:`~sparkdl_avg.shared.data.preprocess.Preprocess`)
+    it also loads the function as the rounds will, and reports why it
+    cannot (``preprocess_error``): a module the executors lack.
+    """
     import json
 
     import pyarrow as pa
 
     for _ in batches:  # consume the input so PySpark reuses this worker
         pass
-    yield pa.RecordBatch.from_pydict({"info": [json.dumps(describe_python())]})
+    info = describe_python()
+    if preprocess is not None and "import_error" not in info:
+        from ..errors import ConfigurationError
+
+        try:
+            preprocess.function()
+        except ConfigurationError as exc:
+            info["preprocess_error"] = str(exc)
+    yield pa.RecordBatch.from_pydict({"info": [json.dumps(info)]})

@@ -24,24 +24,29 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
-from ..errors import DataError
+from ..errors import ConfigurationError, DataError
 from ..shared.errors import remote_errors
 from ..shared.data.columns import Column, stage_arrow, stage_numpy
 from ..shared.data.kinds import TensorKind
+from ..shared.data.preprocess import Preprocess
 from ..shared.files.fs import is_full, join
 from ..shared.data.staged_dataset import write_columns
 from ..shared.data.value_checks import DataChecks, check_values
 
 
 def check_staged(array: pa.Array, column: Column, checks: Optional[DataChecks], first_row: int = 0,
-                 partition: bool = True, name: Optional[str] = None) -> None:
-    """The ``check_data`` checks of one staged numeric column, by its role (finite values, label ranges, weights ≥ 0)."""
+                 partition: bool = True, name: Optional[str] = None, warn=None) -> None:
+    """The ``check_data`` checks of one staged numeric column, by its role (finite values, label ranges, ids, weights ≥ 0).
+
+    ``warn`` takes a warning's message (negative ids); default :func:`warnings.warn`.
+    """
     if not column.handler.numeric or checks is None or len(array) == 0:
         return
     values = array.values.to_numpy(zero_copy_only=False).reshape(len(array), -1)
     name = name or f"Column '{column.source}'"
     output = column.index if column.role == "y" else None
-    check_values(values, name, checks, output, first_row=first_row, partition=partition)
+    check_values(values, name, checks, output, first_row=first_row, partition=partition,
+                 input=column.index if column.role == "x" else None, warn=warn)
     if column.role == "w" and (values < 0).any():
         row = first_row + int(np.argwhere(values < 0)[0][0])
         where = f"row {row} of its partition" if partition else f"row {row}"
@@ -78,6 +83,7 @@ def export_arrow_batches(
     directory: str,
     columns: Sequence[Column],
     checks: Optional[DataChecks] = None,
+    preprocess: Optional[Preprocess] = None,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body that stages one DataFrame partition as one file.
 
@@ -86,16 +92,30 @@ def export_arrow_batches(
             :class:`Column` (named by its ``name``).
         directory: Where to write the file (local path or URI).
         columns: The staged columns.
-        checks: Value checks (NaN/Inf, label range); ``None``: none.
+        checks: Value checks (NaN/Inf, label range, ids); ``None``: none.
+        preprocess: The preprocessing function the rounds will call on this
+            data: unpickled first, so that a module the executors lack is
+            reported before any row is read, not at round 0.
 
-    Yields one row ``(uri, rows, label_widths, bytes, error)``: a label's
+    Yields one row ``(uri, rows, label_widths, bytes, error, warning)``: a label's
     width is its values per row (0 for one number), per label column in
     order; empty partitions write no file and yield ``rows = 0``; a
     partition whose data is refused yields its ``DataError``'s message as
-    ``error`` (:func:`sparkdl_avg.shared.errors.remote_errors.reported`).
+    ``error`` (:func:`sparkdl_avg.shared.errors.remote_errors.reported`),
+    a function that cannot be loaded its ``ConfigurationError``'s
+    (:func:`~sparkdl_avg.shared.errors.remote_errors.reported_configuration`,
+    without reading the partition); ``warning`` is the first warning of the
+    checks (negative ids), for the driver to show.
     """
     from pyspark import TaskContext
 
+    notes: List[str] = []
+    if preprocess is not None:
+        try:
+            preprocess.function()
+        except ConfigurationError as exc:  # the rows are not read: staging them would be in vain
+            yield _row("", 0, None, 0, remote_errors.reported_configuration(exc), None)
+            return
     try:
         parts: Dict[str, List[pa.Array]] = {c.name: [] for c in columns}
         label_widths = None
@@ -106,7 +126,7 @@ def export_arrow_batches(
             widths = []
             for column in columns:
                 staged = stage_arrow(batch.column(column.name), column, first_row=rows)
-                check_staged(staged, column, checks, first_row=rows)
+                check_staged(staged, column, checks, first_row=rows, warn=notes.append)
                 if column.role == "y" and column.handler.numeric:
                     source = batch.column(column.name)
                     widths.append(staged.type.list_size if pa.types.is_list(source.type)
@@ -127,10 +147,15 @@ def export_arrow_batches(
         uri, rows, label_widths, nbytes, error = "", 0, None, 0, remote_errors.reported(exc, batches)
     except _Full as full:
         uri, rows, label_widths, nbytes, error = "", 0, None, 0, remote_errors.reported_full(full.error, full.uri, batches)
-    yield pa.record_batch(
+    yield _row(uri, rows, label_widths, nbytes, error, notes[0] if notes else None)
+
+
+def _row(uri: str, rows: int, label_widths, nbytes: int, error: Optional[str], warning: Optional[str]):
+    """The one result row of :func:`export_arrow_batches`."""
+    return pa.record_batch(
         [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_widths or []], pa.list_(pa.int32())),
-         pa.array([nbytes], pa.int64()), pa.array([error], pa.string())],
-        names=["uri", "rows", "label_widths", "bytes", "error"],
+         pa.array([nbytes], pa.int64()), pa.array([error], pa.string()), pa.array([warning], pa.string())],
+        names=["uri", "rows", "label_widths", "bytes", "error", "warning"],
     )
 
 

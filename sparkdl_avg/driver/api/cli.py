@@ -60,15 +60,20 @@ def add_data_args(p: argparse.ArgumentParser, label: bool = True) -> None:
     _add_flag(g, table.option("preprocess"))
 
 
-def needed_columns(args: argparse.Namespace, *columns) -> List[str]:
+def needed_columns(args: argparse.Namespace, *columns, what: str = "training") -> List[str]:
     """The columns :func:`read_data` must find: those given (lists or names) and ``--sample-weight-col``.
 
     With ``--preprocess`` the features and labels name the function's
     output, which its dry run checks (naming what is missing), so none is required here.
+    ``what="validation"`` leaves ``--sample-weight-col`` out: validation data
+    is weighted only when it has the column, as in the API
+    (:func:`sparkdl_avg.driver.data.staging.validation_weight_col`).
     """
     if getattr(args, "preprocess", None) is not None:
         return []
     weight = getattr(args, "sample_weight_col", None)
+    if what == "validation":
+        weight = None
     return [c for value in columns for c in as_list(value)] + ([weight] if weight else [])
 
 
@@ -339,13 +344,17 @@ def daemon_applies(configured: Optional[str], py_files: str) -> bool:
     return configured is None and not shipped
 
 
-def check_executors(spark, enabled: bool = True) -> List[dict]:
-    """The executors' Python descriptions (see :mod:`sparkdl_avg.driver.runtime.preflight`), or ``[]`` when disabled."""
+def check_executors(spark, enabled: bool = True, preprocess=None) -> List[dict]:
+    """The executors' Python descriptions (see :mod:`sparkdl_avg.driver.runtime.preflight`), or ``[]`` when disabled.
+
+    With ``preprocess`` (``--preprocess``'s function) the executors also load
+    it, so that a module they lack is named before any data is staged.
+    """
     if not enabled:
         return []
     from ..runtime.preflight import check_executors as check
 
-    return check(spark)
+    return check(spark, preprocess=preprocess)
 
 
 # ------------------------------------------------------------------- data

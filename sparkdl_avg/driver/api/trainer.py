@@ -42,7 +42,7 @@ from ..config.codegen import constructor, document, trainer_entries
 from ..config.options import Ints, Text, require
 from ..config.trainer_config import TrainerConfig, check_fit_args, check_loss, check_with_model, validate_model
 from ..data import staging
-from ..data.adapters import engine_for, get_data_adapter, known_data
+from ..data.adapters import engine_for, known_data
 from ..data.staging_roots import StagingRoot
 from ..elastic.membership import probes
 from ..fit import loop
@@ -358,8 +358,8 @@ class ParameterAveragingTrainer:
                                                                          for k, v in class_weight.items())))
         val = None
         if validation_data is not None:
-            weights = sample_weight_col if _has_column(validation_data, sample_weight_col) else None
-            val = self._stage(validation_data, features_col, label_col, "validation", weights)
+            val = self._stage(validation_data, features_col, label_col, "validation",
+                              staging.validation_weight_col(validation_data, sample_weight_col))
         return train, val, time.perf_counter() - staging_started
 
     def _start(self, plan: FitPlan, callbacks) -> loop.FitContext:
@@ -505,11 +505,6 @@ class ParameterAveragingTrainer:
             self.history.history,
             title=title or f"sparkdl_avg training report: {self.model.name}",
         )
-
-
-def _has_column(data, column: Optional[str]) -> bool:
-    """Whether ``data`` is a DataFrame with ``column``."""
-    return column is not None and get_data_adapter(data).has_column(column)
 
 
 def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:

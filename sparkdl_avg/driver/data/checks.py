@@ -9,7 +9,7 @@ driver), read from the model's losses and outputs.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from ...shared.data.value_checks import DataChecks, LabelShape
 
@@ -32,14 +32,16 @@ def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
     cross-entropy labels in ``[0, 1]``, as many per row as the output has
     units; the value-by-value losses (:data:`ELEMENTWISE_LOSSES`: MSE, MAE,
     Huber, hinge, ...) as many values per row as the output has units
-    (Keras fails on one value per row for a wider output). Shapes are checked only for outputs of shape ``(batch, units)``,
+    (Keras fails on one value per row for a wider output). Ids fed to an
+    ``Embedding`` must lie in its range (:func:`embedding_ranges`). Shapes are checked only for outputs of shape ``(batch, units)``,
     and nothing of the labels when the losses are a dict (which output a
     loss belongs to is then Keras' business). Other losses (a user's own function) get no check.
     """
     if not enabled:
         return None
+    ids = embedding_ranges(model)
     if isinstance(model.loss, dict):
-        return DataChecks(finite=True)
+        return DataChecks(finite=True, id_ranges=ids)
     losses = model.loss if isinstance(model.loss, (list, tuple)) else [model.loss] * len(model.outputs)
     ranges, shapes = [], []
     for loss, output in zip(losses, model.outputs):
@@ -64,4 +66,25 @@ def data_checks(model, enabled: bool = True) -> Optional[DataChecks]:
                 kind = "elementwise"
             ranges.append(None)
         shapes.append(LabelShape(given, kind, int(units)) if kind and units is not None else None)
-    return DataChecks(finite=True, label_ranges=tuple(ranges), label_shapes=tuple(shapes))
+    return DataChecks(finite=True, label_ranges=tuple(ranges), label_shapes=tuple(shapes), id_ranges=ids)
+
+
+def embedding_ranges(model) -> Tuple[Optional[Tuple[int, str]], ...]:
+    """Per model input, ``(input_dim, layer name)`` of the ``Embedding`` layer that takes it directly, else ``None``.
+
+    Only an input wired straight into an ``Embedding`` is known to hold its
+    ids (a layer in between may shift or hash them). A model whose graph is
+    not known (a subclassed model) gets no check.
+    """
+    import keras
+
+    found = []
+    for tensor in getattr(model, "inputs", None) or []:
+        match = None
+        for layer in model.layers:
+            if isinstance(layer, keras.layers.Embedding):
+                for node in getattr(layer, "_inbound_nodes", ()):
+                    if any(t is tensor for t in node.input_tensors):
+                        match = (int(layer.input_dim), layer.name)
+        found.append(match)
+    return tuple(found) if any(found) else ()

@@ -15,6 +15,7 @@ per partition, never the data.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import List, Optional, Sequence, Tuple
 
@@ -28,7 +29,7 @@ from ...shared.data.kinds import STRING_INPUT_ADVICE, RawKind, TensorKind, input
 from ...shared.data.preprocess import ORIGIN_COLUMNS, Preprocess
 from ...shared.data.staged_dataset import StagedDataset, StagedFile
 from ...shared.data.value_checks import DataChecks, check_label_shape, check_values
-from ...shared.errors.remote_errors import raise_reported, run_job
+from ...shared.errors.remote_errors import user_columns, raise_reported, run_job
 
 DRY_RUN_ROWS = 8
 """Rows a preprocessing function is run on, on the driver, before anything is staged (:func:`dry_run`)."""
@@ -134,15 +135,25 @@ def _weight_column(name: str, fields: dict):
     return quoted(name), Column("w", name, TensorKind.name, Field((), "float32"), "w")
 
 
-def _run_staging(selected, columns, directory, checks, what, renamed) -> Tuple[Tuple[StagedFile, ...], list]:
-    """The staging job over ``selected`` (one column per :class:`Column`); returns the files and the label widths."""
-    body = partial(export_arrow_batches, directory=directory, columns=columns, checks=checks)
+def _run_staging(selected, columns, directory, checks, what, renamed,
+                 preprocess: Optional[Preprocess] = None) -> Tuple[Tuple[StagedFile, ...], list]:
+    """The staging job over ``selected`` (one column per :class:`Column`); returns the files and the label widths.
+
+    With ``preprocess``, each task first loads the function as the rounds
+    will: a module the executors lack stops the fit here, before the data is read.
+    """
+    body = partial(export_arrow_batches, directory=directory, columns=columns, checks=checks, preprocess=preprocess)
     rows = run_job(
         lambda: selected.mapInArrow(
-            body, "uri string, rows long, label_widths array<int>, bytes long, error string").collect(),
+            body, "uri string, rows long, label_widths array<int>, bytes long, error string, warning string"
+        ).collect(),
         f"Staging the {what} data",
         renamed,
     )
+    warning = next((r.warning for r in rows if r.warning), None)
+    if warning:  # one warning per staging (negative ids), in the user's column names
+        warnings.warn(user_columns(warning if what == "training" else f"In the {what} data: {warning}", renamed),
+                      UserWarning, stacklevel=2)
     try:
         raise_reported((r.error for r in rows), renamed)
     except DataError as exc:  # "Column 'features' has a row of 32 values" must say which data it is
@@ -200,7 +211,10 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
 
     Its output must give every model input in the shape and dtype the model
     takes, and labels the loss accepts (:func:`check_label_shape`, and the
-    ``check_data`` value checks). Costs one small Spark job.
+    ``check_data`` value checks: finite inputs, labels and weights, ids in
+    an Embedding's range). Training data is run with ``training=True`` and,
+    when the function takes ``training``, with ``training=False`` too, as
+    validation, ``evaluate`` and ``predict`` will call it. Costs one small Spark job.
 
     Returns:
         The function with the columns it read, the DataFrame columns to
@@ -212,7 +226,6 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
     Raises:
         DataError: the function failed, or its output does not fit the model.
     """
-    from ...shared.data.staged_dataset import _as_field
     from pyspark.ml.linalg import VectorUDT
 
     usable = [f.name for f in df.schema.fields if not isinstance(f.dataType, VectorUDT)]
@@ -220,9 +233,37 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
     if sample.num_rows == 0:
         raise DataError(f"The {what} data is empty (0 rows).")
     batch = {name: raw_value(sample.column(name)) for name in sample.column_names}
-    out, read = preprocess.dry_run(batch, training=what == "training", what=f"{what} data")
-    source = f"The preprocessing function {preprocess.name!r}"
-    n = sample.num_rows
+    modes = [what == "training"] + ([False] if what == "training" and preprocess.takes_training else [])
+    read: set = set()
+    y_fields: Tuple[Field, ...] = ()
+    returned: set = set()
+    for training in modes:
+        fields, out, columns = _check_output(batch, sample.num_rows, preprocess, training, modes, x_names, x_fields, y_names,
+                                             label_float, weight, checks, what)
+        y_fields = y_fields or fields
+        read.update(columns)
+        returned.update(out)
+    read_cols = tuple(c for c in batch if c in read)
+    wanted = [*x_names, *y_names, *([weight] if weight else [])]
+    staged = list(read_cols) + [c for c in wanted if c not in returned and c in batch and c not in read]
+    # Where a row came from (binaryFile's path), so that a row the function fails on in a round is named by it.
+    staged += [c for c in ORIGIN_COLUMNS if c in batch and c not in staged and sample.schema.field(c).type in
+               (pa.string(), pa.large_string())]
+    return preprocess.with_columns(read_cols), staged, y_fields
+
+
+def _check_output(batch, n: int, preprocess: Preprocess, training: bool, modes, x_names, x_fields, y_names, label_float,
+                  weight, checks, what):
+    """One dry-run call of ``preprocess`` (:func:`dry_run`): its labels' fields, output and the columns it read."""
+    from ...shared.data.preprocess import describe_row
+    from ...shared.data.staged_dataset import _as_field, as_rows, output_name
+
+    data = f"{what} data"
+    # The training=False run is named as such: the function passed with training=True
+    mode = " (called with training=False, as validation, evaluate and predict call it)" if len(modes) > 1 and \
+        not training else ""
+    out, read = preprocess.dry_run(batch, training=training, what=data + mode)
+    source = f"The preprocessing function {preprocess.name!r}{mode}"
 
     def get(name, param):
         if name in out:
@@ -232,11 +273,16 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
         raise DataError(f"{source} returned {sorted(out)} on the first {n} rows of the {what} data; '{param}' names "
                         f"{name!r}, which it must return (or the DataFrame must hold).")
 
+    def check(array, name, **role):  # finite values, ids in range: as the executors check every minibatch
+        if checks is not None and name in out and array.dtype != object:
+            check_values(array.reshape(n, -1), output_name(preprocess, name) + mode, checks,
+                         where=lambda i: describe_row(batch, i, data), **role)
+
     for k, (name, field) in enumerate(zip(x_names, x_fields)):
-        _as_field(get(name, "features_col"), field, name, n, source)
+        check(_as_field(get(name, "features_col"), field, name, n, source), name, input=k)
     y_fields = []
     for k, name in enumerate(y_names):
-        value = np.asarray(get(name, "label_col"))
+        value = as_rows(get(name, "label_col"), name, n, source)
         if not (np.issubdtype(value.dtype, np.number) or value.dtype == bool) or len(value) != n:
             raise DataError(f"{source} gives the labels {name!r} as {value.dtype} with {len(value)} rows; expected "
                             f"numbers, one row per example ({n}).")
@@ -244,16 +290,12 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
         field = Field(tuple(value.shape[1:]), "int32" if integer else label_float)
         check_label_shape(field.shape, f"the labels {name!r} of {source}", checks, k)
         check_values(exact_cast(value.reshape(n, -1), field.dtype, f"{source} ({name!r})", where="of the batch"),
-                     f"The labels {name!r} of {source}", checks, k, partition=False)
+                     f"The labels {name!r} of {source}", checks, k, partition=False,
+                     where=lambda i: describe_row(batch, i, data))
         y_fields.append(field)
     if weight is not None:
-        _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
-    wanted = [*x_names, *y_names, *([weight] if weight else [])]
-    staged = list(read) + [c for c in wanted if c not in out and c in batch and c not in read]
-    # Where a row came from (binaryFile's path), so that a row the function fails on in a round is named by it.
-    staged += [c for c in ORIGIN_COLUMNS if c in batch and c not in staged and sample.schema.field(c).type in
-               (pa.string(), pa.large_string())]
-    return preprocess.with_columns(read), staged, tuple(y_fields)
+        check(_as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source), weight)
+    return tuple(y_fields), out, read
 
 
 def _stage_preprocessed(df, x_names, y_names, directory, x_fields, label_float, what, checks, weight,
@@ -265,6 +307,6 @@ def _stage_preprocessed(df, x_names, y_names, directory, x_fields, label_float, 
         raise DataError(f"The preprocessing function {preprocess.name!r} reads no column of the {what} data.")
     columns = [Column(c, c, RawKind.name, None, "raw") for c in staged]
     selected = df.select(*[quoted(c) for c in staged])
-    files, _ = _run_staging(selected, columns, directory, None, what, None)
+    files, _ = _run_staging(selected, columns, directory, None, what, None, preprocess)
     return StagedDataset(files, tuple(columns), tuple(x_names), tuple(x_fields), tuple(y_names), y_fields,
-                         weight, preprocess)
+                         weight, preprocess, checks=checks)

@@ -98,19 +98,27 @@ def udf_inputs(df, model, features_col, preprocess=None, what: str = "input"):
     Without ``preprocess``, one expression per model input
     (:func:`sparkdl_avg.driver.data.frames.input_column`); with it, the raw
     columns the function reads, found by its dry run on a few rows
-    (:func:`sparkdl_avg.driver.data.frames.dry_run`).
+    (:func:`sparkdl_avg.driver.data.frames.dry_run`); its NaN/Inf inputs are refused there and on
+    the executors.
     """
     from ...shared.data.columns import Column, Field
     from ...shared.data.kinds import RawKind
     from ...shared.data.staged_dataset import StagedDataset
+    from ...shared.data.value_checks import DataChecks
+    from .checks import embedding_ranges
 
     x_fields = tuple(Field(shape, dtype) for shape, dtype in zip(input_shapes(model), input_dtypes(model)))
     names = column_list(features_col, len(x_fields), "features_col", "input")
     if preprocess is not None:
-        preprocess, staged, _ = dry_run(df, preprocess, names, x_fields, (), "float32", None, None, what)
+        # NaN/Inf inputs out of the function are refused, not predicted: a NaN image's "class" is argmax's
+        # first index, a silent wrong answer (fit refuses them too, naming the function, key and row).
+        checks = DataChecks(finite=True, id_ranges=embedding_ranges(model),
+                            advice="Clean or impute the data before predicting on it.")
+        preprocess, staged, _ = dry_run(df, preprocess, names, x_fields, (), "float32", None, checks, what)
         columns = tuple(Column(c, c, RawKind.name, None, "raw") for c in staged)
         exprs = [quoted(c) for c in staged]
-        return exprs, StagedDataset((), columns, tuple(names), x_fields, (), (), preprocess=preprocess)
+        return exprs, StagedDataset((), columns, tuple(names), x_fields, (), (), preprocess=preprocess,
+                                    checks=checks)
     pairs = [input_column(df, c, k, len(x_fields), field, what) for k, (c, field) in enumerate(zip(names, x_fields))]
     columns = tuple(Column(f"x{k}", col.source, col.kind, col.field, "x", k) for k, (_, col) in enumerate(pairs))
     return [expr for expr, _ in pairs], StagedDataset((), columns, tuple(c.name for c in columns), x_fields, (), ())

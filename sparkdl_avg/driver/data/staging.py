@@ -150,6 +150,20 @@ def data_key(data: Any, features_col: str, label_col: str, sample_weight_col: Op
     return None if adapter is None else adapter.key(settings)
 
 
+def validation_weight_col(data: Any, sample_weight_col: Optional[str]) -> Optional[str]:
+    """The weight column of validation ``data``: ``sample_weight_col`` when ``data`` has it, else ``None``.
+
+    As Keras weighs ``validation_data`` only when it is given with weights,
+    validation data without the column is evaluated unweighted rather than
+    refused. The one rule for the API (``fit``) and the jobs
+    (:func:`sparkdl_avg.driver.api.cli.needed_columns`, which therefore does not
+    require the column in ``--validation-data``).
+    """
+    if sample_weight_col is None:
+        return None
+    return sample_weight_col if get_data_adapter(data, "validation").has_column(sample_weight_col) else None
+
+
 def check_shared_root(engine, root: str, tasks: int, default: bool) -> None:
     """Refuses a local staging root that the executors cannot see, before anything is staged there.
 
@@ -205,4 +219,5 @@ def check_shared_root(engine, root: str, tasks: int, default: bool) -> None:
 
 
 __all__ = ["DRY_RUN_ROWS", "ELEMENTWISE_LOSSES", "STRING_INPUT_ADVICE", "check_shared_root", "column_list",
-           "data_checks", "data_key", "dry_run", "input_column", "no_room", "quoted", "stage"]
+           "data_checks", "data_key", "dry_run", "input_column", "no_room", "quoted", "stage",
+           "validation_weight_col"]

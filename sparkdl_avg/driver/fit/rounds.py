@@ -23,6 +23,7 @@ attempt, a killed Python worker) without reaching into this module.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -280,7 +281,9 @@ def check_finite(result: PartialResult, where: str, policy: str, whole: bool) ->
     bad = sorted((w for w in result.workers if not w.finite), key=lambda w: w.worker)
     if not bad:
         return
-    names = ", ".join(f"{w.worker} (loss {w.loss:.4g})" for w in bad)
+    # A finite loss with non-finite weights is the weights' fault: "(loss 0.4542)" alone misled users.
+    names = ", ".join(f"{w.worker} (loss {w.loss:.4g}{', weights NaN/Inf' if math.isfinite(w.loss) else ''})"
+                      for w in bad)
     if policy == "raise" or (whole and len(bad) == len(result.workers)):
         raise WorkerError(
             f"Non-finite loss or weights (NaN/Inf) from worker(s) {names} in {where}. The model "

@@ -28,12 +28,15 @@ SHIP_HINT = (
 )
 
 
-def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
+def check_executors(spark, num_tasks: Optional[int] = None, preprocess=None) -> List[dict]:
     """Runs :func:`~sparkdl_avg.executor.describe.describe_python` in ``num_tasks`` tasks; raises if executors lack a package.
 
     Args:
         spark: The SparkSession (classic or Connect) or its :class:`~sparkdl_avg.driver.runtime.session.Engine`.
         num_tasks: Tasks to run; default the cluster's default parallelism.
+        preprocess: A preprocessing function (or its
+            :class:`~sparkdl_avg.shared.data.preprocess.Preprocess`) the
+            executors must be able to load, or ``None``.
 
     Returns:
         One description per task (see :func:`~sparkdl_avg.executor.describe.describe_python`).
@@ -41,14 +44,21 @@ def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
     Raises:
         ExecutorEnvironmentError: an executor cannot import ``sparkdl_avg``
             or TensorFlow/Keras.
+        ConfigurationError: an executor cannot load ``preprocess`` (its
+            module is not shipped); names the module and how to ship it.
     """
     import json
+    from functools import partial
+
+    from ...errors import ConfigurationError
+    from ...shared.data.preprocess import Preprocess
 
     engine = spark if isinstance(spark, Engine) else Engine(spark)
     n = max(1, int(num_tasks or engine.default_parallelism))
     try:
         with engine.labels("sparkdl_avg: check executors' Python"):
-            rows = engine.run_tasks(n, probe_batches, "info string").collect()
+            body = partial(probe_batches, preprocess=Preprocess.of(preprocess)) if preprocess else probe_batches
+            rows = engine.run_tasks(n, body, "info string").collect()
         infos = [json.loads(r.info) for r in rows]
     except Exception as exc:
         # Not remote.run_job: the probe reports import errors in its result instead of raising, and
@@ -73,4 +83,7 @@ def check_executors(spark, num_tasks: Optional[int] = None) -> List[dict]:
             f"{info['import_error']}. Point PYSPARK_PYTHON at a Python that has them, or ship an environment "
             "with --archives (see docs/guides/cluster.md, 'Shipping the code to executors')."
         )
+    unloadable = [i for i in infos if "preprocess_error" in i]
+    if unloadable:
+        raise ConfigurationError(unloadable[0]["preprocess_error"])
     return infos

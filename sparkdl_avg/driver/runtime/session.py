@@ -121,6 +121,7 @@ class Engine:
         self._ranges: Dict[Tuple[int, int], Any] = {}
         if self.sc is not None:
             _share_python_workers(spark)
+            _quiet_once(spark)
 
     @property
     def master(self) -> str:
@@ -336,21 +337,52 @@ def warm_up(spark=None) -> concurrent.futures.Future:
     return Engine(spark).warm_up()
 
 
+def _console_level(jvm):
+    """The least severe level Spark's console shows: the more severe of its shell threshold (where set) and the root's.
+
+    A session started from Python (a script, a notebook, the pyspark shell)
+    keeps the root logger at ``INFO`` and shows ``WARN`` and above through
+    Spark's shell threshold ("Setting default log level to "WARN""); the
+    jobs' ``spark.log.level=WARN`` sets the root logger itself.
+    """
+    root = jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel()
+    try:
+        logging_object = jvm.java.lang.Class.forName("org.apache.spark.internal.Logging$").getField("MODULE$").get(None)
+        threshold = logging_object.sparkShellThresholdLevel()
+    except Exception:  # noqa: BLE001 - another Spark: the root logger's level is all there is
+        threshold = None
+    return threshold if threshold is not None and threshold.isMoreSpecificThan(root) else root
+
+
+_quieted: Dict[int, bool] = {}  # SparkContexts given quiet_task_failures, by id of their Java context
+
+
+def _quiet_once(spark) -> None:
+    """:func:`quiet_task_failures` once per SparkContext (each call costs a few Py4J round trips)."""
+    key = id(spark.sparkContext._jsc)
+    if key not in _quieted:
+        _quieted[key] = quiet_task_failures(spark)
+
+
 def quiet_task_failures(spark) -> bool:
     """Keeps failed tasks' stack traces off the console of ``spark``'s driver, unless its logging was turned up.
 
     Adds a log4j2 filter to each logger of :data:`TASK_FAILURE_MESSAGES`, in
     the driver's JVM (classic sessions), that drops those messages, when
-    Spark's root logger is at ``WARN`` or quieter (``spark.log.level=WARN``,
-    the jobs' setting). With ``--conf spark.log.level=INFO`` (or ``DEBUG``:
+    Spark's console shows ``WARN`` or quieter (:func:`_console_level`: a
+    session's default, and ``spark.log.level=WARN``, the jobs' setting). With ``--conf spark.log.level=INFO`` (or ``DEBUG``:
     spark-submit's own default is ``INFO``) everything is logged as before,
     traces included. Under Spark Connect the server's logging is the
     server's: nothing is changed. Calling it again changes nothing; a later
     ``sc.setLogLevel("INFO")`` shows the loggers' other messages again but
-    not these (start the session with ``spark.log.level=INFO``). The jobs
-    call it for the session they build
-    (:func:`sparkdl_avg.driver.api.cli.spark_session`); sessions that users build
-    are left as they configured them.
+    not these (start the session with ``spark.log.level=INFO``). Every
+    session the trainer runs jobs on gets it (:class:`Engine`), the jobs'
+    (:func:`sparkdl_avg.driver.api.cli.spark_session`) and users' alike: a
+    failed round, staging or prediction reaches the caller as an exception
+    that holds the task's trace (a ``WorkerError`` chains it; a
+    ``DataError`` says which row), so the console's copy of it was noise
+    (61 to 138 lines per failure, issue 48). A user's own failing job
+    still raises its trace in Python; only the log's copy is dropped.
 
     Returns:
         Whether the filters are in place.
@@ -361,13 +393,18 @@ def quiet_task_failures(spark) -> bool:
         jvm = spark.sparkContext._jvm
         log4j = jvm.org.apache.logging.log4j
         core = log4j.core
-        if not log4j.LogManager.getRootLogger().getLevel().isMoreSpecificThan(log4j.Level.WARN):
+        console = _console_level(jvm)
+        if not console.isMoreSpecificThan(log4j.Level.WARN):
             return False  # INFO, DEBUG, ...: the user asked for Spark's details
+        # Under the shell threshold the root logger stays at INFO and its own filter drops the rest; a logger
+        # of its own does not pass through that filter, so it gets the console's level itself.
+        root = log4j.LogManager.getRootLogger().getLevel()
+        level = None if console.equals(root) else console
         context = log4j.LogManager.getContext(False)
         config = context.getConfiguration()
         for name, messages in TASK_FAILURE_MESSAGES.items():
             if config.getLoggerConfig(name).getName() != name:  # a logger of its own, its level inherited
-                core.config.Configurator.setLevel(name, None)
+                core.config.Configurator.setLevel(name, level)
             logger_config = config.getLoggerConfig(name)
             pattern = "(?s)(?:" + "|".join(messages) + ").*"  # the whole message: a trace spans lines
             if pattern in str(logger_config.getFilter()):

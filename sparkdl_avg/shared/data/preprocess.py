@@ -300,13 +300,7 @@ class Preprocess:
         if failing is None:
             where = f"a batch of {n} rows from row {first} of the {what}"
         else:
-            row = int(row_ids[failing]) if row_ids is not None else first + failing
-            origin = next((f"; {c} {_take(batch[c], failing)[0]!r}" for c in ORIGIN_COLUMNS
-                           if c in batch and not isinstance(batch[c], dict)), "")
-            if not origin and any(isinstance(v, dict) and "origin" in v for v in batch.values()):
-                image = next(v for v in batch.values() if isinstance(v, dict) and "origin" in v)
-                origin = f"; origin {image['origin'][failing]!r}"
-            where = f"row {row} of the {what}{origin}"
+            where = describe_row(batch, failing, what, first, row_ids)
         return DataError(f"The preprocessing function {self.name!r} failed on {where} (columns {columns}): "
                          f"{_one_line(cause)}")
 
@@ -321,6 +315,22 @@ class Preprocess:
         out = self.apply(recorder, seeds, training, what)  # type: ignore[arg-type]
         read = tuple(batch) if recorder.everything else tuple(c for c in batch if c in recorder.read)
         return out, read
+
+
+def describe_row(batch: Mapping, i: int, what: str, first: int = 0, row_ids: Optional[np.ndarray] = None) -> str:
+    """Row ``i`` of ``batch`` for a message: "row 12 of the training data; path '.../3.png'".
+
+    The row's number is its index in the staged data (``row_ids[i]``, else
+    ``first + i``); where the batch holds :data:`ORIGIN_COLUMNS` (or an image
+    struct's ``origin``) the row's origin is named too.
+    """
+    row = int(row_ids[i]) if row_ids is not None else first + i
+    origin = next((f"; {c} {_take(batch[c], i)[0]!r}" for c in ORIGIN_COLUMNS
+                   if c in batch and not isinstance(batch[c], dict)), "")
+    if not origin and any(isinstance(v, dict) and "origin" in v for v in batch.values()):
+        image = next(v for v in batch.values() if isinstance(v, dict) and "origin" in v)
+        origin = f"; origin {image['origin'][i]!r}"
+    return f"row {row} of the {what}{origin}"
 
 
 def _rows(batch: Mapping) -> int:

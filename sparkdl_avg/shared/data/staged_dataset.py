@@ -23,6 +23,7 @@ staged belongs to :mod:`sparkdl_avg.driver.data.staging` (driver) and
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import tempfile
@@ -38,9 +39,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ...errors import DataError
+from ..errors.remote_errors import one_line
 from ..files import fs
 from .columns import TEXT, Column, Field, exact_cast, read_column
-from .preprocess import Preprocess, example_seeds
+from .preprocess import Preprocess, describe_row, example_seeds
+from .value_checks import DataChecks, check_values
 
 def _file_cache_limit() -> int:
     """Mapped files a Python worker keeps open: 4096, or half its open-file limit where that is lower.
@@ -88,6 +91,9 @@ class StagedDataset:
         preprocess: The preprocessing function, or ``None``.
         class_weight: ``((class, weight), ...)``: each example's weight is
             multiplied by its class's (Keras' ``class_weight``), or ``None``.
+        checks: With ``preprocess``, the value checks of its output
+            (NaN/Inf, label ranges, Embedding ids), made per minibatch where
+            it runs (:func:`model_arrays`); ``None``: none.
     """
 
     files: Tuple[StagedFile, ...]
@@ -99,6 +105,7 @@ class StagedDataset:
     weight_name: Optional[str] = None
     preprocess: Optional[Preprocess] = None
     class_weight: Optional[Tuple[Tuple[int, float], ...]] = None
+    checks: Optional[DataChecks] = None
 
     @property
     def num_examples(self) -> int:
@@ -267,17 +274,48 @@ class Examples:
         return (x, y) if self.weights is None else (x, y, self.weights[lo:hi])
 
 
+def as_rows(value: Any, name: str, n: int, source: str, dtype: Any = None) -> np.ndarray:
+    """An output of the preprocessing function as an array of one row per example, or a ``DataError`` naming it.
+
+    A ragged list, a scalar or a generator is refused with the function and
+    the key named, not numpy's or ``len()``'s own error.
+    """
+    if isinstance(value, np.ndarray) and (dtype is None or value.dtype == dtype):
+        array = value
+    else:
+        what = type(value).__name__
+        if inspect.isgenerator(value) or isinstance(value, (map, filter, zip)) or (
+                hasattr(value, "__next__") and not hasattr(value, "__len__")):
+            raise DataError(f"{source} gives {name!r} as a {what}; expected an array with one row per example "
+                            f"({n}): make it a list or an array.")
+        try:
+            array = value.numpy() if hasattr(value, "numpy") else np.asarray(value, dtype=dtype)
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"{source} gives {name!r} as a {what} that is not one array (rows of different "
+                            f"shapes?): {one_line(str(exc)).rstrip('.')}. Expected one row per example ({n}), "
+                            "every row of one shape.") from None
+    if array.ndim == 0:
+        raise DataError(f"{source} gives {name!r} as a single {type(value).__name__} ({_short(value)}); expected "
+                        f"an array with one row per example ({n}).")
+    return array
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _as_field(value: Any, field: Field, name: str, n: int, source: str) -> np.ndarray:
     """One output of the preprocessing (or one staged column) as ``(n, *field.shape)`` of ``field.dtype``."""
     if field.dtype == TEXT:
-        array = np.asarray(value, dtype=object) if not isinstance(value, np.ndarray) else value
+        array = as_rows(value, name, n, source, dtype=None if isinstance(value, np.ndarray) else object)
         if array.dtype.kind in "SU":
             array = array.astype(object)
         if array.dtype != object:
             raise DataError(f"{source} gives {name!r} as {array.dtype}; the model's input takes strings "
                             "(bytes or str objects).")
     else:
-        array = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        array = as_rows(value, name, n, source)
     if len(array) != n:
         raise DataError(f"{source} gives {name!r} with {len(array)} rows for a batch of {n}; expected one per row.")
     shape = tuple(array.shape[1:])
@@ -325,15 +363,32 @@ def model_arrays(dataset: StagedDataset, columns: Mapping[str, Any], *, labels: 
     else:
         get = columns.__getitem__
     xs = [_as_field(get(name), field, name, n, source) for name, field in zip(dataset.x_names, dataset.x_fields)]
+    checks = dataset.checks if dataset.preprocess is not None else None
+
+    def check(array, name, **role):
+        if checks is not None and array.dtype != object:
+            check_values(array.reshape(n, -1), output_name(dataset.preprocess, name), checks,
+                         where=lambda i: describe_row(columns, i, what, first, row_ids), **role)
+
+    for k, (array, name) in enumerate(zip(xs, dataset.x_names)):
+        check(array, name, input=k)
     if not labels:
         return Examples(xs, [])
     ys = [_as_field(get(name), field, name, n, source) for name, field in zip(dataset.y_names, dataset.y_fields)]
+    for k, (array, name) in enumerate(zip(ys, dataset.y_names)):
+        check(array, name, output=k)
     weights = None
     if dataset.weight_name is not None:
         weights = _as_field(get(dataset.weight_name), Field((), "float32"), dataset.weight_name, n, source)
+        check(weights, dataset.weight_name)
     if dataset.class_weight is not None:
         weights = class_weights(dataset.class_weight, ys[0], weights)
     return Examples(xs, ys, weights)
+
+
+def output_name(preprocess: Preprocess, key: str) -> str:
+    """How a value check names key ``key`` of ``preprocess``'s output: "Key 'image' of the output of ..."."""
+    return f"Key {key!r} of the output of the preprocessing function {preprocess.name!r}"
 
 
 def class_weights(table: Sequence[Tuple[int, float]], y: np.ndarray, weights: Optional[np.ndarray]) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The value checks of staged data: what ``check_data`` checks and the messages that name the culprit.
 
 This module owns :class:`DataChecks` (which checks to make), :func:`check_values`
-(finite values, label ranges) and :func:`check_label_shape` (labels shaped as
+(finite values, label ranges, ids an ``Embedding`` can look up) and :func:`check_label_shape` (labels shaped as
 their loss needs: class indices or vectors the output's size). They
 raise :class:`~sparkdl_avg.errors.DataError` wherever they run: on the driver
 for numpy data (:mod:`sparkdl_avg.driver.data.staging`), and on executors inside the staging
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -53,11 +53,20 @@ class DataChecks:
             ``what`` describes the range in the error. ``None``: no check.
         label_shapes: Per model output, the :class:`LabelShape` its loss
             accepts; ``None``: no check.
+        id_ranges: Per model input, ``(input_dim, layer name)`` of the
+            ``Embedding`` layer it feeds directly, else ``None``: ids must lie
+            in ``[0, input_dim)`` (TensorFlow fails on larger ones at round 0,
+            naming neither column nor layer); negative ones, which Keras
+            trains on silently, are warned of.
+        advice: What a NaN/Inf message advises (``predict`` has no
+            ``check_data`` to turn the check off).
     """
 
     finite: bool = True
     label_ranges: Tuple[Optional[Tuple[float, float, bool, str]], ...] = ()
     label_shapes: Tuple[Optional[LabelShape], ...] = ()
+    id_ranges: Tuple[Optional[Tuple[int, str]], ...] = ()
+    advice: str = "Clean or impute the data, or pass check_data=False to train anyway."
 
 
 def check_values(
@@ -67,6 +76,9 @@ def check_values(
     output: Optional[int] = None,
     first_row: int = 0,
     partition: bool = True,
+    input: Optional[int] = None,
+    where: Optional[Callable[[int], str]] = None,
+    warn: Optional[Callable[[str], None]] = None,
 ) -> None:
     """Raises ``DataError`` naming ``name`` if ``values`` (rows × values) fail ``checks``.
 
@@ -80,18 +92,44 @@ def check_values(
         partition: Whether ``values`` are rows of a Spark partition (the
             message says "row 5 of its partition") or of a whole array
             ("row 5"). Default ``True``.
+        input: For features, the model input they feed (its ``id_ranges`` check).
+        where: The message's description of row ``i`` of ``values``
+            (e.g. "row 12 of the training data; path '...'"); default from
+            ``first_row`` and ``partition``.
+        warn: Where a warning goes (negative ids); default :func:`warnings.warn`.
     """
     if checks is None or values.size == 0:
         return
+
+    def describe(i: int) -> str:
+        if where is not None:
+            return where(i)
+        return f"row {first_row + i} of its partition" if partition else f"row {first_row + i}"
+
     if checks.finite and values.dtype.kind == "f":
         bad = ~np.isfinite(values)
         if bad.any():
-            row = first_row + int(np.argwhere(bad)[0][0])
-            where = f"row {row} of its partition" if partition else f"row {row}"
             raise DataError(
-                f"{name} contains NaN or Inf ({int(bad.sum())} values; the first in {where}). "
-                "Clean or impute the data, or pass check_data=False to train anyway."
+                f"{name} contains NaN or Inf ({int(bad.sum())} values; the first in "
+                f"{describe(int(np.argwhere(bad)[0][0]))}). {checks.advice}"
             )
+    ids = checks.id_ranges[input] if input is not None and input < len(checks.id_ranges) else None
+    if ids is not None and values.dtype.kind in "iuf":
+        dim, layer = ids
+        for bad, what in ((values >= dim, "refused"), (values < 0, "warned")):
+            if not bad.any():
+                continue
+            i, j = np.argwhere(bad)[0][:2] if values.ndim > 1 else (np.argwhere(bad)[0][0], 0)
+            value = values[i, j] if values.ndim > 1 else values[i]
+            message = (f"{name} holds the id {value.item()!r} ({int(bad.sum())} such values; the first in "
+                       f"{describe(int(i))}); the Embedding layer {layer!r} it feeds takes ids in [0, {dim}) "
+                       f"(its input_dim).")
+            if what == "refused":
+                raise DataError(message + f" Map the ids into that range or build the layer with input_dim > "
+                                f"{int(values.max())}.")
+            message += (" Keras trains on negative ids without complaint (they count from the end of the table); "
+                        "map them into the range unless that is meant.")
+            (warn or _warn)(message)
     bounds = checks.label_ranges[output] if output is not None and output < len(checks.label_ranges) else None
     if bounds is not None:
         low, high, integer, what = bounds
@@ -101,6 +139,12 @@ def check_values(
         if bad.any():
             value = values[tuple(np.argwhere(bad)[0])]
             raise DataError(f"{name} holds the label {value.item()!r}; expected {what}.")
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _units(n: int) -> str:

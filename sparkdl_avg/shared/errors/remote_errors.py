@@ -38,6 +38,8 @@ _FRAME = re.compile(r"\s*(at [\w$.<>/]+\(.*\)|\.\.\. \d+ more)\s*$")
 
 # The start of a staging task's result-row message for a full filesystem (reported_full), not a DataError.
 _FULL = "sparkdl_avg.Full: "
+# The start of a staging task's result-row message for a ConfigurationError (reported_configuration).
+_CONFIGURATION = "sparkdl_avg.ConfigurationError: "
 
 # Searched in this order: a data error wins over the worker failure that may wrap it.
 _MARKERS = {
@@ -103,21 +105,37 @@ def reported_full(exc: OSError, uri: str, rest: Iterable) -> str:
     return _FULL + json.dumps([exc.errno or errno.ENOSPC, " ".join(str(exc).split()), uri])
 
 
+def reported_configuration(exc: Exception) -> str:
+    """Executor side: a staging task's ``ConfigurationError`` (a preprocessing function it cannot load) for its row.
+
+    The task's input is not consumed: reading the partition would be in
+    vain, and the fit stops anyway.
+    """
+    return _CONFIGURATION + str(exc)
+
+
 def raise_reported(messages: Iterable[Optional[str]], columns: Optional[Mapping[str, str]] = None) -> None:
     """Driver side: raises the first error staging tasks reported, if any.
 
-    A ``DataError`` (:func:`reported`), or the ``OSError`` of a full
+    A ``DataError`` (:func:`reported`), a ``ConfigurationError``
+    (:func:`reported_configuration`), or the ``OSError`` of a full
     filesystem (:func:`reported_full`: ``errno``, ``strerror`` and the
     file's URI as ``filename``).
     """
+    from ...errors import ConfigurationError
+
+    messages = list(messages)
+    for message in messages:  # a function no executor can load comes first: every row would fail with it
+        if message and message.startswith(_CONFIGURATION):
+            raise ConfigurationError(message[len(_CONFIGURATION):]) from None
     for message in messages:
         if message and message.startswith(_FULL):
             raise OSError(*json.loads(message[len(_FULL):]))
         if message:
-            raise DataError(_user_columns(message, columns)) from None
+            raise DataError(user_columns(message, columns)) from None
 
 
-def _user_columns(message: str, columns: Optional[Mapping[str, str]]) -> str:
+def user_columns(message: str, columns: Optional[Mapping[str, str]]) -> str:
     """``message`` with internal column aliases (``'x0'``) replaced by the user's column names."""
     for alias, name in (columns or {}).items():
         message = message.replace(f"'{alias}'", repr(name))
@@ -200,7 +218,7 @@ def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] =
         at = text.find(marker)
         if at >= 0:
             message = text[at + len(marker) :].splitlines()[0]
-            return kind(_user_columns(message, columns) if kind is DataError else message)
+            return kind(user_columns(message, columns) if kind is DataError else message)
     # Without a marker the task died outside our code (lost executor, Python worker crash).
     message = f"{what} failed on the cluster: {_cause(text) or type(exc).__name__}"
     if "Cannot run program" in text:
