@@ -377,9 +377,29 @@ def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[
     width = flat_new[0].shape[1]
     changed = np.zeros(rows, bool)
     for a, b in zip(flat_new, flat_old):
-        changed |= (a != b).any(axis=1)
+        changed |= _moved(a, b)
     idx = np.flatnonzero(changed)
     if idx.size * (4 + 4 * width * len(new)) >= 4 * rows * width * len(new):
         return None, np.stack([np.subtract(a, b, dtype=np.float32) for a, b in zip(flat_new, flat_old)], axis=1)
     values = np.stack([np.subtract(a[idx], b[idx], dtype=np.float32) for a, b in zip(flat_new, flat_old)], axis=1)
     return idx.astype(np.int32), values
+
+
+def _moved(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of two ``(rows, width)`` float32 arrays, whether any of its bits differ.
+
+    Bitwise, not by value: a row whose ``0.0`` became ``-0.0`` (or a NaN
+    another NaN) is sent too, with a delta of ``±0.0`` (or NaN), which adds to
+    the sums exactly what the dense sum adds. The comparison runs on whole
+    words of the rows and folds a row's flags by viewing them as one integer:
+    numpy's ``.any(axis=1)`` over a float comparison took 4× longer on a
+    ``2**20 × 8`` table (114 ms against 28 ms on this machine, loaded).
+    """
+    x, y = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    word = np.uint64 if x.shape[1] % 2 == 0 else np.uint32
+    ne = x.view(word) != y.view(word)  # (rows, words) bool
+    for size, fold in ((8, np.uint64), (4, np.uint32), (2, np.uint16)):
+        if ne.shape[1] % size == 0:
+            ne = ne.view(fold)
+            break
+    return ne.any(axis=1) if ne.shape[1] > 1 else ne[:, 0] != 0
