@@ -265,15 +265,17 @@ class SparseRowsLayout:
         for (sums, touched), (idx, values) in zip(acc[1], self._parse_tables(buf, 2 * _I64 + size, shard, shards)):
             scaled = values * weight
             if idx is None:
-                np.add(sums, scaled, out=sums)
+                for k, total in enumerate(sums):
+                    np.add(total, scaled[:, k], out=total)
                 touched[:] = True
             else:  # indices are unique within a worker's shard: a fancy += adds each row once
-                sums[idx] += scaled
+                for k, total in enumerate(sums):
+                    total[idx] += scaled[:, k]
                 touched[idx] = True
         return acc
 
     def empty(self, shard: int, shards: int):
-        """Zero sums of shard ``shard``: the inner part's, then per table ``(sums (rows, arrays, width), touched rows)``."""
+        """Zero sums of shard ``shard``: the inner part's, then per table ``([sums (rows, width)] per array, touched rows)``."""
         if self.inner is not None:
             inner = self.inner.empty(shard, shards)
         else:
@@ -282,7 +284,8 @@ class SparseRowsLayout:
         tables = []
         for rows, k, w in self.shapes:
             lo, hi = self._rows(rows, shard, shards)
-            tables.append((np.zeros((hi - lo, k, w), np.float32), np.zeros(hi - lo, bool)))
+            # one array per table array (not (rows, arrays, width)): the driver's sums are then views, no copy
+            tables.append(([np.zeros((hi - lo, w), np.float32) for _ in range(k)], np.zeros(hi - lo, bool)))
         return inner, tables
 
     def summed_bytes(self, acc, shard: int = 0, shards: int = 1) -> bytes:
@@ -296,7 +299,7 @@ class SparseRowsLayout:
         for sums, touched in acc[1]:
             idx = np.flatnonzero(touched).astype(np.int32)
             pieces += [np.int64(idx.size).tobytes(), idx.tobytes(), b"\0" * (_pad8(idx.nbytes) - idx.nbytes),
-                       sums[idx].tobytes()]
+                       np.stack([total[idx] for total in sums], axis=1).tobytes()]
         return b"".join(pieces)
 
     def parse_summed(self, data, shard: int, shards: int):
@@ -312,7 +315,8 @@ class SparseRowsLayout:
                          np.frombuffer(inner, np.float64, count=d - c, offset=4 * (b - a)))
         acc = self.empty(shard, shards)
         for (sums, touched), (idx, values) in zip(acc[1], self._parse_tables(buf, 2 * _I64 + size, shard, shards)):
-            sums[idx] = values
+            for k, total in enumerate(sums):
+                total[idx] = values[:, k]
             touched[idx] = True
         return inner_acc, acc[1]
 
@@ -330,10 +334,10 @@ class SparseRowsLayout:
         for i, a in zip(self.rest, rest):
             out[i] = a
         for t, group in enumerate(self.groups):
-            whole = np.concatenate([s[1][t][0] for s in shard_sums])  # (rows, arrays, width)
             shape = self.flat.entries[group[0]][1]
             for k, i in enumerate(group):
-                out[i] = np.ascontiguousarray(whole[:, k, :]).reshape(shape)
+                parts = [s[1][t][0][k] for s in shard_sums]
+                out[i] = (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
         n = self.flat.num_weights
         return out[:n], (out[n:] if self.flat.optimizer else None)
 
