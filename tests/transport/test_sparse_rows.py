@@ -157,3 +157,26 @@ def test_settings_pick_the_sparse_layout_when_the_model_has_tables():
     with pytest.raises(ValueError, match="one shape"):
         SparseRowsLayout(FlatLayout.of(*sent), ((0, 1),))
     assert dataclasses.is_dataclass(layout)
+
+
+def test_the_tables_are_large_embeddings_with_their_averaged_slots():
+    import keras
+
+    from sparkdl_avg.shared.model.modelspec import get_state
+    from sparkdl_avg.shared.wire.sparse_rows import table_groups
+
+    ids = keras.Input((1,), dtype="int64")
+    small = keras.layers.Flatten()(keras.layers.Embedding(12, 4)(ids))  # too small to travel by rows
+    table = keras.layers.Embedding(4096, 4)
+    large = keras.layers.Flatten()(table(ids))
+    frozen = keras.layers.Embedding(4096, 4, trainable=False)
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()([small, large,
+                                                                              keras.layers.Flatten()(frozen(ids))])))
+    model.compile(keras.optimizers.Adam(), "mse")
+    model.optimizer.build(model.trainable_variables)
+    weights, optimizer = get_state(model)
+    (group,) = table_groups(model, optimizer_sums=True)
+    assert weights[group[0]].shape == (4096, 4) and model.weights[group[0]] is table.embeddings
+    names = [str(model.optimizer.variables[i - len(weights)].path) for i in group[1:]]
+    assert len(names) == 2 and all(n.endswith(("_momentum", "_velocity")) for n in names), names
+    assert table_groups(model, optimizer_sums=False) == ((group[0],),)

@@ -54,11 +54,16 @@ from .exchange import FlatLayout
 _I64 = 8
 
 
+#: Rows a table needs to travel by rows: a smaller one (a text model's vocabulary of a few dozen words) gains
+#: nothing worth changing its model's sums from ``n · w`` to deltas, so its model keeps the plain round.
+MIN_TABLE_ROWS = 1024
+
+
 def table_groups(model, optimizer_sums: bool) -> Tuple[Tuple[int, ...], ...]:
     """Positions, among a state's arrays (weights, then optimizer variables), of each table and its row-shaped slots.
 
     A table is the matrix of a ``keras.layers.Embedding`` (or a subclass)
-    that is trainable and float32; its slots are the optimizer variables
+    that is trainable, float32 and at least :data:`MIN_TABLE_ROWS` rows; its slots are the optimizer variables
     Keras made from it (``add_variable_from_reference``: same shape, a path
     holding the table's path with ``/`` as ``_``), listed only when the
     optimizer's variables are averaged (``optimizer_sums``).
@@ -73,7 +78,8 @@ def table_groups(model, optimizer_sums: bool) -> Tuple[Tuple[int, ...], ...]:
             continue
         table = getattr(layer, "embeddings", None)
         at = next((i for i, w in enumerate(weights) if w is table), None)
-        if at is None or not table.trainable or str(table.dtype) != "float32" or len(table.shape) < 2:
+        if (at is None or not table.trainable or str(table.dtype) != "float32" or len(table.shape) < 2
+                or table.shape[0] < MIN_TABLE_ROWS):
             continue
         stem = str(table.path).replace("/", "_")
         slots = [len(weights) + i for i, v in enumerate(opt_vars)
