@@ -112,7 +112,7 @@ def test_a_worker_sends_its_changed_rows_and_falls_back_to_dense():
     assert packed.nbytes <= 1.2 * touched + rest
     dense = _result(layout, 0, sent, touched=950).deltas[0][1]  # 950 rows with indices: more bytes than dense
     assert dense.tables[0][0] is None and dense.tables[0][1].shape == (ROWS, 3, WIDTH)
-    assert dense.nbytes < layout.nbytes + 1 and dense.nbytes == 8 * 2 + rest + 8 + 4 * ROWS * 3 * WIDTH
+    assert dense.nbytes == layout.nbytes == len(layout.shard_bytes(dense, 0, 1)) == 8 * 2 + rest + 8 + 4 * ROWS * 3 * WIDTH
 
 
 def test_a_row_is_changed_when_any_of_its_arrays_moved():
@@ -133,6 +133,7 @@ def test_compressed_rounds_keep_the_rows_exact_and_the_rest_in_the_codec():
     acc = None
     for w, state in enumerate(states):
         packed, _ = layout.pack(*state, *sent, examples=3 + w, residual=None)
+        assert packed.nbytes == len(layout.shard_bytes(packed, 0, 1)) < layout.nbytes
         acc = layout.add(acc, layout.shard_bytes(packed, 0, 1), 0, 1)
     weights, optimizer = layout.sums([acc])
     want = _dense_delta_sums(sent, states, [3, 4, 5])

@@ -212,8 +212,10 @@ class SparseRowsLayout:
             d64 *= np.float64(examples)
             inner = (np.subtract(a32, b32, dtype=np.float32), d64)
         tables = tuple(changed_rows([new[i] for i in g], [old[i] for i in g]) for g in self.groups)
-        packed = RowsPacked(int(examples), inner, tables)
-        return RowsPacked(packed.examples, inner, tables, len(self.shard_bytes(packed, 0, 1))), kept
+        inner_bytes = self.inner.nbytes if self.inner is not None else self.rest_flat.nbytes
+        tables_bytes = sum(_I64 + (4 * r * k * w if idx is None else _pad8(4 * idx.size) + 4 * idx.size * k * w)
+                           for (r, k, w), (idx, _) in zip(self.shapes, tables))
+        return RowsPacked(int(examples), inner, tables, 2 * _I64 + inner_bytes + tables_bytes), kept
 
     def shard_bytes(self, packed: RowsPacked, shard: int, shards: int) -> bytes:
         """Shard ``shard`` of ``S`` of a worker's round as one value (the module's format)."""
