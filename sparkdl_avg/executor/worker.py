@@ -424,7 +424,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         packed, times = pack_result(deltas, task.feedback, worker, n, new_weights, new_opt if avg else None,
                                     weights, opt_vars if avg else None, finite)
         record.encode_s, record.feedback_s = times["encode_s"], times["feedback_s"]
-        record.sent_bytes = deltas.nbytes if packed is not None else 0
+        # a sparse-rows round (shared/wire/sparse_rows.py) knows what this worker's delta took; a codec's is fixed
+        record.sent_bytes = getattr(packed, "nbytes", deltas.nbytes) if packed is not None else 0
         record.end = time.time()
         if packed is None:
             return PartialResult(examples=0 if task.skip_nonfinite else n, metric_sums=sums, workers=[record])

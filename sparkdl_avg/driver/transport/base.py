@@ -33,6 +33,7 @@ from ...shared.wire import exchange
 from ...shared.wire.aggregation import PartialResult, merge
 from ...shared.model.modelspec import get_state
 from ...shared.wire.delta_sums import DeltaLayout, first_moments
+from ...shared.wire.sparse_rows import SparseRowsLayout, table_groups
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -102,6 +103,8 @@ class TransportSettings:
         feedback: Per compressed segment, whether workers keep its residual (error feedback).
         moments: Positions of the optimizer's first moments among its variables.
         standing: Whether Spark Connect's rounds may share one standing job (not with elastic probes).
+        tables: Per embedding table, its position and its averaged slots' among the state's arrays
+            (:func:`~sparkdl_avg.shared.wire.sparse_rows.table_groups`): workers send only their changed rows.
     """
 
     mode: str = "auto"
@@ -116,6 +119,7 @@ class TransportSettings:
     feedback: Tuple[bool, ...] = ()
     moments: Tuple[int, ...] = ()
     standing: bool = True
+    tables: Tuple[Tuple[int, ...], ...] = ()
 
     @classmethod
     def of(cls, config, model, num_workers: int, standing: bool = True) -> "TransportSettings":
@@ -124,12 +128,18 @@ class TransportSettings:
         settings = cls(config.state_transport, config.aggregation, config.aggregation_shards, config.aggregation_depth,
                        config.network_rate, num_workers, None, config.optimizer_state == "average",
                        config.update_compression, tuple(config.feedback), first_moments(model.optimizer.variables),
-                       standing)
+                       standing, table_groups(model, config.optimizer_state == "average"))
         return dataclasses.replace(settings, sums_bytes=settings.layout(weights, optimizer).nbytes)
 
     def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
-        """The layout of the workers' sums of a round on this state: a ``FlatLayout``, or a ``DeltaLayout`` when compressed."""
+        """The layout of the workers' sums of a round on this state.
+
+        A ``FlatLayout``, or a ``DeltaLayout`` when compressed; a ``SparseRowsLayout`` (sums of deltas, the tables'
+        changed rows only) when the model has embedding tables, whatever the compression.
+        """
         flat = exchange.FlatLayout.of(weights, optimizer if self.optimizer_sums else None)
+        if self.tables:
+            return SparseRowsLayout(flat, self.tables, self.compression, self.feedback, self.moments)
         return DeltaLayout(flat, self.compression, self.feedback, self.moments) if self.compression else flat
 
 

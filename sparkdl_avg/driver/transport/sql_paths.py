@@ -91,8 +91,10 @@ class FilesSum(Aggregation):
         acc, read = None, 0
         try:
             for _, (uri, offsets) in sorted(pieces.items()):  # worker order (one host: the page cache)
-                acc = layout.add(acc, layout.read_shard(uri, offsets, 0, 1), 0, 1)
-                read += layout.nbytes
+                data = layout.read_shard(uri, offsets, 0, 1)
+                acc = layout.add(acc, data, 0, 1)
+                # a delta's bytes as read (a sparse-rows delta is shorter than layout.nbytes); float32 sums' whole size
+                read += len(data) if isinstance(data, bytes) else layout.nbytes
         except (OSError, PathError) as exc:
             raise unreadable(what, directory, exc, "aggregation='files'", "aggregation='storage'") from exc
         return ([acc] if acc is not None else []), read
