@@ -37,6 +37,17 @@ EXIT_FAILED = 1  # a task failed on the cluster (WorkerError): not the flags' fa
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report a process that SIGINT ended
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """The jobs' parser: a bad flag is one line on stderr (``train.py: error: ...``) and exit status 2.
+
+    argparse's own parser prints the whole usage (29 lines for ``train.py``) before its error; the line
+    ends with where the usage is (``--help``), as the jobs' other errors are one line (:func:`run`).
+    """
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class UsageError(ValueError):
     """A flag or path the user gave cannot be used."""
 

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import DataError
-from ...executor.stage_writer import export_arrow_batches
+from ...executor.stage_writer import export_arrow_batches, no_weight_message
 from ...shared.data.columns import Column, Field, exact_cast, raw_value
 from ...shared.data.kinds import STRING_INPUT_ADVICE, RawKind, TensorKind, input_name, kind_for_spark
 from ...shared.data.preprocess import ORIGIN_COLUMNS, Preprocess
@@ -139,7 +139,7 @@ def _run_staging(selected, columns, directory, checks, what, renamed) -> Tuple[T
     body = partial(export_arrow_batches, directory=directory, columns=columns, checks=checks)
     rows = run_job(
         lambda: selected.mapInArrow(
-            body, "uri string, rows long, label_widths array<int>, bytes long, error string").collect(),
+            body, "uri string, rows long, label_widths array<int>, bytes long, error string, weighted long").collect(),
         f"Staging the {what} data",
         renamed,
     )
@@ -151,6 +151,11 @@ def _run_staging(selected, columns, directory, checks, what, renamed) -> Tuple[T
         raise DataError(f"In the {what} data: {exc}") from None
     widths = {tuple(r.label_widths) for r in rows if r.rows}
     files = tuple(StagedFile(r.uri, r.rows, r.bytes) for r in rows if r.rows)
+    weight = next((c for c in columns if c.role == "w"), None)
+    total = sum(r.rows for r in rows)
+    if weight is not None and total and not sum(r.weighted for r in rows):
+        message = no_weight_message(f"Column '{weight.source}' ('sample_weight_col')", total)
+        raise DataError(message if what == "training" else f"In the {what} data: {message}")
     return files, widths
 
 
@@ -221,7 +226,8 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
         raise DataError(f"The {what} data is empty (0 rows).")
     batch = {name: raw_value(sample.column(name)) for name in sample.column_names}
     out, read = preprocess.dry_run(batch, training=what == "training", what=f"{what} data")
-    source = f"The preprocessing function {preprocess.name!r}"
+    function = f"the preprocessing function {preprocess.name!r}"  # mid-sentence: "the labels 'y' of the ..."
+    source = function[0].upper() + function[1:]
     n = sample.num_rows
 
     def get(name, param):
@@ -242,9 +248,9 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
                             f"numbers, one row per example ({n}).")
         integer = np.issubdtype(value.dtype, np.integer) or value.dtype == bool
         field = Field(tuple(value.shape[1:]), "int32" if integer else label_float)
-        check_label_shape(field.shape, f"the labels {name!r} of {source}", checks, k)
+        check_label_shape(field.shape, f"the labels {name!r} of {function}", checks, k)
         check_values(exact_cast(value.reshape(n, -1), field.dtype, f"{source} ({name!r})", where="of the batch"),
-                     f"The labels {name!r} of {source}", checks, k, partition=False)
+                     f"The labels {name!r} of {function}", checks, k, partition=False)
         y_fields.append(field)
     if weight is not None:
         _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
