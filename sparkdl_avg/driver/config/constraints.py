@@ -263,6 +263,31 @@ def parse_class_weight(text: str) -> Dict[int, float]:
     return weights
 
 
+def class_weight_text(value: Any) -> str:
+    """The estimator's ``classWeight`` Param: a dict ``{class: weight}`` or ``CLASS=WEIGHT,...`` text as ``"0=1.0,1=5.0"``.
+
+    Text, so that a saved stage's JSON metadata keeps the int classes (JSON keys are strings); the
+    weights' range is checked when the estimator fits (:class:`ClassWeights`). Raises ``TypeError``
+    (the Param's converter: the estimator names the Param and what it takes).
+    """
+    if isinstance(value, str):
+        try:
+            value = parse_class_weight(value)
+        except Exception as exc:  # noqa: BLE001 - argparse.ArgumentTypeError
+            raise TypeError(str(exc)) from None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict or CLASS=WEIGHT,... text, got {value!r}")
+    try:
+        return ",".join(f"{int(k)}={float(v)!r}" for k, v in value.items())
+    except (TypeError, ValueError):
+        raise TypeError(f"expected int classes and number weights, got {value!r}") from None
+
+
+def class_weight_option(text: Any) -> Optional[Dict[int, float]]:
+    """``classWeight``'s text back as ``fit``'s ``class_weight`` (``None`` stays)."""
+    return None if text is None else parse_class_weight(text)
+
+
 def parse_rate(rate: Any) -> float:
     """Bytes per second of a link rate: a positive number (bytes/s) or a string such as ``"1gbit"``, ``"800mbit"``.
 

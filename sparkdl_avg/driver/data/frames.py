@@ -223,7 +223,7 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
     usable = [f.name for f in df.schema.fields if not isinstance(f.dataType, VectorUDT)]
     sample = df.select(*[quoted(c) for c in usable]).limit(DRY_RUN_ROWS).toArrow()
     if sample.num_rows == 0:
-        raise DataError(f"The {what} data is empty (0 rows).")
+        raise DataError(f"The {what} data is empty (0 rows); expected at least one example per worker and minibatch.")
     batch = {name: raw_value(sample.column(name)) for name in sample.column_names}
     out, read = preprocess.dry_run(batch, training=what == "training", what=f"{what} data")
     function = f"the preprocessing function {preprocess.name!r}"  # mid-sentence: "the labels 'y' of the ..."
