@@ -45,7 +45,21 @@ class ArgumentParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{self._did_you_mean(message)} (see {self.prog} --help "
+                              "for the flags it takes)\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """``; did you mean --batch-size?`` for an unknown flag close to one the job has, else nothing."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
 
 class UsageError(ValueError):

@@ -32,6 +32,11 @@ def ensure_visible_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _console(handler: logging.Handler) -> bool:
+    """Whether ``handler`` prints to the terminal (what ``tqdm.contrib.logging`` redirects)."""
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
+
+
 def format_logs(logs: Dict[str, float]) -> str:
     return " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
 
@@ -69,7 +74,9 @@ class Progress:
             self._bar = tqdm(
                 total=self.steps, desc=f"Epoch {epoch + 1}/{self.epochs}", unit="minibatch", leave=False
             )
-            self._redirect = logging_redirect_tqdm(loggers=[logger, logging.getLogger()])
+            # only the loggers that print to the console: tqdm adds its handler to each logger it is given
+            consoles = [lg for lg in (logger, logging.getLogger()) if any(_console(h) for h in lg.handlers)]
+            self._redirect = logging_redirect_tqdm(loggers=consoles)
             self._redirect.__enter__()
 
     def round_end(self, record: dict, logs: Dict[str, float], steps: Optional[float] = None) -> None:

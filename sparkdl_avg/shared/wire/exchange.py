@@ -80,15 +80,11 @@ def _layout(arrays: Sequence[np.ndarray]) -> Tuple[Tuple[np.dtype, Tuple[int, ..
     return tuple(out)
 
 
-class GoneError(FileNotFoundError):
-    """A worker's late write found its fit's directory gone (the fit ended, or its staging root was swept)."""
-
-
 def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -> None:
     """Creates ``path`` (a directory); without ``parents`` only ``path`` itself, whose parent must exist.
 
     Raises:
-        GoneError: without ``parents``, the parent is gone.
+        FileNotFoundError: without ``parents``, the parent is gone (the fit ended, or its staging root was swept).
     """
     if parents:
         if local:
@@ -99,7 +95,7 @@ def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -
     parent = os.path.dirname(path) if local else path.rsplit("/", 1)[0]
     exists = os.path.isdir(parent) if local else fs.get_file_info(parent).type != pafs.FileType.NotFound
     if not exists:
-        raise GoneError(f"{directory!r} is gone with its parent (its fit ended or its staging root was removed): "
+        raise FileNotFoundError(f"{directory!r} is gone with its parent (its fit ended or its staging root was removed): "
                         "a late task's result is not written there, so the root is not made again without its "
                         "owner marker.")
     if local:
@@ -113,7 +109,7 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
     """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description.
 
     ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so
-    a task that outlives its fit never makes the deleted staging root again (:class:`GoneError`); such a root
+    a task that outlives its fit never makes the deleted staging root again (``FileNotFoundError``); such a root
     had no owner marker and the sweep of dead drivers' roots never took it (issue 48).
     """
     # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
