@@ -9,6 +9,7 @@ phase once), all-zero sample weights (defect 12) and the preprocessing function'
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 
@@ -121,3 +122,17 @@ def test_a_preprocess_label_out_of_range_reads_as_a_sentence(spark):
     message = str(info.value)
     assert re.match(r"The labels 'label' of the preprocessing function '.*relabel' holds the label 7; expected a "
                     r"class index in 0\.\.2", message), message
+
+
+def test_a_preprocess_whose_weights_are_all_zero_in_the_dry_run_is_warned(spark, caplog):
+    """The dry run sees 8 rows: all-zero weights there are a warning (later rows may weigh more, as here)."""
+    def weigh(batch):
+        return {"features": np.stack(batch["features"]), "w": batch["w"]}
+
+    weights = np.ones(64)
+    weights[:8] = 0.0  # the rows the dry run reads
+    trainer = ParameterAveragingTrainer(_model(), num_workers=2, batch_size=8, seed=0, preprocess=weigh)
+    with trainer, caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer.fit(_frame(spark, w=weights), sample_weight_col="w", verbose=0)
+    assert re.search(r"The sample weights 'w' of the first 8 rows of the training data \(what the preprocessing "
+                     r"function '.*weigh' returned\) are all 0", caplog.text), caplog.text

@@ -15,6 +15,7 @@ per partition, never the data.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import List, Optional, Sequence, Tuple
 
@@ -29,6 +30,8 @@ from ...shared.data.preprocess import ORIGIN_COLUMNS, Preprocess
 from ...shared.data.staged_dataset import StagedDataset, StagedFile
 from ...shared.data.value_checks import DataChecks, check_label_shape, check_values
 from ...shared.errors.remote_errors import raise_reported, run_job
+
+logger = logging.getLogger("sparkdl_avg")
 
 DRY_RUN_ROWS = 8
 """Rows a preprocessing function is run on, on the driver, before anything is staged (:func:`dry_run`)."""
@@ -253,7 +256,11 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
                      f"The labels {name!r} of {function}", checks, k, partition=False)
         y_fields.append(field)
     if weight is not None:
-        _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
+        weights = _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
+        if not np.any(np.asarray(weights, dtype="float64") > 0):  # the rows seen; the whole data is not
+            logger.warning("The sample weights %r of the first %d rows of the %s data (what %s returned) are all 0: "
+                           "if every row weighs 0 the fit trains nothing; expected some weights above 0.",
+                           weight, n, what, function)
     wanted = [*x_names, *y_names, *([weight] if weight else [])]
     staged = list(read) + [c for c in wanted if c not in out and c in batch and c not in read]
     # Where a row came from (binaryFile's path), so that a row the function fails on in a round is named by it.
