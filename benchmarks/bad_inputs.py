@@ -120,7 +120,7 @@ def classify(case: Case, outcome: Any, exc: Optional[BaseException], caught: Lis
         return "clear", "warned", naming[0]
     if naming:
         return "unclear", "accepted with a warning", naming[0]
-    return "wrong", "accepted", caught[0] if caught else ""
+    return "wrong", "accepted", "(no error, and no warning naming it)"
 
 
 class _Warnings(logging.Handler):
