@@ -29,7 +29,7 @@ from sparkdl_avg.shared.files import fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="advise.py", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(prog="advise.py", description=__doc__.split("\n\n")[0])
     cli.add_data_args(p)
     cli.add_model_args(p)
     g = p.add_argument_group("the planned training")

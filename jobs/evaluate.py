@@ -27,7 +27,7 @@ from sparkdl_avg.shared.files import fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0])
     cli.add_data_args(p)
     cli.add_model_args(p, builder=False)
     p.add_argument("--num-workers", type=int, default=None, help="evaluation tasks (default: defaultParallelism)")

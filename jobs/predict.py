@@ -27,7 +27,7 @@ from sparkdl_avg.shared.files import fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="predict.py", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(prog="predict.py", description=__doc__.split("\n\n")[0])
     cli.add_data_args(p, label=False)
     cli.add_model_args(p, builder=False)
     p.add_argument("--output", required=True, metavar="PATH",

@@ -38,7 +38,7 @@ from sparkdl_avg.shared.files import fs  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = cli.ArgumentParser(
         prog="train.py", description=__doc__.split("\n\n")[0], epilog="See docs/guides/cluster.md, 'The generic jobs', and the options page (make docs)."
     )
     cli.add_data_args(p)

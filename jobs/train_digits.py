@@ -23,7 +23,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from sparkdl_avg.cli import ArgumentParser  # a bad flag: one line, not the usage
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", default="output/digits", help="where model.keras, stats.json and metrics.json go")
     p.add_argument("--epochs", type=int, default=20, help="passes over the training data (default 20)")
     p.add_argument("--num-workers", type=int, default=None, help="replicas per round (default: Spark's defaultParallelism)")

@@ -33,7 +33,9 @@ import numpy as np  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from sparkdl_avg.cli import ArgumentParser  # a bad flag: one line, not the usage
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", default="output/digits-images", help="where the model and reports go")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="a folder of <label>/<name>.png|jpg files (local or any URI Spark reads); default: "

@@ -97,9 +97,11 @@ def export_arrow_batches(
             data: unpickled first, so that a module the executors lack is
             reported before any row is read, not at round 0.
 
-    Yields one row ``(uri, rows, label_widths, bytes, error, warning)``: a label's
+    Yields one row ``(uri, rows, label_widths, bytes, error, warning, weighted)``: a label's
     width is its values per row (0 for one number), per label column in
-    order; empty partitions write no file and yield ``rows = 0``; a
+    order; ``weighted`` counts the rows whose sample weight is above 0 (the
+    driver refuses data where no row weighs anything); empty partitions write
+    no file and yield ``rows = 0``; a
     partition whose data is refused yields its ``DataError``'s message as
     ``error`` (:func:`sparkdl_avg.shared.errors.remote_errors.reported`),
     a function that cannot be loaded its ``ConfigurationError``'s
@@ -120,6 +122,7 @@ def export_arrow_batches(
         parts: Dict[str, List[pa.Array]] = {c.name: [] for c in columns}
         label_widths = None
         rows = 0  # rows of the partition in earlier batches
+        weighted = 0  # rows whose sample weight is above 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -127,6 +130,8 @@ def export_arrow_batches(
             for column in columns:
                 staged = stage_arrow(batch.column(column.name), column, first_row=rows)
                 check_staged(staged, column, checks, first_row=rows, warn=notes.append)
+                if column.role == "w":
+                    weighted += positive_weights(staged)
                 if column.role == "y" and column.handler.numeric:
                     source = batch.column(column.name)
                     widths.append(staged.type.list_size if pa.types.is_list(source.type)
@@ -144,19 +149,35 @@ def export_arrow_batches(
             nbytes = _write(uri, {name: pa.concat_arrays(arrays) for name, arrays in parts.items()})
         error = None
     except DataError as exc:
-        uri, rows, label_widths, nbytes, error = "", 0, None, 0, remote_errors.reported(exc, batches)
+        uri, rows, label_widths, nbytes, error, weighted = "", 0, None, 0, remote_errors.reported(exc, batches), 0
     except _Full as full:
-        uri, rows, label_widths, nbytes, error = "", 0, None, 0, remote_errors.reported_full(full.error, full.uri, batches)
-    yield _row(uri, rows, label_widths, nbytes, error, notes[0] if notes else None)
+        uri, rows, label_widths, nbytes, error, weighted = ("", 0, None, 0,
+                                                            remote_errors.reported_full(full.error, full.uri, batches), 0)
+    yield _row(uri, rows, label_widths, nbytes, error, notes[0] if notes else None, weighted)
 
 
-def _row(uri: str, rows: int, label_widths, nbytes: int, error: Optional[str], warning: Optional[str]):
+def _row(uri: str, rows: int, label_widths, nbytes: int, error: Optional[str], warning: Optional[str],
+         weighted: int = 0):
     """The one result row of :func:`export_arrow_batches`."""
     return pa.record_batch(
         [pa.array([uri]), pa.array([rows], pa.int64()), pa.array([label_widths or []], pa.list_(pa.int32())),
-         pa.array([nbytes], pa.int64()), pa.array([error], pa.string()), pa.array([warning], pa.string())],
-        names=["uri", "rows", "label_widths", "bytes", "error", "warning"],
+         pa.array([nbytes], pa.int64()), pa.array([error], pa.string()), pa.array([warning], pa.string()),
+         pa.array([weighted], pa.int64())],
+        names=["uri", "rows", "label_widths", "bytes", "error", "warning", "weighted"],
     )
+
+
+def positive_weights(array: pa.Array) -> int:
+    """How many of a staged sample-weight column's rows weigh more than 0 (nulls and NaN do not)."""
+    values = array.values.to_numpy(zero_copy_only=False) if pa.types.is_fixed_size_list(array.type) else \
+        array.to_numpy(zero_copy_only=False)
+    return int((np.asarray(values, dtype="float64") > 0).sum())
+
+
+def no_weight_message(name: str, rows: int) -> str:
+    """The refusal of data whose every sample weight is 0: it would train nothing."""
+    return (f"{name} gives every one of the {rows} examples the sample weight 0, so the fit would train nothing; "
+            "expected at least one weight above 0 (check the column, or leave out sample_weight_col).")
 
 
 def _flat_parts(value, count: int, what: str, where: str) -> List:

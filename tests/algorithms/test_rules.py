@@ -138,7 +138,13 @@ def test_identity_rules_are_plain_averaging_on_arrays():
     "make, message",
     [
         (lambda: BlockMomentum(block_momentum=1.0), r"'block_momentum' parameter of BlockMomentum.*\[0.0, 1.0\).*Got 1.0"),
-        (lambda: BlockMomentum(block_lr=0), r"'block_lr' parameter of BlockMomentum must be > 0. Got 0"),
+        (lambda: BlockMomentum(block_lr=0), r"'block_lr' parameter of BlockMomentum must be a float in the range "
+                                            r"\(0.0, inf\). Got 0"),
+        # issue 48: the range said "[0.0, inf)" while 0 was refused; the text comes from the check itself
+        (lambda: DiLoCo(outer_lr=-0.5), r"'outer_lr' parameter of DiLoCo must be a float in the range \(0.0, inf\)\. "
+                                        r"Got -0.5 instead"),
+        (lambda: DiLoCo(outer_lr=0), r"'outer_lr' parameter of DiLoCo must be a float in the range \(0.0, inf\)\. "
+                                     r"Got 0 instead"),
         (lambda: BlockMomentum(nesterov="yes"), r"'nesterov'.*bool. Got 'yes'"),
         (lambda: SlowMo(slow_momentum=-0.1), r"'slow_momentum' parameter of SlowMo.*Got -0.1"),
         (lambda: SlowMo(slow_lr=float("nan")), r"'slow_lr' parameter of SlowMo.*Got nan"),
@@ -150,7 +156,7 @@ def test_identity_rules_are_plain_averaging_on_arrays():
         (lambda: as_update_rule("bmuf:nesterov"), r"rule spec with the rule's parameters \(block_momentum, "
                                                   r"block_lr\); nesterov is none of them. Got 'bmuf:nesterov'"),
         (lambda: as_update_rule("slowmo:slow_lr=fast"), r"spec whose slow_lr is a float. Got 'slowmo:slow_lr=fast'"),
-        (lambda: as_update_rule("slowmo:slow_lr=0"), r"'slow_lr' parameter of SlowMo must be > 0"),
+        (lambda: as_update_rule("slowmo:slow_lr=0"), r"'slow_lr' parameter of SlowMo must be a float in the range \(0.0, inf\)"),
         (lambda: as_update_rule("average:x=1"), r"rule's parameters \(no parameters\); x is none of them"),
         (lambda: rule_from_name("slowmo:slow_lr=2", None, 3.0), r"'update_rule' parameter sets slow_lr in "
                                                                 r"'slowmo:slow_lr=2' and 'block_lr' sets it too"),

@@ -311,7 +311,8 @@ def test_check_fit_args_checks_each_option_and_the_pairs():
         ({"verbose": 3}, "The 'verbose' parameter must be one of 'auto', 0, 1, 2. Got 3 instead."),
         ({"shuffle": "yes"}, "The 'shuffle' parameter must be a bool. Got 'yes' instead."),
         ({"epochs": 2, "initial_epoch": 2}, "The 'initial_epoch' parameter must be less than 'epochs' (2)"),
-        ({"resume": True}, "The 'resume' parameter is True but no 'checkpoint_dir' was given."),
+        ({"resume": True}, "The 'resume' parameter is True but no 'checkpoint_dir' was given; resuming needs the "
+                           "'checkpoint_dir' the interrupted fit wrote its checkpoints to."),
     ]
     for values, message in cases:
         with pytest.raises(ConfigurationError) as info:

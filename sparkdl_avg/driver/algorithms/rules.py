@@ -64,24 +64,23 @@ from .registry import (  # noqa: F401  (RuleParam, parse_arguments, flat_option,
 State = Dict[str, List[np.ndarray]]
 
 
-def _check_float(rule: str, name: str, value: Any, low: float, high: float, high_open: bool) -> None:
+def _check_float(rule: str, name: str, value: Any, low: float, high: float, high_open: bool,
+                 low_open: bool = False) -> None:
+    """Refuses ``value`` outside ``[low, high]`` (``(`` / ``)`` where open); the message's range is the check's own."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(value)
-    ok = ok and low <= value and (value < high if high_open else value <= high)
+    ok = ok and (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
     if not ok:
-        bracket = ")" if high_open else "]"
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ConfigurationError(
-            f"The '{name}' parameter of {rule} must be a float in the range [{low}, {high}{bracket}. "
-            f"Got {value!r} instead."
+            f"The '{name}' parameter of {rule} must be a float in the range {interval}. Got {value!r} instead."
         )
 
 
 def _check_momentum_and_lr(rule: Any, momentum: str, lr: str) -> None:
-    """Checks a rule's momentum field (in ``[0, 1)``) and learning-rate field (``> 0``) and makes both floats."""
+    """Checks a rule's momentum field (in ``[0, 1)``) and learning-rate field (in ``(0, inf)``) and makes both floats."""
     owner = type(rule).__name__
     _check_float(owner, momentum, getattr(rule, momentum), 0.0, 1.0, high_open=True)
-    _check_float(owner, lr, getattr(rule, lr), 0.0, float("inf"), high_open=True)
-    if getattr(rule, lr) == 0:
-        raise ConfigurationError(f"The '{lr}' parameter of {owner} must be > 0. Got {getattr(rule, lr)!r} instead.")
+    _check_float(owner, lr, getattr(rule, lr), 0.0, float("inf"), high_open=True, low_open=True)
     object.__setattr__(rule, momentum, float(getattr(rule, momentum)))  # numpy scalars → float
     object.__setattr__(rule, lr, float(getattr(rule, lr)))
 
@@ -318,11 +317,7 @@ class BlockMomentum(UpdateRule):
         if self.block_momentum is not None:
             _check_float("BlockMomentum", "block_momentum", self.block_momentum, 0.0, 1.0, high_open=True)
             object.__setattr__(self, "block_momentum", float(self.block_momentum))  # numpy scalars → float
-        _check_float("BlockMomentum", "block_lr", self.block_lr, 0.0, float("inf"), high_open=True)
-        if self.block_lr == 0:
-            raise ConfigurationError(
-                f"The 'block_lr' parameter of BlockMomentum must be > 0. Got {self.block_lr!r} instead."
-            )
+        _check_float("BlockMomentum", "block_lr", self.block_lr, 0.0, float("inf"), high_open=True, low_open=True)
         if not isinstance(self.nesterov, bool):
             raise ConfigurationError(
                 f"The 'nesterov' parameter of BlockMomentum must be a bool. Got {self.nesterov!r} instead."

@@ -37,6 +37,31 @@ EXIT_FAILED = 1  # a task failed on the cluster (WorkerError): not the flags' fa
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report a process that SIGINT ended
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """The jobs' parser: a bad flag is one line on stderr (``train.py: error: ...``) and exit status 2.
+
+    argparse's own parser prints the whole usage (29 lines for ``train.py``) before its error; the line
+    ends with where the usage is (``--help``), as the jobs' other errors are one line (:func:`run`).
+    """
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{self._did_you_mean(message)} (see {self.prog} --help "
+                              "for the flags it takes)\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """``; did you mean --batch-size?`` for an unknown flag close to one the job has, else nothing."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
+
+
 class UsageError(ValueError):
     """A flag or path the user gave cannot be used."""
 

@@ -303,7 +303,8 @@ def _from_table(cls):
     for o in _OPTION_PARAMS:
         name = o.param.name
         if not o.param.shared:
-            converter = getattr(TypeConverters, o.param.converter)
+            converter = (o.param.converter if callable(o.param.converter)
+                         else getattr(TypeConverters, o.param.converter))
             setattr(cls, name, Param(Params._dummy(), name, o.param_doc(), typeConverter=converter))
             setattr(cls, "get" + _capitalized(name), getter(name))
         setattr(cls, "set" + _capitalized(name), setter(name))
@@ -409,7 +410,8 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
 
     def _option(self, o) -> Any:
         param = self.getParam(o.param.name)
-        return self.getOrDefault(param) if self.isDefined(param) else None
+        value = self.getOrDefault(param) if self.isDefined(param) else None
+        return o.param.to_option(value) if o.param.to_option is not None else value
 
     def _trainer_options(self) -> dict:
         """The trainer's constructor options from the params."""

@@ -255,11 +255,10 @@ class ParameterAveragingTrainer:
             WorkerError: a round's Spark job failed, or a replica's loss or
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
+        callbacks = _callbacks(callbacks)
         plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
                           checkpoint_every, resume, initial_epoch, sample_weight_col,
                           class_weight)  # every check before any Spark job; data staged
-        if callbacks is not None and not isinstance(callbacks, (list, tuple)):
-            callbacks = [callbacks]  # keras.Model.fit takes one callback alone too
         ctx = self._start(plan, loop.callback_list(self.model, plan, callbacks))
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
         info = FitInfo(
@@ -523,3 +522,26 @@ def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:
             declared.append(metric.get("config", {}).get("name"))
     order = [n for n in ["loss", *declared] if n in logs]
     return order + sorted(k for k in logs if k not in order)
+
+
+def _callbacks(callbacks) -> Optional[list]:
+    """``fit``'s ``callbacks`` as a list (one alone too, as ``keras.Model.fit`` takes), each a Keras callback instance.
+
+    Raises:
+        ConfigurationError: before any Spark job, an entry that is not a ``keras.callbacks.Callback``
+            instance (a string, or the class itself: ``EarlyStopping`` for ``EarlyStopping()``).
+    """
+    import keras
+
+    if callbacks is None:
+        return None
+    if not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, keras.callbacks.Callback):
+            hint = (f" (the class: call it, {cb.__name__}(...))" if isinstance(cb, type)
+                    and issubclass(cb, keras.callbacks.Callback) else "")
+            raise ConfigurationError(
+                f"The 'callbacks' parameter must be a list of keras.callbacks.Callback instances; entry {i} is "
+                f"{cb!r}{hint}. Got {callbacks!r} instead.")
+    return list(callbacks)

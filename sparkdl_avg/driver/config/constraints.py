@@ -68,14 +68,14 @@ class Ints(Constraint):
 
 @dataclass(frozen=True)
 class Seconds(Constraint):
-    """A number of seconds above 0 (an int or a float, not ``bool``, finite)."""
+    """A finite number of seconds above 0 (an int or a float, not ``bool``): ``inf`` would wait forever."""
 
     def accepts(self, value: Any) -> bool:
         return (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
                 and value > 0)
 
     def __str__(self) -> str:
-        return "a number of seconds above 0"
+        return "a finite number of seconds above 0 (not inf: for a long wait give a large number, e.g. 86400)"
 
 
 @dataclass(frozen=True)
@@ -172,19 +172,51 @@ class Function(Constraint):
         return "a function of a batch (a dict of numpy arrays) or None"
 
 
+#: The largest weight ``class_weight`` takes. Adam, RMSprop and Adagrad square the gradient, which a class's
+#: weight scales: float32 overflows above 3.4e38, so a weight of 1e30 turns the first step's second moment into
+#: inf (issue 48: the fit stopped at round 0 with the NaN error). At 1e6 the squared weight (1e12) leaves 26
+#: orders of magnitude for the unweighted gradient's square, and a loss sum of 1e6 × 16.1 (cross-entropy's
+#: most, at Keras' 1e-7 clipping) × 2^31 examples stays near 3.5e16. Larger ratios between classes are no use
+#: anyway: float32 keeps about 7 significant digits, so a class weighing 1e7 times another drowns it.
+MAX_CLASS_WEIGHT = 1e6
+
+
 @dataclass(frozen=True)
 class ClassWeights(Constraint):
-    """A dict of class index (int ≥ 0) → weight (a number ≥ 0), or ``None``, as Keras' ``class_weight``."""
+    """A dict of class index (int ≥ 0) → weight (a finite number in ``[0, MAX_CLASS_WEIGHT]``), or ``None``, as Keras' ``class_weight``."""
 
     def accepts(self, value: Any) -> bool:
         if value is None:
             return True
         return isinstance(value, dict) and bool(value) and all(
-            Ints(0).accepts(k) and isinstance(v, numbers.Real) and not isinstance(v, bool) and v >= 0
-            for k, v in value.items())
+            Ints(0).accepts(k) and _class_weight_ok(v) for k, v in value.items())
+
+    def __call__(self, name: str, value: Any) -> None:
+        """Refuses a bad dict naming the class and the weight (or key) at fault; anything else as :func:`must_be`."""
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                if not Ints(0).accepts(k):
+                    raise ConfigurationError(
+                        f"The '{name}' parameter has the key {k!r}; expected class indices (ints >= 0) as keys, "
+                        f"such as {{0: 1.0, 1: 5.0}}. Got {value!r} instead.")
+                if not _class_weight_ok(v):
+                    raise ConfigurationError(
+                        f"The '{name}' parameter gives class {k} the weight {v!r}; expected a finite number in "
+                        f"[0, {MAX_CLASS_WEIGHT:g}] (larger weights overflow float32 in the optimizer's squared "
+                        f"gradients; scale the weights down together). Got {value!r} instead.")
+            if not any(value.values()):
+                raise ConfigurationError(
+                    f"The '{name}' parameter gives every class the weight 0, so the fit would train nothing; expected "
+                    f"at least one weight above 0. Got {value!r} instead.")
+        super().__call__(name, value)
 
     def __str__(self) -> str:
-        return "a dict of class index (an int >= 0) to weight (a number >= 0), or None"
+        return f"a non-empty dict of class index (an int >= 0) to weight (a number in [0, {MAX_CLASS_WEIGHT:g}]), or None"
+
+
+def _class_weight_ok(v: Any) -> bool:
+    return (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 <= v <= MAX_CLASS_WEIGHT)
 
 
 def import_function(text: str) -> Any:
@@ -210,17 +242,50 @@ def import_function(text: str) -> Any:
 
 
 def parse_class_weight(text: str) -> Dict[int, float]:
-    """``--class-weight``'s ``CLASS=WEIGHT,...`` (``0=1,1=5``) as a dict."""
+    """``--class-weight``'s ``CLASS=WEIGHT,...`` (``0=1,1=5``) as a dict.
+
+    Raises ``argparse.ArgumentTypeError``, whose message argparse prints as the flag's error; the
+    weights' range is checked by :class:`ClassWeights`.
+    """
+    import argparse
+
     weights = {}
     for part in str(text).split(","):
         key, sep, value = part.partition("=")
         try:
+            if not sep:
+                raise ValueError
             weights[int(key)] = float(value)
         except ValueError:
-            raise ValueError(f"expected CLASS=WEIGHT,... such as 0=1,1=5, got {text!r}") from None
-        if not sep:
-            raise ValueError(f"expected CLASS=WEIGHT,... such as 0=1,1=5, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected CLASS=WEIGHT,... such as 0=1,1=5 (a class index, '=', its weight; commas between), "
+                f"got {text!r}") from None
     return weights
+
+
+def class_weight_text(value: Any) -> str:
+    """The estimator's ``classWeight`` Param: a dict ``{class: weight}`` or ``CLASS=WEIGHT,...`` text as ``"0=1.0,1=5.0"``.
+
+    Text, so that a saved stage's JSON metadata keeps the int classes (JSON keys are strings); the
+    weights' range is checked when the estimator fits (:class:`ClassWeights`). Raises ``TypeError``
+    (the Param's converter: the estimator names the Param and what it takes).
+    """
+    if isinstance(value, str):
+        try:
+            value = parse_class_weight(value)
+        except Exception as exc:  # noqa: BLE001 - argparse.ArgumentTypeError
+            raise TypeError(str(exc)) from None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict or CLASS=WEIGHT,... text, got {value!r}")
+    try:
+        return ",".join(f"{int(k)}={float(v)!r}" for k, v in value.items())
+    except (TypeError, ValueError):
+        raise TypeError(f"expected int classes and number weights, got {value!r}") from None
+
+
+def class_weight_option(text: Any) -> Optional[Dict[int, float]]:
+    """``classWeight``'s text back as ``fit``'s ``class_weight`` (``None`` stays)."""
+    return None if text is None else parse_class_weight(text)
 
 
 def parse_rate(rate: Any) -> float:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import operator
 from typing import Tuple
 
-from .constraints import Bool, BoolOrPath, ClassWeights, Ints, OneOf, RoundsOrEpoch, Text, parse_class_weight, rounds_or_epoch
+from .constraints import (Bool, BoolOrPath, ClassWeights, Ints, OneOf, RoundsOrEpoch, Text, class_weight_option,
+                          class_weight_text, parse_class_weight, rounds_or_epoch)
 from .rows import FIT, TRACKING, Flag, Option, SparkParam
 
 #: ``fit``'s options that the CLI and the estimator expose (scope :data:`~.rows.FIT`).
@@ -94,6 +95,8 @@ FIT_OPTIONS: Tuple[Option, ...] = (
         unset="every class weighs 1",
         check=ClassWeights(),
         cli=Flag(metavar="CLASS=WEIGHT,...", type=parse_class_weight),
+        # text in the stage (JSON metadata keeps no int keys): a dict or "0=1,1=5" given, "0=1.0,1=5.0" kept
+        param=SparkParam("classWeight", class_weight_text, to_option=class_weight_option),
     ),
 )
 

@@ -62,7 +62,10 @@ class SparkParam:
 
     Attributes:
         name: camelCase, like Spark's own Params.
-        converter: The name of a ``pyspark.ml.param.TypeConverters`` function.
+        converter: The name of a ``pyspark.ml.param.TypeConverters`` function, or a
+            function of the same kind (raises ``TypeError`` for a value the Param refuses).
+        to_option: Turns the Param's value into the option's (``classWeight``'s text → a dict);
+            ``None``: the value is the option's.
         default: The Param's default; :data:`SAME`: the option's; ``None``: unset.
         shared: Declared by a ``pyspark.ml.param.shared`` mixin the stage
             inherits (``HasSeed``'s default is a hash of the class name).
@@ -70,10 +73,11 @@ class SparkParam:
     """
 
     name: str
-    converter: str
+    converter: Any
     default: Any = SAME
     shared: bool = False
     unset: Optional[str] = None
+    to_option: Optional[Callable[[Any], Any]] = None
 
 
 @dataclass(frozen=True)

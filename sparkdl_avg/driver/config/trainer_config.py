@@ -113,7 +113,8 @@ def check_fit_args(synchronization: str = "sync", **values: Any) -> Dict[str, An
         )
     checkpoint_dir = values.get("checkpoint_dir")
     if values.get("resume") is True and checkpoint_dir is None:
-        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given.")
+        raise ConfigurationError("The 'resume' parameter is True but no 'checkpoint_dir' was given; resuming needs "
+                                 "the 'checkpoint_dir' the interrupted fit wrote its checkpoints to.")
     checkpoint_every = values.get("checkpoint_every", "epoch")
     if checkpoint_dir is None and checkpoint_every != "epoch":
         raise ConfigurationError(

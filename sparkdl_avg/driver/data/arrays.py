@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ...errors import ConfigurationError, DataError
-from ...executor.stage_writer import check_staged, export_pairs
+from ...executor.stage_writer import check_staged, export_pairs, no_weight_message, positive_weights
 from ...shared.data.columns import Column, Field, stage_numpy
 from ...shared.data.kinds import TensorKind, input_name, kind_for_field
 from ...shared.data.staged_dataset import StagedDataset, StagedFile, write_columns
@@ -89,7 +89,9 @@ def stage_arrays(data, directory: str, x_fields: Sequence[Field], num_outputs: i
             )
     for name, a in named[len(xs):]:
         if not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-            raise DataError(f"The {what} array {name} must be numeric. Got dtype {a.dtype} instead.")
+            raise DataError(f"The {what} array {name} must be numeric (labels: class indices or values). Got dtype "
+                            f"{a.dtype} instead; encode text labels as numbers first (np.unique(y, "
+                            "return_inverse=True), or StringIndexer on a DataFrame).")
     columns, arrays = [], {}
     for k, (x, field) in enumerate(zip(xs, x_fields)):
         name = f"The {what} array x" + (f"[{k}]" if len(xs) > 1 else "")
@@ -108,10 +110,16 @@ def stage_arrays(data, directory: str, x_fields: Sequence[Field], num_outputs: i
         arrays[column.name] = stage_numpy(y, column)
     if w_given is not None:
         column = Column("w", f"The {what} sample weights", TensorKind.name, Field((), "float32"), "w")
+        weights = np.asarray(w_given)
+        if weights.ndim != 1:
+            raise DataError(f"{column.source} have shape {weights.shape}; expected one weight per example, shape "
+                            f"({n},), as keras.Model.fit's sample_weight.")
         columns.append(column)
-        arrays["w"] = stage_numpy(np.asarray(w_given), column)
+        arrays["w"] = stage_numpy(weights, column)
     for column in columns:
         check_staged(arrays[column.name], column, checks, partition=False, name=column.source)
+    if w_given is not None and n and not positive_weights(arrays["w"]):
+        raise DataError(no_weight_message(f"The {what} sample weights", n))
     uri = join(directory, "part-00000.arrow")
     nbytes = write_columns(uri, arrays)
     xcols, ycols = columns[: len(xs)], columns[len(xs): len(xs) + len(ys)]

@@ -15,6 +15,7 @@ per partition, never the data.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from functools import partial
 from typing import List, Optional, Sequence, Tuple
@@ -23,13 +24,15 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import DataError
-from ...executor.stage_writer import export_arrow_batches
+from ...executor.stage_writer import export_arrow_batches, no_weight_message
 from ...shared.data.columns import Column, Field, exact_cast, raw_value
 from ...shared.data.kinds import STRING_INPUT_ADVICE, RawKind, TensorKind, input_name, kind_for_spark
 from ...shared.data.preprocess import ORIGIN_COLUMNS, Preprocess
 from ...shared.data.staged_dataset import StagedDataset, StagedFile
 from ...shared.data.value_checks import DataChecks, check_label_shape, check_values
 from ...shared.errors.remote_errors import user_columns, raise_reported, run_job
+
+logger = logging.getLogger("sparkdl_avg")
 
 DRY_RUN_ROWS = 8
 """Rows a preprocessing function is run on, on the driver, before anything is staged (:func:`dry_run`)."""
@@ -145,8 +148,8 @@ def _run_staging(selected, columns, directory, checks, what, renamed,
     body = partial(export_arrow_batches, directory=directory, columns=columns, checks=checks, preprocess=preprocess)
     rows = run_job(
         lambda: selected.mapInArrow(
-            body, "uri string, rows long, label_widths array<int>, bytes long, error string, warning string"
-        ).collect(),
+            body, "uri string, rows long, label_widths array<int>, bytes long, error string, warning string, "
+                  "weighted long").collect(),
         f"Staging the {what} data",
         renamed,
     )
@@ -162,6 +165,11 @@ def _run_staging(selected, columns, directory, checks, what, renamed,
         raise DataError(f"In the {what} data: {exc}") from None
     widths = {tuple(r.label_widths) for r in rows if r.rows}
     files = tuple(StagedFile(r.uri, r.rows, r.bytes) for r in rows if r.rows)
+    weight = next((c for c in columns if c.role == "w"), None)
+    total = sum(r.rows for r in rows)
+    if weight is not None and total and not sum(r.weighted for r in rows):
+        message = no_weight_message(f"Column '{weight.source}' ('sample_weight_col')", total)
+        raise DataError(message if what == "training" else f"In the {what} data: {message}")
     return files, widths
 
 
@@ -231,39 +239,11 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
     usable = [f.name for f in df.schema.fields if not isinstance(f.dataType, VectorUDT)]
     sample = df.select(*[quoted(c) for c in usable]).limit(DRY_RUN_ROWS).toArrow()
     if sample.num_rows == 0:
-        raise DataError(f"The {what} data is empty (0 rows).")
+        raise DataError(f"The {what} data is empty (0 rows); expected at least one example per worker and minibatch.")
     batch = {name: raw_value(sample.column(name)) for name in sample.column_names}
-    modes = [what == "training"] + ([False] if what == "training" and preprocess.takes_training else [])
-    read: set = set()
-    y_fields: Tuple[Field, ...] = ()
-    returned: set = set()
-    for training in modes:
-        fields, out, columns = _check_output(batch, sample.num_rows, preprocess, training, modes, x_names, x_fields, y_names,
-                                             label_float, weight, checks, what)
-        y_fields = y_fields or fields
-        read.update(columns)
-        returned.update(out)
-    read_cols = tuple(c for c in batch if c in read)
-    wanted = [*x_names, *y_names, *([weight] if weight else [])]
-    staged = list(read_cols) + [c for c in wanted if c not in returned and c in batch and c not in read]
-    # Where a row came from (binaryFile's path), so that a row the function fails on in a round is named by it.
-    staged += [c for c in ORIGIN_COLUMNS if c in batch and c not in staged and sample.schema.field(c).type in
-               (pa.string(), pa.large_string())]
-    return preprocess.with_columns(read_cols), staged, y_fields
-
-
-def _check_output(batch, n: int, preprocess: Preprocess, training: bool, modes, x_names, x_fields, y_names, label_float,
-                  weight, checks, what):
-    """One dry-run call of ``preprocess`` (:func:`dry_run`): its labels' fields, output and the columns it read."""
-    from ...shared.data.preprocess import describe_row
-    from ...shared.data.staged_dataset import _as_field, as_rows, output_name
-
-    data = f"{what} data"
-    # The training=False run is named as such: the function passed with training=True
-    mode = " (called with training=False, as validation, evaluate and predict call it)" if len(modes) > 1 and \
-        not training else ""
     out, read = preprocess.dry_run(batch, training=training, what=data + mode)
-    source = f"The preprocessing function {preprocess.name!r}{mode}"
+    function = f"the preprocessing function {preprocess.name!r}{mode}"  # mid-sentence: "the labels 'y' of the ..."
+    source = function[0].upper() + function[1:]
 
     def get(name, param):
         if name in out:
@@ -288,13 +268,18 @@ def _check_output(batch, n: int, preprocess: Preprocess, training: bool, modes, 
                             f"numbers, one row per example ({n}).")
         integer = np.issubdtype(value.dtype, np.integer) or value.dtype == bool
         field = Field(tuple(value.shape[1:]), "int32" if integer else label_float)
-        check_label_shape(field.shape, f"the labels {name!r} of {source}", checks, k)
+        check_label_shape(field.shape, f"the labels {name!r} of {function}", checks, k)
         check_values(exact_cast(value.reshape(n, -1), field.dtype, f"{source} ({name!r})", where="of the batch"),
-                     f"The labels {name!r} of {source}", checks, k, partition=False,
+                     f"The labels {name!r} of {function}", checks, k, partition=False,
                      where=lambda i: describe_row(batch, i, data))
         y_fields.append(field)
     if weight is not None:
-        check(_as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source), weight)
+        weights = _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
+        check(weights, weight)
+        if not np.any(np.asarray(weights, dtype="float64") > 0):  # the rows seen; the whole data is not
+            logger.warning("The sample weights %r of the first %d rows of the %s data (what %s returned) are all 0: "
+                           "if every row weighs 0 the fit trains nothing; expected some weights above 0.",
+                           weight, n, what, function)
     return tuple(y_fields), out, read
 
 

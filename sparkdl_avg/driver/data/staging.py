@@ -105,7 +105,7 @@ def stage(
             x_fields, num_outputs, _label_float(x_dtype, label_dtype), what, checks, features_col, label_col,
             sample_weight_col, preprocess))
         if staged.num_examples == 0:
-            raise DataError(f"The {what} data is empty (0 rows).")
+            raise DataError(f"The {what} data is empty (0 rows); expected at least one example per worker and minibatch.")
     except BaseException as exc:
         remove_tree(directory)  # a refused or failed staging leaves no partial files
         if is_full(exc):

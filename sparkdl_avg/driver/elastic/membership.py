@@ -242,6 +242,8 @@ class Membership:
         timeout_s: How long to wait for ``min_workers`` slots before failing.
         history: Changes so far (a resumed fit's, from its checkpoint).
         resumed: The fit continues a checkpoint: its first round records a change (``"resumed"``) whatever its workers.
+        checkpointed: The fit writes checkpoints (``checkpoint_dir``): the timeout's advice is to resume from
+            them; without, to run the fit again.
     """
 
     slots: SlotSource
@@ -250,6 +252,7 @@ class Membership:
     timeout_s: float
     history: List[Change] = field(default_factory=list)
     resumed: bool = False
+    checkpointed: bool = False
     _suspect: bool = False
 
     @property
@@ -302,9 +305,12 @@ class Membership:
                 raise WorkerError(
                     f"Elastic rounds need at least min_workers={self.min_workers} task slots, and only {live.count} "
                     f"were live ({', '.join(live.hosts) or 'no executor'}) for {waited:.0f} s (elastic_timeout_s="
-                    f"{self.timeout_s:g}). The model keeps the weights of the last round (and the last checkpoint "
-                    "is unchanged): add executors, or lower min_workers, and resume."
-                )
+                    f"{self.timeout_s:g}). " + (
+                        "The model keeps the weights of the last round (and the last checkpoint is unchanged): add "
+                        "executors, or lower min_workers, and resume." if self.checkpointed else
+                        "The model keeps the weights of the last round; this fit wrote no checkpoints (no "
+                        "checkpoint_dir), so it cannot be resumed: add executors, or lower min_workers, and fit "
+                        "again (with checkpoint_dir set, a later failure can be resumed)."))
             if not warned:
                 logger.warning("Elastic rounds: %d task slots live, min_workers=%d; waiting up to %.0f s for more.",
                                live.count, self.min_workers, self.timeout_s)

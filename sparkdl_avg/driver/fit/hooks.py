@@ -112,6 +112,9 @@ class ProgressReport(FitHook):
     def train_end(self, logs: Dict[str, float]) -> None:
         self.progress.train_end(self.stats.summary())
 
+    def fit_end(self, info, error: Optional[BaseException]) -> None:
+        self.progress.close()  # a failed epoch's bar, and its logging redirection
+
 
 class CheckpointSaves(FitHook):
     """Checkpoints after the rounds or epochs asked for (:class:`~sparkdl_avg.driver.checkpoint.policy.Checkpointing`)."""

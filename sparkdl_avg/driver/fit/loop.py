@@ -137,7 +137,8 @@ def _membership(config, plan: FitPlan) -> Optional[Membership]:
     most = min(plan.num_workers, plan.train.num_examples // config.batch_size)  # a round needs a minibatch each
     history = [Change.from_json(c) for c in plan.restored.meta.membership] if plan.restored is not None else []
     return Membership(slot_source(plan.engine, most), config.min_workers or 1, most, config.elastic_timeout_s,
-                      history=history, resumed=plan.restored is not None)
+                      history=history, resumed=plan.restored is not None,
+                      checkpointed=plan.checkpoint_dir is not None)
 
 
 class FitLoop:

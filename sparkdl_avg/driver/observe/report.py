@@ -27,6 +27,7 @@ _DRIVER_PHASES = (
     ("aggregate_s", "aggregation", "#d62728"),
     ("update_s", "driver update", "#8c564b"),
 )
+_DRIVER_NAMES = frozenset(name for _, name, _ in _DRIVER_PHASES)  # listed in the legend by the timeline
 _WORKER_PHASES = (
     ("setup_s", "replica setup", "#7f7f7f"),
     ("load_s", "data loading", "#ff7f0e"),
@@ -78,7 +79,8 @@ def _timeline(fig, records: Sequence[dict], row: int) -> None:
                 hovertext=b["text"],
                 hoverinfo="text",
                 marker_color=colors[name],
-                legendgroup="timeline",
+                # a driver phase's own group: the breakdown's bar of the same phase joins it, unlisted
+                legendgroup=f"phase:{name}" if name in _DRIVER_NAMES else "timeline",
             ),
             row=row,
             col=1,
@@ -236,7 +238,9 @@ def _breakdown(fig, records: Sequence[dict], row: int) -> None:
                 y=totals,
                 base=list(below),
                 marker_color=color,
-                legendgroup="breakdown",
+                # a phase the timeline lists already is listed once (issue 48: the legend named two phases twice)
+                legendgroup=f"phase:{name}" if name in _DRIVER_NAMES else "breakdown",
+                showlegend=name not in _DRIVER_NAMES,
             ),
             row=row,
             col=1,

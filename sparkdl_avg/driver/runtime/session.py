@@ -97,6 +97,10 @@ workers are still in the pool (PySpark drops them after a minute idle)."""
 
 _warm_ups: Dict[str, Tuple[float, concurrent.futures.Future]] = {}
 _warm_lock = threading.Lock()
+_warming: Dict[int, "Engine"] = {}  # id(future) → the engine of a warm-up still running (cancelled at exit)
+WARM_UP_GROUP = "sparkdl_avg-warm-up"  #: the job group (Connect: the tag) of the warm-up's jobs
+#: How long the exit waits for a cancelled warm-up's jobs to end before the interpreter goes on (seconds).
+WARM_UP_EXIT_WAIT_S = 5.0
 
 
 def is_connect(spark) -> bool:
@@ -291,6 +295,8 @@ class Engine:
                 return started[1]
             future: concurrent.futures.Future = concurrent.futures.Future()
             _warm_ups[self.key] = (time.monotonic(), future)
+            _warming[id(future)] = self
+        _cancel_at_exit()
         threading.Thread(target=self._warm_up, args=(future,), name="sparkdl_avg-warm-up", daemon=True).start()
         return future
 
@@ -300,7 +306,7 @@ class Engine:
         try:
             n = self.default_parallelism
             pids = set()
-            with self.labels("sparkdl_avg warm-up: executors import TensorFlow", group="sparkdl_avg-warm-up"):
+            with self.labels("sparkdl_avg warm-up: executors import TensorFlow", group=WARM_UP_GROUP):
                 if self.sc is not None:
                     # An RDD job first: it starts the workers sooner than a SQL job, whose first run in an
                     # application also compiles Spark's Arrow path (about 2 s on 2 cores), needed by predict
@@ -311,12 +317,55 @@ class Engine:
         except BaseException as exc:  # noqa: BLE001 - the fit's own jobs report what is wrong
             logger.debug("warming up the executors failed: %s", exc)
             future.set_exception(exc)
+        finally:
+            with _warm_lock:
+                _warming.pop(id(future), None)
+
+    def cancel_warm_up(self) -> None:
+        """Cancels this session's running warm-up jobs with Spark's logging turned off (the process is ending)."""
+        if self.sc is not None:
+            self.sc.setLogLevel("OFF")  # the killed tasks' ERROR traces are no news to a script that ended
+            self.sc.cancelJobGroup(WARM_UP_GROUP)
+        else:
+            self.spark.interruptTag(WARM_UP_GROUP)
 
     def broadcast(self, value: Any):
         """A Spark broadcast of ``value`` (classic sessions only)."""
         if self.sc is None:
             raise RuntimeError("Spark Connect has no broadcasts; ship the value through the staging directory.")
         return self.sc.broadcast(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _cancel_at_exit() -> None:
+    """Registers (once) :func:`_cancel_warm_ups`, to run when the interpreter exits."""
+    import atexit
+
+    atexit.register(_cancel_warm_ups)
+
+
+def _cancel_warm_ups() -> None:
+    """At exit: cancels the warm-ups still running, quietly, and waits for them up to :data:`WARM_UP_EXIT_WAIT_S`.
+
+    A script that ends (or fails on a typo a few lines after ``warm_up``) while the executors still
+    import TensorFlow left Spark to kill the warm-up's tasks as the JVM went down: the console got
+    Spark's ERROR traces of a job nobody waits for (114 lines, issue 48), and the exit waited.
+    Registered after PySpark's own exit hook (which kills the JVM), so it runs before it.
+    """
+    with _warm_lock:
+        running = list(_warming.items())
+    for key, engine in running:
+        try:
+            engine.cancel_warm_up()
+        except Exception as exc:  # noqa: BLE001 - the session may be gone already
+            logger.debug("could not cancel the warm-up at exit: %s", exc)
+    deadline = time.monotonic() + WARM_UP_EXIT_WAIT_S
+    for _, started in list(_warm_ups.values()):
+        if id(started) in dict(running):
+            try:
+                started.exception(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - a timeout: the exit goes on
+                pass
 
 
 def warm_up(spark=None) -> concurrent.futures.Future:

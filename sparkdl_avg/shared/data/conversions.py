@@ -142,7 +142,8 @@ def list_matrix(column: pa.Array, name: str, width: Optional[int], first_row: in
         )
     values = column.flatten()
     if values.null_count:
-        raise DataError(f"Column '{name}' contains null values inside its arrays.")
+        raise DataError(f"Column '{name}' contains null values inside its arrays; expected numbers only (fill them "
+                        "before fitting, or drop those rows).")
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_boolean(values.type)):
         raise DataError(f"Column '{name}' holds arrays of {values.type}; expected arrays of numbers.")
     return values.to_numpy(zero_copy_only=False).reshape(len(column), width)

@@ -301,7 +301,8 @@ class TensorKind(ColumnKind):
             if column.null_count:
                 what = "labels" if spec.role == "y" else "sample weights" if spec.role == "w" else "values"
                 raise DataError(f"Column '{spec.source}' contains null {what} (the first: row "
-                                f"{_first_null(column, first_row)} of its partition).")
+                                f"{_first_null(column, first_row)} of its partition); expected a number in every row "
+                                f"(drop or fill them: df.na.drop(subset=['{spec.source}'])).")
             if width not in (None, 1):
                 raise DataError(f"Column '{spec.source}' holds one number per row; expected {width} values per row "
                                 f"(the model's input shape {field.shape}).")

@@ -162,6 +162,56 @@ class _Recorder(dict):
         return dict(super().items())
 
 
+#: The parameters a preprocessing function is given by name, besides the batch: one seed per example, and whether
+#: the batch is trained on.
+PASSED = ("seeds", "training")
+
+
+def _signature(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _meant(name: str) -> Optional[str]:
+    """The parameter we pass that ``name`` likely misspells (``sed``, ``seed``, ``random_seed``, ``is_training``), or ``None``."""
+    import difflib
+
+    lowered = name.lower()
+    if lowered in PASSED:
+        return None
+    if "seed" in lowered:
+        return "seeds"
+    if "train" in lowered:
+        return "training"
+    close = difflib.get_close_matches(lowered, PASSED, n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def _check_parameters(fn, parameters, others, param: str, usage: str) -> None:
+    """Refuses parameters after the batch that would never be given: required ones, and misspellings of :data:`PASSED`.
+
+    A misspelt ``seeds`` (``seed``, ``sed``, ``random_seed``) keeps its default in every call, so "repeatable"
+    augmentation silently is not (issue 48).
+    """
+    for p in parameters.values():
+        if p.name in PASSED or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        meant = _meant(p.name)
+        if meant is not None and (p in others or p.kind is p.KEYWORD_ONLY):
+            raise ConfigurationError(
+                f"The '{param}' function {_describe(fn)!r} has a parameter {p.name!r}, which is never given: the "
+                f"library passes {meant!r} by name ({usage}). Rename {p.name!r} to {meant!r}"
+                f"{' (one int64 seed per example)' if meant == 'seeds' else ' (True only in fit rounds)'}, or give "
+                "it a name unlike it if it is something else.")
+        if p.default is p.empty and (p in others or p.kind is p.KEYWORD_ONLY):
+            raise ConfigurationError(
+                f"The '{param}' function {_describe(fn)!r} requires the argument {p.name!r}, which is never given: "
+                f"it is called with the batch and, by name, {' and '.join(map(repr, PASSED))} ({usage}). Give "
+                f"{p.name!r} a default, or bind it first (functools.partial).")
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """A preprocessing function, ready to travel to executors.
@@ -202,11 +252,14 @@ class Preprocess:
         kinds = {p.kind for p in parameters.values()}
         var_kw = inspect.Parameter.VAR_KEYWORD in kinds
         positional = [p for p in parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("seeds", "training")]
-        if parameters and not positional and inspect.Parameter.VAR_POSITIONAL not in kinds:
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in PASSED]
+        usage = f"def {getattr(fn, '__name__', 'fn')}(batch, seeds=None, training=False)"
+        readable = _signature(fn) is not None
+        if readable and not positional and inspect.Parameter.VAR_POSITIONAL not in kinds:
             raise ConfigurationError(f"The '{param}' parameter must take the batch as its first argument "
-                                     f"(def {getattr(fn, '__name__', 'fn')}(batch, seeds=None, training=False)). "
-                                     f"Got {_describe(fn)}{inspect.signature(fn)} instead.")
+                                     f"({usage}). Got {_describe(fn)}{inspect.signature(fn)}, which takes "
+                                     f"{'no parameter' if not parameters else 'no batch'}, instead.")
+        _check_parameters(fn, parameters, positional[1:], param, usage)
         from pyspark import cloudpickle
 
         try:

@@ -167,7 +167,8 @@ def local_copy(uri: str) -> Iterator[str]:
     filesystem, path = resolve(uri)
     if isinstance(filesystem, pafs.LocalFileSystem):
         if not os.path.isfile(path):
-            raise PathError(f"No such file: {uri!r}")
+            raise PathError(f"No such file: {uri!r}; expected an existing file (check the path, and that this "
+                            "machine can reach it).")
         yield path
         return
     tmp = tempfile.mkdtemp(prefix="sparkdl_avg-model-")

@@ -41,6 +41,7 @@ succeeded, so retries and speculative attempts never mix.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import uuid
@@ -79,20 +80,46 @@ def _layout(arrays: Sequence[np.ndarray]) -> Tuple[Tuple[np.dtype, Tuple[int, ..
     return tuple(out)
 
 
-def store(directory: str, name: str, arrays: Sequence[np.ndarray]) -> StoredArrays:
-    """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description."""
+def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -> None:
+    """Creates ``path`` (a directory); without ``parents`` only ``path`` itself, whose parent must exist.
+
+    Raises:
+        FileNotFoundError: without ``parents``, the parent is gone (the fit ended, or its staging root was swept).
+    """
+    if parents:
+        if local:
+            os.makedirs(path, exist_ok=True)
+        else:
+            fs.create_dir(path, recursive=True)
+        return
+    parent = os.path.dirname(path) if local else path.rsplit("/", 1)[0]
+    exists = os.path.isdir(parent) if local else fs.get_file_info(parent).type != pafs.FileType.NotFound
+    if not exists:
+        raise FileNotFoundError(f"{directory!r} is gone with its parent (its fit ended or its staging root was removed): "
+                        "a late task's result is not written there, so the root is not made again without its "
+                        "owner marker.")
+    if local:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+    else:
+        fs.create_dir(path, recursive=False)
+
+
+def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool = True) -> StoredArrays:
+    """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description.
+
+    ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so
+    a task that outlives its fit never makes the deleted staging root again (``FileNotFoundError``); such a root
+    had no owner marker and the sweep of dead drivers' roots never took it (issue 48).
+    """
     # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
     arrays = [np.asarray(a) if np.asarray(a).flags.c_contiguous else np.array(a, order="C") for a in arrays]
     layout = _layout(arrays)
     uri = join(directory, f"{name}-{uuid.uuid4().hex}.bin")
     fs, path = resolve(uri)
     local = isinstance(fs, pafs.LocalFileSystem)
-    if local:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        sink = open(path, "wb")
-    else:
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        sink = fs.open_output_stream(path)
+    _make_directory(fs, os.path.dirname(path) if local else path.rsplit("/", 1)[0], local, parents, directory)
+    sink = open(path, "wb") if local else fs.open_output_stream(path)
     with sink:
         written = 0
         for a, (_, _, offset) in zip(arrays, layout):
@@ -145,11 +172,12 @@ class StoredState:
 
 
 def store_state(
-    directory: str, name: str, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]
+    directory: str, name: str, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]],
+    parents: bool = True,
 ) -> StoredState:
-    """Writes weights and optimizer variables (or ``None``) to one new file under ``directory``."""
+    """Writes weights and optimizer variables (or ``None``) to one new file under ``directory`` (``parents``: :func:`store`'s)."""
     arrays = list(weights) + (list(optimizer) if optimizer is not None else [])
-    return StoredState(store(directory, name, arrays), len(weights), optimizer is not None)
+    return StoredState(store(directory, name, arrays, parents), len(weights), optimizer is not None)
 
 
 def load_state(stored: StoredState) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
@@ -233,10 +261,12 @@ class StoreSums:
         packed = _delta_of(result)
         if packed is not None:
             data = np.frombuffer(self.deltas.shard_bytes(packed, 0, 1), np.uint8)
-            return StoredResult(dataclasses.replace(result, deltas=None), store(self.directory, name, [data]))
+            return StoredResult(dataclasses.replace(result, deltas=None),
+                                store(self.directory, name, [data], parents=False))
         if result.weight_sums is None:
             return StoredResult(result, None)
-        stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums)
+        # parents=False: a task that outlives its fit must not make the deleted staging root again
+        stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums, parents=False)
         return StoredResult(dataclasses.replace(result, weight_sums=None, optimizer_sums=None), stored)
 
 
@@ -409,7 +439,7 @@ class FlatLayout:
 
     def store_file(self, directory: str, name: str, encoded, shards: int) -> Tuple[str, List[int]]:
         """Writes an :meth:`encode` value to a new file; returns its URI and the two vectors' byte offsets."""
-        stored = store(directory, name, list(encoded))
+        stored = store(directory, name, list(encoded), parents=False)  # a worker's: see store()
         return stored.uri, [offset for _, _, offset in stored.layout]
 
     def read_shard(self, uri: str, offsets: Sequence[int], shard: int, shards: int) -> Tuple[np.ndarray, np.ndarray]:
