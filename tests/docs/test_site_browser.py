@@ -15,6 +15,8 @@ import threading
 
 import pytest
 
+from site_build import built_site  # noqa: F401  (the fixture)
+
 PAGES = {  # path: text the page must show
     "": "synchronous parameter averaging",
     "guides/data/": "What fit accepts",

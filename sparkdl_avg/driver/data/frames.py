@@ -241,6 +241,35 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
     if sample.num_rows == 0:
         raise DataError(f"The {what} data is empty (0 rows); expected at least one example per worker and minibatch.")
     batch = {name: raw_value(sample.column(name)) for name in sample.column_names}
+    modes = [what == "training"] + ([False] if what == "training" and preprocess.takes_training else [])
+    read: set = set()
+    y_fields: Tuple[Field, ...] = ()
+    returned: set = set()
+    for training in modes:
+        fields, out, columns = _check_output(batch, sample.num_rows, preprocess, training, modes, x_names, x_fields, y_names,
+                                             label_float, weight, checks, what)
+        y_fields = y_fields or fields
+        read.update(columns)
+        returned.update(out)
+    read_cols = tuple(c for c in batch if c in read)
+    wanted = [*x_names, *y_names, *([weight] if weight else [])]
+    staged = list(read_cols) + [c for c in wanted if c not in returned and c in batch and c not in read]
+    # Where a row came from (binaryFile's path), so that a row the function fails on in a round is named by it.
+    staged += [c for c in ORIGIN_COLUMNS if c in batch and c not in staged and sample.schema.field(c).type in
+               (pa.string(), pa.large_string())]
+    return preprocess.with_columns(read_cols), staged, y_fields
+
+
+def _check_output(batch, n: int, preprocess: Preprocess, training: bool, modes, x_names, x_fields, y_names, label_float,
+                  weight, checks, what):
+    """One dry-run call of ``preprocess`` (:func:`dry_run`): its labels' fields, output and the columns it read."""
+    from ...shared.data.preprocess import describe_row
+    from ...shared.data.staged_dataset import _as_field, as_rows, output_name
+
+    data = f"{what} data"
+    # The training=False run is named as such: the function passed with training=True
+    mode = " (called with training=False, as validation, evaluate and predict call it)" if len(modes) > 1 and \
+        not training else ""
     out, read = preprocess.dry_run(batch, training=training, what=data + mode)
     function = f"the preprocessing function {preprocess.name!r}{mode}"  # mid-sentence: "the labels 'y' of the ..."
     source = function[0].upper() + function[1:]
@@ -276,7 +305,7 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
     if weight is not None:
         weights = _as_field(get(weight, "sample_weight_col"), Field((), "float32"), weight, n, source)
         check(weights, weight)
-        if not np.any(np.asarray(weights, dtype="float64") > 0):  # the rows seen; the whole data is not
+        if not mode and not np.any(np.asarray(weights, dtype="float64") > 0):  # the rows seen, not the whole data
             logger.warning("The sample weights %r of the first %d rows of the %s data (what %s returned) are all 0: "
                            "if every row weighs 0 the fit trains nothing; expected some weights above 0.",
                            weight, n, what, function)

@@ -1,4 +1,7 @@
-"""Fixtures of the documentation tests: the site, built once per test session with ``mkdocs build --strict``."""
+"""The documentation site, built once per test session with ``mkdocs build --strict`` (the ``built_site`` fixture).
+
+Not a ``conftest.py``: the tests import ``conftest`` by name, and a second one would shadow the root's.
+"""
 
 from __future__ import annotations
 
