@@ -316,6 +316,7 @@ def test_replica_computes_losses_in_the_drivers_floatx(arrays, floatx64):
     spec = ModelSpec.from_model(model)
     keras.config.set_floatx("float32")  # a fresh executor process
     replica = spec.build()
+    replica.set_weights(model.get_weights())  # the spec ships no weights: a task assigns them
     loss = replica.test_on_batch(x, y)
     pred = model.predict(x, verbose=0)[:, 0]
     expected = float(np.mean((pred - y) ** 2))
