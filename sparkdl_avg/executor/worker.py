@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import WorkerError
 from ..shared.model import quiet
 from ..shared.errors import remote_errors
-from ..shared.wire.aggregation import PartialResult, weighted
+from ..shared.wire.aggregation import PartialResult, weighted_in_place
 from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
@@ -343,6 +343,27 @@ def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:
         var.assign(value)
 
 
+def assign_state(model, weights, optimizer_variables) -> None:
+    """:func:`~sparkdl_avg.shared.model.modelspec.set_state`, one variable at a time, releasing each received array's mapped pages.
+
+    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`);
+    once an array is in the replica its pages leave this process's resident
+    memory, so the worker's peak holds the replica and one array of the
+    received state, not two whole states (issue 47).
+    """
+    from ..shared.wire.exchange import release_pages
+
+    for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
+        if len(variables) != len(values):
+            raise ValueError(f"The round's state holds {len(values)} arrays where the replica has {len(variables)}.")
+        for var, value in zip(variables, values):
+            if tuple(var.shape) != tuple(np.shape(value)):
+                raise ValueError(f"The round's state has shape {np.shape(value)} for {var.path}, "
+                                 f"whose shape is {tuple(var.shape)}.")
+            var.assign(value)
+            release_pages([value])
+
+
 def train_round(task: RoundTask, worker: int) -> PartialResult:
     """Trains the replica of ``worker`` for ``task.steps`` minibatches.
 
@@ -357,7 +378,9 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     t_own = time.time()
     own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
     local_state_s = time.time() - t_own
-    set_state(model, weights, opt_vars if own is None else own)
+    assign_state(model, weights, opt_vars if own is None else own)
+    if task.local_state is None and getattr(task.results, "deltas", None) is None:
+        weights = opt_vars = None  # not read again: a memory map (files) is unmapped, not kept through training
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
 
@@ -431,8 +454,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         return PartialResult(examples=n, metric_sums=sums, workers=[record], deltas=[(worker, packed)])
     if not finite and task.skip_nonfinite:
         return PartialResult(examples=0, workers=[record])
-    weight_sums = weighted(new_weights, n)
-    optimizer_sums = weighted(new_opt, n) if task.average_optimizer else None
+    weight_sums = weighted_in_place(new_weights, n)  # get_state's copies are ours: no second copy (issue 47)
+    optimizer_sums = weighted_in_place(new_opt, n) if task.average_optimizer else None
     record.sent_bytes = sum(int(a.nbytes) for a in weight_sums + (optimizer_sums or []))
     return PartialResult(
         examples=n,
