@@ -41,9 +41,9 @@ from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.wire.local_state import host_names
-from ..shared.model.modelspec import ModelSpec, get_state, set_state
+from ..shared.model.modelspec import ModelSpec, assign_state, get_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
-from ..shared.wire.stats import WorkerRecord
+from ..shared.wire.stats import PeakMemory, WorkerRecord
 from .arrow_entries import probe_path_batches, run_standing_rounds  # noqa: F401 (their old home)
 from .arrow_entries import task_ids as _task_ids
 
@@ -343,27 +343,6 @@ def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:
         var.assign(value)
 
 
-def assign_state(model, weights, optimizer_variables) -> None:
-    """:func:`~sparkdl_avg.shared.model.modelspec.set_state`, one variable at a time, releasing each received array's mapped pages.
-
-    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`);
-    once an array is in the replica its pages leave this process's resident
-    memory, so the worker's peak holds the replica and one array of the
-    received state, not two whole states (issue 47).
-    """
-    from ..shared.wire.exchange import release_pages
-
-    for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
-        if len(variables) != len(values):
-            raise ValueError(f"The round's state holds {len(values)} arrays where the replica has {len(variables)}.")
-        for var, value in zip(variables, values):
-            if tuple(var.shape) != tuple(np.shape(value)):
-                raise ValueError(f"The round's state has shape {np.shape(value)} for {var.path}, "
-                                 f"whose shape is {tuple(var.shape)}.")
-            var.assign(value)
-            release_pages([value])
-
-
 def train_round(task: RoundTask, worker: int) -> PartialResult:
     """Trains the replica of ``worker`` for ``task.steps`` minibatches.
 
@@ -372,6 +351,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         averaged) and per-minibatch metric sums, with a timing record.
     """
     start = time.time()
+    memory = PeakMemory()  # this task's peak, whatever earlier fits' tasks in this Python worker reached
     model, built = get_replica(task.spec, task.fingerprint)
     got = time.time()
     weights, opt_vars = task.state.load()
@@ -448,15 +428,18 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
                                     weights, opt_vars if avg else None, finite)
         record.encode_s, record.feedback_s = times["encode_s"], times["feedback_s"]
         record.sent_bytes = deltas.nbytes if packed is not None else 0
+        record.memory_start, record.memory_peak = memory.start, memory.peak()
         record.end = time.time()
         if packed is None:
             return PartialResult(examples=0 if task.skip_nonfinite else n, metric_sums=sums, workers=[record])
         return PartialResult(examples=n, metric_sums=sums, workers=[record], deltas=[(worker, packed)])
     if not finite and task.skip_nonfinite:
+        record.memory_start, record.memory_peak = memory.start, memory.peak()
         return PartialResult(examples=0, workers=[record])
     weight_sums = weighted_in_place(new_weights, n)  # get_state's copies are ours: no second copy (issue 47)
     optimizer_sums = weighted_in_place(new_opt, n) if task.average_optimizer else None
     record.sent_bytes = sum(int(a.nbytes) for a in weight_sums + (optimizer_sums or []))
+    record.memory_start, record.memory_peak = memory.start, memory.peak()
     return PartialResult(
         examples=n,
         weight_sums=weight_sums,
@@ -517,7 +500,7 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
     start = time.time()
     model, built = get_replica(task.spec, task.fingerprint)
     weights, opt_vars = task.state.load()
-    set_state(model, weights, opt_vars)
+    assign_state(model, weights, opt_vars)
     rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
     examples = read_examples(task.dataset, np.arange(rows.start, rows.stop), batch_size=task.batch_size,
                              what=task.what)

@@ -348,3 +348,24 @@ def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.nda
     model.set_weights(weights)
     for var, value in zip(model.optimizer.variables, optimizer_variables):
         var.assign(value)
+
+
+def assign_state(model, weights, optimizer_variables) -> None:
+    """:func:`set_state`, one variable at a time, releasing each received array's mapped pages.
+
+    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`);
+    once an array is in the replica its pages leave this process's resident
+    memory, so the worker's peak holds the replica and one array of the
+    received state, not two whole states (issue 47).
+    """
+    from ..wire.exchange import release_pages
+
+    for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
+        if len(variables) != len(values):
+            raise ValueError(f"The round's state holds {len(values)} arrays where the replica has {len(variables)}.")
+        for var, value in zip(variables, values):
+            if tuple(var.shape) != tuple(np.shape(value)):
+                raise ValueError(f"The round's state has shape {np.shape(value)} for {var.path}, "
+                                 f"whose shape is {tuple(var.shape)}.")
+            var.assign(value)
+            release_pages([value])
