@@ -119,10 +119,15 @@ def main() -> None:
     model.optimizer.build(model.trainable_variables)
     state_mb = (sum(w.nbytes for w in model.get_weights())
                 + sum(np.asarray(v.numpy()).nbytes for v in model.optimizer.variables)) / 2**20
+    from sparkdl_avg.driver.observe.memory import estimate, model_state_sizes
+
+    est = estimate(*model_state_sizes(model), average_optimizer=args.optimizer_state == "average",
+                   local_optimizer=args.optimizer_state == "local")
     x, y = data(args.kind, args.rows, args.examples)
     result = {"kind": args.kind, "rows": args.rows, "arm": args.arm, "parameters": int(model.count_params()),
               "state_mb": round(state_mb, 1), "num_workers": args.num_workers,
-              "optimizer_state": args.optimizer_state}
+              "optimizer_state": args.optimizer_state,
+              "estimate_mb": {"driver": round(est.driver_bytes / 2**20), "worker": round(est.worker_bytes / 2**20)}}
     if args.arm == "keras":
         before = status_mb()["VmRSS"]
         reset_peak()
@@ -156,7 +161,7 @@ def main() -> None:
             seconds=round(seconds, 1),
             driver_peak_above_mb=round(driver, 1),
             workers_peak_above_mb={str(pid): round(v, 1) for pid, v in sorted(after.items())},
-            stats_peak_memory={k: v for k, v in summary.items() if "peak" in k},
+            stats_peak_memory_mb={k: None if v is None else round(v / 2**20, 1) for k, v in summary.items() if "peak" in k},
         )
         spark.stop()
     peaks = [result["driver_peak_above_mb"], *result.get("workers_peak_above_mb", {}).values()]
