@@ -164,12 +164,11 @@ def load_one_by_one(stored: StoredArrays):
         return
     with open(path, "rb") as f:
         for dtype, shape, offset in stored.layout:
-            count = int(np.prod(shape))
             f.seek(offset)
-            # bytes then a view: np.fromfile refuses extension dtypes (bfloat16) no less than the buffer protocol
-            out = np.empty(count * dtype.itemsize, np.uint8)
-            f.readinto(memoryview(out))
-            yield out.view(dtype).reshape(shape)
+            out = np.empty(shape, dtype)
+            # through a uint8 view: the buffer protocol refuses extension dtypes (bfloat16)
+            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+            yield out
 
 
 def remove(stored: StoredArrays) -> None:
