@@ -32,7 +32,7 @@ def test_estimate_counts_the_state_sent_the_sums_and_the_replica():
     fixed = memory.FIXED_BYTES
     assert est.state_bytes == 300 * mb
     assert est.driver_bytes == pytest.approx(600 * mb + 200 * mb + fixed)  # state sent + sums + 2 arrays
-    assert est.worker_bytes == pytest.approx(600 * mb + 150 * mb + 150 * mb + fixed)  # replica + sums + training
+    assert est.worker_bytes == pytest.approx(600 * mb + 225 * mb + 150 * mb + fixed)  # replica + sums + training
     local = memory.estimate(100 * mb, 200 * mb, 100 * mb, local_optimizer=True)
     assert local.driver_bytes == pytest.approx(200 * mb + 200 * mb + fixed)  # the weights only travel
     assert local.worker_bytes < est.worker_bytes

@@ -16,7 +16,8 @@ A fit holds, above each process's level before it (measured in
 :func:`estimate` turns a model's state and the fit's options into those two
 numbers with the factors below, fitted on those measurements (README's ids
 model at 2^22 rows, Adam, 384 MiB of state: the driver measured +1,028 MiB,
-estimated 1,040; a worker +1,083 MiB, estimated 1,168);
+estimated 1,040; a worker +1,083 MiB, estimated 1,264; at 96 MiB of state
+a worker +330 MiB, estimated 328: fixed costs weigh more on small models);
 :func:`check_memory` compares them with the memory there is (the machine's
 available memory for ``local[N]``, shared by the driver and its ``N``
 workers; ``spark.executor.pyspark.memory`` or else ``spark.executor.memory``
@@ -39,9 +40,10 @@ logger = logging.getLogger("sparkdl_avg")
 #: round's sums (one each), plus :data:`ARRAY_HEADROOM` of the largest array.
 DRIVER_COPIES = 1.0
 #: A worker holds its replica and the sums it returns (one copy each), and what training allocates, at most
-#: :data:`TRAINING_TEMPORARIES` of the state (Adam on an embedding table measured 0.87×: keras.Model.fit alone).
+#: :data:`TRAINING_TEMPORARIES` of the state (Adam on an embedding table measured 0.87× in keras.Model.fit alone;
+#: fitted on the workers' measured peaks, some of those temporaries overlapping nothing else).
 WORKER_COPIES = 1.0
-TRAINING_TEMPORARIES = 0.5
+TRAINING_TEMPORARIES = 0.75
 #: Arrays read or assigned one at a time, and their temporaries: on a worker, and on the driver (which also
 #: assigns the new state to the model), in multiples of the largest array.
 ARRAY_HEADROOM = 1.5
