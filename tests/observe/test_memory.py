@@ -32,7 +32,7 @@ def test_estimate_counts_the_state_sent_the_sums_and_the_replica():
     fixed = memory.FIXED_BYTES
     assert est.state_bytes == 300 * mb
     assert est.driver_bytes == pytest.approx(600 * mb + 200 * mb + fixed)  # state sent + sums + 2 arrays
-    assert est.worker_bytes == pytest.approx(600 * mb + 225 * mb + 150 * mb + fixed)  # replica + sums + training
+    assert est.worker_bytes == pytest.approx(600 * mb + 225 * mb + 150 * mb + memory.WORKER_FIXED_BYTES)  # replica + sums + training
     local = memory.estimate(100 * mb, 200 * mb, 100 * mb, local_optimizer=True)
     assert local.driver_bytes == pytest.approx(200 * mb + 200 * mb + fixed)  # the weights only travel
     assert local.worker_bytes < est.worker_bytes
@@ -45,12 +45,12 @@ def test_a_fit_that_cannot_fit_is_refused_naming_the_numbers_and_the_fixes(monke
     model = make_model(hidden=256, optimizer=keras.optimizers.Adam())
     weights, optimizer, _ = memory.model_state_sizes(model)
     assert weights == 8 * (4 * 256 + 256 + 256 + 1) and optimizer > 2 * weights
-    monkeypatch.setattr(memory, "available_memory", lambda: 40_000_000)  # 0.04 GB: the driver's 0.02 GB fits
+    monkeypatch.setattr(memory, "available_memory", lambda: 100_000_000)  # 0.1 GB: the driver's 0.02 GB fits
     with pytest.raises(ConfigurationError) as err:
         memory.check_memory(model, _engine(), num_workers=4, average_optimizer=True, local_optimizer=False)
     text = str(err.value)
-    assert "each of the 4 workers per host needs about 0.02 GB, 0.01 GB is available to each" in text
-    assert "this machine's available memory (0.04 GB), shared by the driver and its 4 workers" in text
+    assert "each of the 4 workers per host needs about 0.10 GB, 0.02 GB is available to each" in text
+    assert "this machine's available memory (0.10 GB), shared by the driver and its 4 workers" in text
     assert "fewer workers per host" in text and 'optimizer_state="local"' in text
     assert "the driver needs" not in text
 
@@ -60,11 +60,11 @@ def test_a_fit_that_fits_is_not_refused_and_a_cluster_reads_the_executors_memory
     monkeypatch.setattr(memory, "available_memory", lambda: 16 << 30)
     est = memory.check_memory(model, _engine(), num_workers=2, average_optimizer=True, local_optimizer=False)
     assert est.problems() == [] and est.workers_per_host == 2
-    cluster = _engine(one_host=False, conf={"spark.executor.memory": "100m", "spark.executor.cores": "4"})
+    cluster = _engine(one_host=False, conf={"spark.executor.memory": "800m", "spark.executor.cores": "4"})
     est = memory.check_memory(model, cluster, num_workers=8, average_optimizer=True, local_optimizer=False)
-    assert (est.workers_per_host, est.worker_available) == (4, 25 << 20)
-    cluster = _engine(one_host=False, conf={"spark.executor.pyspark.memory": "20m", "spark.executor.cores": "4"})
-    with pytest.raises(ConfigurationError, match=r"spark.executor.pyspark.memory=20m shared by 4 task slots"):
+    assert (est.workers_per_host, est.worker_available) == (4, 200 << 20)
+    cluster = _engine(one_host=False, conf={"spark.executor.pyspark.memory": "200m", "spark.executor.cores": "4"})
+    with pytest.raises(ConfigurationError, match=r"spark.executor.pyspark.memory=200m shared by 4 task slots"):
         memory.check_memory(model, cluster, num_workers=8, average_optimizer=True, local_optimizer=False)
     assert memory.parse_size("2g") == 2 << 30 and memory.parse_size("512") == 512 << 20
 
