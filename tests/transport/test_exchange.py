@@ -261,7 +261,7 @@ def test_files_with_more_workers_than_cores_and_a_deep_tree_match_spark(spark, f
 
 def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files(spark, floatx64, tmp_path, monkeypatch):
     stored, loaded = [], []
-    real_store, real_load = exchange.store, exchange.load
+    real_store, real_load = exchange.store, exchange.load_one_by_one
 
     def spy_store(directory, name, arrays):
         stored.append((os.path.basename(directory), name))
@@ -273,7 +273,7 @@ def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files
 
     # Patched in this (the driver's) process only: workers write in their own processes.
     monkeypatch.setattr(exchange, "store", spy_store)
-    monkeypatch.setattr(exchange, "load", spy_load)
+    monkeypatch.setattr(exchange, "load_one_by_one", spy_load)  # the driver reads sums one array at a time
     x, y = regression_data(64, seed=1)
     with ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2,
                                    staging_dir=str(tmp_path)) as trainer:
