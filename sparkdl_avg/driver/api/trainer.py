@@ -35,7 +35,8 @@ from ...shared.model.modelspec import (
     input_shapes,
     inputs_dtype,
 )
-from ...shared.wire.stats import TrainingStats
+from ...shared.wire.stats import PeakMemory, TrainingStats
+from ..observe.memory import check_memory
 from ..algorithms.rules import RuleState
 from ..checkpoint import policy as resume_mod
 from ..config.codegen import constructor, document, trainer_entries
@@ -256,6 +257,7 @@ class ParameterAveragingTrainer:
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
         callbacks = _callbacks(callbacks)
+        memory = PeakMemory()  # the driver's peak above its level now: trainer.stats.driver_peak_memory
         plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
                           checkpoint_every, resume, initial_epoch, sample_weight_col,
                           class_weight)  # every check before any Spark job; data staged
@@ -274,8 +276,11 @@ class ParameterAveragingTrainer:
         fit_loop = loop.FitLoop(self.model, plan, ctx, observers, partial(self._validate, plan, ctx),
                                 self.config.slow_warning)
         self.model.stop_training = False
-        with interrupt.cancelling(plan.engine, ctx.group), ctx.labels:  # Ctrl-C: KeyboardInterrupt, the group cancelled
-            fit_loop.run(info, on_trained=lambda: setattr(self, "history", self.model.history))
+        try:
+            with interrupt.cancelling(plan.engine, ctx.group), ctx.labels:  # Ctrl-C: KeyboardInterrupt, the group cancelled
+                fit_loop.run(info, on_trained=lambda: setattr(self, "history", self.model.history))
+        finally:
+            self.stats.driver_peak_memory = memory.above()
         return self.model.history
 
     def _plan(self, data, validation_data, epochs: int, features_col, label_col, verbose, shuffle: bool,
@@ -296,6 +301,8 @@ class ParameterAveragingTrainer:
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)
+        check_memory(self.model, engine, num_workers, self.config.optimizer_state == "average",
+                     self.config.optimizer_state == "local")  # refuses a fit that cannot fit, before staging
         train, val, staging_s = self._stage_fit_data(data, validation_data, features_col, label_col,
                                                      sample_weight_col, class_weight)
         epoch_steps = plan_steps(self.config, train, num_workers)
@@ -503,6 +510,7 @@ class ParameterAveragingTrainer:
             self.stats.records,
             self.history.history,
             title=title or f"sparkdl_avg training report: {self.model.name}",
+            driver_peak_memory=self.stats.driver_peak_memory,
         )
 
 

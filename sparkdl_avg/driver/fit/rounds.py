@@ -155,6 +155,9 @@ class RoundRunner:
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
+        # The sums became the new state (divided in place): not kept into the next round, a state less (issue 47).
+        result.weight_sums = result.optimizer_sums = None
+        del weights, sent, opt_vars
         t3, cpu3 = time.time(), time.process_time()
         record = round_record(epoch, rnd, steps, n, result, self.rule.name, t0, t1, t2, t3)
         record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)

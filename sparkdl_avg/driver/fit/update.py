@@ -24,7 +24,7 @@ from ..algorithms.rules import State, UpdateRule
 
 
 def replica_means(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.ndarray], delta_sums: bool,
-                  move: bool = False) -> List[np.ndarray]:
+                  move: bool = False, in_place: bool = False) -> List[np.ndarray]:
     """The replicas' example-weighted means of one list of arrays, from their sums.
 
     Args:
@@ -35,6 +35,10 @@ def replica_means(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.n
             an asynchronous update adds it, instead of the means ``s̄``
             themselves (float64 from delta sums, else in the sums' dtype:
             float32 sums of float32 weights stay float32).
+        in_place: Divide writable ``sums`` in place (the same bits as a new
+            array) instead of into new arrays: a round's sums are not read
+            after its update, and a copy of the model's state less on the
+            driver (issue 47). ``sums`` then holds the means.
     """
     if move:
         out = []
@@ -44,7 +48,14 @@ def replica_means(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.n
         return out
     if delta_sums:
         return [np.asarray(b, np.float64) + x / examples for b, x in zip(base, sums)]
+    if in_place:
+        return [np.divide(x, examples, out=x) if _own(x) else x / examples for x in sums]
     return [x / examples for x in sums]
+
+
+def _own(x) -> bool:
+    """Whether ``x`` is a writable float array (not a 0-d one: ``x / n`` of those gives a scalar, kept so)."""
+    return isinstance(x, np.ndarray) and x.ndim > 0 and x.flags.writeable and x.dtype.kind == "f"
 
 
 def round_state(result: PartialResult, weights: Sequence[np.ndarray], sent: Sequence[np.ndarray],
@@ -59,12 +70,12 @@ def round_state(result: PartialResult, weights: Sequence[np.ndarray], sent: Sequ
     (``average_optimizer``) or kept, and its iteration counter (at
     ``iterations`` among them) advances by ``steps``.
     """
-    average = replica_means(result.weight_sums, result.examples, sent, result.delta_sums)
+    average = replica_means(result.weight_sums, result.examples, sent, result.delta_sums, in_place=True)
     new_weights = rule.apply(weights, sent, average, rule_state, trainable, learning_rate)
     if not average_optimizer:
         new_opt = list(opt_vars)
     else:
-        means = replica_means(result.optimizer_sums, result.examples, opt_vars, result.delta_sums)
+        means = replica_means(result.optimizer_sums, result.examples, opt_vars, result.delta_sums, in_place=True)
         new_opt = [m.astype(np.asarray(v).dtype, copy=False) for m, v in zip(means, opt_vars)]
     new_opt[iterations] = np.asarray(int(opt_vars[iterations]) + steps, dtype=opt_vars[iterations].dtype)
     return new_weights, new_opt

@@ -260,7 +260,16 @@ def _sent(records: Sequence[dict], summary: Dict[str, float]) -> str:
             f"{summary['encode_s_median'] * 1000:.1f} ms")
 
 
-def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str, List[float]]] = None, title: str = "sparkdl_avg training report") -> str:
+def _memory(summary: Dict[str, float]) -> str:
+    """The title's words on the fit's peak memory above the level before it (driver, busiest worker), or nothing."""
+    parts = [f"{who} +{summary[key] / 2**30:.2f} GiB" for who, key in
+             (("driver", "driver_peak_memory_bytes"), ("each worker ≤", "worker_peak_memory_bytes"))
+             if summary.get(key) is not None]
+    return f"; peak memory above the fit's start: {', '.join(parts)}" if parts else ""
+
+
+def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str, List[float]]] = None,
+                 title: str = "sparkdl_avg training report", driver_peak_memory: Optional[int] = None) -> str:
     """Writes the HTML report of ``records`` (``trainer.stats.records``) to ``path``.
 
     Args:
@@ -269,6 +278,8 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
         records: Round records of :class:`~sparkdl_avg.shared.wire.stats.TrainingStats`.
         history: ``History.history`` of the fit (per-epoch logs), optional.
         title: Page title.
+        driver_peak_memory: ``TrainingStats.driver_peak_memory`` (bytes), shown in the summary with the
+            workers' peak from the records; ``None``: not shown.
 
     Returns:
         ``path``.
@@ -281,6 +292,7 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
 
     stats = TrainingStats()
     stats.records = list(records)
+    stats.driver_peak_memory = driver_peak_memory
     summary = stats.summary()
     titles = [
         "Timeline: driver phases and each worker's setup, loading and compute (seconds since the first round; drag to zoom)",
@@ -309,7 +321,7 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
             f"{title}<br><sup>{summary['rounds']} round{'s' if summary['rounds'] != 1 else ''}, {summary['examples']} examples, "
             f"{summary['wall_s']:.1f} s in rounds; compute share {summary['compute_share']:.0%}; "
             f"median per-round overhead {summary['overhead_s_median'] * 1000:.0f} ms; "
-            f"median straggler ratio {summary['straggler_ratio_median']:.2f}{_sent(records, summary)}</sup>"
+            f"median straggler ratio {summary['straggler_ratio_median']:.2f}{_sent(records, summary)}{_memory(summary)}</sup>"
         ),
         barmode="overlay",
         height=1400 if elastic else 1100,

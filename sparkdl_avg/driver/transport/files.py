@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from functools import partial
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 
@@ -113,24 +113,21 @@ def _nbytes(stored: exchange.StoredState) -> int:
 
 def _add_stored(stored: Sequence[exchange.StoredState]):
     """The element-wise sums of the stored states' weights and optimizer variables, in order; deletes their files."""
-    weight_sums = optimizer_sums = None
+    sums = None
     try:
         for item in stored:
-            weights, opt = exchange.load_state(item)
-            weight_sums = _accumulate(weight_sums, weights)
-            if opt is not None:
-                optimizer_sums = _accumulate(optimizer_sums, opt)
-            del weights, opt  # drop the views so the memory map closes
+            # One array at a time, not a memory map of the whole file: a model's state less on the driver (issue 47).
+            arrays = exchange.load_one_by_one(item.arrays)
+            if sums is None:
+                sums = list(arrays)  # fresh arrays: the first worker's are the accumulator
+            else:
+                for total, part in zip(sums, arrays):
+                    np.add(total, part, out=total)
     finally:
         for item in stored:
             exchange.remove(item.arrays)
-    return weight_sums, optimizer_sums
+    if sums is None:
+        return None, None
+    first = stored[0]
+    return sums[: first.num_weights], (sums[first.num_weights :] if first.optimizer else None)
 
-
-def _accumulate(acc: Optional[List[np.ndarray]], arrays: List[np.ndarray]) -> List[np.ndarray]:
-    """Adds ``arrays`` (read-only views) into ``acc``; copies them when ``acc`` is ``None``."""
-    if acc is None:
-        return [np.array(a) for a in arrays]
-    for x, y in zip(acc, arrays):
-        np.add(x, y, out=x)
-    return acc

@@ -1,8 +1,10 @@
 """A compiled Keras model described for executors, and its state as numpy arrays.
 
-``ModelSpec`` carries the model as the bytes of a ``.keras`` archive
-(architecture, compile configuration and initial weights; loaded with Keras'
-safe mode, no pickle), the custom objects executors cannot import (those
+``ModelSpec`` carries the model as the bytes of a ``.keras`` archive without
+weights (its ``config.json``: architecture and compile configuration; built
+with Keras' safe mode, no pickle; the round's state is assigned to the
+replica in place, so nothing the size of the model travels with the spec or
+is written to a temporary file, issue 47), the custom objects executors cannot import (those
 defined in ``__main__``: a notebook cell, the job script), pickled by value
 (see :mod:`sparkdl_avg.shared.model.custom_objects`), and a fingerprint of its
 architecture, compile settings and those objects, under which executors
@@ -15,6 +17,7 @@ executors both use them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,7 +35,9 @@ class ModelSpec:
     """What an executor needs to build a replica of the user's model.
 
     Attributes:
-        keras_bytes: The model saved as a ``.keras`` archive.
+        keras_bytes: The model as a ``.keras`` archive without weights
+            (``config.json`` and ``metadata.json``, :func:`config_archive`):
+            a few kB whatever the model's size.
         fingerprint: Hash of the architecture (layer names aside, see
             :func:`architecture`), compile config, Keras version and
             ``custom_objects``.
@@ -61,7 +66,7 @@ class ModelSpec:
         """
         import keras
 
-        data = keras_to_bytes(model)
+        data = config_archive(model)
         shipped = pack_custom_objects(data)
         try:
             description = json.dumps(
@@ -83,12 +88,16 @@ class ModelSpec:
         )
 
     def build(self):
-        """Registers the shipped custom objects, then loads the compiled model from the archive (Keras safe mode)."""
+        """Registers the shipped custom objects, then builds the compiled model from its config (Keras safe mode).
+
+        Its weights and optimizer variables are freshly initialized: every
+        task assigns the round's state (:func:`set_state`) before using it.
+        """
         import keras
 
         keras.config.set_floatx(self.floatx)
         register_custom_objects(self.custom_objects)
-        model = keras_from_bytes(self.keras_bytes)
+        model = model_from_archive(self.keras_bytes)
         ensure_optimizer_built(model)
         shapes = tuple(tuple(v.shape) for v in model.optimizer.variables)
         if shapes != self.optimizer_shapes:
@@ -114,11 +123,11 @@ def check_model_loads(spec: ModelSpec) -> None:
     if spec.fingerprint in _LOADABLE:
         return
     try:
-        keras_from_bytes(spec.keras_bytes)
+        model_from_archive(spec.keras_bytes)
     except Exception as exc:  # noqa: BLE001 - any failure means executors fail the same way
         message = " ".join(str(exc).split())
         raise ConfigurationError(
-            "The model cannot be rebuilt from its .keras archive, as executors must. Register "
+            "The model cannot be rebuilt from its Keras config, as executors must. Register "
             "custom layers, losses and metrics with @keras.saving.register_keras_serializable() "
             "and give them get_config(); those defined in __main__ are shipped to the executors, "
             "ship any other module with --py-files or spark.sparkContext.addPyFile. Keras said: "
@@ -159,6 +168,52 @@ def keras_to_bytes(model) -> bytes:
         model.save(path)
         with open(path, "rb") as f:
             return f.read()
+
+
+def config_archive(model) -> bytes:
+    """The model as a ``.keras`` archive without weights: its ``config.json`` (as ``model.save`` writes it) and ``metadata.json``.
+
+    Built in memory (no temporary file); :func:`model_from_archive` builds
+    the compiled model back. ``metadata.json`` holds no date, so the same
+    model gives the same bytes (a subclassed model's fingerprint is them).
+    """
+    import io
+    import zipfile
+
+    import keras
+
+    if getattr(model, "optimizer", None) is not None:
+        ensure_optimizer_built(model)
+    with _object_sharing():
+        config = keras.saving.serialize_keras_object(model)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("metadata.json", json.dumps({"keras_version": keras.__version__}))
+        zf.writestr("config.json", json.dumps(config))
+    return out.getvalue()
+
+
+def model_from_archive(data: bytes):
+    """Builds the compiled model of a ``.keras`` archive's ``config.json``, in Keras' safe mode (no pickle), without its weights.
+
+    What ``keras.saving.load_model`` does before it loads the weights; works
+    on :func:`config_archive`'s archives and on full ones (their weights ignored).
+    """
+    import keras
+
+    from .custom_objects import archive_config
+
+    with _object_sharing():
+        return keras.saving.deserialize_keras_object(archive_config(data), safe_mode=True)
+
+
+def _object_sharing():
+    """Keras' scope that (de)serializes an object shared by several layers once, as ``model.save`` does."""
+    try:
+        from keras.src.saving.serialization_lib import ObjectSharingScope
+    except ImportError:  # private in Keras; without it a shared object is duplicated, as before Keras 3.1
+        return contextlib.nullcontext()
+    return ObjectSharingScope()
 
 
 def keras_from_bytes(data: bytes):
@@ -293,3 +348,24 @@ def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.nda
     model.set_weights(weights)
     for var, value in zip(model.optimizer.variables, optimizer_variables):
         var.assign(value)
+
+
+def assign_state(model, weights, optimizer_variables) -> None:
+    """:func:`set_state`, one variable at a time, releasing each received array's mapped pages.
+
+    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`);
+    once an array is in the replica its pages leave this process's resident
+    memory, so the worker's peak holds the replica and one array of the
+    received state, not two whole states (issue 47).
+    """
+    from ..wire.exchange import release_pages
+
+    for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
+        if len(variables) != len(values):
+            raise ValueError(f"The round's state holds {len(values)} arrays where the replica has {len(variables)}.")
+        for var, value in zip(variables, values):
+            if tuple(var.shape) != tuple(np.shape(value)):
+                raise ValueError(f"The round's state has shape {np.shape(value)} for {var.path}, "
+                                 f"whose shape is {tuple(var.shape)}.")
+            var.assign(value)
+            release_pages([value])

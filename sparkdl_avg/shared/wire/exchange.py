@@ -149,6 +149,55 @@ def load(stored: StoredArrays) -> List[np.ndarray]:
     return out
 
 
+def release_pages(arrays) -> None:
+    """Drops the pages of ``arrays`` that lie in a read-only memory map (:func:`load`) from this process's memory.
+
+    The data stay in the page cache and read back as they were if touched
+    again (``MADV_DONTNEED`` on a shared file mapping); a worker that has
+    copied the round's state into its replica releases each array so the
+    mapped file does not stay resident beside the replica (issue 47). Other
+    arrays are left alone.
+    """
+    import mmap
+
+    for a in arrays:
+        view = a
+        while isinstance(view, np.ndarray) and not isinstance(view, np.memmap):
+            view = view.base
+        if not isinstance(view, np.memmap) or not isinstance(view.base, mmap.mmap) or not a.nbytes:
+            continue
+        start = a.__array_interface__["data"][0] - view.__array_interface__["data"][0]
+        lo = start // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = min(len(view.base), start + a.nbytes)
+        try:
+            view.base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (AttributeError, OSError, ValueError):  # no madvise here (not Linux): the pages stay
+            return
+
+
+def load_one_by_one(stored: StoredArrays):
+    """Yields the arrays of ``stored`` one at a time, each a new writable array read from the file.
+
+    For whoever consumes them one by one (the driver adding a worker's sums):
+    at most one array is in memory beyond what the consumer keeps, where a
+    memory map of the whole file (:func:`load`) stays resident until its
+    last view goes, a whole model's state more (issue 47). Remote files are
+    read whole (:func:`load`), then copied array by array.
+    """
+    fs, path = resolve(stored.uri)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        for a in load(stored):
+            yield np.array(a)
+        return
+    with open(path, "rb") as f:
+        for dtype, shape, offset in stored.layout:
+            f.seek(offset)
+            out = np.empty(shape, dtype)
+            # through a uint8 view: the buffer protocol refuses extension dtypes (bfloat16)
+            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+            yield out
+
+
 def remove(stored: StoredArrays) -> None:
     """Deletes the file of ``stored``; a missing file is fine."""
     fs, path = resolve(stored.uri)

@@ -87,6 +87,12 @@ class WorkerRecord(_ReadsLikeADict):
             restarted from the driver's optimizer variables (:mod:`sparkdl_avg.shared.wire.local_state`).
         host_names: Under ``optimizer_state="local"`` kept on the hosts, the names Spark may know its host by
             (where the driver places the worker's next task); empty otherwise.
+        memory_start, memory_peak: Its Python worker's resident memory (bytes) at the task's start, and the
+            highest it reached until its sums were ready (:class:`PeakMemory`; ``None`` where ``/proc`` does
+            not say). The process's peak is reset at each task's start, so a worker reused across fits reports
+            this task's peak, not its lifetime's; :meth:`TrainingStats.worker_peak_memory` subtracts the level
+            at the worker's first task of the fit. Sending the sums afterwards (pickling them, on Spark's
+            result path) is not counted.
 
     A round where a worker built its replica or traced is not steady state:
     :func:`sparkdl_avg.driver.observe.costmodel.steady_costs` leaves it out.
@@ -115,6 +121,8 @@ class WorkerRecord(_ReadsLikeADict):
     local_state_s: float = 0.0
     local_state_restarted: bool = False
     host_names: Tuple[str, ...] = ()
+    memory_start: Optional[int] = None
+    memory_peak: Optional[int] = None
 
 
 @dataclass
@@ -227,6 +235,53 @@ def wall_time(records) -> float:
     return max(r.t_start + r.wall_s for r in records) - min(r.t_start for r in records)
 
 
+def _proc_status(*keys: str) -> Dict[str, int]:
+    """Fields of ``/proc/self/status`` in bytes (``{}`` where there is no such file: not Linux)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in keys:
+                    out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+class PeakMemory:
+    """This process's peak resident memory from now on, above its level now (Linux).
+
+    ``VmHWM`` in ``/proc/self/status`` is the peak over the process's
+    lifetime, and the driver and PySpark's Python workers live across fits:
+    so the start resets it to the current resident size (writing ``5`` to
+    ``/proc/self/clear_refs``, Linux ≥ 4.0) and keeps that size; :meth:`peak`
+    is ``VmHWM`` after, :meth:`above` the difference (bytes). Resident
+    memory counts the pages of mapped files the process touched (staged data,
+    a state file) as well as its heap. Where ``/proc`` is missing or the reset
+    is refused, both are ``None``.
+    """
+
+    def __init__(self) -> None:
+        reset = False
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            reset = True
+        except OSError:
+            pass
+        self.start: Optional[int] = _proc_status("VmRSS").get("VmRSS") if reset else None
+
+    def peak(self) -> Optional[int]:
+        """The process's highest resident size (bytes) since the start; ``None``: not known."""
+        return None if self.start is None else _proc_status("VmHWM").get("VmHWM")
+
+    def above(self) -> Optional[int]:
+        """:meth:`peak` minus the resident size at the start (bytes); ``None``: not known."""
+        peak = self.peak()
+        return None if peak is None else peak - self.start
+
+
 class TrainingStats:
     """The round records of one fit (``trainer.stats``: the latest fit's), in order.
 
@@ -240,10 +295,14 @@ class TrainingStats:
             columns as written: images and text as they came, numbers in
             the model inputs' dtypes); 0 for a fit made without staging.
         validation_staged_bytes: Likewise for the validation data (0: none).
+        driver_peak_memory: The driver process's peak resident memory during
+            the fit above its level when the fit started, in bytes
+            (:class:`PeakMemory`; ``None`` until the fit ends, or where not known).
     """
 
     def __init__(self, staging_s: float = 0.0, staged_bytes: int = 0, validation_staged_bytes: int = 0) -> None:
         self.records: List[RoundRecord] = []
+        self.driver_peak_memory: Optional[int] = None
         self.staging_s = staging_s
         self.staged_bytes = staged_bytes
         self.validation_staged_bytes = validation_staged_bytes
@@ -260,6 +319,23 @@ class TrainingStats:
     def local_states_restarted(self) -> int:
         """``optimizer_state="local"``: workers' own optimizer states this fit lost and restarted (see :class:`RoundRecord`)."""
         return sum(r.local_states_restarted for r in self.records)
+
+    def worker_peak_memory(self) -> Dict[Tuple[str, int], int]:
+        """``{(host, pid): bytes}``: each executor Python worker's peak resident memory in this fit above its level at its first task of the fit.
+
+        From the workers' records (:attr:`WorkerRecord.memory_peak`,
+        :attr:`WorkerRecord.memory_start`); workers that did not report are left out.
+        """
+        start: Dict[Tuple[str, int], int] = {}
+        peak: Dict[Tuple[str, int], int] = {}
+        for record in self.records:
+            for w in record.workers:
+                if w.memory_start is None or w.memory_peak is None:
+                    continue
+                key = (w.host, w.pid)
+                start.setdefault(key, w.memory_start)
+                peak[key] = max(peak.get(key, 0), w.memory_peak)
+        return {key: peak[key] - start[key] for key in peak}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -289,7 +365,11 @@ class TrainingStats:
         is the median bytes a worker sent per round (``None`` where not known),
         ``encode_s_median`` the median of the slowest worker's encoding
         seconds (``update_compression``; 0 without it); ``staged_bytes`` the
-        training data's staged bytes.
+        training data's staged bytes; ``driver_peak_memory_bytes`` the driver's
+        peak resident memory above its level at the fit's start
+        (:attr:`driver_peak_memory`) and ``worker_peak_memory_bytes`` the
+        highest of the executor workers' (:meth:`worker_peak_memory`), ``None``
+        where not known.
         """
         records = self.records[first:]
         if not records:
@@ -317,5 +397,7 @@ class TrainingStats:
                 if all(r.sent_bytes is not None for r in records) else None),
             "encode_s_median": statistics.median(r.encode_max_s for r in records),
             "staged_bytes": self.staged_bytes,
+            "driver_peak_memory_bytes": self.driver_peak_memory,
+            "worker_peak_memory_bytes": max(self.worker_peak_memory().values(), default=None),
             **extra,
         }

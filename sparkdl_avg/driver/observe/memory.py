@@ -1,0 +1,219 @@
+"""What memory a fit needs, estimated before its first round, and the refusal of one that cannot fit.
+
+A fit holds, above each process's level before it (measured in
+``docs/benchmarks/memory.md``, ``benchmarks/peak_memory.py``):
+
+* **on the driver**: the state it sends (a copy of the model's weights and
+  optimizer variables, ``S``), the round's sums (the weights' and, when
+  averaged, the optimizer's: ``S`` with Adam and ``optimizer_state="average"``,
+  the weights alone otherwise; a fraction of them under
+  ``update_compression``), and one array of a worker's sums read at a time;
+* **on each executor Python worker**: its replica (``S``), one array of the
+  received state at a time, what training allocates (an optimizer's dense
+  temporaries: up to about ``S``), and the sums it sends (a copy of the
+  weights, and of the optimizer variables when averaged).
+
+:func:`estimate` turns a model's state and the fit's options into those two
+numbers with the factors below, fitted on those measurements (README's ids
+model at 2^22 rows, Adam, 384 MiB of state: the driver measured +1,028 MiB,
+estimated 1,040; a worker +1,083 MiB, estimated 1,264; at 96 MiB of state
+a worker +330 MiB, estimated 328: fixed costs weigh more on small models);
+:func:`check_memory` compares them with the memory there is (the machine's
+available memory for ``local[N]``, shared by the driver and its ``N``
+workers; ``spark.executor.pyspark.memory`` or else ``spark.executor.memory``
+divided among an executor's task slots on a cluster) and refuses a fit that
+cannot fit with a :class:`~sparkdl_avg.errors.ConfigurationError` naming the
+numbers and what would make it fit, before any Spark job, instead of an
+out-of-memory kill minutes later.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+logger = logging.getLogger("sparkdl_avg")
+
+#: Above its level before the fit, the driver holds about this many copies of the state it sends and of the
+#: round's sums (one each), plus :data:`ARRAY_HEADROOM` of the largest array.
+DRIVER_COPIES = 1.0
+#: A worker holds its replica and the sums it returns (one copy each), and what training allocates, at most
+#: :data:`TRAINING_TEMPORARIES` of the state (Adam on an embedding table measured 0.87× in keras.Model.fit alone;
+#: fitted on the workers' measured peaks, some of those temporaries overlapping nothing else).
+WORKER_COPIES = 1.0
+TRAINING_TEMPORARIES = 0.75
+#: Arrays read or assigned one at a time, and their temporaries: on a worker, and on the driver (which also
+#: assigns the new state to the model), in multiples of the largest array.
+ARRAY_HEADROOM = 1.5
+DRIVER_ARRAY_HEADROOM = 2.0
+#: Fixed bytes per process beyond the arrays (buffers, Python objects); small next to a large model. A worker's
+#: are more (its traced step function, the staged data's pages: +106 MiB at 12 MiB of state, measured).
+FIXED_BYTES = 16 << 20
+WORKER_FIXED_BYTES = 96 << 20
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A fit's estimated peak memory above each process's level before it, and the memory there is (bytes).
+
+    Attributes:
+        state_bytes: The model's weights and optimizer variables.
+        driver_bytes: The driver's estimated peak above its level before the fit.
+        worker_bytes: One executor Python worker's.
+        workers_per_host: Workers that share one host's (or executor's) memory.
+        driver_available: Memory the driver may still take (``None``: not known).
+        worker_available: Memory each worker may take (``None``: not known).
+        source: Where the available memory was read, for messages.
+    """
+
+    state_bytes: int
+    driver_bytes: int
+    worker_bytes: int
+    workers_per_host: int
+    driver_available: Optional[int] = None
+    worker_available: Optional[int] = None
+    source: str = ""
+
+    def problems(self) -> List[str]:
+        """What does not fit, in words (empty: it fits, or the memory there is is not known)."""
+        out = []
+        if self.driver_available is not None and self.driver_bytes > self.driver_available:
+            out.append(f"the driver needs about {_gb(self.driver_bytes)} above its level now, "
+                       f"{_gb(self.driver_available)} is available")
+        if self.worker_available is not None and self.worker_bytes > self.worker_available:
+            out.append(f"each of the {self.workers_per_host} workers per host needs about "
+                       f"{_gb(self.worker_bytes)}, {_gb(self.worker_available)} is available to each")
+        return out
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def estimate(weight_bytes: int, optimizer_bytes: int, largest_array: int, average_optimizer: bool = True,
+             local_optimizer: bool = False, compression_ratio: float = 1.0,
+             workers_per_host: int = 1) -> MemoryEstimate:
+    """The driver's and one worker's peak memory above their levels before the fit (bytes), without the available.
+
+    Args:
+        weight_bytes, optimizer_bytes: The model's weights and optimizer variables, as the driver holds them.
+        largest_array: The largest of those arrays.
+        average_optimizer: Whether the workers send the optimizer's variables to be averaged.
+        local_optimizer: ``optimizer_state="local"``: each worker keeps its own optimizer variables
+            (the driver sends and sums the weights only).
+        compression_ratio: Bytes of the sums a worker sends over the bytes of plain sums
+            (``update_compression``; 1: none).
+        workers_per_host: Workers whose memory one host (or executor) holds.
+    """
+    state = weight_bytes + optimizer_bytes
+    sent = weight_bytes if local_optimizer else state
+    summed = weight_bytes + (optimizer_bytes if average_optimizer and not local_optimizer else 0)
+    driver = DRIVER_COPIES * (sent + summed * compression_ratio) + DRIVER_ARRAY_HEADROOM * largest_array + FIXED_BYTES
+    worker = (WORKER_COPIES * (state + summed) + TRAINING_TEMPORARIES * state + ARRAY_HEADROOM * largest_array
+              + WORKER_FIXED_BYTES)
+    return MemoryEstimate(state, int(driver), int(worker), max(1, workers_per_host))
+
+
+def available_memory() -> Optional[int]:
+    """This machine's ``MemAvailable`` (bytes; ``None`` where ``/proc/meminfo`` is missing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def parse_size(text: Optional[str]) -> Optional[int]:
+    """Bytes of a JVM-style size (``"4g"``, ``"512m"``, ``"2048k"``; a bare number is MiB, as Spark reads it)."""
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*", str(text).lower())
+    if not m:
+        return None
+    return int(float(m.group(1)) * 1024 ** {"k": 1, "m": 2, "g": 3, "t": 4, "": 2}[m.group(2)])
+
+
+def _conf(engine, key: str) -> Optional[str]:
+    try:
+        if engine.sc is not None:
+            return engine.sc.getConf().get(key, None)
+        return engine.spark.conf.get(key, None)
+    except Exception:  # noqa: BLE001 - a setting that cannot be read is one not known
+        return None
+
+
+def with_available(est: MemoryEstimate, engine, num_workers: int) -> MemoryEstimate:
+    """``est`` with the memory there is for the driver and each worker of a fit of ``num_workers`` on ``engine``."""
+    import dataclasses
+
+    machine = available_memory()
+    if engine.one_host:  # local[N]: the driver and every worker share this machine's memory
+        workers = max(1, num_workers)
+        if machine is None:
+            return dataclasses.replace(est, workers_per_host=workers)
+        left = machine - est.driver_bytes
+        return dataclasses.replace(est, workers_per_host=workers, driver_available=machine,
+                                   worker_available=max(0, left) // workers,
+                                   source=f"this machine's available memory ({_gb(machine)}), shared by the "
+                                          f"driver and its {workers} workers")
+    per_executor = parse_size(_conf(engine, "spark.executor.pyspark.memory"))
+    key = "spark.executor.pyspark.memory"
+    if per_executor is None:
+        per_executor, key = parse_size(_conf(engine, "spark.executor.memory")), "spark.executor.memory"
+    cores = int(_conf(engine, "spark.executor.cores") or 1)
+    task_cpus = int(_conf(engine, "spark.task.cpus") or 1)
+    slots = max(1, min(num_workers, cores // max(1, task_cpus)))
+    return dataclasses.replace(
+        est, workers_per_host=slots, driver_available=machine,
+        worker_available=None if per_executor is None else per_executor // slots,
+        source="" if per_executor is None else f"{key}={_conf(engine, key)} shared by {slots} task slots")
+
+
+def model_state_sizes(model) -> Tuple[int, int, int]:
+    """``(weight bytes, optimizer variable bytes, largest array bytes)`` of a compiled model, without copying them."""
+    import numpy as np
+
+    def nbytes(v) -> int:
+        return int(np.prod(v.shape)) * np.dtype(getattr(v.dtype, "name", v.dtype)).itemsize
+
+    from ...shared.model.modelspec import ensure_optimizer_built
+
+    ensure_optimizer_built(model)
+    weights = [nbytes(v) for v in model.weights]
+    optimizer = [nbytes(v) for v in model.optimizer.variables]
+    return sum(weights), sum(optimizer), max(weights + optimizer, default=0)
+
+
+def check_memory(model, engine, num_workers: int, average_optimizer: bool, local_optimizer: bool,
+                 compression_ratio: float = 1.0) -> MemoryEstimate:
+    """Estimates the fit's memory (:func:`estimate`, :func:`with_available`); refuses one that cannot fit.
+
+    Raises:
+        ConfigurationError: the driver's or a worker's estimate is above the
+            memory there is; the message names both and what would make it fit.
+    """
+    from ...errors import ConfigurationError
+
+    weights, optimizer, largest = model_state_sizes(model)
+    est = with_available(estimate(weights, optimizer, largest, average_optimizer, local_optimizer,
+                                  compression_ratio), engine, num_workers)
+    problems = est.problems()
+    if not problems:
+        return est
+    fixes = []
+    if est.workers_per_host > 1:
+        fixes.append("fewer workers per host (num_workers, or fewer task slots per executor)")
+    if not local_optimizer and optimizer:
+        fixes.append('optimizer_state="local" (each worker keeps its optimizer variables; only the weights travel)')
+    fixes.append("a machine or executors with more memory (spark.executor.pyspark.memory)")
+    raise ConfigurationError(
+        f"This fit would not fit in memory: {'; '.join(problems)} ({est.source}). The model's state (weights "
+        f"and optimizer variables) is {_gb(est.state_bytes)}; a fit holds about two copies of it on the driver and "
+        f"in each worker beside the worker's replica (README, 'What memory a fit needs'). What would make it fit: "
+        f"{'; '.join(fixes)}."
+    )
