@@ -42,6 +42,7 @@ from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.wire.local_state import host_names
 from ..shared.model.modelspec import ModelSpec, get_state, set_state
+from ..shared.model.tracing import build_training_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
 from ..shared.wire.stats import WorkerRecord
 from .arrow_entries import probe_path_batches, run_standing_rounds  # noqa: F401 (their old home)
@@ -194,6 +195,9 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     if fn is not None:
         return fn
     weighted = dataset.weighted
+    # The compiled metrics' variables, created here rather than in the first trace, which TensorFlow would
+    # then repeat (two traces instead of one: shared/model/tracing.py).
+    build_training_state(model, dataset.x_fields, dataset.y_fields, weighted)
 
     @tf.function(
         input_signature=[
