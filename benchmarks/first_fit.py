@@ -79,7 +79,7 @@ def run_arm(arm: str, args) -> dict:
     t_warm = time.perf_counter()
     if arm != "plain":
         time.sleep(max(0.0, args.ready - (time.perf_counter() - t_warm)))
-    fits, timeline, traces = [], None, []
+    fits, timeline, traces, warm_timelines = [], None, [], []
     for i in range(3):
         m = model if i == 0 else build_model()
         with ParameterAveragingTrainer(m, num_workers=2, batch_size=args.batch_size,
@@ -88,17 +88,12 @@ def run_arm(arm: str, args) -> dict:
             tr.fit((x, y), epochs=args.epochs, verbose=0)
             fits.append(time.perf_counter() - t)
             if i == 0:
-                timeline = getattr(tr.stats, "first_fit", None) or {
-                    "staging_s": tr.stats.staging_s, "round1_s": tr.stats.records[0].wall_s,
-                    "schedule_s": tr.stats.records[0].schedule_s,
-                    "build_s": max(w.build_s for w in tr.stats.records[0].workers),
-                    "import_s": max(w.import_s for w in tr.stats.records[0].workers),
-                    "trace1_s": max(w.trace_s for w in tr.stats.records[0].workers),
-                    "compute1_s": max(w.compute_s for w in tr.stats.records[0].workers),
-                    "rounds_s": sum(r.wall_s for r in tr.stats.records)}
+                timeline = tr.stats.startup
+            else:
+                warm_timelines.append(tr.stats.startup)
             traces += [w.trace_s for r in tr.stats.records for w in r.workers if w.traced]
     spark.stop()
-    return {"fits_s": fits, "session_s": session_s, "first_fit": timeline,
+    return {"fits_s": fits, "session_s": session_s, "first_fit": timeline, "warm_fits": warm_timelines,
             "trace_s": max(traces) if traces else 0.0}
 
 

@@ -255,12 +255,14 @@ class ParameterAveragingTrainer:
             WorkerError: a round's Spark job failed, or a replica's loss or
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
+        started = time.time()
         plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
                           checkpoint_every, resume, initial_epoch, sample_weight_col,
                           class_weight)  # every check before any Spark job; data staged
         if callbacks is not None and not isinstance(callbacks, (list, tuple)):
             callbacks = [callbacks]  # keras.Model.fit takes one callback alone too
         ctx = self._start(plan, loop.callback_list(self.model, plan, callbacks))
+        self.stats.started = started  # stats.startup: the first round's end from here
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
         info = FitInfo(
             trainer=self,
