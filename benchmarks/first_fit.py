@@ -9,12 +9,16 @@ that the machine's load hits them alike:
 
 * ``readme``: README's path: the session with ``RECOMMENDED_CONF``,
   ``sparkdl_avg.warm_up(spark, model)`` right after it, the data ready 1 s
-  later (``--ready``), then the first fit and two warm fits (new trainer,
+  later (``--ready``), then the first fit and ``--warm-fits`` warm fits (default 2; new trainer,
   new model of the same architecture, as a notebook's re-run cell);
 * ``readme_no_model``: the same with ``warm_up(spark)`` (no model given);
 * ``plain``: a session without README's settings and no warm-up, the data
-  ready at once; first fit and two warm fits;
-* ``keras``: ``model.fit`` in one process, TensorFlow on all cores.
+  ready at once; the same fits;
+* ``keras``: ``model.fit`` in one process, TensorFlow on all cores;
+* with ``--baseline DIR`` (a checkout of an earlier sparkdl_avg, e.g. the
+  main branch's): ``baseline``, README's path as it was there
+  (``warm_up(spark)``) with that checkout's package, interleaved with the
+  others, for a before/after in one run.
 
 Targets, on medians over the repeats (``--repeats``, default 3):
 
@@ -44,7 +48,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import harness  # noqa: E402
 
-ARMS = ("readme", "readme_no_model", "plain", "keras")
+ARMS = ("readme", "readme_no_model", "plain", "keras", "baseline")
 ARM_CONF = {"plain": None}  # readme=False: no RECOMMENDED_CONF at all
 TARGETS = {
     "first_minus_keras_s": 0.0,       # readme first fit ≤ keras fit
@@ -52,6 +56,19 @@ TARGETS = {
     "plain_first_minus_warm_s": 5.0,   # plain first fit ≤ warm + 5 s
     "trace_s": 1.0,                    # tracing per worker
 }
+
+
+def _startup(stats) -> dict:
+    """``stats.startup``, or the same figures from the records where the package predates it (``baseline``)."""
+    startup = getattr(stats, "startup", None)
+    if startup is not None:
+        return startup
+    first = stats.records[0]
+    return {"staging_s": stats.staging_s, "wait_executors_s": first.schedule_s,
+            "import_s": max(w.import_s for w in first.workers), "build_s": max(w.build_s for w in first.workers),
+            "trace_s": max(w.trace_s for w in first.workers),
+            "first_steps_s": max(w.compute_s - w.trace_s for w in first.workers), "round1_s": first.wall_s,
+            "round2_s": stats.records[1].wall_s if len(stats.records) > 1 else None}
 
 
 def run_arm(arm: str, args) -> dict:
@@ -70,17 +87,17 @@ def run_arm(arm: str, args) -> dict:
 
     model = build_model()
     t0 = time.perf_counter()
-    spark = harness.session("local[2]", readme=arm != "plain")
+    spark = harness.session("local[2]", readme=arm != "plain", app_name=f"first-fit-{arm}")
     session_s = time.perf_counter() - t0
     if arm == "readme":
         sparkdl_avg.warm_up(spark, model)
-    elif arm == "readme_no_model":
+    elif arm in ("readme_no_model", "baseline"):
         sparkdl_avg.warm_up(spark)
     t_warm = time.perf_counter()
     if arm != "plain":
         time.sleep(max(0.0, args.ready - (time.perf_counter() - t_warm)))
     fits, timeline, traces, warm_timelines = [], None, [], []
-    for i in range(3):
+    for i in range(1 + args.warm_fits):
         m = model if i == 0 else build_model()
         with ParameterAveragingTrainer(m, num_workers=2, batch_size=args.batch_size,
                                        averaging_frequency=args.k, seed=1, slow_warning=False) as tr:
@@ -88,9 +105,9 @@ def run_arm(arm: str, args) -> dict:
             tr.fit((x, y), epochs=args.epochs, verbose=0)
             fits.append(time.perf_counter() - t)
             if i == 0:
-                timeline = tr.stats.startup
+                timeline = _startup(tr.stats)
             else:
-                warm_timelines.append(tr.stats.startup)
+                warm_timelines.append(_startup(tr.stats))
             traces += [w.trace_s for r in tr.stats.records for w in r.workers if w.traced]
     spark.stop()
     return {"fits_s": fits, "session_s": session_s, "first_fit": timeline, "warm_fits": warm_timelines,
@@ -103,15 +120,21 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--k", type=int, default=8, help="averaging_frequency (default: %(default)s, the trainer's)")
+    p.add_argument("--warm-fits", type=int, default=2, help="fits after the first, per arm (default: %(default)s)")
     p.add_argument("--ready", type=float, default=1.0, help="seconds from warm_up to the data ready")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
     p.add_argument("--no-check", action="store_true", help="report, but exit 0 when a target is missed")
+    p.add_argument("--baseline", default=None, help="a checkout whose package the 'baseline' arm runs (default: no arm)")
     p.add_internal("--one", default=None)
     args = p.parse_args()
     if args.one:
         print("RESULT " + json.dumps(run_arm(args.one, args)), flush=True)
         return
     arms = args.arms.split(",")
+    if args.baseline and "baseline" not in arms:
+        arms.append("baseline")
+    if "baseline" in arms and not args.baseline:
+        p.error("--arms: the 'baseline' arm needs --baseline DIR (a checkout of the package to compare with)")
     for arm in arms:
         if arm not in ARMS:
             p.error(f"--arms: unknown arm {arm!r}; expected some of {list(ARMS)}")
@@ -119,7 +142,11 @@ def main() -> None:
     runs = {arm: [] for arm in arms}
     for rep in range(args.repeats):
         for arm in arms:
-            proc = subprocess.run([sys.executable, __file__, *child, "--one", arm], capture_output=True, text=True)
+            env = dict(os.environ)
+            if arm == "baseline":  # that checkout's package first, on the driver and (inherited) the executors
+                env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.baseline), env.get("PYTHONPATH", "")])
+            proc = subprocess.run([sys.executable, __file__, *child, "--one", arm], capture_output=True, text=True,
+                                  env=env)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode or not lines:
                 raise SystemExit(f"arm {arm} failed:\n{proc.stderr[-3000:]}")
@@ -145,7 +172,8 @@ def main() -> None:
         figures["readme_first_minus_warm_s"] = first["readme"] - warm["readme"]
     if "plain" in arms:
         figures["plain_first_minus_warm_s"] = first["plain"] - warm["plain"]
-    traced = [r["trace_s"] for a in arms if a != "keras" for r in runs[a]]
+    # the arms whose fits trace (after warm_up(spark, model) the warm-up's tasks did: the fit sees no trace)
+    traced = [r["trace_s"] for a in ("readme_no_model", "plain") if a in arms for r in runs[a]]
     if traced:
         figures["trace_s"] = statistics.median(traced)
     load = os.getloadavg()[0]
@@ -154,6 +182,18 @@ def main() -> None:
     for a in arms:
         w = warm.get(a)
         print(f"| {a} | {first[a]:.2f} | {'' if w is None else f'{w:.2f}'} | {'' if w is None else f'{first[a] - w:+.2f}'} |")
+    keys = ["driver_s", "staging_s", "wait_executors_s", "import_s", "build_s", "trace_s", "first_steps_s",
+            "round1_s", "round2_s"]
+    print(f"\n| arm (first fit, medians) | {' | '.join(keys)} |")
+    print("|---|" + "---|" * len(keys))
+    for a in arms:
+        if a == "keras":
+            continue
+        cells = []
+        for key in keys:
+            values = [r["first_fit"].get(key) for r in runs[a] if r["first_fit"].get(key) is not None]
+            cells.append(f"{statistics.median(values):.2f}" if values else "")
+        print(f"| {a} | {' | '.join(cells)} |")
     missed = [f"{name} = {value:+.2f} s, target ≤ {TARGETS[name]:+.1f} s"
               for name, value in figures.items() if value > TARGETS[name]]
     harness.write_results(args.out, args, conf=harness.settings(), arm_conf={"plain": harness.overrides(

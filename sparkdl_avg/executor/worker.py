@@ -199,6 +199,11 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     # then repeat (two traces instead of one: shared/model/tracing.py).
     build_training_state(model, dataset.x_fields, dataset.y_fields, weighted)
 
+    # One function for both call sites below, traced once (as Keras' own multi-step loop calls its
+    # one_step_on_data): calling train_step itself traced the model's step twice.
+    one_step = tf.function(model.train_step)
+    one_step._omit_frequent_tracing_warning = True
+
     @tf.function(
         input_signature=[
             [tf.TensorSpec((None, *f.shape), f.dtype) for f in dataset.x_fields],
@@ -214,9 +219,9 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
             labels = structure([a[lo : lo + batch] for a in ys])
             return (inputs, labels, weights[lo : lo + batch]) if weighted else (inputs, labels)
 
-        logs = model.train_step(minibatch(0))
+        logs = one_step(minibatch(0))
         for i in tf.range(1, steps):
-            logs = model.train_step(minibatch(i * batch))
+            logs = one_step(minibatch(i * batch))
         return logs
 
     # TensorFlow's retracing warning counts traces per code object, across
