@@ -49,7 +49,7 @@ def test_likely_signature_matches_what_the_fit_stages_for_arrays():
     model = keras.Sequential([keras.Input((5, 5, 1)), keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")])
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     sig = likely_signature(model)
-    assert sig.signature == ((((5, 5, 1), "float32"),), (((), "float32"),), False)
+    assert sig.signature == ((((5, 5, 1), "float32"),), (((), "int32"),), False)
     regression = likely_signature(make_model())
     assert regression.signature == ((((4,), "float64"),), (((1,), "float64"),), False)
     assert WarmReplica.of(model).spec.fingerprint

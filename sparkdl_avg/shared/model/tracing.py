@@ -75,10 +75,10 @@ class TraceSignature:
 def likely_signature(model) -> TraceSignature:
     """What a fit of ``model`` on unweighted numpy arrays or array columns most likely stages.
 
-    Inputs as the fit stages them (each input's shape and dtype); labels in
-    the dtype of float labels (:func:`~sparkdl_avg.shared.model.modelspec.inputs_dtype`),
-    one value per example for an output whose loss is a sparse one (class
-    indices), else the output's shape. A guess: data that differ (one-hot
+    Inputs as the fit stages them (each input's shape and dtype); for an
+    output whose loss is a sparse one, integer class indices (one int32 per
+    example, as staging keeps integer labels), else float labels of the
+    output's shape (:func:`~sparkdl_avg.shared.model.modelspec.inputs_dtype`). A guess: data that differ (one-hot
     labels with a sparse loss, sample weights) are traced again by the fit.
     """
     losses = model.loss if isinstance(model.loss, (list, tuple)) else [model.loss] * len(model.outputs)
@@ -89,7 +89,8 @@ def likely_signature(model) -> TraceSignature:
     for output, loss in zip(model.outputs, losses):
         name = loss if isinstance(loss, str) else getattr(loss, "name", None) or type(loss).__name__
         sparse = "sparse" in str(name).lower()
-        y_fields.append(Field(() if sparse else tuple(output.shape[1:]), label_dtype))
+        # class indices are integers, which staging keeps as int32 (arrays and columns alike)
+        y_fields.append(Field((), "int32") if sparse else Field(tuple(output.shape[1:]), label_dtype))
     x_fields = tuple(Field(tuple(shape), dtype) for shape, dtype in zip(input_shapes(model), input_dtypes(model)))
     return TraceSignature(x_fields, tuple(y_fields))
 
