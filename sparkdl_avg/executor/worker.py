@@ -42,6 +42,7 @@ from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.wire.local_state import host_names
 from ..shared.model.modelspec import ModelSpec, assign_state, get_state
+from ..shared.model.tracing import build_training_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
 from ..shared.wire.stats import PeakMemory, WorkerRecord
 from .arrow_entries import probe_path_batches, run_standing_rounds  # noqa: F401 (their old home)
@@ -194,6 +195,14 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     if fn is not None:
         return fn
     weighted = dataset.weighted
+    # The compiled metrics' variables, created here rather than in the first trace, which TensorFlow would
+    # then repeat (two traces instead of one: shared/model/tracing.py).
+    build_training_state(model, dataset.x_fields, dataset.y_fields, weighted)
+
+    # One function for both call sites below, traced once (as Keras' own multi-step loop calls its
+    # one_step_on_data): calling train_step itself traced the model's step twice.
+    one_step = tf.function(model.train_step)
+    one_step._omit_frequent_tracing_warning = True
 
     @tf.function(
         input_signature=[
@@ -210,9 +219,9 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
             labels = structure([a[lo : lo + batch] for a in ys])
             return (inputs, labels, weights[lo : lo + batch]) if weighted else (inputs, labels)
 
-        logs = model.train_step(minibatch(0))
+        logs = one_step(minibatch(0))
         for i in tf.range(1, steps):
-            logs = model.train_step(minibatch(i * batch))
+            logs = one_step(minibatch(i * batch))
         return logs
 
     # TensorFlow's retracing warning counts traces per code object, across
@@ -554,25 +563,3 @@ def run_eval_partition(task: EvalTask, parts: Iterable[int]) -> Iterator[Partial
                 WorkerError, f"Worker {part} failed in the evaluation: {type(exc).__name__}: {remote_errors.one_line(str(exc))}"
             ) from exc
         yield result
-
-
-def warm_up_partition(ids: Iterable) -> Iterator[int]:
-    """``mapPartitions`` (and, through :func:`warm_up_batches`, ``mapInArrow``) body of a warm-up task.
-
-    Makes this Python worker ready to train: imports TensorFlow (a no-op
-    where the daemon, :mod:`sparkdl_avg.daemon`, already has) and sizes its
-    thread pools, then returns the worker to its pool for the fit's tasks.
-    Yields the worker's pid.
-    """
-    list(ids)  # consume the whole input so PySpark reuses this worker
-    configure_threads()
-    quiet.take_import_s()  # the warm-up's import, not a fit's: no fit waited for it
-    yield os.getpid()
-
-
-def warm_up_batches(batches) -> Iterator:
-    """``mapInArrow`` body of a warm-up task: :func:`warm_up_partition`, one ``pid`` row."""
-    import pyarrow as pa
-
-    pids = list(warm_up_partition(_task_ids(batches)))
-    yield pa.RecordBatch.from_pydict({"pid": pa.array(pids, pa.int64())})

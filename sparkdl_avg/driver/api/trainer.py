@@ -256,12 +256,14 @@ class ParameterAveragingTrainer:
             WorkerError: a round's Spark job failed, or a replica's loss or
                 weights became NaN/Inf (with ``on_nonfinite="raise"``).
         """
+        started = time.time()
         callbacks = _callbacks(callbacks)
         memory = PeakMemory()  # the driver's peak above its level now: trainer.stats.driver_peak_memory
         plan = self._plan(data, validation_data, epochs, features_col, label_col, verbose, shuffle, checkpoint_dir,
                           checkpoint_every, resume, initial_epoch, sample_weight_col,
                           class_weight)  # every check before any Spark job; data staged
         ctx = self._start(plan, loop.callback_list(self.model, plan, callbacks))
+        self.stats.started = started  # stats.startup: the first round's end from here
         observers = [cb for cb in callbacks or () if callable(getattr(cb, "on_fit_begin", None))]
         info = FitInfo(
             trainer=self,

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from ...errors import SessionError
+from ...errors import ConfigurationError, SessionError
 
 _TAG = re.compile(r"[^A-Za-z0-9_.-]+")
 logger = logging.getLogger(__name__)
@@ -95,7 +95,11 @@ WARM_UP_REUSE_S = 20.0
 """A warm-up started less than this many seconds ago is not repeated: its
 workers are still in the pool (PySpark drops them after a minute idle)."""
 
-_warm_ups: Dict[str, Tuple[float, concurrent.futures.Future]] = {}
+WARM_UP_MODEL_BYTES = 64 * 2**20
+"""The largest model archive ``warm_up(spark, model)`` ships in its tasks to build the replica ahead of the
+fit (the tasks carry it in their closure; a fit ships the model by broadcast or file)."""
+
+_warm_ups: Dict[Tuple[str, Optional[str]], Tuple[float, concurrent.futures.Future]] = {}
 _warm_lock = threading.Lock()
 _warming: Dict[int, "Engine"] = {}  # id(future) → the engine of a warm-up still running (cancelled at exit)
 WARM_UP_GROUP = "sparkdl_avg-warm-up"  #: the job group (Connect: the tag) of the warm-up's jobs
@@ -273,7 +277,7 @@ class Engine:
             return f"app:{self.sc.applicationId}"
         return f"connect:{self.spark.session_id}"
 
-    def warm_up(self) -> concurrent.futures.Future:
+    def warm_up(self, model=None) -> concurrent.futures.Future:
         """Starts making the executors' Python workers ready to train, in the background; returns its future.
 
         A new Python worker spends seconds importing TensorFlow before its
@@ -283,25 +287,37 @@ class Engine:
         RDD job, then a Spark SQL one; under Connect only the latter) start
         those workers while the caller goes on with driver-side work, and
         leave them in the one pool that the fit's RDD rounds and Spark SQL
-        jobs take workers from (see :func:`_share_python_workers`). The
-        future's result is the workers' pids; a failure is logged at DEBUG
-        and left to the real jobs to report. Repeated within
-        :data:`WARM_UP_REUSE_S` seconds, the earlier warm-up's future is
-        returned.
+        jobs take workers from (see :func:`_share_python_workers`). Given a
+        compiled ``model``, the first job's tasks also build its replica and
+        trace its step function for the data a fit most likely stages
+        (:class:`~sparkdl_avg.shared.model.tracing.WarmReplica`; a model whose
+        archive exceeds :data:`WARM_UP_MODEL_BYTES` is left to the fit).
+        The future's result is the workers' pids; a failure is logged at
+        DEBUG and left to the real jobs to report. Repeated within
+        :data:`WARM_UP_REUSE_S` seconds for the same model (or none), the
+        earlier warm-up's future is returned.
         """
+        replica = None
+        if model is not None:
+            from ...shared.model.tracing import WarmReplica
+
+            replica = WarmReplica.of(model)  # here, not in the thread: the caller may change the model next
+            if len(replica.spec.keras_bytes) > WARM_UP_MODEL_BYTES:
+                replica = None
+        key = (self.key, replica.spec.fingerprint if replica is not None else None)
         with _warm_lock:
-            started = _warm_ups.get(self.key)
+            started = _warm_ups.get(key)
             if started is not None and time.monotonic() - started[0] < WARM_UP_REUSE_S:
                 return started[1]
             future: concurrent.futures.Future = concurrent.futures.Future()
-            _warm_ups[self.key] = (time.monotonic(), future)
+            _warm_ups[key] = (time.monotonic(), future)
             _warming[id(future)] = self
         _cancel_at_exit()
-        threading.Thread(target=self._warm_up, args=(future,), name="sparkdl_avg-warm-up", daemon=True).start()
+        threading.Thread(target=self._warm_up, args=(future, replica), name="sparkdl_avg-warm-up", daemon=True).start()
         return future
 
-    def _warm_up(self, future: concurrent.futures.Future) -> None:
-        from ...executor import worker
+    def _warm_up(self, future: concurrent.futures.Future, replica=None) -> None:
+        from ...executor import warm
 
         try:
             n = self.default_parallelism
@@ -311,8 +327,11 @@ class Engine:
                     # An RDD job first: it starts the workers sooner than a SQL job, whose first run in an
                     # application also compiles Spark's Arrow path (about 2 s on 2 cores), needed by predict
                     # and staging but not by a fit on numpy arrays that may start meanwhile.
-                    pids.update(self.sc.parallelize(range(n), n).mapPartitions(worker.warm_up_partition).collect())
-                pids.update(r.pid for r in self.run_tasks(n, worker.warm_up_batches, "pid long").collect())
+                    body = functools.partial(warm.warm_up_partition, replica=replica)
+                    pids.update(self.sc.parallelize(range(n), n).mapPartitions(body).collect())
+                    replica = None  # built and traced in those workers, which the SQL job's tasks reuse
+                body = functools.partial(warm.warm_up_batches, replica=replica)
+                pids.update(r.pid for r in self.run_tasks(n, body, "pid long").collect())
             future.set_result(sorted(pids))
         except BaseException as exc:  # noqa: BLE001 - the fit's own jobs report what is wrong
             logger.debug("warming up the executors failed: %s", exc)
@@ -368,14 +387,25 @@ def _cancel_warm_ups() -> None:
                 pass
 
 
-def warm_up(spark=None) -> concurrent.futures.Future:
+def warm_up(spark=None, model=None) -> concurrent.futures.Future:
     """Starts warming the executors' Python workers of ``spark`` (default: the active session) in the background.
 
     Call it right after creating the session: the seconds a new worker
     spends importing TensorFlow then pass while the notebook's or job's
-    driver reads data and builds the model, not in the first fit (a fit
-    that starts before the warm-up ends waits for it). See
-    :meth:`Engine.warm_up`; returns its future (the workers' pids).
+    driver reads data, not in the first fit (a fit that starts before the
+    warm-up ends waits for it). See :meth:`Engine.warm_up`; returns its
+    future (the workers' pids).
+
+    Args:
+        spark: The ``SparkSession``; default the active one.
+        model: A compiled ``keras.Model`` the session will fit, or ``None``
+            (default). Given, the workers also build its replica and trace
+            its training step (about 1 to 3 s of a first fit on 2 cores,
+            docs/benchmarks/first_fit.md) for numpy arrays or array columns
+            of its input shapes, class indices as labels of a sparse loss;
+            other data are traced again by the fit. Nothing is trained; a
+            replica the fit cannot use costs the workers' memory until a
+            fit of another model evicts it.
     """
     if spark is None:
         from pyspark.sql import SparkSession
@@ -383,7 +413,10 @@ def warm_up(spark=None) -> concurrent.futures.Future:
         spark = SparkSession.getActiveSession()
         if spark is None:
             raise SessionError("warm_up() needs a SparkSession; create one with SparkSession.builder.getOrCreate() first.")
-    return Engine(spark).warm_up()
+    if model is not None and getattr(model, "optimizer", None) is None:
+        raise ConfigurationError("The 'model' parameter of warm_up() must be a compiled keras.Model (call model.compile "
+                           f"first). Got {type(model).__name__} without an optimizer.")
+    return Engine(spark).warm_up(model)
 
 
 def _console_level(jvm):

@@ -298,14 +298,61 @@ class TrainingStats:
         driver_peak_memory: The driver process's peak resident memory during
             the fit above its level when the fit started, in bytes
             (:class:`PeakMemory`; ``None`` until the fit ends, or where not known).
+        started: When ``fit`` was called (``time.time()``); ``None`` for
+            records read back or built by hand.
     """
 
-    def __init__(self, staging_s: float = 0.0, staged_bytes: int = 0, validation_staged_bytes: int = 0) -> None:
+    def __init__(self, staging_s: float = 0.0, staged_bytes: int = 0, validation_staged_bytes: int = 0,
+                 started: Optional[float] = None) -> None:
         self.records: List[RoundRecord] = []
         self.driver_peak_memory: Optional[int] = None
         self.staging_s = staging_s
         self.staged_bytes = staged_bytes
         self.validation_staged_bytes = validation_staged_bytes
+        self.started = started
+
+    @property
+    def startup(self) -> Dict[str, Optional[float]]:
+        """Where the fit's time went until its first round ended: what a session's first fit pays more than the next.
+
+        Seconds, in order: ``driver_s``, the fit's own driver work before its
+        first round, staging aside (its checks, the session's parallelism,
+        the model's description, the transport's start; ``None`` without
+        :attr:`started`); ``staging_s`` (above); ``wait_executors_s``, from
+        the first round's job submitted to its first task started (executors starting Python workers: forking them from
+        :mod:`sparkdl_avg.daemon`, or waiting for it to import TensorFlow, or
+        for a warm-up's tasks); ``import_s``, ``build_s`` and ``trace_s``, the
+        slowest worker's TensorFlow import in its worker, replica build and
+        step function trace (0 when cached); ``first_steps_s``, the slowest
+        worker's training of its first round beyond the trace (a step
+        function's first run costs several later ones); ``round1_s`` the first
+        round's wall time and ``round2_s`` the second's (the steady cost to
+        compare with; ``None`` for a one-round fit); ``to_round1_end_s`` from the
+        call of ``fit`` to the first round's end. Empty before the first round.
+        A session's first fit against its second shows what was paid once
+        (``benchmarks/first_fit.py`` fails when that grows past its targets).
+        """
+        if not self.records:
+            return {}
+        first = self.records[0]
+        workers = first.workers or []
+
+        def most(name):
+            return max((getattr(w, name) for w in workers), default=0.0)
+
+        known = self.started is not None
+        return {
+            "driver_s": first.t_start - self.started - self.staging_s if known else None,
+            "staging_s": self.staging_s,
+            "wait_executors_s": first.schedule_s,
+            "import_s": most("import_s"),
+            "build_s": most("build_s"),
+            "trace_s": most("trace_s"),
+            "first_steps_s": max((w.compute_s - w.trace_s for w in workers), default=0.0),
+            "round1_s": first.wall_s,
+            "round2_s": self.records[1].wall_s if len(self.records) > 1 else None,
+            "to_round1_end_s": first.t_start + first.wall_s - self.started if known else None,
+        }
 
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)
