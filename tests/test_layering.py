@@ -114,7 +114,7 @@ def test_the_import_graph_is_read_from_the_source(graph):
     # The analysis itself: known edges are found, lazy (function-level) imports included.
     assert {"shared.wire.aggregation", "shared.model.modelspec", "shared.data.example_order",
             "shared.wire.stats"} <= graph["executor.worker"]
-    assert "executor.worker" in graph["driver.runtime.session"]  # session imports worker inside Engine._warm_up only
+    assert "executor.warm" in graph["driver.runtime.session"]  # session imports the warm-up tasks inside Engine._warm_up only
     assert "errors" in graph["driver.api.trainer"] and "driver.fit.loop" in graph["driver.api.trainer"]
     assert "driver.fit.rounds" in graph["driver.fit.loop"]
     assert graph["errors"] == set()
