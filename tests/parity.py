@@ -740,7 +740,7 @@ class ElasticMixin:
         from sparkdl_avg import WorkerError
 
         with pytest.raises(WorkerError, match=r"min_workers=2 task slots, and only 1 were live .*"
-                                              r"elastic_timeout_s=0\.5.* lower min_workers, and resume"):
+                                              r"elastic_timeout_s=0\.5.* lower min_workers, and fit again"):
             self._fit([(0, 0, 2), (0, 1, 1)], min_workers=2, max_workers=2, elastic_timeout_s=0.5)
 
     def test_a_resumed_elastic_fit_continues_its_membership_and_equals_the_uninterrupted_one(self, session, tmp_path):

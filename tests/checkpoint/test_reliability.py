@@ -532,7 +532,7 @@ def test_model_that_executors_cannot_rebuild_is_refused_on_the_driver(spark):
     model = keras.Model(inputs, keras.layers.Dense(1)(Unregistered()(inputs)))
     model.compile("sgd", "mse")
     with record_jobs(spark) as jobs:
-        with pytest.raises(ConfigurationError, match=r"cannot be rebuilt from its .keras archive.*register_keras_serializable.*Keras said: TypeError"):
+        with pytest.raises(ConfigurationError, match=r"cannot be rebuilt from its Keras config.*register_keras_serializable.*Keras said: TypeError"):
             trainer_for(model).fit(DATA, verbose=0)
     assert jobs.job_ids == []
 

@@ -182,6 +182,10 @@ def config_archive(model) -> bytes:
 
     import keras
 
+    if any(hasattr(layer, "save_assets") for layer in model._flatten_layers()):
+        # A layer whose state is an asset (TextVectorization's vocabulary, a lookup table) is not rebuilt by its
+        # config nor set by the round's state: such a model travels whole, as a full archive.
+        return keras_to_bytes(model)
     if getattr(model, "optimizer", None) is not None:
         ensure_optimizer_built(model)
     with _object_sharing():
@@ -196,13 +200,21 @@ def config_archive(model) -> bytes:
 def model_from_archive(data: bytes):
     """Builds the compiled model of a ``.keras`` archive's ``config.json``, in Keras' safe mode (no pickle), without its weights.
 
-    What ``keras.saving.load_model`` does before it loads the weights; works
-    on :func:`config_archive`'s archives and on full ones (their weights ignored).
+    What ``keras.saving.load_model`` does before it loads the weights. A
+    full archive (weights, assets: what :func:`config_archive` gives for a
+    model with assets) is loaded whole.
     """
+    import io
+    import zipfile
+
     import keras
 
     from .custom_objects import archive_config
 
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        whole = any(name not in ("config.json", "metadata.json") for name in zf.namelist())
+    if whole:  # a full archive (a model with assets, :func:`config_archive`): its assets and weights loaded too
+        return keras_from_bytes(data)
     with _object_sharing():
         return keras.saving.deserialize_keras_object(archive_config(data), safe_mode=True)
 

@@ -86,7 +86,8 @@ def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -
     Raises:
         FileNotFoundError: without ``parents``, the parent is gone (the fit ended, or its staging root was swept).
     """
-    if parents:
+    # Object stores have no directories to test or leave behind: a parent "exists" only while objects are under it.
+    if parents or (not local and getattr(fs, "type_name", "") in ("s3", "gcs")):
         if local:
             os.makedirs(path, exist_ok=True)
         else:
