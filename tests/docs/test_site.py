@@ -50,6 +50,17 @@ def test_every_benchmark_page_is_in_the_nav(built_site):
         assert f'href="{target}"' in nav, f"the nav does not list docs/benchmarks/{page.name}"
 
 
+def test_api_page_shows_the_trainers_options_in_its_signature(built_site):
+    """The constructor's signature is generated from the options table; the API page must show it, not ``**options``."""
+    site, _, _ = built_site
+    html = re.sub(r"<[^>]+>", "", (site / "reference" / "api" / "index.html").read_text(encoding="utf-8"))
+    start = html.index("ParameterAveragingTrainer(")
+    shown = html[start:html.index(")", start)]
+    for name in ("num_workers", "averaging_frequency", "state_transport", "optimizer_state"):
+        assert name in shown, f"the API page's trainer signature lacks {name}: {shown[:300]!r}"
+    assert "**options" not in shown
+
+
 def test_readme_and_pages_are_short():
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(readme) <= README_MAX_LINES, f"README.md has {len(readme)} lines (at most {README_MAX_LINES})"

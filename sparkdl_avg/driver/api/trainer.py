@@ -58,13 +58,14 @@ logger = logging.getLogger("sparkdl_avg")
 class ParameterAveragingTrainer:
     """Trains a compiled Keras model on Spark by synchronous parameter averaging.
 
+    The options after ``model`` are the rows of the options table
+    (``sparkdl_avg.driver.config.options``, the fields of ``TrainerConfig``),
+    taken by keyword or, in this order, by position.
+
     Args:
         model: A compiled ``keras.Model`` with one input and one output and a
             known input shape. It is trained in place: after ``fit`` it holds
             the averaged weights (also available as ``trainer.model``).
-        **options: The options below (:data:`sparkdl_avg.driver.config.options.OPTIONS`,
-            the fields of :class:`~sparkdl_avg.TrainerConfig`), by keyword
-            or, in this order, by position.
 
     Raises:
         ConfigurationError: a parameter or the model is invalid.

@@ -82,7 +82,6 @@ def constructor(scope: str = TRAINER, exclude: Sequence[str] = ()) -> Callable:
         __init__.__doc__ = init.__doc__
         __init__.__qualname__ = init.__qualname__
         __init__.__module__ = init.__module__
-        __init__.__wrapped__ = init
         return __init__
 
     return decorate
