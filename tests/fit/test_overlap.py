@@ -36,3 +36,22 @@ def test_the_rule_applies_each_average_one_round_late_and_the_end_applies_the_la
     np.testing.assert_array_equal(flush(after2, state)[0], [2.5, 2.5])  # and round 2's at the fit's end
     assert not np.any(state[PENDING][0])
     assert rule.describe() == {"name": "average", "overlap_rounds": True} and rule.name == "average"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(synchronization="stale", optimizer_state="reset"),
+     r"^The 'overlap_rounds' parameter needs synchronization='sync': .* stale and asynchronous chunks have no round "
+     r"to stand in for. Got overlap_rounds=True with synchronization='stale' instead.$"),
+    (dict(optimizer_state="average"),
+     r"^The 'overlap_rounds' parameter needs optimizer_state='local' or 'reset'.* Got overlap_rounds=True with "
+     r"optimizer_state='average' instead.$"),
+    (dict(optimizer_state="local", update_rule="bmuf"),
+     r"^The 'overlap_rounds' parameter needs update_rule='average': .* Got overlap_rounds=True with "
+     r"update_rule='bmuf' instead.$"),
+])
+def test_overlap_rounds_refuses_what_it_does_not_define_before_any_job(options, message):
+    from conftest import make_model
+    from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
+
+    with pytest.raises(ConfigurationError, match=message):
+        ParameterAveragingTrainer(make_model(), num_workers=2, overlap_rounds=True, **options)

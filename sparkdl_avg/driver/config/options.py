@@ -538,12 +538,6 @@ JOINTS: Tuple[CrossCheck, ...] = (
                   "step with a worker's own term is not built yet. Got overlap_rounds=True with "
                   f"update_rule={v['update_rule']!r} instead."),
     Joint(
-        "overlap_rounds", lambda v: (v.get("sync_fragments") or 1) > 1,
-        lambda v: "The 'overlap_rounds' parameter with sync_fragments > 1 is not built yet (fragments are "
-                  "synchronised in turn from weights the workers keep; their overlap is another protocol): "
-                  f"pass one of them. Got overlap_rounds=True with sync_fragments={v.get('sync_fragments')!r} "
-                  "instead."),
-    Joint(
         "elastic_timeout_s", lambda v: v["min_workers"] is None and v["max_workers"] is None,
         "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
         "'min_workers' task slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its "
