@@ -19,6 +19,7 @@ Mixin                  classic subclass            Connect subclass
 ``DataKindsMixin``     test_data_kinds.py          test_connect.py
 ``ElasticMixin``       test_reliability.py         test_connect.py
 ``LocalOptimizerStateMixin`` test_reliability.py   test_connect.py
+``OverlapRoundsMixin``  fit/test_overlap.py         test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests
@@ -906,3 +907,152 @@ class LocalOptimizerStateMixin:
         assert sorted(saved.feedback) == ["local-optimizer/1/0", "local-optimizer/1/1"]
         _, resumed = self._fit(epochs=2, checkpoint_dir=directory, resume=True)
         assert_weights_close(resumed.get_weights(), whole.get_weights(), atol=0)
+
+
+def _linear_sgd_reference(x, y, init, num_workers, batch_size, k, epochs, lr):
+    """Overlapped rounds (eager updates) in float64 numpy, written as docs/guides/algorithms.md states them.
+
+    A linear model ``x·W + b``, MSE, plain SGD. Returns the driver's weights after each round (``G_t``, every
+    average up to round ``t − 1`` applied) and after the fit (the last average applied too).
+    """
+    n_per_epoch = len(x) // (num_workers * batch_size * k)  # rounds per epoch
+    G = [np.array(w, np.float64) for w in init]
+    own = [None] * num_workers  # δ_i^{t-1}, worker i's delta of the round before
+    pending = None  # Δ̄_{t-1}, applied at the end of round t
+    after_rounds = []
+    for _ in range(epochs):
+        for r in range(n_per_epoch):
+            deltas = []
+            for i in range(num_workers):
+                W, b = [g.copy() for g in G]
+                if own[i] is not None:  # x_i^t = G_{t-1} + δ_i^{t-1}/N
+                    W, b = W + own[i][0] / num_workers, b + own[i][1] / num_workers
+                start = [W.copy(), b.copy()]
+                first = (r * num_workers * k + i * k) * batch_size
+                for s in range(k):
+                    xb = x[first + s * batch_size: first + (s + 1) * batch_size]
+                    yb = y[first + s * batch_size: first + (s + 1) * batch_size].reshape(-1, 1)
+                    err = xb @ W + b - yb
+                    W = W - lr * 2.0 / batch_size * xb.T @ err
+                    b = b - lr * 2.0 / batch_size * err.sum(axis=0)
+                deltas.append([W - start[0], b - start[1]])  # δ_i^t = y_i^t − x_i^t
+            mean = [sum(d[j] for d in deltas) / num_workers for j in range(2)]  # Δ̄_t
+            if pending is not None:  # G_t = G_{t-1} + Δ̄_{t-1}: one round late
+                G = [g + p for g, p in zip(G, pending)]
+            pending, own = mean, deltas
+            after_rounds.append([g.copy() for g in G])
+    final = [g + p for g, p in zip(G, pending)]
+    return after_rounds, final
+
+
+class OverlapRoundsMixin:
+    """``overlap_rounds`` (issue 50): eager updates, each worker's own delta standing in for its share of the
+    average the driver applies one round late."""
+
+    B, K, LR = 4, 2, 0.0625  # float32 holds the learning rate exactly
+
+    def _linear(self):
+        import keras
+
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((3,), dtype="float64")
+        out = keras.layers.Dense(1, dtype="float64")(inputs)
+        model = keras.Model(inputs, out)
+        model.compile(keras.optimizers.SGD(self.LR), "mse")
+        return model
+
+    def _fit(self, model=None, num_workers=2, epochs=2, callbacks=None, **fit_options):
+        x, y = regression_data(48, d=3, seed=9)
+        model = model or self._linear()
+        options = dict(optimizer_state="local", overlap_rounds=True)
+        options.update(fit_options.pop("options", {}))
+        trainer = ParameterAveragingTrainer(model, num_workers=num_workers, batch_size=self.B,
+                                            averaging_frequency=self.K, seed=4, **options)
+        trainer.fit((x, y), epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks, **fit_options)
+        return trainer, model
+
+    def test_two_workers_equal_the_float64_reference_round_by_round(self, session, floatx64):
+        import keras
+
+        class Record(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.seen = []
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.seen.append(self.model.get_weights())
+
+        x, y = regression_data(48, d=3, seed=9)
+        model = self._linear()
+        init = model.get_weights()
+        record = Record()
+        trainer, model = self._fit(model, callbacks=[record])
+        rounds, final = _linear_sgd_reference(x, y, init, 2, self.B, self.K, 2, self.LR)
+        assert len(record.seen) == len(rounds) == 6
+        for got, want in zip(record.seen, rounds):
+            assert_weights_close(got, want, atol=1e-12)
+        assert_weights_close(model.get_weights(), final, atol=1e-12)
+        # not the synchronous rounds' weights, nor the naive delay's
+        _, sync = self._fit(options=dict(overlap_rounds=False))
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(sync.get_weights(), final)) > 1e-6
+
+    def test_one_worker_is_sequential_training(self, session, floatx64):
+        x, y = regression_data(48, d=3, seed=9)
+        _, model = self._fit(num_workers=1)
+        alone = self._linear()
+        alone.fit(x, y, batch_size=self.B, epochs=2, shuffle=False, verbose=0)
+        assert_weights_close(model.get_weights(), alone.get_weights(), atol=1e-12)
+
+    def test_runs_repeat_bitwise_and_a_retried_task_gives_the_clean_runs_weights(self, session, monkeypatch,
+                                                                                tmp_path):
+        _, clean = self._fit()
+        _, again = self._fit()
+        assert_weights_close(again.get_weights(), clean.get_weights(), atol=0)
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
+        real = worker_module.run_round_partition
+        marker = str(tmp_path / "failed-once")
+        monkeypatch.setattr(worker_module, "run_round_partition",
+                            lambda task, it: _fail_first_attempt(real, task, it, marker))
+        try:
+            _, retried = self._fit()
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        assert os.path.exists(marker)
+        assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
+
+    def test_a_checkpoint_carries_what_is_in_flight_and_resumes_bitwise(self, session, tmp_path):
+        import keras
+
+        from sparkdl_avg.driver.checkpoint import files as checkpoint
+
+        _, whole = self._fit()
+
+        class Stop(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:  # epoch 0, mid-epoch: an average and both workers' deltas in flight
+                    raise KeyboardInterrupt
+
+        directory = str(tmp_path / "ckpt")
+        with pytest.raises(KeyboardInterrupt):
+            self._fit(callbacks=[Stop()], checkpoint_dir=directory, checkpoint_every=1)
+        saved = checkpoint.load(checkpoint.latest(directory))
+        assert sorted(k for k in saved.feedback if k.startswith("overlap")) == ["overlap-own/1/0", "overlap-own/1/1"]
+        assert any(np.any(p) for p in saved.rule_state["overlap_pending"])
+        _, resumed = self._fit(checkpoint_dir=directory, resume=True)
+        assert_weights_close(resumed.get_weights(), whole.get_weights(), atol=0)
+
+    def test_elastic_rounds_give_a_joining_worker_no_own_term(self, session):
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
+
+        _, fixed = self._fit()
+        with ScriptedSlots([(0, 0, 2)]):
+            _, steady = self._fit(options=dict(min_workers=1, max_workers=2))
+        assert_weights_close(steady.get_weights(), fixed.get_weights(), atol=0)
+        script = [(0, 0, 1), (0, 1, 2)]  # worker 1 joins at round 1 of epoch 0 with no delta of its own
+        with ScriptedSlots(script):
+            trainer, joined = self._fit(options=dict(min_workers=1, max_workers=2))
+        with ScriptedSlots(script):
+            _, again = self._fit(options=dict(min_workers=1, max_workers=2))
+        assert [r.num_workers for r in trainer.stats.records][:2] == [1, 2]
+        assert_weights_close(again.get_weights(), joined.get_weights(), atol=0)
+        assert all(np.isfinite(w).all() for w in joined.get_weights())

@@ -41,6 +41,7 @@ from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.wire.local_state import host_names
+from .overlap import eager_finish, eager_start
 from ..shared.model.modelspec import ModelSpec, assign_state, get_state
 from ..shared.model.tracing import build_training_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
@@ -307,6 +308,8 @@ class RoundTask:
             writes its own optimizer variables between rounds
             (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`);
             ``None``: the round's workers start from the sent ones.
+        overlap: ``overlap_rounds``: where each worker reads and writes its
+            own term (:mod:`sparkdl_avg.executor.overlap`); ``None``: off.
         start: Elastic rounds: the epoch position of the round's first
             example (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`);
             ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
@@ -331,6 +334,7 @@ class RoundTask:
     feedback: Any = None
     start: Optional[int] = None
     local_state: Any = None
+    overlap: Any = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -367,8 +371,11 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     t_own = time.time()
     own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
     local_state_s = time.time() - t_own
-    assign_state(model, weights, opt_vars if own is None else own)
-    if task.local_state is None and getattr(task.results, "deltas", None) is None:
+    eager = None
+    if task.overlap is not None:  # overlap_rounds: start from the sent weights plus the worker's own term
+        start_weights, eager = eager_start(task.overlap, worker, weights)
+    assign_state(model, weights if task.overlap is None else start_weights, opt_vars if own is None else own)
+    if task.local_state is None and task.overlap is None and getattr(task.results, "deltas", None) is None:
         weights = opt_vars = None  # not read again: a memory map (files) is unmapped, not kept through training
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
@@ -408,6 +415,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         t_own = time.time()
         task.local_state.save(worker, new_opt if finite else (opt_vars if own is None else own))
         local_state_s += time.time() - t_own
+    if task.overlap is not None:  # returns end - own term; keeps its next own term
+        new_weights = eager_finish(task.overlap, worker, task.num_workers, weights, eager, new_weights, finite)
     record = WorkerRecord(
         worker=worker,
         host=socket.gethostname(),
@@ -428,7 +437,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         trace_s=trace_s,
         local_state_s=local_state_s,
         local_state_restarted=restarted,
-        host_names=host_names() if getattr(task.local_state, "host_local", False) else (),
+        host_names=host_names() if any(getattr(f, "host_local", False) for f in (task.local_state, task.overlap))
+        else (),
     )
     deltas = getattr(task.results, "deltas", None)
     if deltas is not None:  # update_compression: the delta from what was sent, encoded (and the residual kept)

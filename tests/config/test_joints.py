@@ -55,6 +55,18 @@ CASES = [
      "The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state continues from its "
      "own previous round; stale and asynchronous chunks have no fixed previous round). Got optimizer_state='local' "
      "with synchronization='stale' instead."),
+    (dict(overlap_rounds=True, synchronization="stale", optimizer_state="reset"),
+     "The 'overlap_rounds' parameter needs synchronization='sync': its rounds already run ahead by one round of "
+     "averages, each worker standing its own delta in for its share of the average it lacks; stale and "
+     "asynchronous chunks have no round to stand in for. Got overlap_rounds=True with synchronization='stale' "
+     "instead."),
+    (dict(overlap_rounds=True),
+     "The 'overlap_rounds' parameter needs optimizer_state='local' or 'reset': an averaged optimizer state would "
+     "reach the workers one round late like the weights, with no own term defined for it (not built). Got "
+     "overlap_rounds=True with optimizer_state='average' instead."),
+    (dict(overlap_rounds=True, optimizer_state="local", update_rule="bmuf"),
+     "The 'overlap_rounds' parameter needs update_rule='average': the outer rules' one-round-late step with a "
+     "worker's own term is not built yet. Got overlap_rounds=True with update_rule='bmuf' instead."),
     (dict(elastic_timeout_s=10),
      "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for 'min_workers' task "
      "slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its default. Got "

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
 from parity import (CompressedUpdatesMixin, DataKindsMixin, ElasticMixin, EstimatorPathMixin, ExecutorCheckMixin,
-                    LocalOptimizerStateMixin, TaskRetryMixin)
+                    LocalOptimizerStateMixin, OverlapRoundsMixin, TaskRetryMixin)
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.executor import worker as worker_module
 
@@ -91,6 +91,10 @@ class TestLocalOptimizerState(LocalOptimizerStateMixin):
 
 class TestElastic(ElasticMixin):
     """Elastic rounds with scripted slots (classic: test_reliability.py)."""
+
+
+class TestOverlapRounds(OverlapRoundsMixin):
+    """``overlap_rounds``' eager updates (classic: tests/fit/test_overlap.py)."""
 
 
 class TestEstimatorPath(EstimatorPathMixin):

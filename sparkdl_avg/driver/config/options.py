@@ -50,7 +50,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from ...shared.wire.delta_sums import segment_feedback
-from ..algorithms.rules import as_update_rule, flat_option, names_help
+from ..algorithms.rules import PlainAveraging, as_update_rule, flat_option, names_help
 from ..algorithms.schedules import as_schedule
 from .constraints import (  # noqa: F401 (API: the row types and constraints, importable from the table)
     Bool, BoolOrPath, ClassWeights, Constraint, CrossCheck, Function, Ints, Joint, OneOf, Parsed, Requires,
@@ -336,6 +336,24 @@ OPTIONS: Tuple[Option, ...] = (
         param=SparkParam("reproducible", "toBoolean"),
     ),
     Option(
+        "overlap_rounds", False, "bool",
+        help="eager updates: each worker starts its next round from the global weights plus its own share of "
+             "the round it just trained, and the driver applies each round's average one round late",
+        doc="Overlapped rounds' update (eager updates, Kale et al. 2025; :mod:`sparkdl_avg.driver.fit.overlap`): "
+            "the driver applies each round's averaged delta one round late, and worker ``i`` starts round "
+            "``t + 1`` from the global weights plus ``δ_i/N``, its own delta of round ``t`` standing in for its "
+            "share of that round's average, so each delta is applied once and ``N = 1`` is sequential training "
+            "(docs/guides/algorithms.md, \"Overlapped rounds\"). A round's start then needs nothing from the "
+            "round before it but the worker's own delta. Needs ``synchronization=\"sync\"``, "
+            "``optimizer_state=\"local\"`` or ``\"reset\"`` and ``update_rule=\"average\"``. The driver's "
+            "weights after a round lack the newest round's average (validation and checkpoints see them so; a "
+            "checkpoint carries the average and each worker's delta in flight); the fit's end applies it. "
+            "Default False.",
+        check=Bool(),
+        cli=Flag(action="store_true"),
+        param=SparkParam("overlapRounds", "toBoolean"),
+    ),
+    Option(
         "network_rate", None, "Any",
         help="the driver's network link rate (e.g. '1gbit', '10gbit'), which state_transport='auto' and "
              "aggregation='auto' weigh on hosts of their own",
@@ -503,6 +521,22 @@ JOINTS: Tuple[CrossCheck, ...] = (
         message="The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state "
                 "continues from its own previous round; stale and asynchronous chunks have no fixed previous "
                 "round). Got optimizer_state='local' with synchronization={synchronization!r} instead."),
+    Requires(
+        "overlap_rounds", "synchronization", ("sync",),
+        "The 'overlap_rounds' parameter needs synchronization='sync': its rounds already run ahead by one "
+        "round of averages, each worker standing its own delta in for its share of the average it lacks; "
+        "stale and asynchronous chunks have no round to stand in for. Got overlap_rounds=True with "
+        "synchronization={synchronization!r} instead."),
+    Requires(
+        "overlap_rounds", "optimizer_state", ("local", "reset"),
+        "The 'overlap_rounds' parameter needs optimizer_state='local' or 'reset': an averaged optimizer state "
+        "would reach the workers one round late like the weights, with no own term defined for it (not built). "
+        "Got overlap_rounds=True with optimizer_state={optimizer_state!r} instead."),
+    Joint(
+        "overlap_rounds", lambda v: type(as_update_rule(v["update_rule"])) is not PlainAveraging,
+        lambda v: "The 'overlap_rounds' parameter needs update_rule='average': the outer rules' one-round-late "
+                  "step with a worker's own term is not built yet. Got overlap_rounds=True with "
+                  f"update_rule={v['update_rule']!r} instead."),
     Joint(
         "elastic_timeout_s", lambda v: v["min_workers"] is None and v["max_workers"] is None,
         "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "

@@ -23,6 +23,7 @@ from . import options
 from .codegen import document, trainer_entries
 from .constraints import check_joints
 from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES, STATE_TRANSPORTS  # noqa: F401 (API)
+from ..algorithms.overlap import OneRoundLate
 from ..algorithms.rules import UpdateRule, as_update_rule
 from ..algorithms.schedules import AveragingSchedule, as_schedule
 
@@ -33,8 +34,10 @@ def _schedule(self) -> AveragingSchedule:
 
 
 def _rule(self, num_workers: int) -> UpdateRule:
-    """``update_rule`` as a rule, with defaults for ``num_workers`` filled in."""
-    return as_update_rule(self.update_rule).resolve(num_workers)
+    """``update_rule`` as a rule, with defaults for ``num_workers`` filled in; applied one round late with
+    ``overlap_rounds`` (:class:`~sparkdl_avg.driver.algorithms.overlap.OneRoundLate`)."""
+    rule = as_update_rule(self.update_rule).resolve(num_workers)
+    return OneRoundLate(rule) if self.overlap_rounds else rule
 
 
 def _post_init(self) -> None:

@@ -23,6 +23,7 @@ from ..transport.feedback import ResidualLedger, lag_of
 from ..transport.local_states import LocalStateLedger
 from . import hooks as fit_hooks
 from .plan import FitInfo, FitPlan
+from .overlap import OwnDeltaLedger, apply_pending
 from .planner import EpochState, RoundPlanner
 from .rounds import RoundRunner, RoundSettings
 from .stale_async import EpochHooks, StaleRunner
@@ -48,6 +49,7 @@ class FitContext:
     feedback: Optional[ResidualLedger] = None  # update_compression with error feedback: the residual files
     membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
     local: Optional[LocalStateLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
+    overlap: Optional[OwnDeltaLedger] = None  # overlap_rounds: each worker's own term in flight (files)
     rounds_in_fit: int = 0
 
 
@@ -89,6 +91,11 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
                                  host_local=plan.engine.sc is not None)
         if plan.restored is not None:
             local.restore(plan.restored.feedback)
+    overlap = None
+    if config.overlap_rounds:  # each worker's own term in flight, kept as optimizer_state="local"'s states are
+        overlap = OwnDeltaLedger(join(exchange, "overlap"), plan.num_workers, host_local=plan.engine.sc is not None)
+        if plan.restored is not None:
+            overlap.restore(plan.restored.feedback)
     settings = RoundSettings(
         spec=transport.ship_spec(plan.spec),
         fingerprint=plan.spec.fingerprint,
@@ -103,7 +110,8 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         epoch_steps=plan.epoch_steps,
         compression=config.update_compression,
     )
-    rounds = RoundRunner(plan.engine, model, settings, plan.rule, rule_state, transport, stats, feedback, local)
+    rounds = RoundRunner(plan.engine, model, settings, plan.rule, rule_state, transport, stats, feedback, local,
+                         overlap)
     stale = None
     if config.synchronization != "sync":  # the epochs run as chunks
         stale = StaleRunner(rounds, config.staleness if config.synchronization == "stale" else None,
@@ -121,12 +129,13 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         checkpoints=resume_mod.Checkpointing(
             plan.checkpoint_dir, plan.checkpoint_every, model, rule_state, plan.schedule, seed,
             plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
-            feedback=feedback, membership=membership, local=local,
+            feedback=feedback, membership=membership, local=local, overlap=overlap,
         ),
         stale=stale,
         feedback=feedback,
         membership=membership,
         local=local,
+        overlap=overlap,
     )
 
 
@@ -180,6 +189,8 @@ class FitLoop:
                 logs = self._epoch(epoch, logs)
                 if self.model.stop_training:
                     break
+            if ctx.overlap is not None:  # the last round's average, pending until now
+                apply_pending(self.model, ctx.rounds.rule_state)
             hooks.train_end(logs)
             on_trained()
         except BaseException as exc:
@@ -187,7 +198,7 @@ class FitLoop:
             raise
         finally:
             ctx.transport.close()
-            for ledger in (ctx.feedback, ctx.local):
+            for ledger in (ctx.feedback, ctx.local, ctx.overlap):
                 if ledger is not None:
                     ledger.close()
             hooks.fit_end(info, error)

@@ -92,11 +92,12 @@ class RoundRunner:
         stats: Where each round's record goes.
         feedback: Under ``update_compression`` with error feedback, the fit's residual files.
         local: Under ``optimizer_state="local"``, the workers' own optimizer states (files).
+        overlap: Under ``overlap_rounds``, the workers' own terms in flight (files, :mod:`.overlap`).
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
                  transport: StateTransport, stats: TrainingStats, feedback: Optional[ResidualLedger] = None,
-                 local: Optional[LocalStateLedger] = None) -> None:
+                 local: Optional[LocalStateLedger] = None, overlap: Optional[LocalStateLedger] = None) -> None:
         self.engine = engine
         self.model = model
         self.settings = settings
@@ -106,6 +107,7 @@ class RoundRunner:
         self.stats = stats
         self.feedback = feedback
         self.local = local
+        self.overlap = overlap
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
             start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None,
@@ -121,7 +123,7 @@ class RoundRunner:
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
-        for ledger in (self.feedback, self.local):
+        for ledger in (self.feedback, self.local, self.overlap):
             if ledger is not None:
                 ledger.resize(n)
         # Wall-clock times (time.time) so they compare with the workers' own.
@@ -149,9 +151,10 @@ class RoundRunner:
         if self.feedback is not None:
             dropped = self.feedback.dropped(epoch, rnd)
             self.feedback.done(epoch, rnd, range(n))
-        if self.local is not None:
-            self.local.done(epoch, rnd, range(n))
-            self.local.placed(result.workers)
+        for ledger in (self.local, self.overlap):
+            if ledger is not None:
+                ledger.done(epoch, rnd, range(n))
+                ledger.placed(result.workers)
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
@@ -200,11 +203,12 @@ class RoundRunner:
 
     def _places(self, n: int) -> Optional[List[Optional[str]]]:
         """Where the round's ``n`` tasks should run: each worker's ``optimizer_state="local"`` host (classic sessions)."""
-        if self.local is None or not self.local.host_local or self.engine.sc is None:
+        ledger = self.local if self.local is not None else self.overlap  # both place a worker on its last host
+        if ledger is None or not ledger.host_local or self.engine.sc is None:
             return None
         from ..elastic.membership import status_slots
 
-        return self.local.places(range(n), status_slots(self.engine.sc).hosts)
+        return ledger.places(range(n), status_slots(self.engine.sc).hosts)
 
     def chunk_start(self) -> ChunkStart:
         """The driver's state, rule and learning rate an epoch of chunks starts from."""
@@ -264,6 +268,7 @@ class RoundRunner:
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
             feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
             start=start, local_state=self.local.files(epoch, rnd, workers, share) if self.local is not None else None,
+            overlap=self.overlap.files(epoch, rnd, workers, share) if self.overlap is not None else None,
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:

@@ -1,0 +1,57 @@
+"""``overlap_rounds`` on a classic ``local[2]`` session (tests/parity.py's ``OverlapRoundsMixin``; its Connect run is
+in tests/runtime/test_connect.py), and its arithmetic apart from Spark."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import spark_session
+from parity import OverlapRoundsMixin
+from sparkdl_avg.driver.algorithms.overlap import PENDING, OneRoundLate, flush
+from sparkdl_avg.driver.algorithms.rules import PlainAveraging
+
+
+@pytest.fixture(scope="module")
+def session():
+    with spark_session("local[2,3]", "sparkdl_avg-overlap") as spark:  # 3 attempts: a retried task
+        yield spark
+
+
+class TestOverlapRounds(OverlapRoundsMixin):
+    """tests/parity.py: the same tests run under Spark Connect in test_connect.py."""
+
+
+def test_the_rule_applies_each_average_one_round_late_and_the_end_applies_the_last():
+    rule = OneRoundLate(PlainAveraging())
+    G = [np.array([1.0, 2.0]), np.array(3.0)]
+    state = rule.init_state(G, [True, True])
+    avg1 = [np.array([1.5, 2.5]), np.array(2.0)]
+    after1 = rule.apply(G, G, avg1, state, [True, True], 0.1)
+    np.testing.assert_array_equal(after1[0], G[0])  # nothing pending yet
+    np.testing.assert_array_equal(state[PENDING][0], [0.5, 0.5])
+    avg2 = [np.array([2.0, 2.0]), np.array(2.0)]  # round 2's replicas' mean, from after1
+    after2 = rule.apply(after1, after1, avg2, state, [True, True], 0.1)
+    np.testing.assert_array_equal(after2[0], [1.5, 2.5])  # round 1's average, applied at round 2's end
+    np.testing.assert_array_equal(flush(after2, state)[0], [2.5, 2.5])  # and round 2's at the fit's end
+    assert not np.any(state[PENDING][0])
+    assert rule.describe() == {"name": "average", "overlap_rounds": True} and rule.name == "average"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(synchronization="stale", optimizer_state="reset"),
+     r"^The 'overlap_rounds' parameter needs synchronization='sync': .* stale and asynchronous chunks have no round "
+     r"to stand in for. Got overlap_rounds=True with synchronization='stale' instead.$"),
+    (dict(optimizer_state="average"),
+     r"^The 'overlap_rounds' parameter needs optimizer_state='local' or 'reset'.* Got overlap_rounds=True with "
+     r"optimizer_state='average' instead.$"),
+    (dict(optimizer_state="local", update_rule="bmuf"),
+     r"^The 'overlap_rounds' parameter needs update_rule='average': .* Got overlap_rounds=True with "
+     r"update_rule='bmuf' instead.$"),
+])
+def test_overlap_rounds_refuses_what_it_does_not_define_before_any_job(options, message):
+    from conftest import make_model
+    from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
+
+    with pytest.raises(ConfigurationError, match=message):
+        ParameterAveragingTrainer(make_model(), num_workers=2, overlap_rounds=True, **options)
