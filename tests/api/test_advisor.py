@@ -212,7 +212,8 @@ def test_advise_measures_through_the_trainers_public_api_only(spark, monkeypatch
     x, y = regression_data(2048, seed=3)
     advice = advise(make_model(), (x, y), epochs=3, batch_size=32, budget_s=60)
     m = advice.measurements
-    assert made == [1, 2] and set(m["t_step"]) == {1, 2}  # one trainer per worker count measured (local[2])
+    # one trainer per worker count measured (local[2]), 2 workers first: what a short budget must not miss
+    assert made == [2, 1] and set(m["t_step"]) == {1, 2}
     assert m["num_examples"] == 2048 and m["sample_examples"] == 2048
     assert m["staging_s"] > 0 and m["t_single"] > 0  # the first fit's staging time (trainer.stats.staging_s)
 
