@@ -287,7 +287,7 @@ def advise(
         summary += " " + communication
     if len(t_step) < len(counts):
         summary += (f" (The budget of {budget_s:g} s measured {', '.join(map(str, sorted(t_step)))} worker"
-                    f"{'s' if len(t_step) != 1 else ''} of {', '.join(map(str, counts))}: a larger budget_s "
+                    f"{'s' if max(t_step) != 1 else ''} of {', '.join(map(str, counts))}: a larger budget_s "
                     "measures the rest.)")
     measurements = dict(
         t_single=t_single, t_step=t_step, fixed=fixed, staging_s=staging_s, staging_full_s=staging_full_s,
