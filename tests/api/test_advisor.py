@@ -423,3 +423,22 @@ def test_a_short_budget_still_answers_from_two_workers(digits, monkeypatch):
     assert advice.summary.startswith("Stay on one machine: one epoch takes ")
     assert advice.summary.endswith("(The budget of 10 s measured 2 workers of 1, 2: a larger budget_s measures the "
                                    "rest.)")
+
+
+def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(caplog):
+    from sparkdl_avg.driver.fit.hooks import SlowFitWarnings
+
+    # 8 workers, k=64: 1.4 s of compute in a 2.5 s round, faster than one process, but 44% communication
+    records = [_record(64, 1.28, 0.12, 2.5)] * 3
+    stats = types.SimpleNamespace(records=records)
+    settings = types.SimpleNamespace(dataset=types.SimpleNamespace(num_examples=200_000), num_workers=8,
+                                     batch_size=32, epoch_steps=781)
+    hook = SlowFitWarnings(types.SimpleNamespace(key="k"), stats, lambda: settings, 0, 5, slow=True)
+    with caplog.at_level(logging.INFO, logger="sparkdl_avg"):
+        hook._warn_if_slow(last=False)
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert caplog.records[0].getMessage() == (
+        "Communication is 44% of a round: 1.10 s (the state going out, the job, the sums back, the update) against "
+        "1.40 s of the slowest worker's compute at averaging_frequency=64. Overlapped rounds (overlap_rounds=True) "
+        "would hide it behind the next round's compute: about 1.40 s a round instead of 2.50 s (1.8x the "
+        "throughput). Silence this with slow_warning=False.")

@@ -1,4 +1,4 @@
-"""The fit loop's built-in behaviours, each a :class:`FitHook`: Keras callbacks, progress, checkpoints, elastic bookkeeping, tracking observers and the slow and cold-start warnings.
+"""The fit loop's built-in behaviours, each a :class:`FitHook`: Keras callbacks, progress, checkpoints, elastic bookkeeping, ``"auto"``'s re-choice of its path from the link's measured rate, tracking observers and the slow and cold-start warnings.
 
 The loop (:mod:`.loop`) says what happened — an epoch began, a round was
 done, an epoch ended — through :class:`Hooks`, which calls every hook's method
