@@ -378,7 +378,7 @@ def test_overlap_is_advised_when_communication_is_a_large_share_and_compute_cove
     # issue 50's hosts cluster at k=192: a 3.57 s round of which 1.77 s the slowest worker's compute
     text = communication_advice(1.77, 1.80, 192)
     assert text == ("Communication is 50% of a round: 1.80 s (the state going out, the job, the sums back, the update) "
-                    "against 1.77 s of the slowest worker's compute at averaging_frequency=192. Overlapped rounds "
+                    "against 1.77 s of the slowest worker's compute at k = 192. Overlapped rounds "
                     "(overlap_rounds=True) would hide it behind the next round's compute: about 1.80 s a round "
                     "instead of 3.57 s (2.0x the throughput).")
     # communication under a fifth of the round: nothing to gain worth saying
@@ -393,11 +393,11 @@ def test_a_larger_k_is_advised_when_compute_is_much_less_than_communication():
     text = communication_advice(0.30, 1.75, 32)
     assert text.startswith("Communication is 85% of a round: 1.75 s")
     # 64.1 ms per minibatch now; at k=192 (1.80 + 1.75) / 192 = 18.5 ms; overlapped max(1.80, 1.75) / 192 = 9.4 ms
-    assert text.endswith("A larger k pays: averaging_frequency=192 would spend 9.1 ms per minibatch communicating "
-                         "instead of 54.7 ms, about 3.5x the throughput; with overlap_rounds=True there too, about "
+    assert text.endswith("A larger k pays: raising averaging_frequency to 192 would spend 9.1 ms per minibatch "
+                         "communicating instead of 54.7 ms, about 3.5x the throughput; with overlap_rounds=True there too, about "
                          "6.8x.")
     # capped at a worker's minibatches per epoch; at the cap, overlap is what is left
-    assert "averaging_frequency=100 would spend" in communication_advice(0.30, 1.75, 32, max_k=100)
+    assert "raising averaging_frequency to 100 would spend" in communication_advice(0.30, 1.75, 32, max_k=100)
     assert "A round already spans a worker's epoch, so k cannot grow; overlapped rounds (overlap_rounds=True) would " \
         "make a round about 1.75 s instead of 2.05 s (1.2x)." in communication_advice(0.30, 1.75, 32, max_k=32)
 
@@ -407,8 +407,8 @@ def test_the_slow_warning_names_the_communication_and_what_would_hide_it():
     message = slower_than_one_process(slow, num_examples=2048, num_workers=2, batch_size=32)
     # 24 ms of compute and loading against 126 ms of the rest: k=8 x ceil(126 / 24) = 48, cut to the epoch's 32
     assert ("Communication is 84% of a round: 0.13 s (the state going out, the job, the sums back, the update) "
-            "against 0.02 s of the slowest worker's compute at averaging_frequency=8. A larger k pays: "
-            "averaging_frequency=32 would spend 3.9 ms per minibatch") in message
+            "against 0.02 s of the slowest worker's compute at k = 8. A larger k pays: "
+            "raising averaging_frequency to 32 would spend 3.9 ms per minibatch") in message
     assert message.endswith("Silence this with slow_warning=False.")
 
 
@@ -439,6 +439,6 @@ def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(c
     assert [r.levelname for r in caplog.records] == ["INFO"]
     assert caplog.records[0].getMessage() == (
         "Communication is 44% of a round: 1.10 s (the state going out, the job, the sums back, the update) against "
-        "1.40 s of the slowest worker's compute at averaging_frequency=64. Overlapped rounds (overlap_rounds=True) "
+        "1.40 s of the slowest worker's compute at k = 64. Overlapped rounds (overlap_rounds=True) "
         "would hide it behind the next round's compute: about 1.40 s a round instead of 2.50 s (1.8x the "
         "throughput). Silence this with slow_warning=False.")

@@ -312,7 +312,7 @@ def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optiona
     share = comm_s / round_s
     measured = (f"Communication is {share:.0%} of a round: {_s(comm_s)} (the state going out, the job, the sums "
                 f"back, the update) against {_s(compute_s)} of the slowest worker's compute at "
-                f"averaging_frequency={k}.")
+                f"k = {k}.")
     if compute_s >= LARGER_K_BELOW * comm_s:
         overlapped = max(compute_s, comm_s)
         return (f"{measured} Overlapped rounds (overlap_rounds=True) would hide it behind the next round's "
@@ -328,7 +328,7 @@ def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optiona
     grown = compute_s * bigger / k  # one round's compute at the larger k
     now, then = round_s / k, (grown + comm_s) / bigger  # seconds per minibatch
     hidden = max(grown, comm_s) / bigger
-    return (f"{measured} A larger k pays: averaging_frequency={bigger} would spend "
+    return (f"{measured} A larger k pays: raising averaging_frequency to {bigger} would spend "
             f"{comm_s / bigger * 1000:.1f} ms per minibatch communicating instead of {comm_s / k * 1000:.1f} ms, "
             f"about {now / then:.1f}x the throughput; with overlap_rounds=True there too, about "
             f"{now / hidden:.1f}x.")
