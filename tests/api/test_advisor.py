@@ -394,8 +394,8 @@ def test_a_larger_k_is_advised_when_compute_is_much_less_than_communication():
     assert text.startswith("Communication is 85% of a round: 1.75 s")
     # 64.1 ms per minibatch now; at k=192 (1.80 + 1.75) / 192 = 18.5 ms; overlapped max(1.80, 1.75) / 192 = 9.4 ms
     assert text.endswith("A larger k pays: raising averaging_frequency to 192 would spend 9.1 ms per minibatch "
-                         "communicating instead of 54.7 ms, about 3.5x the throughput; with overlap_rounds=True there too, about "
-                         "6.8x.")
+                         "communicating instead of 54.7 ms, about 3.5x the throughput; with overlap_rounds=True there "
+                         "too, about 6.8x.")
     # capped at a worker's minibatches per epoch; at the cap, overlap is what is left
     assert "raising averaging_frequency to 100 would spend" in communication_advice(0.30, 1.75, 32, max_k=100)
     assert "A round already spans a worker's epoch, so k cannot grow; overlapped rounds (overlap_rounds=True) would " \
