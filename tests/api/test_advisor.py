@@ -212,7 +212,8 @@ def test_advise_measures_through_the_trainers_public_api_only(spark, monkeypatch
     x, y = regression_data(2048, seed=3)
     advice = advise(make_model(), (x, y), epochs=3, batch_size=32, budget_s=60)
     m = advice.measurements
-    assert made == [1, 2] and set(m["t_step"]) == {1, 2}  # one trainer per worker count measured (local[2])
+    # one trainer per worker count measured (local[2]), 2 workers first: what a short budget must not miss
+    assert made == [2, 1] and set(m["t_step"]) == {1, 2}
     assert m["num_examples"] == 2048 and m["sample_examples"] == 2048
     assert m["staging_s"] > 0 and m["t_single"] > 0  # the first fit's staging time (trainer.stats.staging_s)
 
@@ -366,3 +367,92 @@ def test_the_advise_job_prints_the_answer_and_writes_html_and_json(spark, tmp_pa
     # an existing output is kept, refused before Spark starts
     again, asked = run_job_in_process(spark, monkeypatch, "advise", *command)
     assert again == 2 and asked == [] and "already exists; pass --overwrite to replace it" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 50: when overlapped rounds or a larger k pay
+
+
+def test_overlap_is_advised_when_communication_is_a_large_share_and_compute_covers_it():
+    from sparkdl_avg.driver.observe.costmodel import communication_advice
+
+    # issue 50's hosts cluster at k=192: a 3.57 s round of which 1.77 s the slowest worker's compute
+    text = communication_advice(1.77, 1.80, 192)
+    assert text == ("Communication is 50% of a round: 1.80 s (the state going out, the job, the sums back, the update) "
+                    "against 1.77 s of the slowest worker's compute at k = 192. Overlapped rounds "
+                    "(overlap_rounds=True and optimizer_state=\"local\") would hide it behind the next round's compute: about 1.80 s a round "
+                    "instead of 3.57 s (2.0x the throughput).")
+    # communication under a fifth of the round: nothing to gain worth saying
+    assert communication_advice(1.0, 0.2, 8) is None
+    assert communication_advice(1.0, 0.26, 8).endswith("about 1.00 s a round instead of 1.26 s (1.3x the throughput).")
+
+
+def test_a_larger_k_is_advised_when_compute_is_much_less_than_communication():
+    from sparkdl_avg.driver.observe.costmodel import communication_advice
+
+    # the same cluster at k=32: 0.30 s of compute in a 2.05 s round -> k x ceil(1.75 / 0.30) = 192
+    text = communication_advice(0.30, 1.75, 32)
+    assert text.startswith("Communication is 85% of a round: 1.75 s")
+    # 64.1 ms per minibatch now; at k=192 (1.80 + 1.75) / 192 = 18.5 ms; overlapped max(1.80, 1.75) / 192 = 9.4 ms
+    assert text.endswith("A larger k pays: raising averaging_frequency to 192 would spend 9.1 ms per minibatch "
+                         "communicating instead of 54.7 ms, about 3.5x the throughput; with overlap_rounds=True and optimizer_state=\"local\" there "
+                         "too, about 6.8x.")
+    # capped at a worker's minibatches per epoch; at the cap, overlap is what is left
+    assert "raising averaging_frequency to 100 would spend" in communication_advice(0.30, 1.75, 32, max_k=100)
+    assert "A round already spans a worker's epoch, so k cannot grow; overlapped rounds (overlap_rounds=True and optimizer_state=\"local\") would " \
+        "make a round about 1.75 s instead of 2.05 s (1.2x)." in communication_advice(0.30, 1.75, 32, max_k=32)
+
+
+def test_the_slow_warning_names_the_communication_and_what_would_hide_it():
+    slow = [_record(8, 0.8, 0.0, 5.0, built=True)] + [_record(8, 0.02, 0.004, 0.15)] * 3
+    message = slower_than_one_process(slow, num_examples=2048, num_workers=2, batch_size=32)
+    # 24 ms of compute and loading against 126 ms of the rest: k=8 x ceil(126 / 24) = 48, cut to the epoch's 32
+    assert ("Communication is 84% of a round: 0.13 s (the state going out, the job, the sums back, the update) "
+            "against 0.02 s of the slowest worker's compute at k = 8. A larger k pays: "
+            "raising averaging_frequency to 32 would spend 3.9 ms per minibatch") in message
+    assert message.endswith("Silence this with slow_warning=False.")
+
+
+def test_a_short_budget_still_answers_from_two_workers(digits, monkeypatch):
+    """Session 20: advise(budget_s=10) at load ~15 measured 1 worker only, then raised 'No worker count could train'."""
+    from sparkdl_avg.driver.api import advisor
+
+    monkeypatch.setattr(advisor, "_FIT_BUDGET_SHARE", 1e9)  # the budget runs out after the first fit, as under load
+    advice = advise(_tiny_mlp(), digits, epochs=5, budget_s=10)
+    m = advice.measurements
+    assert set(m["t_step"]) == {2}
+    assert advice.summary.startswith("Stay on one machine: one epoch takes ")
+    assert advice.summary.endswith("(The budget of 10 s measured 2 workers of 1, 2: a larger budget_s measures the "
+                                   "rest.)")
+
+
+def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(caplog):
+    from sparkdl_avg.driver.fit.hooks import SlowFitWarnings
+
+    # 8 workers, k=64: 1.4 s of compute in a 2.5 s round, faster than one process, but 44% communication
+    records = [_record(64, 1.28, 0.12, 2.5)] * 3
+    stats = types.SimpleNamespace(records=records)
+    settings = types.SimpleNamespace(dataset=types.SimpleNamespace(num_examples=200_000), num_workers=8,
+                                     batch_size=32, epoch_steps=781)
+    hook = SlowFitWarnings(types.SimpleNamespace(key="k"), stats, lambda: settings, 0, 5, slow=True)
+    with caplog.at_level(logging.INFO, logger="sparkdl_avg"):
+        hook._warn_if_slow(last=False)
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert caplog.records[0].getMessage() == (
+        "Communication is 44% of a round: 1.10 s (the state going out, the job, the sums back, the update) against "
+        "1.40 s of the slowest worker's compute at k = 64. Overlapped rounds (overlap_rounds=True and optimizer_state=\"local\") "
+        "would hide it behind the next round's compute: about 1.40 s a round instead of 2.50 s (1.8x the "
+        "throughput). Silence this with slow_warning=False.")
+
+
+def test_a_fit_already_overlapping_is_advised_only_a_larger_k():
+    from types import SimpleNamespace
+
+    from sparkdl_avg.driver.observe.costmodel import communication_advice, overlapping
+
+    assert communication_advice(1.77, 1.80, 192, overlapping=True) is None
+    assert communication_advice(0.30, 1.75, 32, max_k=32, overlapping=True) is None
+    text = communication_advice(0.30, 1.75, 32, overlapping=True)
+    assert text.endswith("raising averaging_frequency to 192 would spend 9.1 ms per minibatch communicating instead "
+                         "of 54.7 ms, about 3.5x the throughput."), text
+    assert overlapping([SimpleNamespace(overlapped=False), SimpleNamespace(overlapped=True)])
+    assert not overlapping([SimpleNamespace(overlapped=False)])

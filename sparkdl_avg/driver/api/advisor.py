@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ...errors import ConfigurationError, DataError
-from ..observe.costmodel import WARM_ROUNDS, CostModel, is_cold, predict, recommend, slower_than_one_process, steady_costs  # noqa: F401  (the cost model's public names, importable from here too)
+from ..observe.costmodel import WARM_ROUNDS, CostModel, communication_advice, is_cold, predict, recommend, slower_than_one_process, steady_costs  # noqa: F401  (the cost model's public names, importable from here too)
 from ..config.options import Ints, must_be, require
 
 #: Averaging frequencies the table compares, besides the user's own (cut to the minibatches of an epoch).
@@ -233,6 +233,9 @@ def advise(
             f"{2 * batch_size}. Lower 'batch_size' or pass more data."
         )
     counts = sorted({2, min(parallelism, max(2, total // batch_size))} | ({1} if parallelism <= 2 else set()))
+    # 2 workers first: a budget that allows one fit has then measured a distributed count to recommend (measuring 1
+    # first left nothing to compare with one process when the budget ran out after it: issue 50).
+    order = sorted(counts, key=lambda w: (w != 2, w == 1, w))
     k_plan = averaging_frequency or 8
     # The planned k where the data allows ~10 rounds at the largest count (the first rounds after a start are
     # slower: fewer than ~8 steady rounds read a local-cluster CNN's fixed cost 50% high); at most all the data.
@@ -246,7 +249,7 @@ def advise(
     first_extra = 0.0
     deadline = started + budget_s
     t0 = time.perf_counter()
-    for i, w in enumerate(counts):
+    for i, w in enumerate(order):
         left = deadline - time.perf_counter()
         if i > 0 and left < _FIT_BUDGET_SHARE * (time.perf_counter() - t0) / (i + 1):
             break  # the next fit would likely overrun the budget
@@ -279,6 +282,13 @@ def advise(
     frequencies = sorted(set(FREQUENCIES) | ({averaging_frequency} if averaging_frequency else set()))
     rows = predict(cost, total, batch_size, epochs, one_off, workers, frequencies)
     summary, best = recommend(rows, one_off, epochs, slots=parallelism)
+    communication = _communication(cost, rows, best, total, batch_size, parallelism)
+    if communication:
+        summary += " " + communication
+    if len(t_step) < len(counts):
+        summary += (f" (The budget of {budget_s:g} s measured {', '.join(map(str, sorted(t_step)))} worker"
+                    f"{'s' if max(t_step) != 1 else ''} of {', '.join(map(str, counts))}: a larger budget_s "
+                    "measures the rest.)")
     measurements = dict(
         t_single=t_single, t_step=t_step, fixed=fixed, staging_s=staging_s, staging_full_s=staging_full_s,
         first_round_extra_s=first_extra, state_bytes=int(sum(a.nbytes for a in weights + optimizer)),
@@ -286,6 +296,17 @@ def advise(
         transport=transport, master=engine.master, elapsed_s=time.perf_counter() - started, budget_s=float(budget_s),
     )
     return Advice(summary=summary, rows=rows, cost=cost, measurements=measurements, best=best, epochs=epochs)
+
+
+def _communication(cost: CostModel, rows, best, num_examples: int, batch_size: int, slots: int) -> Optional[str]:
+    """:func:`communication_advice` for the recommended row, or when staying, for the fastest measured distributed one."""
+    if best["workers"] == 1:
+        measured = [r for r in rows[1:] if not r["extrapolated"] and r["workers"] <= slots]
+        if not measured:
+            return None
+        best = min(measured, key=lambda r: r["total_s"])
+    w, k = best["workers"], best["averaging_frequency"]
+    return communication_advice(k * cost.step_s(w), cost.fixed_s(w), k, max_k=num_examples // (w * batch_size))
 
 
 def _head(data, n: int, total: int):

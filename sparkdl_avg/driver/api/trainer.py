@@ -49,6 +49,7 @@ from ..elastic.membership import probes
 from ..fit import loop
 from ..fit.plan import FitInfo, FitPlan, check_classes, fit_params, fit_workers, run_settings
 from ..fit.plan import epoch_steps as plan_steps
+from ..transport import link_rate
 from ..transport import policy as transport_mod
 from ..transport.base import TransportSettings
 
@@ -277,7 +278,7 @@ class ParameterAveragingTrainer:
             tracking=ctx.checkpoints.tracking,
         )
         fit_loop = loop.FitLoop(self.model, plan, ctx, observers, partial(self._validate, plan, ctx),
-                                self.config.slow_warning)
+                                self.config.slow_warning, self._retransport(plan))
         self.model.stop_training = False
         try:
             with interrupt.cancelling(plan.engine, ctx.group), ctx.labels:  # Ctrl-C: KeyboardInterrupt, the group cancelled
@@ -397,12 +398,30 @@ class ParameterAveragingTrainer:
 
     # ------------------------------------------------------------- evaluate
 
-    def _transport(self, engine, name: str, num_workers: int):
-        """A :class:`~sparkdl_avg.driver.transport.base.StateTransport` from the options, its files under ``name``."""
+    def _transport(self, engine, name: str, num_workers: int, mode: Optional[str] = None,
+                   rate: Optional[float] = None):
+        """A :class:`~sparkdl_avg.driver.transport.base.StateTransport` from the options, its files under ``name``.
+
+        ``mode``, ``rate``: the transport and link rate (bytes/s) ``"auto"`` re-chose from the rounds'
+        measurements (:class:`~sparkdl_avg.driver.fit.hooks.TransportChoice`); default: the options'.
+        """
         # a standing job holds every slot: elastic rounds' probe jobs would wait on it
         settings = TransportSettings.of(self.config, self.model, num_workers,
                                         standing=not (self.config.elastic and probes(engine)))
+        if mode is not None:
+            settings = dataclasses.replace(settings, mode=mode, network_rate=rate)
         return transport_mod.choose(settings, engine, self._staging_root, name)
+
+    def _retransport(self, plan: FitPlan):
+        """What :class:`~sparkdl_avg.driver.fit.hooks.TransportChoice` builds with, where ``"auto"`` learns the link's rate."""
+        cfg, engine = self.config, plan.engine
+        if not link_rate.learns(cfg.state_transport, cfg.network_rate, cfg.aggregation, cfg.synchronization,
+                                engine.connect, engine.one_host):
+            return None
+        fit, switches = self._fits, iter(range(1, 1 << 30))
+        return (lambda name, rate: self._transport(engine, f"exchange-{fit}/switch-{next(switches)}",
+                                                   plan.num_workers, name, rate),
+                link_rate.assumed_rate())
 
     def _evaluate_staged(self, transport, staged: StagedDataset, spec, fingerprint, parts, batch_size) -> Dict[str, float]:
         with transport.engine.labels("sparkdl_avg evaluate"):

@@ -227,7 +227,11 @@ OPTIONS: Tuple[Option, ...] = (
             "(default): files when every executor runs on the driver's host (``local[N]``, ``local-cluster``) "
             "and the staging directory is local; on hosts of their own Spark's tree while bringing every "
             "worker's sums through the driver's link (``network_rate``) costs less than a sharded round, else "
-            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.policy.choose`). Name one only "
+            "sql; always sql under Connect (the whole rule: :func:`sparkdl_avg.driver.transport.policy.choose`). On hosts of "
+            "their own without ``network_rate``, ``\"auto\"`` then measures the link from the rounds' own records "
+            "and switches between the two paths between rounds when the other is clearly cheaper (at most once per "
+            "10 rounds, said in one INFO line; each round's ``transport`` is in ``trainer.stats``: "
+            ":mod:`sparkdl_avg.driver.transport.link_rate`, docs/benchmarks/network_auto.md). Name one only "
             "to compare them, or ``\"files\"`` with a fast shared filesystem. Measurements: docs/benchmarks.md, "
             "\"On a shaped network\" and \"Aggregation paths\".",
         check=OneOf(STATE_TRANSPORTS),
@@ -364,7 +368,9 @@ OPTIONS: Tuple[Option, ...] = (
             "to the driver while that costs less than sharding them "
             "(:func:`sparkdl_avg.driver.transport.policy.driver_bound_pays`), else they are sharded through the shuffle and the "
             "driver's link carries about one model's bytes each way per round. Give your link's rate when it is "
-            "not 1 Gbit/s. Not used when every executor runs on the driver's host (``local[N]``, "
+            "not 1 Gbit/s: without it, ``state_transport=\"auto\"`` starts as if it were 1 Gbit/s and re-chooses "
+            "from the rate the rounds measure; a rate given here wins over that measurement (the choice stays "
+            "fixed). Not used when every executor runs on the driver's host (``local[N]``, "
             "``local-cluster``). Measurements: docs/benchmarks.md, \"On a shaped network\".",
         check=Parsed(parse_optional_rate, "a link rate"),
         cli=Flag(metavar="RATE"),

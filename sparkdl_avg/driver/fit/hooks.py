@@ -1,4 +1,4 @@
-"""The fit loop's built-in behaviours, each a :class:`FitHook`: Keras callbacks, progress, checkpoints, elastic bookkeeping, tracking observers and the slow and cold-start warnings.
+"""The fit loop's built-in behaviours, each a :class:`FitHook`: Keras callbacks, progress, checkpoints, elastic bookkeeping, ``"auto"``'s re-choice of its path from the link's measured rate, tracking observers and the slow and cold-start warnings.
 
 The loop (:mod:`.loop`) says what happened — an epoch began, a round was
 done, an epoch ended — through :class:`Hooks`, which calls every hook's method
@@ -20,10 +20,12 @@ events per block of chunks (:mod:`.stale_async`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from ..observe.costmodel import WARM_ROUNDS, is_cold, slower_than_one_process
+from ..observe.costmodel import WARM_ROUNDS, communication_advice, is_cold, overlapping, round_split, slower_than_one_process
+from ..transport.link_rate import LinkChoice
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -141,6 +143,44 @@ class ElasticBookkeeping(FitHook):
         self.membership.round_done(record)
 
 
+class TransportChoice(FitHook):
+    """``state_transport="auto"`` on hosts of their own: re-chooses the path between rounds from the link's measured rate.
+
+    After each synchronous round, :class:`~sparkdl_avg.driver.transport.link_rate.LinkChoice`
+    reads the rounds' records; when it decides to switch, the next round runs on
+    a transport built by ``build(name, rate)`` (the trainer's, with the
+    measured rate as ``network_rate``), the model's spec shipped through it, and
+    one INFO line says what was measured and chosen. The transport it
+    replaces is kept until the fit ends (``ctx.retired``: its files may hold
+    the fit's other files), then closed. Never during a round: rounds are
+    run one at a time and this runs between them.
+
+    Args:
+        ctx: The fit's :class:`~.loop.FitContext` (its transport and round runner are replaced).
+        spec: The model's :class:`~sparkdl_avg.shared.model.modelspec.ModelSpec` (to ship through a new transport).
+        build: ``(transport name, rate in bytes/s) -> StateTransport``.
+        assumed: The rate the first choice assumed, in words (``"1 Gbit/s"``).
+    """
+
+    def __init__(self, ctx, spec, build: Callable[[str, float], Any], assumed: str) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.build = build
+        self.assumed = assumed
+        self.choice = LinkChoice(ctx.transport.name, lambda r: not is_cold(r))
+
+    def round_done(self, planned, state, record) -> None:
+        ctx = self.ctx
+        switch = self.choice.consider(ctx.rounds.stats.records, ctx.rounds_in_fit)
+        if switch is None:
+            return
+        old, new = ctx.transport, self.build(switch.transport, switch.rate)
+        ctx.retired.append(old)
+        ctx.rounds.settings = dataclasses.replace(ctx.rounds.settings, spec=new.ship_spec(self.spec))
+        ctx.rounds.transport = ctx.transport = new
+        logger.info(switch.message(old.name, f"the fit's round {ctx.rounds_in_fit + 1}", self.assumed))
+
+
 class TrackingObservers(FitHook):
     """Callbacks with ``on_fit_begin(info)``/``on_fit_end(info, error)`` (trackers such as ``MlflowLogger``)."""
 
@@ -189,6 +229,12 @@ class SlowFitWarnings(FitHook):
                                           settings.batch_size)
         if message:
             logger.warning(message)
+        else:  # not slower than one process, but rounds that wait on communication could still go faster
+            split = round_split(records)
+            advice = split and communication_advice(*split[:3], max_k=settings.epoch_steps,
+                                                    overlapping=overlapping(records))
+            if advice:
+                logger.info("%s Silence this with slow_warning=False.", advice)
         return True
 
 

@@ -11,7 +11,7 @@ however the fit ends are the loop's own.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ...shared.files.fs import join
@@ -51,6 +51,7 @@ class FitContext:
     local: Optional[LocalStateLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
     overlap: Optional[OwnDeltaLedger] = None  # overlap_rounds: each worker's own term in flight (files)
     rounds_in_fit: int = 0
+    retired: List[Any] = field(default_factory=list)  # transports "auto" switched away from, closed at the fit's end
 
 
 def callback_list(model, plan: FitPlan, callbacks):
@@ -160,10 +161,13 @@ class FitLoop:
         observers: Callbacks that observe the fit (``on_fit_begin``/``on_fit_end``).
         evaluate: ``(staged data) -> logs``: the validation data's metrics on the model's weights now.
         slow_warning: The ``slow_warning`` option: say what a cold start cost and whether the fit is slow.
+        retransport: Where ``state_transport="auto"`` learns the link's rate
+            (:func:`~sparkdl_avg.driver.transport.link_rate.learns`), ``(name, rate) -> StateTransport``
+            and the rate the first choice assumed, in words (:class:`~.hooks.TransportChoice`); else ``None``.
     """
 
     def __init__(self, model, plan: FitPlan, ctx: FitContext, observers: List[Any], evaluate,
-                 slow_warning: bool) -> None:
+                 slow_warning: bool, retransport=None) -> None:
         self.model, self.plan, self.ctx, self.evaluate = model, plan, ctx, evaluate
         self.planner = RoundPlanner(ctx)
         stats = ctx.rounds.stats
@@ -171,6 +175,8 @@ class FitLoop:
                                              fit_hooks.CheckpointSaves(ctx.checkpoints, ctx)]
         if ctx.membership is not None:
             built_in.append(fit_hooks.ElasticBookkeeping(ctx.membership))
+        if retransport is not None and ctx.stale is None:
+            built_in.append(fit_hooks.TransportChoice(ctx, plan.spec, *retransport))
         built_in += [fit_hooks.ProgressReport(ctx.progress, stats), fit_hooks.KerasCallbacks(ctx.callbacks)]
         if slow_warning:
             built_in.append(fit_hooks.SlowFitWarnings(plan.engine, stats, lambda: ctx.rounds.settings,
@@ -197,7 +203,8 @@ class FitLoop:
             error = exc
             raise
         finally:
-            ctx.transport.close()
+            for transport in [ctx.transport] + ctx.retired:
+                transport.close()
             for ledger in (ctx.feedback, ctx.local, ctx.overlap):
                 if ledger is not None:
                     ledger.close()

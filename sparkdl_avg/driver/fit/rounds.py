@@ -43,6 +43,7 @@ from ..transport.local_states import LocalStateLedger
 from ..algorithms.rules import RuleState, UpdateRule
 from .update import round_state
 from ..transport.base import StateTransport
+from ..transport.link_rate import round_rate
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -235,6 +236,8 @@ class RoundRunner:
         record.transport = self.transport.name
         record.aggregation, record.shards = self.transport.last_plan or ("", 0)
         record.compression = self.settings.compression or ""
+        record.link_rate = round_rate(record)
+        record.overlapped = self.overlap is not None
         self.stats.add(record)
         return record
 

@@ -250,6 +250,10 @@ def slower_than_one_process(records, num_examples: int, num_workers: int, batch_
         advice = (f"Each round already spans a worker's whole epoch ({steps} minibatches, as many as "
                   "averaging_frequency can reach), so the data is too small for a round's fixed cost: train "
                   "with keras.Model.fit, or train on more data per epoch.")
+    split = round_split(records)
+    comm = split and communication_advice(split[0], split[1], k, max_k=steps, overlapping=overlapping(records))
+    if comm:
+        advice += " " + comm
     return (
         f"This fit is slower than one process would be: an epoch takes {_s(epoch)} on {num_workers} workers "
         f"({_s(steps * t_step)} computing, {_s(per_epoch * fixed)} in "
@@ -259,4 +263,92 @@ def slower_than_one_process(records, num_examples: int, num_workers: int, batch_
     )
 
 
-__all__ = ["CostModel", "WARM_ROUNDS", "is_cold", "predict", "recommend", "slower_than_one_process", "steady_costs"]
+# ------------------------------------------------------------------ communication: overlap, or a larger k
+
+#: Communication at least this share of a round before overlapped rounds or a larger ``k`` are advised. Hiding
+#: it then saves at least this share of the round: ``1 / (1 - 0.2) = 1.25x`` at the threshold.
+COMMUNICATION_SHARE = 0.2
+
+#: Compute below this fraction of a round's communication: a larger ``k`` is advised first (an overlapped round
+#: costs ``max(compute, communication)``, so overlap alone would still wait on communication for most of it).
+LARGER_K_BELOW = 0.5
+
+
+def round_split(records) -> Optional[Tuple[float, float, int, int]]:
+    """``(compute_s, communication_s, k, rounds)`` of a synchronous round, medians over the steady ones.
+
+    ``compute_s``: the slowest worker's compute and loading; ``communication_s``:
+    the rest of the round's wall time (the state going out, the job's start,
+    the sums' way back and their reduction, the update), what overlapped
+    rounds hide behind the next round's compute. ``None`` without a steady
+    round (:func:`is_cold`) or with chunk records (stale/async rounds overlap already).
+    """
+    warm = [r for r in records if not is_cold(r) and getattr(r, "chunk", None) is None]
+    if not warm:
+        return None
+    compute = statistics.median(r.compute_max_s + r.load_max_s for r in warm)
+    wall = statistics.median(r.wall_s for r in warm)
+    return compute, max(0.0, wall - compute), max(r.averaging_frequency for r in warm), len(warm)
+
+
+_OVERLAP = 'overlap_rounds=True and optimizer_state="local"'  # overlap refuses the default "average"
+
+
+def overlapping(records) -> bool:
+    """Whether the records are of a fit with ``overlap_rounds`` on (its advice then names only a larger ``k``)."""
+    return any(getattr(r, "overlapped", False) for r in records)
+
+
+def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optional[int] = None,
+                         overlapping: bool = False) -> Optional[str]:
+    """When overlapped rounds (``overlap_rounds=True``) or a larger ``k`` would pay, in words with the gain; else ``None``.
+
+    The rule (reasoning in docs/benchmarks/network_auto.md): a round costs
+    ``compute + comm``; an overlapped one ``max(compute, comm)``, as the
+    sums of round t travel while round t+1 computes. Nothing is advised while
+    ``comm`` is under :data:`COMMUNICATION_SHARE` of the round. With
+    ``compute >= LARGER_K_BELOW · comm`` overlap is advised, with the gain
+    ``(compute + comm) / max(compute, comm)``. With less compute than that
+    a larger ``k`` is advised first: ``k · ⌈comm / compute⌉`` (at most
+    ``max_k``, a worker's minibatches in an epoch) brings compute up to the
+    communication, cutting the communication per minibatch by that factor;
+    overlap then hides the rest. ``compute_s``, ``comm_s``: one round's
+    seconds at averaging frequency ``k``. ``overlapping``: the fit already
+    runs ``overlap_rounds``; only a larger ``k`` is then advised.
+    """
+    round_s = compute_s + comm_s
+    if round_s <= 0 or comm_s < COMMUNICATION_SHARE * round_s:
+        return None
+    if overlapping and compute_s >= LARGER_K_BELOW * comm_s:
+        return None
+    share = comm_s / round_s
+    measured = (f"Communication is {share:.0%} of a round: {_s(comm_s)} (the state going out, the job, the sums "
+                f"back, the update) against {_s(compute_s)} of the slowest worker's compute at "
+                f"k = {k}.")
+    if compute_s >= LARGER_K_BELOW * comm_s:
+        overlapped = max(compute_s, comm_s)
+        return (f"{measured} Overlapped rounds ({_OVERLAP}) would hide it behind the next round's "
+                f"compute: about {_s(overlapped)} a round instead of {_s(round_s)} "
+                f"({round_s / overlapped:.1f}x the throughput).")
+    factor = math.ceil(comm_s / max(compute_s, 1e-9))
+    bigger = k * factor if max_k is None else min(k * factor, max_k)
+    if bigger <= k:
+        if overlapping:
+            return None
+        overlapped = max(compute_s, comm_s)
+        return (f"{measured} A round already spans a worker's epoch, so k cannot grow; overlapped rounds "
+                f"({_OVERLAP}) would make a round about {_s(overlapped)} instead of {_s(round_s)} "
+                f"({round_s / overlapped:.1f}x).")
+    grown = compute_s * bigger / k  # one round's compute at the larger k
+    now, then = round_s / k, (grown + comm_s) / bigger  # seconds per minibatch
+    hidden = max(grown, comm_s) / bigger
+    larger_k = (f"{measured} A larger k pays: raising averaging_frequency to {bigger} would spend "
+                f"{comm_s / bigger * 1000:.1f} ms per minibatch communicating instead of "
+                f"{comm_s / k * 1000:.1f} ms, about {now / then:.1f}x the throughput")
+    if overlapping:
+        return larger_k + "."
+    return f"{larger_k}; with {_OVERLAP} there too, about {now / hidden:.1f}x."
+
+
+__all__ = ["COMMUNICATION_SHARE", "CostModel", "LARGER_K_BELOW", "WARM_ROUNDS", "communication_advice", "is_cold", "overlapping",
+           "predict", "recommend", "round_split", "slower_than_one_process", "steady_costs"]

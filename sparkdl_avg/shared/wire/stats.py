@@ -175,6 +175,13 @@ class RoundRecord(_ReadsLikeADict):
     workers whose own optimizer state was lost at this round (kept on a host
     the worker's task did not run on) and restarted from the driver's
     (:mod:`sparkdl_avg.shared.wire.local_state`).
+
+    ``link_rate``: the driver link's effective rate (bytes/s) this round's
+    sums measured (``None``: not measurable, e.g. on the ``"files"``
+    transport; on one host, the local "link"); what ``state_transport="auto"`` re-chooses its
+    path from (:mod:`sparkdl_avg.driver.transport.link_rate`). ``transport``
+    is then the path each round took. ``overlapped``: the round ran under
+    ``overlap_rounds`` (its average applied one round late).
     """
 
     epoch: int
@@ -223,6 +230,8 @@ class RoundRecord(_ReadsLikeADict):
     start: Optional[int] = None
     residuals_dropped: int = 0
     local_states_restarted: int = 0
+    link_rate: Optional[float] = None
+    overlapped: bool = False
 
 
 def wall_time(records) -> float:
