@@ -56,14 +56,18 @@ def _sql_probe(spark, n=2):
     return [tuple(r) for r in rows]
 
 
-def _skipped_imports(ids):
-    """``mapPartitions`` body: which of quiet.EXECUTOR_SKIPPED_IMPORTS the task's Python worker has imported."""
-    import sys
+def _skipped_imports(spark, n=2):
+    """Which of quiet.EXECUTOR_SKIPPED_IMPORTS each of ``n`` RDD tasks' Python workers has imported."""
 
-    from sparkdl_avg.shared.model import quiet
+    def probe(ids):  # nested: shipped by value (executors cannot import this test module)
+        import sys
 
-    list(ids)
-    yield [m for m in quiet.EXECUTOR_SKIPPED_IMPORTS if m in sys.modules]
+        from sparkdl_avg.shared.model import quiet
+
+        list(ids)
+        yield [m for m in quiet.EXECUTOR_SKIPPED_IMPORTS if m in sys.modules]
+
+    return spark.sparkContext.parallelize(range(n), n).mapPartitions(probe).collect()
 
 
 def _cold_start_notes(caplog) -> list:
@@ -169,8 +173,7 @@ def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path
         assert len({p for p, _, _ in first + second}) == 4
         assert all(tf and k for _, tf, k in first + second), first + second
         # ... and without the packages Keras imports only for its optional integrations (issue 48).
-        skipped = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_skipped_imports).collect()
-        assert skipped == [[], []], skipped
+        assert _skipped_imports(spark) == [[], []]
         x, y = regression_data(64, seed=3)
         trainer = ParameterAveragingTrainer(make_model(seed=3), num_workers=2, batch_size=8, averaging_frequency=2,
                                             seed=0)

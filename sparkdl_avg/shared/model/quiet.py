@@ -102,9 +102,15 @@ round. Only during that import: a user's function may import them later as usual
 (only Keras' scikit-learn wrappers stay unavailable in the worker)."""
 
 
+_WORKER_FACTORY_ENV = ("PYTHON_WORKER_FACTORY_SECRET", "PYTHON_UNIX_DOMAIN_ENABLED", "PYTHON_WORKER_FACTORY_SOCK_DIR")
+"""Variables Spark's ``PythonWorkerFactory`` gives the executors' Python workers and daemon, and the
+driver's Python never has: the secret over TCP, the Unix domain socket's settings without it (Spark 4.1+,
+``spark.python.unix.domain.socket.enabled``, in ``RECOMMENDED_CONF``)."""
+
+
 def on_executor() -> bool:
-    """Whether this process is one of PySpark's Python workers or its daemon (which have the worker factory's secret)."""
-    return "PYTHON_WORKER_FACTORY_SECRET" in os.environ
+    """Whether this process is one of PySpark's Python workers or its daemon (:data:`_WORKER_FACTORY_ENV`)."""
+    return any(name in os.environ for name in _WORKER_FACTORY_ENV)
 
 
 class _Skip(importlib.abc.MetaPathFinder):
