@@ -93,7 +93,7 @@ EXECUTOR_SKIPPED_IMPORTS: Sequence[str] = ("sklearn", "matplotlib")
 """Packages that an executor's Python worker (and :mod:`sparkdl_avg.daemon`) does not
 import while it imports TensorFlow. Keras 3 imports them at its own import, when
 installed, only for optional integrations: its scikit-learn wrappers
-(``keras.wrappers``, with scikit-learn's scipy and narwhals) and
+(``keras.wrappers``, with the scipy.stats and narwhals scikit-learn loads) and
 ``keras.visualization``'s plots (matplotlib). Each import is guarded in Keras
 (``try: import sklearn except ImportError``), so Keras loads as where they are not
 installed. They were about 1.0 s of the 6 s of CPU an executor spent importing
