@@ -13,7 +13,6 @@ error types; see README.md. The code is split by where it runs:
 write; they name the modules in the subpackages.
 """
 
-import os as _os
 import re as _re
 import warnings as _warnings
 
@@ -23,8 +22,8 @@ from .shared.model import quiet as _quiet
 # Imported here, before the user's `import keras` where sparkdl_avg comes first (as in README), so that
 # TensorFlow's start-up notices (printed twice per import, absl's "before InitializeLog" lines) are filtered;
 # on the driver its devices start here too (the cuInit notice). Not on executors (PySpark's workers and
-# daemon have PYTHON_WORKER_FACTORY_SECRET): they pin the task's GPUs before TensorFlow's devices start.
-_quiet.import_tensorflow(devices="PYTHON_WORKER_FACTORY_SECRET" not in _os.environ)
+# daemon, quiet.on_executor()): they pin the task's GPUs before TensorFlow's devices start.
+_quiet.import_tensorflow(devices=not _quiet.on_executor())
 # A local Spark Connect server (`builder.remote("local[N]").config(map=RECOMMENDED_CONF)`) starts with these
 # static settings, then the client sets them again as session settings and the server refuses, warning
 # although they took effect. Where they did not (a remote server), the first fit says so with the seconds

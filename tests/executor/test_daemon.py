@@ -56,6 +56,20 @@ def _sql_probe(spark, n=2):
     return [tuple(r) for r in rows]
 
 
+def _skipped_imports(spark, n=2):
+    """Which of quiet.EXECUTOR_SKIPPED_IMPORTS each of ``n`` RDD tasks' Python workers has imported."""
+
+    def probe(ids):  # nested: shipped by value (executors cannot import this test module)
+        import sys
+
+        from sparkdl_avg.shared.model import quiet
+
+        list(ids)
+        yield [m for m in quiet.EXECUTOR_SKIPPED_IMPORTS if m in sys.modules]
+
+    return spark.sparkContext.parallelize(range(n), n).mapPartitions(probe).collect()
+
+
 def _cold_start_notes(caplog) -> list:
     return [r.getMessage() for r in caplog.records if "new executor Python workers to import TensorFlow" in r.getMessage()]
 
@@ -93,6 +107,31 @@ def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reus
     rdd, sql = _rdd_probe(spark), _sql_probe(spark)
     assert {p for p, _, _ in rdd} <= pids and {p for p, _, _ in sql} <= pids, (pids, rdd, sql)
     assert all(tf and k for _, tf, k in rdd + sql)
+
+
+def test_the_warm_ups_sql_job_yields_to_a_job_already_waiting(spark):
+    """Issue 48: a fit's first round submitted during the warm-up's RDD job is not made to wait for its SQL job."""
+    import threading
+    import time
+
+    from sparkdl_avg.driver.runtime.session import WARM_UP_GROUP, Engine, spark_job_labels
+
+    engine, sc = Engine(spark), spark.sparkContext
+    assert not engine._others_running()
+
+    def job(group):
+        with spark_job_labels(sc, "a job", group=group):
+            sc.parallelize(range(2), 2).map(lambda i: time.sleep(4)).collect()
+
+    for group, expected in ((WARM_UP_GROUP, False), ("a-fit", True)):
+        thread = threading.Thread(target=job, args=(group,))
+        thread.start()
+        deadline = time.monotonic() + 3
+        while not sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine._others_running() is expected, group
+        thread.join()
+    assert not engine._others_running()
 
 
 # Issue 16, a user's first hour: the fit's warm workers serve the SQL jobs that follow.
@@ -133,6 +172,8 @@ def test_workers_forked_from_the_daemon_start_with_tensorflow_and_train(tmp_path
         # Every task a fresh fork (reuse is off), each with TensorFlow and Keras imported before it started.
         assert len({p for p, _, _ in first + second}) == 4
         assert all(tf and k for _, tf, k in first + second), first + second
+        # ... and without the packages Keras imports only for its optional integrations (issue 48).
+        assert _skipped_imports(spark) == [[], []]
         x, y = regression_data(64, seed=3)
         trainer = ParameterAveragingTrainer(make_model(seed=3), num_workers=2, batch_size=8, averaging_frequency=2,
                                             seed=0)

@@ -41,3 +41,30 @@ def test_import_tensorflow_prints_none_of_its_start_up_notices():
         assert float(tf.constant(1.0) + 1) == 2.0
     """)
     assert "oneDNN" not in err and "cuda drivers" not in err and "absl::InitializeLog" not in err, err
+
+
+def test_an_executor_imports_tensorflow_and_keras_without_their_optional_integrations():
+    # Issue 48: scikit-learn (with scipy) and matplotlib were a sixth of an executor's import before its first round.
+    code = """
+        import os, sys
+        os.environ["PYTHON_WORKER_FACTORY_SECRET"] = "x"  # what PySpark gives its workers and daemon
+        from sparkdl_avg.shared.model import quiet
+        assert quiet.on_executor()
+        tf = quiet.import_tensorflow()
+        import keras
+        skipped = [m for m in quiet.EXECUTOR_SKIPPED_IMPORTS if m in sys.modules]
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        model.fit(tf.ones((4, 2)), tf.ones((4, 1)), verbose=0)
+        import sklearn  # afterwards, a user's function imports them as usual
+        print("skipped during the import:", skipped, "sklearn later:", sklearn.__name__)
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
+    assert "skipped during the import: [] sklearn later: sklearn" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_driver_imports_tensorflow_with_keras_whole():
+    out = subprocess.run([sys.executable, "-c", "import importlib.util, sys, sparkdl_avg\n"
+                          "print('sklearn' in sys.modules or importlib.util.find_spec('sklearn') is None)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True", out.stderr  # Keras' scikit-learn wrappers work in the user's process

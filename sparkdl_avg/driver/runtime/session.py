@@ -284,7 +284,8 @@ class Engine:
         first task (docs/benchmarks.md, "Cold start"; with ``spark.python.daemon.module``
         set to :data:`DAEMON_MODULE` the daemon imports it once and a worker
         then costs a fork). Small jobs of ``default_parallelism`` tasks (an
-        RDD job, then a Spark SQL one; under Connect only the latter) start
+        RDD job, then a Spark SQL one unless other jobs, e.g. a fit's first
+        round, wait by then; under Connect only the SQL one) start
         those workers while the caller goes on with driver-side work, and
         leave them in the one pool that the fit's RDD rounds and Spark SQL
         jobs take workers from (see :func:`_share_python_workers`). Given a
@@ -330,8 +331,9 @@ class Engine:
                     body = functools.partial(warm.warm_up_partition, replica=replica)
                     pids.update(self.sc.parallelize(range(n), n).mapPartitions(body).collect())
                     replica = None  # built and traced in those workers, which the SQL job's tasks reuse
-                body = functools.partial(warm.warm_up_batches, replica=replica)
-                pids.update(r.pid for r in self.run_tasks(n, body, "pid long").collect())
+                if not self._others_running():
+                    body = functools.partial(warm.warm_up_batches, replica=replica)
+                    pids.update(r.pid for r in self.run_tasks(n, body, "pid long").collect())
             future.set_result(sorted(pids))
         except BaseException as exc:  # noqa: BLE001 - the fit's own jobs report what is wrong
             logger.debug("warming up the executors failed: %s", exc)
@@ -339,6 +341,22 @@ class Engine:
         finally:
             with _warm_lock:
                 _warming.pop(id(future), None)
+
+    def _others_running(self) -> bool:
+        """Whether jobs other than the warm-up's run on this classic session (a fit's first round, the user's own).
+
+        The warm-up's SQL job then stays unsubmitted: its tasks would take
+        the slots from those jobs' later tasks (a fit's next rounds) for a
+        compilation of Spark's Arrow path that only a later ``predict`` or
+        staging of a DataFrame needs, and pays for itself.
+        """
+        if self.sc is None:
+            return False
+        try:
+            tracker = self.sc.statusTracker()
+            return bool(set(tracker.getActiveJobsIds()) - set(tracker.getJobIdsForGroup(WARM_UP_GROUP)))
+        except Exception:  # noqa: BLE001 - the SQL job is only an optimisation
+            return False
 
     def cancel_warm_up(self) -> None:
         """Cancels this session's running warm-up jobs with Spark's logging turned off (the process is ending)."""

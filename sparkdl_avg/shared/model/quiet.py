@@ -8,11 +8,16 @@ them before ``TF_CPP_MIN_LOG_LEVEL`` applies, twice per Python worker. This
 module owns hiding exactly those lines: :func:`filtered_stderr` passes every
 other line through unchanged, so real errors still show. The cuInit line is
 hidden only where no NVIDIA driver is installed (where it is then expected).
+
+It also owns how an executor's Python imports TensorFlow (:func:`import_tensorflow`):
+without the optional packages Keras pulls in at its own import for
+integrations a Spark task never uses (:data:`EXECUTOR_SKIPPED_IMPORTS`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import os
 import re
 import sys
@@ -84,11 +89,62 @@ IMPORT_PID = 0
 
 _devices_listed = False
 
+EXECUTOR_SKIPPED_IMPORTS: Sequence[str] = ("sklearn", "matplotlib")
+"""Packages that an executor's Python worker (and :mod:`sparkdl_avg.daemon`) does not
+import while it imports TensorFlow. Keras 3 imports them at its own import, when
+installed, only for optional integrations: its scikit-learn wrappers
+(``keras.wrappers``, with the scipy.stats and narwhals scikit-learn loads) and
+``keras.visualization``'s plots (matplotlib). Each import is guarded in Keras
+(``try: import sklearn except ImportError``), so Keras loads as where they are not
+installed. They were about 1.0 s of the 6 s of CPU an executor spent importing
+TensorFlow and Keras (docs/benchmarks/first_fit.md), paid before a session's first
+round. Only during that import: a user's function may import them later as usual
+(only Keras' scikit-learn wrappers stay unavailable in the worker)."""
+
+
+_WORKER_FACTORY_ENV = ("PYTHON_WORKER_FACTORY_SECRET", "PYTHON_UNIX_DOMAIN_ENABLED", "PYTHON_WORKER_FACTORY_SOCK_DIR")
+"""Variables Spark's ``PythonWorkerFactory`` gives the executors' Python workers and daemon, and the
+driver's Python never has: the secret over TCP, the Unix domain socket's settings without it (Spark 4.1+,
+``spark.python.unix.domain.socket.enabled``, in ``RECOMMENDED_CONF``)."""
+
+
+def on_executor() -> bool:
+    """Whether this process is one of PySpark's Python workers or its daemon (:data:`_WORKER_FACTORY_ENV`)."""
+    return any(name in os.environ for name in _WORKER_FACTORY_ENV)
+
+
+class _Skip(importlib.abc.MetaPathFinder):
+    """An import finder that reports ``names`` (top-level packages) as not installed."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"{name} is not imported while an executor imports TensorFlow", name=name)
+        return None
+
+
+@contextlib.contextmanager
+def _skipping(names: Sequence[str]) -> Iterator[None]:
+    """Inside the block, ``import`` of ``names`` not yet imported fails as if they were not installed."""
+    names = [n for n in names if n not in sys.modules]
+    if not names:
+        yield
+        return
+    finder = _Skip(names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
 
 def import_tensorflow(devices: bool = False):
     """``import tensorflow`` with its start-up notices filtered (see :func:`filtered_stderr`); returns the module.
 
-    The first import's seconds are kept in :data:`IMPORT_S`.
+    The first import's seconds are kept in :data:`IMPORT_S`. On an executor
+    (:func:`on_executor`) the import leaves out :data:`EXECUTOR_SKIPPED_IMPORTS`.
 
     Args:
         devices: Also list the physical devices (which initialises CUDA, the
@@ -100,9 +156,12 @@ def import_tensorflow(devices: bool = False):
     if "tensorflow" in sys.modules and (_devices_listed or not devices):
         return sys.modules["tensorflow"]
     start = time.perf_counter()
+    lean = _skipping(EXECUTOR_SKIPPED_IMPORTS) if on_executor() else contextlib.nullcontext()
     with filtered_stderr():
         fresh = "tensorflow" not in sys.modules
-        import tensorflow
+        with lean:
+            import tensorflow
+            import keras  # noqa: F401 - inside the block too, where TensorFlow left Keras' own import for later
 
         if fresh:
             IMPORT_S, IMPORT_PID = time.perf_counter() - start, os.getpid()
