@@ -1,5 +1,6 @@
 """``sparkdl_avg.advise`` and fit's slow warning (issue 18): the cost model, the direction of the advice, the budget."""
 
+import html
 import json
 import logging
 import math
@@ -363,7 +364,7 @@ def test_the_advise_job_prints_the_answer_and_writes_html_and_json(spark, tmp_pa
     saved = json.loads((tmp_path / "advice.json").read_text())
     assert saved["summary"] == lines[first] and saved["epochs"] == 5 and saved["measurements"]["num_examples"] == 1797
     assert {r["averaging_frequency"] for r in saved["rows"]} >= {None, 1, 8}
-    assert saved["summary"] in (tmp_path / "advice.html").read_text(encoding="utf-8").replace("&#x27;", "'")
+    assert saved["summary"] in html.unescape((tmp_path / "advice.html").read_text(encoding="utf-8"))
     # an existing output is kept, refused before Spark starts
     again, asked = run_job_in_process(spark, monkeypatch, "advise", *command)
     assert again == 2 and asked == [] and "already exists; pass --overwrite to replace it" in capsys.readouterr().err
