@@ -136,9 +136,11 @@ def shared_spark(master: str = "local[2]", log_level: str = "ERROR", **conf):
     """A module-scoped ``spark`` fixture: one session for every module that asks for the same ``master`` and ``conf``.
 
     Those modules run one after another (``pytest_collection_modifyitems``) and share one session and its Python
-    workers (a fresh session costs ~10 s: the JVM's SparkContext, the workers' TensorFlow import, the first replica
-    builds); it is stopped after the last of them, or when a module starts a session of its own (``spark_session``
-    stops the active one), and started again for the next module that asks. ``log_level`` is each module's own.
+    workers: a session started again costs a new SparkContext, the workers' TensorFlow import and their replica
+    builds, 37 s more than a kept one at load 16 on 2 cores (benchmarks/suite_sessions.py). It is kept from one
+    module to the next while the next has any test that asks for it (its first test may need none), stopped after
+    the last of them, or when a module starts a session of its own (``spark_session`` stops the active one), and
+    started again for the next module that asks. ``log_level`` is each module's own.
     A module assigns it: ``spark = shared_spark("local[2,3]", log_level="OFF")``.
     """
     key = (master, tuple(sorted((k, str(v)) for k, v in conf.items())))

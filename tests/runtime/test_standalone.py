@@ -171,9 +171,7 @@ def _wait_job(started, timeout=420):
     return text
 
 
-# ``cluster`` first: its master and workers start in the background (~15 s of JVMs) while ``digits`` and ``shipped``
-# are built (~17 s: the wheel, the packed environment), not after them.
-def test_train_job_on_local_local_cluster_and_standalone_gives_equal_models(work, cluster, digits, shipped):
+def test_train_job_on_local_local_cluster_and_standalone_gives_equal_models(work, digits, shipped, cluster):
     import keras
 
     # The executors' interpreters cannot import sparkdl_avg by themselves.
