@@ -162,8 +162,8 @@ def test_run_from_a_directory_in_this_machines_tmp_names_what_the_hosts_share(tm
 @pytest.fixture(scope="module")
 def copy_cluster():
     """A 2-host cluster (no store) that the tool, run from a copy under /tmp, brought up (the working tree's tracked
-    files, the venv linked). The module's cluster tests share it: one cluster comes up, not one per test (~20 s
-    each on 2 cores); the last of them takes it down with the copy's tool and checks that nothing is left."""
+    files, the venv linked). The module's cluster tests share it: one cluster comes up, not one per test (up and
+    down took 21 s at load 10); the last of them takes it down with the copy's tool and checks that nothing is left."""
     try:
         hosts.check_requirements()
     except hosts.HostsError as exc:
