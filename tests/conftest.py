@@ -82,72 +82,93 @@ def spark_session(master: str, app_name: str, log_level: str = "ERROR", **conf):
         shutil.rmtree(local_dir, ignore_errors=True)
 
 
-_SHARED: dict = {}  # the session the `spark` fixture gives: {"session", "local_dir"} while it runs
+_SHARED: dict = {}  # the shared session now running: {"key", "session", "local_dir"}
 
 
-def _shared_alive() -> bool:
+def _shared_alive(key) -> bool:
     from pyspark import SparkContext
 
     session = _SHARED.get("session")
-    return (session is not None and session.sparkContext._jsc is not None
+    return (session is not None and _SHARED.get("key") == key and session.sparkContext._jsc is not None
             and SparkContext._active_spark_context is session.sparkContext)
 
 
 def _stop_shared() -> None:
     session, local_dir = _SHARED.pop("session", None), _SHARED.pop("local_dir", None)
+    _SHARED.pop("key", None)
     if session is not None and session.sparkContext._jsc is not None:
         session.stop()
     if local_dir is not None:
         shutil.rmtree(local_dir, ignore_errors=True)
 
 
-def _uses_shared_spark(item) -> bool:
-    """Whether ``item`` gets its ``spark`` from this conftest's fixture (not a module's own)."""
+def _shared_key(item):
+    """The key (master and conf) of the shared session ``item`` gets its ``spark`` from, or None (a module's own)."""
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.get("spark") if info is not None else None
-    return bool(defs) and getattr(defs[-1].func, "__module__", None) == __name__
+    return getattr(defs[-1].func, "_shared_spark_key", None) if defs else None
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Runs the modules that use the ``spark`` fixture one after another (at the first one's place, each in its
-    order), so that they share one session (see ``spark``); every other module keeps its place and order."""
+    """Runs the modules whose ``spark`` is the same shared session (``shared_spark``: the same master and conf) one
+    after another, at the first one's place, each in its order, so that they share one session; every other module
+    keeps its place and order."""
     modules: dict = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    shared = [name for name, its in modules.items() if any(_uses_shared_spark(i) for i in its)]
-    if len(shared) < 2:
-        return
+    groups: dict = {}  # key -> the modules that use it, in order
+    for name, its in modules.items():
+        keys = {_shared_key(i) for i in its} - {None}
+        if len(keys) == 1:
+            groups.setdefault(keys.pop(), []).append(name)
+    first = {names[0]: names for names in groups.values() if len(names) > 1}
+    grouped = {name for names in first.values() for name in names}
     ordered = []
     for name, its in modules.items():
-        if name == shared[0]:
-            ordered += [i for n in shared for i in modules[n]]
-        elif name not in shared:
+        if name in first:
+            ordered += [i for n in first[name] for i in modules[n]]
+        elif name not in grouped:
             ordered += its
     items[:] = ordered
 
 
-@pytest.fixture(scope="module")
-def spark(request):
-    """A ``local[2]`` SparkSession for the test modules that use this fixture.
+def shared_spark(master: str = "local[2]", log_level: str = "ERROR", **conf):
+    """A module-scoped ``spark`` fixture: one session for every module that asks for the same ``master`` and ``conf``.
 
-    The modules that use it run one after another (``pytest_collection_modifyitems``) and share one session and
-    its Python workers (a fresh session costs ~10 s: the JVM's SparkContext, the workers' TensorFlow import, the
-    first replica builds); it is stopped after the last of them, or when a module starts a session of its own
-    (``spark_session`` stops the active one), and started again for the next module that asks.
+    Those modules run one after another (``pytest_collection_modifyitems``) and share one session and its Python
+    workers: a session started again costs a new SparkContext, the workers' TensorFlow import and their replica
+    builds, 37 s more than a kept one at load 16 on 2 cores (benchmarks/suite_sessions.py). It is kept from one
+    module to the next while the next has any test that asks for it (its first test may need none), stopped after
+    the last of them, or when a module starts a session of its own (``spark_session`` stops the active one), and
+    started again for the next module that asks. ``log_level`` is each module's own.
+    A module assigns it: ``spark = shared_spark("local[2,3]", log_level="OFF")``.
     """
-    if not _shared_alive():
-        _stop_shared()
-        stop_active_session()
-        local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
-        _SHARED.update(session=make_session("local[2]", "sparkdl_avg-tests", local_dir), local_dir=local_dir)
-        _SHARED["session"].sparkContext.setLogLevel("ERROR")
-    yield _SHARED["session"]
-    items = request.session.items
-    module = request.node.nodeid.split("::")[0]
-    last = max((k for k, i in enumerate(items) if i.nodeid.split("::")[0] == module), default=len(items))
-    following = items[last + 1] if last + 1 < len(items) else None
-    if following is None or not _uses_shared_spark(following):
-        _stop_shared()
+    key = (master, tuple(sorted((k, str(v)) for k, v in conf.items())))
+
+    def spark(request):
+        if not _shared_alive(key):
+            _stop_shared()
+            stop_active_session()
+            local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-test-spark-")
+            _SHARED.update(key=key, session=make_session(master, "sparkdl_avg-tests", local_dir, **conf),
+                           local_dir=local_dir)
+        _SHARED["session"].sparkContext.setLogLevel(log_level)
+        yield _SHARED["session"]
+        items = request.session.items
+        module = request.node.nodeid.split("::")[0]
+        last = max((k for k, i in enumerate(items) if i.nodeid.split("::")[0] == module), default=len(items))
+        following = items[last + 1].nodeid.split("::")[0] if last + 1 < len(items) else None
+        # Kept for the next module if any of its tests asks for it (its first test may need no session at all).
+        if not any(_shared_key(i) == key for i in items[last + 1:] if i.nodeid.split("::")[0] == following):
+            _stop_shared()
+
+    spark._shared_spark_key = key
+    spark.__doc__ = f"A ``{master}`` SparkSession shared by the modules that ask for it (``shared_spark``)."
+    return pytest.fixture(scope="module", name="spark")(spark)
+
+
+# The ``local[2]`` session of most modules (README's RECOMMENDED_CONF, see ``make_session``).
+spark = shared_spark()
 
 
 class JobRecorder:

@@ -14,7 +14,7 @@ import pytest
 
 import keras
 
-from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, spark_session
+from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, shared_spark
 from parity import ElasticMixin, LocalOptimizerStateMixin, TaskRetryMixin
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg.driver.checkpoint import files as ckpt
@@ -25,10 +25,8 @@ from sparkdl_avg.errors import CheckpointError, PathError
 B, N = 8, 2
 
 
-@pytest.fixture(scope="module")
-def spark():
-    with spark_session("local[2,3]", "sparkdl_avg-reliability", log_level="OFF") as session:
-        yield session
+# ``local[2,3]`` (up to 3 attempts per task, for the retried tasks), shared with the other modules that ask for it.
+spark = shared_spark("local[2,3]", log_level="OFF")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ import pytest
 import keras
 from pyspark import cloudpickle
 
-from conftest import assert_weights_close, record_jobs, regression_data, spark_session
+from conftest import assert_weights_close, record_jobs, regression_data, shared_spark
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, TrainerConfig, cli
 from sparkdl_avg.driver.checkpoint import files as ckpt
 from sparkdl_avg import testing
@@ -44,10 +44,8 @@ ROUNDS = -(-EPOCH_STEPS // K)  # rounds of 3, 3, 3 and 1 minibatches
 SLOW_FACTOR = 100.0  # slot 0: ~0.4 s a chunk (the sleep), slot 1: ~0.1 s (mostly the job)
 
 
-@pytest.fixture(scope="module")
-def spark():
-    with spark_session("local[2,3]", "sparkdl_avg-stale", log_level="OFF") as session:
-        yield session
+# ``local[2,3]`` (up to 3 attempts per task, for the retried tasks), shared with the other modules that ask for it.
+spark = shared_spark("local[2,3]", log_level="OFF")
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ root and no cluster: every bad flag is refused before anything starts, with
 one ``error:`` line and exit code 2, and ``status``, ``counters`` and ``run``
 without a cluster say so (exit code 1), as do ``add`` and ``remove``;
 ``remove`` of host 0 or the store is refused before anything. The last tests
-(root only) bring a 2-host cluster up: from a copy of the repository under
-/tmp, where each host has a private /tmp of its own, running a command on a
-worker host; and adding a worker host and removing it again, as autoscaling
-and a spot reclaim do.
+(root only) share one 2-host cluster, brought up by the tool from a copy of
+the repository under /tmp, where each host has a private /tmp of its own: a
+command run on a worker host; a worker host added and removed again, as
+autoscaling and a spot reclaim do; and ``down``.
 """
 
 import contextlib
@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -158,9 +159,11 @@ def test_run_from_a_directory_in_this_machines_tmp_names_what_the_hosts_share(tm
                f"(each has its own; of /tmp they share only {shared}); run from another directory, such as {ROOT}.\n")
 
 
-@pytest.mark.slow
-def test_the_tool_works_from_a_copy_of_the_repository_under_tmp():
-    """A copy under /tmp (the working tree's tracked files, the venv linked): up, a command on a worker host, down."""
+@pytest.fixture(scope="module")
+def copy_cluster():
+    """A 2-host cluster (no store) that the tool, run from a copy under /tmp, brought up (the working tree's tracked
+    files, the venv linked). The module's cluster tests share it: one cluster comes up, not one per test (up and
+    down took 21 s at load 10); the last of them takes it down with the copy's tool and checks that nothing is left."""
     try:
         hosts.check_requirements()
     except hosts.HostsError as exc:
@@ -169,7 +172,7 @@ def test_the_tool_works_from_a_copy_of_the_repository_under_tmp():
     if listed.returncode != 0:
         pytest.skip("not a git checkout: no list of the repository's files to copy")
     base = f"/tmp/sdla-copy-{os.getpid()}"  # not tmp_path: pytest's base temp may be set outside /tmp
-    repo, state, marker = f"{base}/repo", f"{base}/state", f"{base}/outside-{os.getpid()}"
+    repo, state = f"{base}/repo", f"{base}/state"
     shutil.rmtree(base, ignore_errors=True)
     try:
         for name in listed.stdout.decode().split("\0"):
@@ -178,27 +181,29 @@ def test_the_tool_works_from_a_copy_of_the_repository_under_tmp():
                 shutil.copy2(os.path.join(ROOT, name), os.path.join(repo, name))
         os.symlink(os.path.join(ROOT, ".venv"), os.path.join(repo, ".venv"))
         python, script = f"{repo}/.venv/bin/python", f"{repo}/scripts/hosts.py"
-        open(marker, "w").close()  # in this machine's /tmp, outside what the hosts share: no host sees it
-
         code, out, err = hosts_py("up", "--hosts", "2", "--no-store", "--state-dir", state,
                                   script=script, python=python, timeout=180, cwd=repo)
         assert code == 0, out + err
         with open(f"{state}/state.json") as f:
             anchors = [h["anchor"] for h in json.load(f)["hosts"]]
-        probe = ("import os, socket, sys, pyspark; "
-                 "print(socket.gethostname(), os.path.exists(sys.argv[1]), os.path.exists(sys.argv[2]), "
-                 "os.environ['SPARK_HOME'].startswith(sys.argv[3]))")
-        code, out, err = hosts_py("run", "--state-dir", state, "1", "--", python, "-c", probe, script, marker, repo,
-                                  script=script, python=python, cwd=repo)  # the user's directory: the copy
-        assert (code, out) == (0, "sdla-h1 True False True\n"), err
-        code, out, err = hosts_py("down", "--state-dir", state, script=script, python=python)
-        assert code == 0 and sorted(out.split()) == ["removed", hosts.BRIDGE_NS, "sdla-h0", "sdla-h1"], out + err
-        assert hosts.PREFIX + "-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [p for p in anchors if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
-        assert not {"state.json", "etc-hosts"} & set(os.listdir(state))
+        yield types.SimpleNamespace(base=base, repo=repo, state=state, python=python, script=script, anchors=anchors)
     finally:
         hosts.down(state)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_the_tool_works_from_a_copy_of_the_repository_under_tmp(copy_cluster):
+    """Up from the copy (``copy_cluster``), then a command on a worker host run by the copy's tool."""
+    repo, python, script = copy_cluster.repo, copy_cluster.python, copy_cluster.script
+    marker = f"{copy_cluster.base}/outside-{os.getpid()}"
+    open(marker, "w").close()  # in this machine's /tmp, outside what the hosts share: no host sees it
+    probe = ("import os, socket, sys, pyspark; "
+             "print(socket.gethostname(), os.path.exists(sys.argv[1]), os.path.exists(sys.argv[2]), "
+             "os.environ['SPARK_HOME'].startswith(sys.argv[3]))")
+    code, out, err = hosts_py("run", "--state-dir", copy_cluster.state, "1", "--", python, "-c", probe, script, marker,
+                              repo, script=script, python=python, cwd=repo)  # the user's directory: the copy
+    assert (code, out) == (0, "sdla-h1 True False True\n"), err
 
 
 def master_workers(cluster) -> dict:
@@ -224,16 +229,10 @@ def eventually(read, expected, timeout_s: float = 10.0):
 
 
 @pytest.mark.slow
-def test_a_worker_host_added_and_removed_while_the_cluster_runs(tmp_path):
+def test_a_worker_host_added_and_removed_while_the_cluster_runs(copy_cluster):
     """``add`` makes a host like the others, whose worker the master lists as alive; ``remove`` takes it away."""
+    state, marker = copy_cluster.state, f"/tmp/sdla-outside-{os.getpid()}"
     try:
-        hosts.check_requirements()
-    except hosts.HostsError as exc:
-        pytest.skip(str(exc))
-    state, marker = str(tmp_path / "state"), f"/tmp/sdla-outside-{os.getpid()}"
-    try:
-        code, out, err = hosts_py("up", "--hosts", "2", "--no-store", "--state-dir", state, timeout=180)
-        assert code == 0, out + err
         assert hosts_py("add", "--state-dir", state, timeout=180) == (0, "2 sdla-h2\n", "")
         cluster = hosts.Cluster.attach(os.path.join(state, "state.json"))
         new = cluster.host(2)
@@ -267,10 +266,18 @@ def test_a_worker_host_added_and_removed_while_the_cluster_runs(tmp_path):
         with open(os.path.join(state, "logs", "worker-2.log"), "rb") as f:
             assert b"RECEIVED SIGNAL TERM" in f.read()[logged:]
         assert "sdla-h2" not in hosts._our_namespaces()
-
-        code, out, err = hosts_py("down", "--state-dir", state)
-        assert code == 0 and sorted(out.split()) == ["removed", hosts.BRIDGE_NS, "sdla-h0", "sdla-h1"], out + err
     finally:
-        hosts.down(state)
         with contextlib.suppress(FileNotFoundError):
             os.remove(marker)
+
+
+@pytest.mark.slow
+def test_down_from_the_copy_removes_every_namespace_and_process(copy_cluster):
+    """Last of the module's cluster tests: the copy's ``down`` takes ``copy_cluster`` away, a host added and removed
+    while it ran (the test before) included, and leaves no namespace, process or state file."""
+    code, out, err = hosts_py("down", "--state-dir", copy_cluster.state, script=copy_cluster.script,
+                              python=copy_cluster.python)
+    assert code == 0 and sorted(out.split()) == ["removed", hosts.BRIDGE_NS, "sdla-h0", "sdla-h1"], out + err
+    assert hosts.PREFIX + "-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [p for p in copy_cluster.anchors if os.path.exists(f"/proc/{p}") and not hosts._zombie(p)]
+    assert not {"state.json", "etc-hosts"} & set(os.listdir(copy_cluster.state))

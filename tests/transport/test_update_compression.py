@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import assert_weights_close, spark_session
+from conftest import assert_weights_close, shared_spark
 from parity import COMPRESSED_DATA, CompressedUpdatesMixin, compressed_fit, f32_model
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
 from sparkdl_avg.driver.checkpoint import files as ckpt
@@ -23,11 +23,8 @@ from sparkdl_avg.shared.wire.delta_sums import DeltaLayout, FeedbackFiles
 from sparkdl_avg.shared.wire.exchange import FlatLayout
 
 
-@pytest.fixture(scope="module")
-def spark():
-    """``local[2,3]``: up to 3 attempts per task, for the retried task."""
-    with spark_session("local[2,3]", "sparkdl_avg-update-compression", log_level="OFF") as session:
-        yield session
+# ``local[2,3]`` (up to 3 attempts per task, for the retried tasks), shared with the other modules that ask for it.
+spark = shared_spark("local[2,3]", log_level="OFF")
 
 
 @pytest.fixture(scope="module")
