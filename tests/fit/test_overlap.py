@@ -6,16 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import spark_session
+from conftest import shared_spark
 from parity import OverlapRoundsMixin
 from sparkdl_avg.driver.algorithms.overlap import PENDING, OneRoundLate, flush
 from sparkdl_avg.driver.algorithms.rules import PlainAveraging
 
 
-@pytest.fixture(scope="module")
-def session():
-    with spark_session("local[2,3]", "sparkdl_avg-overlap") as spark:  # 3 attempts: a retried task
-        yield spark
+# ``local[2,3]`` (3 attempts: a retried task), shared with the other modules that ask for it.
+spark = shared_spark("local[2,3]", log_level="OFF")
+
+
+@pytest.fixture
+def session(spark):
+    return spark
 
 
 class TestOverlapRounds(OverlapRoundsMixin):
