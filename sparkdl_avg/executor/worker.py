@@ -310,6 +310,8 @@ class RoundTask:
         start: Elastic rounds: the epoch position of the round's first
             example (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`);
             ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
+        fragments: ``sync_fragments > 1``: the round's
+            :class:`~sparkdl_avg.shared.wire.fragments.FragmentRound` (own weights, adoption, the synced part).
     """
 
     spec: Any
@@ -331,6 +333,7 @@ class RoundTask:
     feedback: Any = None
     start: Optional[int] = None
     local_state: Any = None
+    fragments: Any = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -367,8 +370,11 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     t_own = time.time()
     own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
     local_state_s = time.time() - t_own
-    assign_state(model, weights, opt_vars if own is None else own)
-    if task.local_state is None and getattr(task.results, "deltas", None) is None:
+    frag = task.fragments
+    start_weights, lost = frag.start(worker, weights) if frag is not None else (weights, False)
+    restarted = restarted or lost
+    assign_state(model, start_weights, opt_vars if own is None else own)
+    if task.local_state is None and frag is None and getattr(task.results, "deltas", None) is None:
         weights = opt_vars = None  # not read again: a memory map (files) is unmapped, not kept through training
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
@@ -408,6 +414,9 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         t_own = time.time()
         task.local_state.save(worker, new_opt if finite else (opt_vars if own is None else own))
         local_state_s += time.time() - t_own
+    if frag is not None:  # keeps its own weights, returns the synced part only (shared/wire/fragments.py)
+        frag.save(worker, new_weights if finite else start_weights)
+        new_weights, weights = frag.pick(new_weights), frag.pick(weights)
     record = WorkerRecord(
         worker=worker,
         host=socket.gethostname(),
@@ -428,7 +437,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         trace_s=trace_s,
         local_state_s=local_state_s,
         local_state_restarted=restarted,
-        host_names=host_names() if getattr(task.local_state, "host_local", False) else (),
+        host_names=host_names() if getattr(task.local_state or getattr(frag, "files", None), "host_local", False)
+        else (),
     )
     deltas = getattr(task.results, "deltas", None)
     if deltas is not None:  # update_compression: the delta from what was sent, encoded (and the residual kept)

@@ -198,6 +198,8 @@ class Checkpointing:
             checkpoint carries; ``None``: fixed workers.
         local: ``optimizer_state="local"``'s ledger of the workers' own optimizer states, saved with each
             checkpoint beside the residuals; ``None``: none.
+        fragments: ``sync_fragments``' :class:`~sparkdl_avg.driver.fit.fragments.Fragments` (the workers' own
+            weights and the fragment counter), saved likewise; ``None``: none.
     """
 
     directory: Optional[str]
@@ -211,6 +213,7 @@ class Checkpointing:
     feedback: Any = None
     membership: Any = None
     local: Any = None
+    fragments: Any = None
 
     def may_save_after(self, rounds_in_fit: int, epoch_may_end: bool) -> bool:
         """Whether a checkpoint may be saved after the fit's ``rounds_in_fit``-th round.
@@ -251,7 +254,7 @@ class Checkpointing:
                 weights=weights,
                 optimizer=opt_vars,
                 rule_state=self.rule_state.state or {},
-                feedback={k: v for ledger in (self.feedback, self.local) if ledger is not None
+                feedback={k: v for ledger in (self.feedback, self.local, self.fragments) if ledger is not None
                           for k, v in ledger.export().items()},
                 meta=checkpoint.RunMeta(
                     seed=self.seed,

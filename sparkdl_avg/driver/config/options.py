@@ -134,6 +134,21 @@ OPTIONS: Tuple[Option, ...] = (
         param=SparkParam("optimizerState", "toString"),
     ),
     Option(
+        "sync_fragments", 1, "int",
+        help="synchronise the trainable variables in this many fragments, one per round in turn (Streaming DiLoCo)",
+        doc="Fragments ``F`` of the trainable variables (contiguous groups in ``model.trainable_variables`` "
+            "order, balanced by element count, a variable never split), synchronised one per round in turn "
+            "(Streaming DiLoCo, Douillard et al. 2025): round ``r`` averages fragment ``r mod F`` (and the "
+            "non-trainable variables), so a round's sums are about ``1/F`` of the model's. Each worker keeps "
+            "its own weights between rounds, as ``optimizer_state=\"local\"`` keeps its optimizer variables, "
+            "and adopts a fragment's new global values at the start of the round after its synchronisation "
+            "(docs/guides/algorithms.md, \"Fragments\"). Default 1: every round synchronises every variable. "
+            "``synchronization=\"sync\"`` only; ``F`` at most the model's trainable variables.",
+        check=Ints(1),
+        cli=Flag(type=int),
+        param=SparkParam("syncFragments", "toInt"),
+    ),
+    Option(
         "update_rule", None, "Any",
         help=f"how the average becomes the next weights: {names_help()}",
         doc="How the replicas' average becomes the next global weights (:mod:`sparkdl_avg.driver.algorithms.rules`). "
@@ -503,6 +518,11 @@ JOINTS: Tuple[CrossCheck, ...] = (
         message="The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state "
                 "continues from its own previous round; stale and asynchronous chunks have no fixed previous "
                 "round). Got optimizer_state='local' with synchronization={synchronization!r} instead."),
+    Requires(
+        "sync_fragments", "synchronization", ("sync",),
+        "The 'sync_fragments' parameter needs synchronization='sync' (round r synchronises fragment r mod F "
+        "from every worker; stale and asynchronous chunks apply one worker at a time, with no such turn). Got "
+        "sync_fragments={sync_fragments!r} with synchronization={synchronization!r} instead."),
     Joint(
         "elastic_timeout_s", lambda v: v["min_workers"] is None and v["max_workers"] is None,
         "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
