@@ -19,6 +19,7 @@ Mixin                  classic subclass            Connect subclass
 ``DataKindsMixin``     test_data_kinds.py          test_connect.py
 ``ElasticMixin``       test_reliability.py         test_connect.py
 ``LocalOptimizerStateMixin`` test_reliability.py   test_connect.py
+``FragmentsMixin``     fit/test_fragments.py       test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests
@@ -1026,3 +1027,22 @@ class FragmentsMixin:
         resumed = f32_model(hidden=16)
         fragment_fit(3, epochs=2, model=resumed, fit={"checkpoint_dir": directory, "resume": True}, **options)
         assert_weights_close(resumed.get_weights(), whole.get_weights(), atol=0)
+
+    def test_elastic_rounds_start_a_joining_worker_from_the_global_weights_and_replay_bitwise(self, session):
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
+
+        x, y = regression_data(200, seed=1)
+
+        def fit(slots):
+            model = make_model(seed=2)
+            trainer = ParameterAveragingTrainer(model, batch_size=8, averaging_frequency=3, seed=3, min_workers=1,
+                                                max_workers=3, sync_fragments=2, update_compression="int8")
+            with slots:
+                trainer.fit((x, y), epochs=2, verbose=0)
+            return trainer, model
+
+        trainer, model = fit(ScriptedSlots([(0, 0, 3), (0, 2, 2), (1, 1, 3)]))  # worker 2 leaves, then joins again
+        assert [r.num_workers for r in trainer.stats.records] == [3, 3, 2, 2, 3, 3]
+        assert all(np.isfinite(w).all() for w in model.get_weights())
+        _, replayed = fit(ScriptedSlots.replay(trainer.stats.membership))
+        assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
