@@ -146,8 +146,9 @@ class RoundRunner:
         try:
             result, t1 = self._job(
                 f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} ({what})", None,
-                f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps, workers=range(n),
-                                                            num_workers=n, start=start, share=share),
+                f"e{epoch}-r{rnd}", sent, opt_vars,
+                partial(self.task, epoch, rnd, steps_before, steps, workers=range(n), num_workers=n, start=start,
+                        share=share),
                 range(n), f"Round {rnd} of epoch {epoch}", rounds_labels, self._places(n),
             )
         finally:

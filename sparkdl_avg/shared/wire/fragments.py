@@ -1,4 +1,4 @@
-"""``sync_fragments``: the executors' half of fragment rounds (Streaming DiLoCo): own weights, adoption, the synced part.
+"""``sync_fragments``: the executors' half of fragment rounds (Streaming DiLoCo): own weights, adoption, what returns.
 
 With ``sync_fragments=F > 1`` each worker keeps its own full weights from
 round to round, in files kept as ``optimizer_state="local"`` keeps optimizer
