@@ -55,6 +55,10 @@ CASES = [
      "The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state continues from its "
      "own previous round; stale and asynchronous chunks have no fixed previous round). Got optimizer_state='local' "
      "with synchronization='stale' instead."),
+    (dict(sync_fragments=2, synchronization="async"),
+     "The 'sync_fragments' parameter needs synchronization='sync' (round r synchronises fragment r mod F from every "
+     "worker; stale and asynchronous chunks apply one worker at a time, with no such turn). Got sync_fragments=2 "
+     "with synchronization='async' instead."),
     (dict(elastic_timeout_s=10),
      "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for 'min_workers' task "
      "slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its default. Got "
