@@ -1046,3 +1046,33 @@ class FragmentsMixin:
         assert all(np.isfinite(w).all() for w in model.get_weights())
         _, replayed = fit(ScriptedSlots.replay(trainer.stats.membership))
         assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
+
+    def test_a_worker_whose_own_weights_are_lost_restarts_from_the_global_ones_and_is_counted(self, session):
+        import glob
+        import tempfile
+
+        import keras
+
+        from sparkdl_avg.shared.wire.local_state import HOST_DIRECTORY
+
+        # classic sessions keep each worker's own weights in a file on its host; Connect under the staging directory
+        on_hosts = not type(session).__module__.startswith("pyspark.sql.connect")
+        kept = os.path.join(tempfile.gettempdir(), HOST_DIRECTORY, "*", "*-w1.bin")
+
+        class LoseWorker1(keras.callbacks.Callback):  # as if worker 1's host went between rounds 1 and 2
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    for path in glob.glob(kept):
+                        os.remove(path)
+
+        model, trainer = fragment_fit(2, fit={"callbacks": [LoseWorker1()]})
+        clean, _ = fragment_fit(2)
+        restarted = [[w.worker for w in r.workers if w.local_state_restarted] for r in trainer.stats.records]
+        if on_hosts:  # 4 rounds an epoch: its round 2 restarts worker 1 from the sent (global) weights
+            assert restarted == [[], [], [1], []] * 2
+            assert trainer.stats.local_states_restarted == 2
+            assert all(np.isfinite(w).all() for w in model.get_weights())
+            assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), clean.get_weights())) > 1e-6
+        else:  # nothing of this fit was there: the weights are the staging directory's, and nothing restarts
+            assert restarted == [[]] * 8 and trainer.stats.local_states_restarted == 0
+            assert_weights_close(model.get_weights(), clean.get_weights(), atol=0)
