@@ -20,6 +20,7 @@ Mixin                  classic subclass            Connect subclass
 ``ElasticMixin``       test_reliability.py         test_connect.py
 ``LocalOptimizerStateMixin`` test_reliability.py   test_connect.py
 ``OverlapRoundsMixin``  fit/test_overlap.py         test_connect.py
+``FragmentsMixin``     fit/test_fragments.py       test_connect.py
 =====================  ==========================  =================
 
 This module's name does not start with ``test_``: pytest collects the tests
@@ -1056,3 +1057,170 @@ class OverlapRoundsMixin:
         assert [r.num_workers for r in trainer.stats.records][:2] == [1, 2]
         assert_weights_close(again.get_weights(), joined.get_weights(), atol=0)
         assert all(np.isfinite(w).all() for w in joined.get_weights())
+# ------------------------------------------------------------------ sync_fragments (issue 50, part 3)
+
+
+def linear_model(seed=0, lr=0.1, inputs=4, hidden=None):
+    """A float64 linear model (two trainable variables: kernel, bias) with plain SGD; ``hidden``: an MLP."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((inputs,), dtype="float64")
+    h = keras.layers.Dense(hidden, activation="tanh", dtype="float64")(x) if hidden else x
+    model = keras.Model(x, keras.layers.Dense(1, dtype="float64")(h))
+    model.compile(keras.optimizers.SGD(lr), "mse")
+    return model
+
+
+def simulate_fragments(weights, x, y, N, B, k, E, F, lr, groups):
+    """A float64 numpy simulation of fragment rounds on a linear model (kernel, bias), plain SGD, average rule.
+
+    ``groups``: per fragment, the indices of the variables it holds. Each worker keeps its own weights; round
+    ``c`` starts from them with fragment ``(c - 1) mod F`` replaced by the global values (everything in the
+    first round), trains ``k`` minibatches and the global fragment ``c mod F`` becomes the workers' average.
+    """
+    from sparkdl_avg.shared.data import example_order
+
+    glob = [np.array(w, np.float64) for w in weights]
+    own = [None] * N
+    c = 0
+    for _ in range(E):
+        before = 0
+        for steps in example_order.round_lengths(len(x), N, B, k):
+            ends = []
+            for worker in range(N):
+                w = [a.copy() for a in glob] if own[worker] is None else [a.copy() for a in own[worker]]
+                if own[worker] is not None:
+                    for j in groups[(c - 1) % F]:
+                        w[j] = glob[j].copy()
+                pos = example_order.worker_positions(before, steps, worker, N, B)
+                for s in range(steps):
+                    xb = x[pos.start + s * B: pos.start + (s + 1) * B]
+                    yb = y[pos.start + s * B: pos.start + (s + 1) * B].reshape(-1, 1)
+                    err = xb @ w[0] + w[1] - yb
+                    w[0] = w[0] - lr * (2.0 / B) * (xb.T @ err)
+                    w[1] = w[1] - lr * (2.0 / B) * err.sum(axis=0)
+                own[worker] = w
+                ends.append(w)
+            for j in groups[c % F]:
+                glob[j] = sum(e[j] for e in ends) / N
+            c += 1
+            before += steps
+    return glob
+
+
+def fragment_fit(F, epochs=2, model=None, fit=None, **options):
+    """A fit of a float32 dropout MLP (Adam) with ``sync_fragments=F``; returns ``(model, trainer)``."""
+    model = model if model is not None else f32_model(hidden=16)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=3, seed=4,
+                                        sync_fragments=F, **options)
+    trainer.fit(COMPRESSED_DATA, epochs=epochs, verbose=0, **(fit or {}))
+    return model, trainer
+
+
+class FragmentsMixin:
+    """``sync_fragments`` (issue 50): fragments synchronised in turn, each worker keeping its own weights."""
+
+    def test_two_fragments_equal_a_float64_numpy_simulation_term_by_term(self, session, floatx64):
+        B, N, k, E, F, lr = 8, 2, 3, 2, 2, 0.125  # float32-exact: Keras keeps the learning rate in float32
+        x, y = regression_data(N * B * 5, seed=7)  # 5 minibatches per worker per epoch: rounds of 3 and 2
+        model = linear_model(seed=2, lr=lr)
+        start = model.get_weights()
+        trainer = ParameterAveragingTrainer(model, num_workers=N, batch_size=B, averaging_frequency=k, seed=0,
+                                            sync_fragments=F)
+        trainer.fit((x, y), epochs=E, shuffle=False, verbose=0)
+        want = simulate_fragments(start, x, y, N, B, k, E, F, lr, groups=[[0], [1]])
+        assert_weights_close(model.get_weights(), want, atol=1e-12)
+        # and it is not plain averaging: the same fit with one fragment ends elsewhere
+        plain = linear_model(seed=2, lr=lr)
+        ParameterAveragingTrainer(plain, num_workers=N, batch_size=B, averaging_frequency=k,
+                                  seed=0).fit((x, y), epochs=E, shuffle=False, verbose=0)
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(plain.get_weights(), want)) > 1e-6
+
+    @pytest.mark.parametrize("options", [
+        {"optimizer_state": "local", "update_rule": "diloco"},
+        {"optimizer_state": "local", "update_rule": "bmuf_nesterov", "update_compression": "int8"},
+        {"update_rule": "slowmo", "update_compression": "int4"},
+    ], ids=["local-diloco", "local-bmuf-nesterov-int8", "slowmo-int4"])
+    def test_compositions_run_finite_and_repeat_bitwise(self, session, options):
+        model, trainer = fragment_fit(2, **options)
+        again, _ = fragment_fit(2, **options)
+        assert all(np.isfinite(w).all() for w in model.get_weights())
+        assert_weights_close(again.get_weights(), model.get_weights(), atol=0)
+        assert max(float(np.max(np.abs(a - b)))
+                   for a, b in zip(model.get_weights(), f32_model(hidden=16).get_weights())) > 1e-3
+        sizes = sorted({r.sent_bytes for r in trainer.stats.records})
+        assert len(sizes) == 2  # the two fragments' rounds, each about half the model's
+
+    def test_a_retried_task_gives_the_clean_runs_weights(self, session, monkeypatch, tmp_path):
+        clean, _ = fragment_fit(2, optimizer_state="local", update_compression="int8")
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        real = worker_module.run_round_partition
+        marker = str(tmp_path / "failed-once")
+        monkeypatch.setattr(worker_module, "run_round_partition",
+                            lambda task, it: _fail_after_first_attempt(real, task, it, marker))
+        try:
+            retried, _ = fragment_fit(2, optimizer_state="local", update_compression="int8")
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        assert os.path.exists(marker)  # the first attempt trained, wrote its own weights, then failed
+        assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
+
+    def test_a_resumed_fit_continues_bitwise(self, session, tmp_path):
+        options = dict(optimizer_state="local", update_rule="diloco", update_compression="int8")
+        whole, _ = fragment_fit(3, epochs=2, **options)
+        directory = str(tmp_path / "ckpt")
+        first = f32_model(hidden=16)
+        fragment_fit(3, epochs=1, model=first, fit={"checkpoint_dir": directory}, **options)
+        resumed = f32_model(hidden=16)
+        fragment_fit(3, epochs=2, model=resumed, fit={"checkpoint_dir": directory, "resume": True}, **options)
+        assert_weights_close(resumed.get_weights(), whole.get_weights(), atol=0)
+
+    def test_elastic_rounds_start_a_joining_worker_from_the_global_weights_and_replay_bitwise(self, session):
+        from sparkdl_avg.driver.elastic.membership import ScriptedSlots
+
+        x, y = regression_data(200, seed=1)
+
+        def fit(slots):
+            model = make_model(seed=2)
+            trainer = ParameterAveragingTrainer(model, batch_size=8, averaging_frequency=3, seed=3, min_workers=1,
+                                                max_workers=3, sync_fragments=2, update_compression="int8")
+            with slots:
+                trainer.fit((x, y), epochs=2, verbose=0)
+            return trainer, model
+
+        trainer, model = fit(ScriptedSlots([(0, 0, 3), (0, 2, 2), (1, 1, 3)]))  # worker 2 leaves, then joins again
+        assert [r.num_workers for r in trainer.stats.records] == [3, 3, 2, 2, 3, 3]
+        assert all(np.isfinite(w).all() for w in model.get_weights())
+        _, replayed = fit(ScriptedSlots.replay(trainer.stats.membership))
+        assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
+
+    def test_a_worker_whose_own_weights_are_lost_restarts_from_the_global_ones_and_is_counted(self, session):
+        import glob
+        import tempfile
+
+        import keras
+
+        from sparkdl_avg.shared.wire.local_state import HOST_DIRECTORY
+
+        # classic sessions keep each worker's own weights in a file on its host; Connect under the staging directory
+        on_hosts = not type(session).__module__.startswith("pyspark.sql.connect")
+        kept = os.path.join(tempfile.gettempdir(), HOST_DIRECTORY, "*", "*-w1.bin")
+
+        class LoseWorker1(keras.callbacks.Callback):  # as if worker 1's host went between rounds 1 and 2
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    for path in glob.glob(kept):
+                        os.remove(path)
+
+        model, trainer = fragment_fit(2, fit={"callbacks": [LoseWorker1()]})
+        clean, _ = fragment_fit(2)
+        restarted = [[w.worker for w in r.workers if w.local_state_restarted] for r in trainer.stats.records]
+        if on_hosts:  # 4 rounds an epoch: its round 2 restarts worker 1 from the sent (global) weights
+            assert restarted == [[], [], [1], []] * 2
+            assert trainer.stats.local_states_restarted == 2
+            assert all(np.isfinite(w).all() for w in model.get_weights())
+            assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), clean.get_weights())) > 1e-6
+        else:  # nothing of this fit was there: the weights are the staging directory's, and nothing restarts
+            assert restarted == [[]] * 8 and trainer.stats.local_states_restarted == 0
+            assert_weights_close(model.get_weights(), clean.get_weights(), atol=0)

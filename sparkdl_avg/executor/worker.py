@@ -313,6 +313,8 @@ class RoundTask:
         start: Elastic rounds: the epoch position of the round's first
             example (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`);
             ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
+        fragments: ``sync_fragments > 1``: the round's
+            :class:`~sparkdl_avg.shared.wire.fragments.FragmentRound` (own weights, adoption, the synced part).
     """
 
     spec: Any
@@ -335,6 +337,7 @@ class RoundTask:
     start: Optional[int] = None
     local_state: Any = None
     overlap: Any = None
+    fragments: Any = None
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -371,11 +374,16 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     t_own = time.time()
     own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
     local_state_s = time.time() - t_own
-    eager = None
+    eager, frag = None, task.fragments
+    start_weights = weights
     if task.overlap is not None:  # overlap_rounds: start from the sent weights plus the worker's own term
         start_weights, eager = eager_start(task.overlap, worker, weights)
-    assign_state(model, weights if task.overlap is None else start_weights, opt_vars if own is None else own)
-    if task.local_state is None and task.overlap is None and getattr(task.results, "deltas", None) is None:
+    elif frag is not None:  # sync_fragments: its own weights, the fragment synced last round from the sent ones
+        start_weights, lost = frag.start(worker, weights)
+        restarted = restarted or lost
+    assign_state(model, start_weights, opt_vars if own is None else own)
+    if (task.local_state is None and task.overlap is None and frag is None
+            and getattr(task.results, "deltas", None) is None):
         weights = opt_vars = None  # not read again: a memory map (files) is unmapped, not kept through training
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
@@ -417,6 +425,9 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         local_state_s += time.time() - t_own
     if task.overlap is not None:  # returns end - own term; keeps its next own term
         new_weights = eager_finish(task.overlap, worker, task.num_workers, weights, eager, new_weights, finite)
+    if frag is not None:  # keeps its own weights, returns the synced part only (shared/wire/fragments.py)
+        frag.save(worker, new_weights if finite else start_weights)
+        new_weights, weights = frag.pick(new_weights), frag.pick(weights)
     record = WorkerRecord(
         worker=worker,
         host=socket.gethostname(),
@@ -437,7 +448,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         trace_s=trace_s,
         local_state_s=local_state_s,
         local_state_restarted=restarted,
-        host_names=host_names() if any(getattr(f, "host_local", False) for f in (task.local_state, task.overlap))
+        host_names=host_names() if any(getattr(f, "host_local", False)
+                                       for f in (task.local_state, task.overlap, getattr(frag, "files", None)))
         else (),
     )
     deltas = getattr(task.results, "deltas", None)

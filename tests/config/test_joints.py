@@ -67,6 +67,14 @@ CASES = [
     (dict(overlap_rounds=True, optimizer_state="local", update_rule="bmuf"),
      "The 'overlap_rounds' parameter needs update_rule='average': the outer rules' one-round-late step with a "
      "worker's own term is not built yet. Got overlap_rounds=True with update_rule='bmuf' instead."),
+    (dict(overlap_rounds=True, optimizer_state="local", sync_fragments=4),
+     "The 'overlap_rounds' parameter with sync_fragments > 1 is not built yet (fragments are synchronised in turn "
+     "from weights the workers keep; their overlap is another protocol): pass one of them. Got "
+     "overlap_rounds=True with sync_fragments=4 instead."),
+    (dict(sync_fragments=2, synchronization="async"),
+     "The 'sync_fragments' parameter needs synchronization='sync' (round r synchronises fragment r mod F from every "
+     "worker; stale and asynchronous chunks apply one worker at a time, with no such turn). Got sync_fragments=2 "
+     "with synchronization='async' instead."),
     (dict(elastic_timeout_s=10),
      "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for 'min_workers' task "
      "slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its default. Got "

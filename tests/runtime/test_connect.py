@@ -22,7 +22,7 @@ import pytest
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
 from parity import (CompressedUpdatesMixin, DataKindsMixin, ElasticMixin, EstimatorPathMixin, ExecutorCheckMixin,
-                    LocalOptimizerStateMixin, OverlapRoundsMixin, TaskRetryMixin)
+                    FragmentsMixin, LocalOptimizerStateMixin, OverlapRoundsMixin, TaskRetryMixin)
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
 from sparkdl_avg.executor import worker as worker_module
 
@@ -107,6 +107,10 @@ class TestExecutorCheck(ExecutorCheckMixin):
 
 class TestCompressedUpdates(CompressedUpdatesMixin):
     """``update_compression`` on every Spark SQL path, and a retried task (classic: test_update_compression.py)."""
+
+
+class TestFragments(FragmentsMixin):
+    """sync_fragments (classic: tests/fit/test_fragments.py)."""
 
 
 class TestDataKinds(DataKindsMixin):

@@ -199,6 +199,8 @@ class Checkpointing:
         local: ``optimizer_state="local"``'s ledger of the workers' own optimizer states, saved with each
             checkpoint beside the residuals; ``None``: none.
         overlap: ``overlap_rounds``' ledger of the workers' own terms in flight, saved likewise; ``None``: none.
+        fragments: ``sync_fragments``' :class:`~sparkdl_avg.driver.fit.fragments.Fragments` (the workers' own
+            weights and the fragment counter), saved likewise; ``None``: none.
     """
 
     directory: Optional[str]
@@ -213,6 +215,7 @@ class Checkpointing:
     membership: Any = None
     local: Any = None
     overlap: Any = None
+    fragments: Any = None
 
     def may_save_after(self, rounds_in_fit: int, epoch_may_end: bool) -> bool:
         """Whether a checkpoint may be saved after the fit's ``rounds_in_fit``-th round.
@@ -253,7 +256,7 @@ class Checkpointing:
                 weights=weights,
                 optimizer=opt_vars,
                 rule_state=self.rule_state.state or {},
-                feedback={k: v for ledger in (self.feedback, self.local, self.overlap)
+                feedback={k: v for ledger in (self.feedback, self.local, self.overlap, self.fragments)
                           if ledger is not None
                           for k, v in ledger.export().items()},
                 meta=checkpoint.RunMeta(

@@ -3,8 +3,7 @@
 Each :class:`~.rows.Option` row declares an option once: its snake_case name,
 default, type, documentation, check, how the jobs' command line spells it
 (:class:`~.rows.Flag`) and which Spark ML Param carries it (:class:`~.rows.SparkParam`);
-:data:`JOINTS`, right after the trainer's rows, declares the checks that join
-several of them. The trainer's rows are here, ``fit``'s and MLflow's in
+:data:`JOINTS` (:mod:`.joints`) declares the checks that join several of them. The trainer's rows are here, ``fit``'s and MLflow's in
 :mod:`.fit_options`; the machinery is apart: the row types in :mod:`.rows`,
 the constraints and parsers in :mod:`.constraints`, the code generation in
 :mod:`.codegen`, the renaming of messages in :mod:`.messages`. From the rows derive:
@@ -49,14 +48,15 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from ...shared.wire.delta_sums import segment_feedback
-from ..algorithms.rules import PlainAveraging, as_update_rule, flat_option, names_help
+from ...shared.wire.delta_sums import COMPRESSIONS
+from ..algorithms.rules import as_update_rule, flat_option, names_help
 from ..algorithms.schedules import as_schedule
 from .constraints import (  # noqa: F401 (API: the row types and constraints, importable from the table)
     Bool, BoolOrPath, ClassWeights, Constraint, CrossCheck, Function, Ints, Joint, OneOf, Parsed, Requires,
     RoundsOrEpoch, Seconds, Text, check_joints, import_function, must_be, on_off, parse_class_weight,
     parse_optional_rate, parse_rate, require, rounds_or_epoch)
 from .fit_options import FIT_OPTIONS, TRACKING_OPTIONS
+from .joints import JOINTS  # noqa: F401 (API: the checks across the rows, declared beside them)
 from .rows import FIT, RULE, SAME, TRACKING, TRAINER, Flag, Option, SparkParam  # noqa: F401 (API)
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset", "local")
@@ -67,7 +67,7 @@ AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
 #: 14k-parameter model's rounds take 14.5 s against 1.0 s at 64 (issue 38), and 10**6 stalled the fit.
 MAX_AGGREGATION_SHARDS = 1024
 SYNCHRONIZATIONS = ("sync", "stale", "async")
-UPDATE_COMPRESSIONS = ("bf16", "int8", "int4")  # sparkdl_avg.shared.wire.delta_sums.COMPRESSIONS (the executors' side)
+UPDATE_COMPRESSIONS = COMPRESSIONS  # the executors' codecs (sparkdl_avg.shared.wire.delta_sums)
 
 
 OPTIONS: Tuple[Option, ...] = (
@@ -132,6 +132,21 @@ OPTIONS: Tuple[Option, ...] = (
         check=OneOf(OPTIMIZER_STATE_POLICIES),
         cli=Flag(),
         param=SparkParam("optimizerState", "toString"),
+    ),
+    Option(
+        "sync_fragments", 1, "int",
+        help="synchronise the trainable variables in this many fragments, one per round in turn (Streaming DiLoCo)",
+        doc="Fragments ``F`` of the trainable variables (contiguous groups in ``model.trainable_variables`` "
+            "order, balanced by element count, a variable never split), synchronised one per round in turn "
+            "(Streaming DiLoCo, Douillard et al. 2025): round ``r`` averages fragment ``r mod F`` (and the "
+            "non-trainable variables), so a round's sums are about ``1/F`` of the model's. Each worker keeps "
+            "its own weights between rounds, as ``optimizer_state=\"local\"`` keeps its optimizer variables, "
+            "and adopts a fragment's new global values at the start of the round after its synchronisation "
+            "(docs/guides/algorithms.md, \"Fragments\"). Default 1: every round synchronises every variable. "
+            "``synchronization=\"sync\"`` only; ``F`` at most the model's trainable variables.",
+        check=Ints(1),
+        cli=Flag(type=int),
+        param=SparkParam("syncFragments", "toInt"),
     ),
     Option(
         "update_rule", None, "Any",
@@ -469,95 +484,6 @@ OPTIONS: Tuple[Option, ...] = (
 ) + FIT_OPTIONS + TRACKING_OPTIONS
 
 
-def _most(values: Mapping[str, Any]) -> Any:
-    """The most workers a round may have: ``max_workers``, else ``num_workers`` (``None``: not given)."""
-    return values["max_workers"] if values["max_workers"] is not None else values["num_workers"]
-
-
-#: The checks that join several trainer options (``TrainerConfig`` runs them after each row's own check, in this
-#: order: the first refusal is the error). Each concerns its first option when that is set (not its default).
-JOINTS: Tuple[CrossCheck, ...] = (
-    Requires(
-        "reproducible", "synchronization", ("stale",),
-        "The 'reproducible' parameter needs synchronization='stale' (a bound: its chunks read the weights "
-        "'staleness' rounds back); 'sync' repeats bitwise anyway, and 'async' has no bound. "
-        "Got reproducible=True with synchronization={synchronization!r} instead."),
-    Requires(
-        "staleness", "synchronization", ("stale", "async"),
-        "The 'staleness' parameter applies only when 'synchronization' is 'stale' (the bound of its chunks; "
-        "'sync' rounds wait for every worker): set 'synchronization' to 'stale' or leave 'staleness' at its "
-        "default ({default}). Got staleness={staleness!r} with synchronization='sync' instead."),
-    Requires(
-        "aggregation_shards", "aggregation", ("shuffle", "storage", "auto"),
-        "The 'aggregation_shards' parameter applies only when 'aggregation' is 'shuffle', 'storage' or 'auto' "
-        "(the sharded aggregations; 'driver' and 'files' sum every worker's sums on the driver). "
-        "Got aggregation_shards={aggregation_shards!r} with aggregation={aggregation!r} instead."),
-    Requires(
-        "staleness_aware", "synchronization", ("stale", "async"),
-        "The 'staleness_aware' parameter applies only when 'synchronization' is 'stale' or 'async' (it scales "
-        "updates by their delay; 'sync' updates have none): set 'synchronization' or leave 'staleness_aware' "
-        "at its default (True). Got staleness_aware={staleness_aware!r} with synchronization='sync' instead."),
-    Requires(
-        "aggregation_shards", "state_transport", ("sql", "auto"),
-        "The 'aggregation_shards' parameter applies only when 'state_transport' is 'sql' or 'auto' (the sql "
-        "round's sharded aggregations; {state_transport!r} sums on the driver): set 'state_transport' to "
-        "'sql' or leave 'aggregation_shards' at None. Got aggregation_shards={aggregation_shards!r} with "
-        "state_transport={state_transport!r} instead."),
-    Requires(
-        "aggregation", "state_transport", ("sql", "auto"),
-        "The 'aggregation' parameter applies only when 'state_transport' is 'sql' or 'auto' (how the sql "
-        "round sums; {state_transport!r} has its own): set 'state_transport' to 'sql' or leave "
-        "'aggregation' at 'auto'. Got aggregation={aggregation!r} with state_transport={state_transport!r} "
-        "instead."),
-    Requires(
-        "error_feedback", "update_compression", UPDATE_COMPRESSIONS,
-        "The 'error_feedback' parameter applies only with 'update_compression' (it keeps what the codec drops): "
-        "set 'update_compression' or leave 'error_feedback' at None. Got error_feedback={error_feedback!r} "
-        "with update_compression=None instead."),
-    Joint(
-        "update_compression",
-        lambda v: v["synchronization"] == "async" and any(segment_feedback(v["update_compression"],
-                                                                           v["error_feedback"])),
-        "Error feedback needs synchronization='sync' or 'stale' (a worker's residual goes to its chunk a fixed "
-        "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
-        "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
-        "update_compression={update_compression!r} with synchronization='async' instead."),
-    Requires(
-        "optimizer_state", "synchronization", ("sync",), when=("local",),
-        message="The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state "
-                "continues from its own previous round; stale and asynchronous chunks have no fixed previous "
-                "round). Got optimizer_state='local' with synchronization={synchronization!r} instead."),
-    Requires(
-        "overlap_rounds", "synchronization", ("sync",),
-        "The 'overlap_rounds' parameter needs synchronization='sync': its rounds already run ahead by one "
-        "round of averages, each worker standing its own delta in for its share of the average it lacks; "
-        "stale and asynchronous chunks have no round to stand in for. Got overlap_rounds=True with "
-        "synchronization={synchronization!r} instead."),
-    Requires(
-        "overlap_rounds", "optimizer_state", ("local", "reset"),
-        "The 'overlap_rounds' parameter needs optimizer_state='local' or 'reset': an averaged optimizer state "
-        "would reach the workers one round late like the weights, with no own term defined for it (not built). "
-        "Got overlap_rounds=True with optimizer_state={optimizer_state!r} instead."),
-    Joint(
-        "overlap_rounds", lambda v: type(as_update_rule(v["update_rule"])) is not PlainAveraging,
-        lambda v: "The 'overlap_rounds' parameter needs update_rule='average': the outer rules' one-round-late "
-                  "step with a worker's own term is not built yet. Got overlap_rounds=True with "
-                  f"update_rule={v['update_rule']!r} instead."),
-    Joint(
-        "elastic_timeout_s", lambda v: v["min_workers"] is None and v["max_workers"] is None,
-        "The 'elastic_timeout_s' parameter applies only to elastic rounds (how long they wait for "
-        "'min_workers' task slots): set 'min_workers' or 'max_workers', or leave 'elastic_timeout_s' at its "
-        "default. Got elastic_timeout_s={elastic_timeout_s!r} without them instead."),
-    Joint(
-        "max_workers", lambda v: v["num_workers"] is not None and v["max_workers"] != v["num_workers"],
-        "The 'num_workers' and 'max_workers' parameters are both the most workers of an elastic round; give "
-        "one of them. Got num_workers={num_workers!r} with max_workers={max_workers!r} instead."),
-    Joint(
-        "min_workers", lambda v: _most(v) is not None and v["min_workers"] > _most(v),
-        lambda v: f"The 'min_workers' parameter must be at most '{'max_workers' if v['max_workers'] else 'num_workers'}' "
-                  f"({_most(v)}): a round cannot need more workers than it may have. "
-                  f"Got min_workers={v['min_workers']!r} instead."),
-)
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 assert len(_BY_NAME) == len(OPTIONS), "an option is declared twice"

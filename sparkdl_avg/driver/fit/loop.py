@@ -22,6 +22,7 @@ from ..observe.progress import Progress
 from ..transport.feedback import ResidualLedger, lag_of
 from ..transport.local_states import LocalStateLedger
 from . import hooks as fit_hooks
+from .fragments import Fragments, check_rule_state
 from .plan import FitInfo, FitPlan
 from .overlap import OwnDeltaLedger, apply_pending
 from .planner import EpochState, RoundPlanner
@@ -81,8 +82,9 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
     membership = _membership(config, plan)
     feedback = None
     if any(config.feedback):  # residual files, beside the transport's, deleted with the fit
-        feedback = ResidualLedger(join(exchange, "feedback"), plan.num_workers,
-                                  lag_of(config.synchronization, config.staleness), config.update_compression)
+        # under sync_fragments a residual is its fragment's: read again F rounds later, at the fragment's next turn
+        lag = config.sync_fragments if config.sync_fragments > 1 else lag_of(config.synchronization, config.staleness)
+        feedback = ResidualLedger(join(exchange, "feedback"), plan.num_workers, lag, config.update_compression)
         if plan.restored is not None:
             feedback.restore(plan.restored.feedback)
     local = None
@@ -97,6 +99,9 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         overlap = OwnDeltaLedger(join(exchange, "overlap"), plan.num_workers, host_local=plan.engine.sc is not None)
         if plan.restored is not None:
             overlap.restore(plan.restored.feedback)
+    fragments = None
+    if config.sync_fragments > 1:  # each worker's own weights, beside the transport's files
+        fragments = fragment_rounds(config, model, plan, transport, join(exchange, "fragments"))
     settings = RoundSettings(
         spec=transport.ship_spec(plan.spec),
         fingerprint=plan.spec.fingerprint,
@@ -112,7 +117,7 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         compression=config.update_compression,
     )
     rounds = RoundRunner(plan.engine, model, settings, plan.rule, rule_state, transport, stats, feedback, local,
-                         overlap)
+                         overlap, fragments)
     stale = None
     if config.synchronization != "sync":  # the epochs run as chunks
         stale = StaleRunner(rounds, config.staleness if config.synchronization == "stale" else None,
@@ -130,7 +135,7 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         checkpoints=resume_mod.Checkpointing(
             plan.checkpoint_dir, plan.checkpoint_every, model, rule_state, plan.schedule, seed,
             plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
-            feedback=feedback, membership=membership, local=local, overlap=overlap,
+            feedback=feedback, membership=membership, local=local, overlap=overlap, fragments=fragments,
         ),
         stale=stale,
         feedback=feedback,
@@ -138,6 +143,24 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         local=local,
         overlap=overlap,
     )
+
+
+def fragment_rounds(config, model, plan: FitPlan, transport, directory: str) -> Fragments:
+    """``sync_fragments > 1``: the fit's fragments (:mod:`.fragments`), checked against the model and the rule."""
+    from ...errors import ConfigurationError
+    from ...shared.model.modelspec import trainable_mask
+
+    if getattr(transport.settings, "tables", None):
+        raise ConfigurationError(
+            "The 'sync_fragments' parameter does not apply to models with embedding tables yet (their rounds send "
+            f"the tables' changed rows, not fragments). Got sync_fragments={config.sync_fragments}: pass 1.")
+    weights, mask = model.get_weights(), trainable_mask(model)
+    check_rule_state(plan.rule.init_state(weights, mask), weights, mask, plan.rule.name)
+    fragments = Fragments.for_fit(config.sync_fragments, weights, mask, directory, plan.num_workers,
+                                  host_local=plan.engine.sc is not None)
+    if plan.restored is not None:
+        fragments.restore(plan.restored.feedback)
+    return fragments
 
 
 def _membership(config, plan: FitPlan) -> Optional[Membership]:

@@ -150,6 +150,8 @@ def run_settings(config, model, train: StagedDataset, num_workers: int, rule, sc
         "preprocess": train.preprocess.name if train.preprocess is not None else None,
         "sample_weight_col": next((c.source for c in train.columns if c.role == "w"), train.weight_name),
         "class_weight": [list(pair) for pair in train.class_weight] if train.class_weight else None,
+        # fragment rounds' own weights and counter belong to their F (absent with F = 1, as in older checkpoints)
+        **({"sync_fragments": config.sync_fragments} if config.sync_fragments > 1 else {}),
     }
 
 

@@ -94,11 +94,13 @@ class RoundRunner:
         feedback: Under ``update_compression`` with error feedback, the fit's residual files.
         local: Under ``optimizer_state="local"``, the workers' own optimizer states (files).
         overlap: Under ``overlap_rounds``, the workers' own terms in flight (files, :mod:`.overlap`).
+        fragments: Under ``sync_fragments > 1``, the fit's :class:`~sparkdl_avg.driver.fit.fragments.Fragments`.
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
                  transport: StateTransport, stats: TrainingStats, feedback: Optional[ResidualLedger] = None,
-                 local: Optional[LocalStateLedger] = None, overlap: Optional[LocalStateLedger] = None) -> None:
+                 local: Optional[LocalStateLedger] = None, overlap: Optional[LocalStateLedger] = None,
+                 fragments=None) -> None:
         self.engine = engine
         self.model = model
         self.settings = settings
@@ -109,6 +111,7 @@ class RoundRunner:
         self.feedback = feedback
         self.local = local
         self.overlap = overlap
+        self.fragments = fragments
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
             start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None,
@@ -124,8 +127,8 @@ class RoundRunner:
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
-        for ledger in (self.feedback, self.local, self.overlap):
-            if ledger is not None:
+        for ledger in (self.feedback, self.local, self.overlap, self.fragments and self.fragments.ledger):
+            if ledger:
                 ledger.resize(n)
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
@@ -142,12 +145,18 @@ class RoundRunner:
             what = f"minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps}"
         else:
             what = f"examples {start + 1}-{start + n * steps * s.batch_size} of {s.dataset.num_examples}, {n} workers"
-        result, t1 = self._job(
-            f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} ({what})", None,
-            f"e{epoch}-r{rnd}", sent, opt_vars, partial(self.task, epoch, rnd, steps_before, steps,
-                                                        workers=range(n), num_workers=n, start=start, share=share),
-            range(n), f"Round {rnd} of epoch {epoch}", rounds_labels, self._places(n),
-        )
+        synced = self.fragments.synced() if self.fragments is not None else None
+        self.transport.returned = synced  # the round's sums' layout: its fragment's (sync_fragments)
+        try:
+            result, t1 = self._job(
+                f"sparkdl_avg fit: epoch {epoch + 1}/{s.epochs}, round {rnd + 1} ({what})", None,
+                f"e{epoch}-r{rnd}", sent, opt_vars,
+                partial(self.task, epoch, rnd, steps_before, steps, workers=range(n), num_workers=n, start=start,
+                        share=share),
+                range(n), f"Round {rnd} of epoch {epoch}", rounds_labels, self._places(n),
+            )
+        finally:
+            self.transport.returned = None
         dropped = 0
         if self.feedback is not None:
             dropped = self.feedback.dropped(epoch, rnd)
@@ -158,7 +167,9 @@ class RoundRunner:
                 ledger.placed(result.workers)
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
-        self.update(result, weights, sent, opt_vars, mask, learning_rate, steps)
+        self.update(result, weights, sent, opt_vars, mask, learning_rate, steps, synced)
+        if self.fragments is not None:
+            self.fragments.done(epoch, rnd, range(n), result.workers)
         # The sums became the new state (divided in place): not kept into the next round, a state less (issue 47).
         result.weight_sums = result.optimizer_sums = None
         del weights, sent, opt_vars
@@ -204,7 +215,7 @@ class RoundRunner:
 
     def _places(self, n: int) -> Optional[List[Optional[str]]]:
         """Where the round's ``n`` tasks should run: each worker's ``optimizer_state="local"`` host (classic sessions)."""
-        ledger = self.local if self.local is not None else self.overlap  # both place a worker on its last host
+        ledger = self.local or self.overlap or (self.fragments.ledger if self.fragments is not None else None)
         if ledger is None or not ledger.host_local or self.engine.sc is None:
             return None
         from ..elastic.membership import status_slots
@@ -241,18 +252,19 @@ class RoundRunner:
         self.stats.add(record)
         return record
 
-    def update(self, result: PartialResult, weights, sent, opt_vars, mask, learning_rate: float, steps: int) -> None:
+    def update(self, result: PartialResult, weights, sent, opt_vars, mask, learning_rate: float, steps: int,
+               synced=None) -> None:
         """Sets the model's state from a round's sums: the update rule on the averaged weights, the optimizer's average.
 
         ``weights``/``opt_vars``: the state the round started from; ``sent``:
         what the workers started from (:meth:`UpdateRule.to_send`); the
         optimizer's iteration counter advances by ``steps``. Sums of deltas
         (``update_compression``) are from ``sent`` and ``opt_vars``. The
-        arithmetic is :func:`~sparkdl_avg.driver.fit.update.round_state`'s.
+        arithmetic is :func:`~sparkdl_avg.driver.fit.update.round_state`'s; ``synced``: a fragment round's.
         """
         new_weights, new_opt = round_state(result, weights, sent, opt_vars, self.rule, self.rule_state.state, mask,
                                            learning_rate, self.settings.average_optimizer,
-                                           iterations_index(self.model), steps)
+                                           iterations_index(self.model), steps, synced)
         set_state(self.model, new_weights, new_opt)
 
     def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None,
@@ -272,6 +284,7 @@ class RoundRunner:
             feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
             start=start, local_state=self.local.files(epoch, rnd, workers, share) if self.local is not None else None,
             overlap=self.overlap.files(epoch, rnd, workers, share) if self.overlap is not None else None,
+            fragments=self.fragments.task(epoch, rnd, workers, share) if self.fragments is not None else None,
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:

@@ -15,7 +15,7 @@ contract). Pure numpy: no Spark, no model.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,17 +61,31 @@ def _own(x) -> bool:
 def round_state(result: PartialResult, weights: Sequence[np.ndarray], sent: Sequence[np.ndarray],
                 opt_vars: Sequence[np.ndarray], rule: UpdateRule, rule_state: State, trainable: Sequence[bool],
                 learning_rate: float, average_optimizer: bool, iterations: int,
-                steps: int) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+                steps: int, synced: Optional[Sequence[int]] = None) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """A synchronous round's new ``(weights, optimizer variables)`` from its sums; updates ``rule_state`` in place.
 
     ``weights``/``opt_vars``: the state the round started from; ``sent``: what
     the workers started from (:meth:`UpdateRule.to_send`); the update rule
     steps from the replicas' means; the optimizer's variables are averaged
     (``average_optimizer``) or kept, and its iteration counter (at
-    ``iterations`` among them) advances by ``steps``.
+    ``iterations`` among them) advances by ``steps``. ``synced``: a fragment round's variables
+    (:mod:`~sparkdl_avg.driver.fit.fragments`): the sums are of those alone, the rule steps them with its
+    state sliced to them, and the other weights stay.
     """
-    average = replica_means(result.weight_sums, result.examples, sent, result.delta_sums, in_place=True)
-    new_weights = rule.apply(weights, sent, average, rule_state, trainable, learning_rate)
+    if synced is not None:
+        from .fragments import rule_slice
+
+        pick = lambda arrays: [arrays[j] for j in synced]  # noqa: E731
+        average = replica_means(result.weight_sums, result.examples, pick(sent), result.delta_sums, in_place=True)
+        sub, write_back = rule_slice(rule_state, trainable, synced)
+        stepped = rule.apply(pick(weights), pick(sent), average, sub, pick(trainable), learning_rate)
+        write_back(sub)
+        new_weights = list(weights)
+        for j, value in zip(synced, stepped):
+            new_weights[j] = value
+    else:
+        average = replica_means(result.weight_sums, result.examples, sent, result.delta_sums, in_place=True)
+        new_weights = rule.apply(weights, sent, average, rule_state, trainable, learning_rate)
     if not average_optimizer:
         new_opt = list(opt_vars)
     else:

@@ -190,8 +190,14 @@ class StateTransport:
         """This transport for one fit whose exchange files go under ``directory``."""
         return cls(engine, settings)
 
+    #: ``sync_fragments``: the indices of the weights a round's workers return (its fragment), set by the round
+    #: runner around the round's job; ``None``: all of them. The state sent is whole either way.
+    returned: Optional[Tuple[int, ...]] = None
+
     def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
         """The layout of the workers' sums of a round on this state (:meth:`TransportSettings.layout`)."""
+        if self.returned is not None:
+            weights = [weights[j] for j in self.returned]
         return self.settings.layout(weights, optimizer)
 
     def ship_spec(self, spec):

@@ -33,11 +33,15 @@ class LocalStateLedger(RoundChains):
         num_workers: Workers per round.
         host_local: Keep the states in files on the workers' hosts, their tasks placed there (classic
             sessions; see :mod:`sparkdl_avg.shared.wire.local_state`).
+        tag, kind: The checkpoint entries' tag and the files' class; ``sync_fragments`` keeps each worker's own
+            weights with this ledger (:mod:`sparkdl_avg.driver.fit.fragments`).
     """
 
-    def __init__(self, directory: str, num_workers: int, host_local: bool = False) -> None:
-        super().__init__(directory, num_workers, 1, LOCAL_TAG)
+    def __init__(self, directory: str, num_workers: int, host_local: bool = False, tag: str = LOCAL_TAG,
+                 kind: type = LocalStateFiles) -> None:
+        super().__init__(directory, num_workers, 1, tag)
         self.host_local = host_local
+        self.kind = kind  # the files' class: LocalStateFiles, or sync_fragments' WeightFiles (same format, own name)
         self._hosts: Dict[int, Tuple[str, ...]] = {}  # host_local: worker -> the names of the host it last ran on
 
     def files(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False) -> LocalStateFiles:
@@ -47,8 +51,8 @@ class LocalStateLedger(RoundChains):
         """
         g, read, fresh = self._round(epoch, rnd, workers, shared=share or not self.host_local)
         if self.host_local:
-            return LocalStateFiles(self.directory, read, name_of(g), fresh, host_local=True, share=g in self._shared)
-        return LocalStateFiles(self.directory, read, name_of(g), fresh)
+            return self.kind(self.directory, read, name_of(g), fresh, host_local=True, share=g in self._shared)
+        return self.kind(self.directory, read, name_of(g), fresh)
 
     def placed(self, workers) -> None:
         """Records where ``workers`` (a round's :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord`\\ s) ran."""

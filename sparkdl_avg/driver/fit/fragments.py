@@ -1,0 +1,152 @@
+"""``sync_fragments``: fragment rounds on the driver (Streaming DiLoCo, Douillard et al. 2025).
+
+The split (:func:`split`): the trainable variables, in ``model.trainable_variables``
+order (the order of the trainable entries of the model's weights), are cut into
+``F`` contiguous fragments balanced by element count, a variable never split:
+with ``T`` trainable elements, fragment ``p`` is meant to hold elements
+``[p·T/F, (p+1)·T/F)`` and each variable goes to the fragment its middle element
+falls in, moved to the nearest fragment that leaves none empty. ``F`` larger
+than the number of trainable variables is refused.
+
+The protocol, with ``c`` the fit's fragment rounds so far (checkpointed) and
+``S(c)`` the variables round ``c`` synchronises (fragment ``c mod F`` and every
+non-trainable variable, so BatchNorm statistics are averaged every round):
+
+- the driver sends the full state ``to_send(w)`` as in any round (so a worker
+  without own weights can start: the fit's first round, a worker an elastic
+  round adds, one whose file was lost);
+- each worker starts from its own weights with ``S(c−1)`` replaced by the sent
+  values (the new global values of the previous round's fragment: adoption at
+  the start of the next round), trains ``k`` minibatches, keeps its weights
+  and returns the sums (or, under ``update_compression``, the deltas from the
+  sent values) of ``S(c)`` only;
+- the driver applies the fit's update rule to ``S(c)`` alone, with the rule's
+  state sliced to those variables: the other variables and their state are
+  unchanged, so the values a worker adopted for a fragment are still the sent
+  ones when that fragment is next synchronised, ``F`` rounds later, and the
+  fragment's delta spans its ``F`` rounds of training.
+
+Optimizer variables follow ``optimizer_state`` as in any round (averaged in
+full every round with ``"average"``; ``"local"`` keeps them on the workers, so
+only the fragment travels). Error-feedback residuals chain per fragment (the
+residual ledger's lag is ``F``). ``F = 1`` is the plain round: none of this
+runs. The workers' half is :mod:`sparkdl_avg.shared.wire.fragments`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...errors import ConfigurationError
+from ...shared.wire.fragments import FragmentRound, WeightFiles
+from ..transport.local_states import LocalStateLedger
+
+TAG = "sync-fragments"
+"""The tag of the workers' own weights in a checkpoint; ``"<TAG>-counter/0/0"`` holds the fragment counter."""
+
+
+def split(sizes: Sequence[int], fragments: int) -> List[int]:
+    """The fragment of each trainable variable, from their element counts (see the module docstring).
+
+    Raises:
+        ConfigurationError: ``fragments`` exceeds the number of variables.
+    """
+    n = len(sizes)
+    if fragments > n:
+        raise ConfigurationError(
+            f"The 'sync_fragments' parameter must be at most the model's number of trainable variables ({n}): "
+            f"a fragment holds whole variables. Got sync_fragments={fragments} instead."
+        )
+    total = float(sum(sizes)) or 1.0
+    out, before, prev = [], 0, -1
+    for j, size in enumerate(sizes):
+        wanted = min(fragments - 1, int(fragments * (before + size / 2.0) / total))
+        lo, hi = max(prev, fragments - n + j), prev + 1  # no fragment skipped, enough variables left for the rest
+        prev = min(max(wanted, lo), hi)
+        out.append(prev)
+        before += size
+    return out
+
+
+class Fragments:
+    """One fit's fragment rounds: the split, the fragment counter, the workers' own weights (files).
+
+    Args:
+        count: ``F``, at least 2.
+        weights: The model's weights (shapes), in ``get_state`` order.
+        trainable: Per weight, whether it is trainable.
+        ledger: The workers' own weights' files (a :class:`LocalStateLedger` of :class:`WeightFiles`).
+    """
+
+    def __init__(self, count: int, weights: Sequence[np.ndarray], trainable: Sequence[bool],
+                 ledger: LocalStateLedger) -> None:
+        variables = [j for j, t in enumerate(trainable) if t]
+        of = split([int(np.asarray(weights[j]).size) for j in variables], count)
+        self.count, self.ledger, self.counter = count, ledger, 0
+        self.trainable = list(trainable)
+        fixed = tuple(j for j, t in enumerate(trainable) if not t)
+        self.groups: List[Tuple[int, ...]] = [
+            tuple(sorted(fixed + tuple(j for j, p in zip(variables, of) if p == q))) for q in range(count)]
+
+    @classmethod
+    def for_fit(cls, count: int, weights, trainable, directory: str, num_workers: int,
+                host_local: bool) -> "Fragments":
+        """The fit's fragments, their files under ``directory`` (on the workers' hosts where ``host_local``)."""
+        return cls(count, weights, trainable,
+                   LocalStateLedger(directory, num_workers, host_local=host_local, tag=TAG, kind=WeightFiles))
+
+    def synced(self, counter: Optional[int] = None) -> Tuple[int, ...]:
+        """The variables fragment round ``counter`` (default: the next) synchronises."""
+        return self.groups[(self.counter if counter is None else counter) % self.count]
+
+    def task(self, epoch: int, rnd: int, workers, share: bool) -> FragmentRound:
+        """What round ``rnd`` of ``epoch``'s tasks for ``workers`` do (the next fragment round)."""
+        adopt = self.synced(self.counter - 1) if self.counter > 0 else None
+        return FragmentRound(self.ledger.files(epoch, rnd, workers, share), adopt, self.synced())
+
+    def done(self, epoch: int, rnd: int, workers, records) -> None:
+        """The round's update is applied: its workers' files are complete and the next fragment's turn comes."""
+        self.ledger.done(epoch, rnd, workers)
+        self.ledger.placed(records)
+        self.counter += 1
+
+    def export(self) -> Dict[str, bytes]:
+        """What a checkpoint carries: the workers' own weights and the counter."""
+        out = self.ledger.export()
+        out[f"{TAG}-counter/0/0"] = str(self.counter).encode("ascii")
+        return out
+
+    def restore(self, files: Dict[str, bytes]) -> None:
+        """Continues from a checkpoint's :meth:`export` (a checkpoint without one starts at fragment 0)."""
+        self.ledger.restore(files)
+        data = files.get(f"{TAG}-counter/0/0")
+        self.counter = int(data.decode("ascii")) if data is not None else 0
+
+def rule_slice(state: Dict[str, List[np.ndarray]], trainable: Sequence[bool], synced: Sequence[int]):
+    """The rule's state lists restricted to the trainable variables among ``synced`` (the same arrays), and a
+    function that writes lists of that form back into ``state`` (a rule may replace its lists' items)."""
+    position = {j: k for k, j in enumerate(j for j, t in enumerate(trainable) if t)}
+    ks = [position[j] for j in synced if j in position]
+    sub = {name: [values[k] for k in ks] for name, values in state.items()}
+
+    def write_back(new: Dict[str, List[np.ndarray]]) -> None:
+        for name, values in new.items():
+            for k, value in zip(ks, values):
+                state[name][k] = value
+
+    return sub, write_back
+
+
+def check_rule_state(state: Dict[str, List[np.ndarray]], weights, trainable, rule_name: str) -> None:
+    """Refuses a rule whose state is not one array per trainable variable (it cannot be applied to a fragment)."""
+    shapes = [tuple(np.shape(w)) for w, t in zip(weights, trainable) if t]
+    for name, values in (state or {}).items():
+        if [tuple(np.shape(v)) for v in values] != shapes:
+            raise ConfigurationError(
+                f"The 'sync_fragments' parameter needs an update rule whose state is one array per trainable "
+                f"variable ('average', 'bmuf', 'bmuf_nesterov', 'slowmo', 'diloco'), to apply it to one fragment "
+                f"at a time; update_rule {rule_name!r} keeps {name!r} otherwise. Pass sync_fragments=1 or one of "
+                "those rules."
+            )
