@@ -186,16 +186,25 @@ def release_pages(arrays) -> None:
     import mmap
 
     for a in arrays:
-        view = a
-        while isinstance(view, np.ndarray) and not isinstance(view, np.memmap):
-            view = view.base
-        if not isinstance(view, np.memmap) or not isinstance(view.base, mmap.mmap) or not a.nbytes:
+        if not isinstance(a, np.ndarray) or not a.nbytes:
             continue
-        start = a.__array_interface__["data"][0] - view.__array_interface__["data"][0]
+        # A slice or view of a np.memmap is a np.memmap whose ``base`` is its parent array, not the mmap:
+        # the mmap is its ``_mmap`` (numpy keeps it on every view), found up the chain of bases.
+        view, mm = a, None
+        while isinstance(view, np.ndarray) and mm is None:
+            mm = getattr(view, "_mmap", None)
+            view = view.base
+        if not isinstance(mm, mmap.mmap) or mm.closed:
+            continue
+        origin = np.frombuffer(mm, np.uint8)  # the mapping's first byte (a read-only export, let go below)
+        start = a.__array_interface__["data"][0] - origin.__array_interface__["data"][0]
+        del origin
+        if start < 0 or start >= len(mm):
+            continue
         lo = start // mmap.PAGESIZE * mmap.PAGESIZE
-        hi = min(len(view.base), start + a.nbytes)
+        hi = min(len(mm), start + a.nbytes)
         try:
-            view.base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
         except (AttributeError, OSError, ValueError):  # no madvise here (not Linux): the pages stay
             return
 

@@ -417,7 +417,7 @@ def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[
     twice (issue 47). Dense when the rows' indices and values would take as
     many bytes as the whole table.
     """
-    rows = int(np.shape(new[0])[0])
+    rows = int(np.shape(old[0])[0])  # the sent arrays' shape: reading a replica's array for it would copy it
     count = len(new)
     changed = np.zeros(rows, bool)
     width = 0
