@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import WorkerError
 from ..shared.model import quiet
 from ..shared.errors import remote_errors
-from ..shared.wire.aggregation import PartialResult, WeightedArrays, weighted_in_place
+from ..shared.wire.aggregation import PartialResult, WeightedArrays, specs_of, weighted_in_place
 from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
@@ -453,8 +453,6 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     else:  # pickled or flattened whole: each a fresh copy, scaled in place (no second copy)
         weight_sums = weighted_in_place(list(new_weights), n)
         optimizer_sums = weighted_in_place(list(new_opt), n) if task.average_optimizer else None
-    from ..shared.wire.exchange import specs_of
-
     record.sent_bytes = sum(int(np.prod(shape)) * dtype.itemsize
                             for dtype, shape in specs_of(weight_sums) + specs_of(optimizer_sums))
     record.memory_start, record.memory_peak = memory.start, memory.peak()

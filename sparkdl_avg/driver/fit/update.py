@@ -20,8 +20,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from ...shared.wire.aggregation import PartialResult
-from ...shared.wire.exchange import specs_of
+from ...shared.wire.aggregation import PartialResult, specs_of
 from ..algorithms.rules import State, UpdateRule
 
 

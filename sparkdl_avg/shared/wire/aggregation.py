@@ -156,8 +156,19 @@ class WeightedArrays:
         return (self[i] for i in range(len(self)))
 
     def specs(self) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
-        from .exchange import specs_of
-
         return [(np.dtype(np.float32 if dtype == np.float32 else np.float64), shape)
                 for dtype, shape in specs_of(self.arrays)]
 
+
+def specs_of(arrays) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
+    """``(dtype, shape)`` of each array of ``arrays`` (``None``: none), without reading a lazy sequence's arrays.
+
+    A sequence with a ``specs()`` method (:class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`)
+    answers it; other arrays are looked at one by one.
+    """
+    if arrays is None:
+        return []
+    specs = getattr(arrays, "specs", None)
+    if specs is not None:
+        return list(specs())
+    return [(np.asarray(a).dtype, tuple(np.shape(a))) for a in arrays]

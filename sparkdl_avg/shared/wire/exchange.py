@@ -53,6 +53,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from ..files.fs import join, resolve
+from .aggregation import specs_of
 
 _ALIGN = 64
 
@@ -71,20 +72,6 @@ class StoredArrays:
 
     uri: str
     layout: Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]
-
-
-def specs_of(arrays) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
-    """``(dtype, shape)`` of each array of ``arrays`` (``None``: none), without reading a lazy sequence's arrays.
-
-    A sequence with a ``specs()`` method (:class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`)
-    answers it; other arrays are looked at one by one.
-    """
-    if arrays is None:
-        return []
-    specs = getattr(arrays, "specs", None)
-    if specs is not None:
-        return list(specs())
-    return [(np.asarray(a).dtype, tuple(np.shape(a))) for a in arrays]
 
 
 def _layout(specs) -> Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]:
