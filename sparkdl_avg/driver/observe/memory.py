@@ -21,7 +21,8 @@ A fit holds, above each process's level before it (measured in
 numbers with the factors below, fitted on those measurements (README's ids
 model at 2^22 rows, Adam, 384 MiB of state, on 2026-12-05: the driver
 measured +645 MiB, estimated 656; a worker +852 MiB, estimated 960;
-the same code at 2^24 + 4 rows in that page);
+at 2^24 + 4 rows, 1,536 MiB of state: the driver +2,585 MiB, estimated 2,576; a worker +3,132 MiB,
+estimated 3,552);
 :func:`check_memory` compares them with the memory there is (the machine's
 available memory for ``local[N]``, shared by the driver and its ``N``
 workers; ``spark.executor.pyspark.memory`` or else ``spark.executor.memory``
