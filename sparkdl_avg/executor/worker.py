@@ -35,14 +35,14 @@ import numpy as np
 from ..errors import WorkerError
 from ..shared.model import quiet
 from ..shared.errors import remote_errors
-from ..shared.wire.aggregation import PartialResult, weighted_in_place
+from ..shared.wire.aggregation import PartialResult, WeightedArrays, specs_of, weighted_in_place
 from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
 from ..shared.wire.local_state import host_names
 from .overlap import eager_finish, eager_start
-from ..shared.model.modelspec import ModelSpec, assign_state, get_state
+from ..shared.model.modelspec import ModelSpec, assign_state, state_of
 from ..shared.model.tracing import build_training_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
 from ..shared.wire.stats import PeakMemory, WorkerRecord
@@ -417,7 +417,8 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     sums = {name: float(value) * n for name, value in logs.items()}
     computed = time.time()
 
-    new_weights, new_opt = get_state(model)
+    # read from the replica one array at a time (as packed, checked, written), not copied whole first (issue 47)
+    new_weights, new_opt = state_of(model)
     finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
     if task.local_state is not None:  # a replica that went non-finite keeps the state it started from
         t_own = time.time()
@@ -468,9 +469,14 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     if not finite and task.skip_nonfinite:
         record.memory_start, record.memory_peak = memory.start, memory.peak()
         return PartialResult(examples=0, workers=[record])
-    weight_sums = weighted_in_place(new_weights, n)  # get_state's copies are ours: no second copy (issue 47)
-    optimizer_sums = weighted_in_place(new_opt, n) if task.average_optimizer else None
-    record.sent_bytes = sum(int(a.nbytes) for a in weight_sums + (optimizer_sums or []))
+    if getattr(task.results, "streams", False):  # a file sink writes each array as it is read from the replica
+        weight_sums = WeightedArrays(new_weights, n)
+        optimizer_sums = WeightedArrays(new_opt, n) if task.average_optimizer else None
+    else:  # pickled or flattened whole: each a fresh copy, scaled in place (no second copy)
+        weight_sums = weighted_in_place(list(new_weights), n)
+        optimizer_sums = weighted_in_place(list(new_opt), n) if task.average_optimizer else None
+    record.sent_bytes = sum(int(np.prod(shape)) * dtype.itemsize
+                            for dtype, shape in specs_of(weight_sums) + specs_of(optimizer_sums))
     record.memory_start, record.memory_peak = memory.start, memory.peak()
     return PartialResult(
         examples=n,

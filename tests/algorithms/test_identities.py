@@ -646,11 +646,11 @@ def test_stats_records_put_known_delays_in_their_phases_and_serialise(spark, tmp
     from sparkdl_avg.executor import worker
 
     send_delay, start_delay, update_delay = 0.15, 0.2, 0.1
-    real_get_state, real_set_state, real_entry = round_module.get_state, round_module.set_state, worker.run_round_partition
+    real_state_of, real_set_state, real_entry = round_module.state_of, round_module.set_state, worker.run_round_partition
 
-    def slow_get_state(model):  # the driver reads the model's state first thing in a round: broadcast_s
+    def slow_state_of(model):  # the driver reads the model's state first thing in a round: broadcast_s
         time.sleep(send_delay)
-        return real_get_state(model)
+        return real_state_of(model)
 
     def slow_set_state(model, weights, opt_vars):  # the driver's update: update_s
         time.sleep(update_delay)
@@ -662,7 +662,7 @@ def test_stats_records_put_known_delays_in_their_phases_and_serialise(spark, tmp
         time.sleep(start_delay)
         return real_entry(task, ids)
 
-    monkeypatch.setattr(round_module, "get_state", slow_get_state)
+    monkeypatch.setattr(round_module, "state_of", slow_state_of)
     monkeypatch.setattr(round_module, "set_state", slow_set_state)
     monkeypatch.setattr(worker, "run_round_partition", late_start)
     x, y = regression_data(48, seed=32)

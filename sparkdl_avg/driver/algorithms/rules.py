@@ -189,8 +189,9 @@ class UpdateRule:
 
     def to_send(self, weights: Sequence[np.ndarray], state: State, trainable: Sequence[bool]) -> List[np.ndarray]:
         """The weights broadcast to the replicas, given the global weights (read only; return new arrays to change
-        them, in the dtypes of ``weights``). Default: ``weights`` themselves."""
-        return list(weights)
+        them, in the dtypes of ``weights``). Default: ``weights`` themselves (not a copy: the driver's are read
+        from the model on access, and a list of them would hold a copy of the model's weights, issue 47)."""
+        return weights
 
     def apply(
         self,
@@ -338,7 +339,7 @@ class BlockMomentum(UpdateRule):
 
     def to_send(self, weights, state, trainable) -> List[np.ndarray]:
         if not self.nesterov:
-            return list(weights)
+            return weights
         eta = self._eta()
         deltas = iter(state["delta"])
         return [(w + eta * next(deltas)).astype(w.dtype) if t else w for w, t in zip(weights, trainable)]

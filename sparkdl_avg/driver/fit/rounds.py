@@ -35,7 +35,8 @@ from ...errors import WorkerError
 from ...executor import worker
 from ...executor.worker import RoundTask
 from ...shared.wire.aggregation import PartialResult
-from ...shared.model.modelspec import current_learning_rate, get_state, iterations_index, set_state, trainable_mask
+from ...shared.model.modelspec import (current_learning_rate, get_state, iterations_index, set_state, state_of,
+                                       trainable_mask)
 from ...shared.data.staged_dataset import StagedDataset
 from ...shared.wire.stats import RoundRecord, TrainingStats
 from ..transport.feedback import ResidualLedger
@@ -132,7 +133,9 @@ class RoundRunner:
                 ledger.resize(n)
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
-        weights, opt_vars = get_state(self.model)
+        # Read from the model on access, not copied: written to the round's state as they are read, and read
+        # again for the update (the model does not change during the round): no copy of its state held (issue 47).
+        weights, opt_vars = state_of(self.model)
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
         sent = self.rule.to_send(weights, self.rule_state.state, mask)

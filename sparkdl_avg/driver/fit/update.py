@@ -15,11 +15,12 @@ contract). Pure numpy: no Spark, no model.
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...shared.wire.aggregation import PartialResult
+from ...shared.wire.aggregation import PartialResult, specs_of
 from ..algorithms.rules import State, UpdateRule
 
 
@@ -83,13 +84,57 @@ def round_state(result: PartialResult, weights: Sequence[np.ndarray], sent: Sequ
         new_weights = list(weights)
         for j, value in zip(synced, stepped):
             new_weights[j] = value
+    elif type(rule).apply is UpdateRule.apply:  # w ← w̄ in the weights' dtypes: slice by slice, into the sums
+        new_weights = means_as(result.weight_sums, result.examples, sent, result.delta_sums, dtypes(weights))
     else:
         average = replica_means(result.weight_sums, result.examples, sent, result.delta_sums, in_place=True)
         new_weights = rule.apply(weights, sent, average, rule_state, trainable, learning_rate)
-    if not average_optimizer:
-        new_opt = list(opt_vars)
+    if not average_optimizer:  # kept as they are in the model: only the counter is set
+        new_opt: List = [None] * len(opt_vars)
     else:
-        means = replica_means(result.optimizer_sums, result.examples, opt_vars, result.delta_sums, in_place=True)
-        new_opt = [m.astype(np.asarray(v).dtype, copy=False) for m, v in zip(means, opt_vars)]
-    new_opt[iterations] = np.asarray(int(opt_vars[iterations]) + steps, dtype=opt_vars[iterations].dtype)
+        new_opt = means_as(result.optimizer_sums, result.examples, opt_vars, result.delta_sums, dtypes(opt_vars))
+    counter = opt_vars[iterations]
+    new_opt[iterations] = np.asarray(int(counter) + steps, dtype=counter.dtype)
     return new_weights, new_opt
+
+
+#: Elements per slice of :func:`means_as`: its float64 temporaries are 8 MiB, not a table's size.
+CHUNK = 1 << 20
+
+
+def dtypes(arrays) -> List[np.dtype]:
+    """The dtypes of ``arrays`` (a list, or a model's :class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`)."""
+    return [dtype for dtype, _ in specs_of(arrays)]
+
+
+def means_as(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.ndarray], delta_sums: bool,
+             out_dtypes: Sequence[np.dtype]) -> List[np.ndarray]:
+    """The replicas' means in ``out_dtypes``: :func:`replica_means` then a cast, without whole-array temporaries.
+
+    The same bits as ``replica_means(..., in_place=True)`` cast with
+    ``astype(dtype, copy=False)``: from delta sums each mean is
+    ``float64(base) + Σ/n`` cast, here computed ``CHUNK`` elements at a time
+    and written into the (float32) sums array it came from, where the whole
+    expression made two float64 copies and a cast copy of each table: two
+    model states more on the driver at the round's end (issue 47). ``base``
+    is read one array at a time (a model's ``VariableArrays``: a fresh
+    array per item, dropped after its mean).
+    """
+    out = []
+    bases = iter(base) if delta_sums else itertools.repeat(None)
+    for x, b, dtype in zip(sums, bases, out_dtypes):
+        out.append(_mean_as(x, examples, b, np.dtype(dtype)))
+    return out
+
+
+def _mean_as(x, examples: int, b, dtype: np.dtype):
+    if b is None:  # plain sums: divided in place as replica_means does, then cast (no copy when it is the dtype)
+        mean = np.divide(x, examples, out=x) if _own(x) else x / examples
+        return np.asarray(mean).astype(dtype, copy=False)
+    if _own(x) and x.dtype == dtype and x.flags.c_contiguous:
+        flat, base = x.reshape(-1), np.asarray(b).reshape(-1)
+        for lo in range(0, flat.size, CHUNK):
+            part = np.asarray(base[lo : lo + CHUNK], np.float64) + flat[lo : lo + CHUNK] / examples
+            flat[lo : lo + CHUNK] = part.astype(dtype)
+        return x
+    return (np.asarray(b, np.float64) + x / examples).astype(dtype, copy=False)

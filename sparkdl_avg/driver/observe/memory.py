@@ -3,21 +3,26 @@
 A fit holds, above each process's level before it (measured in
 ``docs/benchmarks/memory.md``, ``benchmarks/peak_memory.py``):
 
-* **on the driver**: the state it sends (a copy of the model's weights and
-  optimizer variables, ``S``), the round's sums (the weights' and, when
-  averaged, the optimizer's: ``S`` with Adam and ``optimizer_state="average"``,
-  the weights alone otherwise; a fraction of them under
-  ``update_compression``), and one array of a worker's sums read at a time;
+* **on the driver**: the round's sums (the weights' and, when averaged, the
+  optimizer's: ``S`` with Adam and ``optimizer_state="average"``, the weights
+  alone otherwise; a fraction of them under ``update_compression``), which
+  the update turns into the new state in place, and a few arrays at a time
+  beside them (one of the model's, read to publish or to update from, and
+  what assigning one to the model allocates). The state it sends is read
+  from the model as it is written, not copied whole;
 * **on each executor Python worker**: its replica (``S``), one array of the
-  received state at a time, what training allocates (an optimizer's dense
-  temporaries: up to about ``S``), and the sums it sends (a copy of the
-  weights, and of the optimizer variables when averaged).
+  received state at a time, and what training allocates (an optimizer's
+  dense temporaries: up to about ``S``). Its sums are written to their file
+  one array at a time from the replica (``state_transport="files"``; the
+  ``spark`` and ``sql`` transports pickle or flatten them whole, a copy of
+  them more, which this estimate leaves out).
 
 :func:`estimate` turns a model's state and the fit's options into those two
 numbers with the factors below, fitted on those measurements (README's ids
-model at 2^22 rows, Adam, 384 MiB of state: the driver measured +1,028 MiB,
-estimated 1,040; a worker +1,083 MiB, estimated 1,264; at 96 MiB of state
-a worker +330 MiB, estimated 328: fixed costs weigh more on small models);
+model at 2^22 rows, Adam, 384 MiB of state, on 2026-12-05: the driver
+measured +645 MiB, estimated 656; a worker +852 MiB, estimated 960;
+at 2^24 + 4 rows, 1,536 MiB of state: the driver +2,585 MiB, estimated 2,576; a worker +3,132 MiB,
+estimated 3,552);
 :func:`check_memory` compares them with the memory there is (the machine's
 available memory for ``local[N]``, shared by the driver and its ``N``
 workers; ``spark.executor.pyspark.memory`` or else ``spark.executor.memory``
@@ -36,12 +41,11 @@ from typing import List, Optional, Tuple
 
 logger = logging.getLogger("sparkdl_avg")
 
-#: Above its level before the fit, the driver holds about this many copies of the state it sends and of the
-#: round's sums (one each), plus :data:`ARRAY_HEADROOM` of the largest array.
+#: Above its level before the fit, the driver holds about this many copies of the round's sums, plus
+#: :data:`DRIVER_ARRAY_HEADROOM` of the largest array (the state it sends is read from the model as written).
 DRIVER_COPIES = 1.0
-#: A worker holds its replica and the sums it returns (one copy each), and what training allocates, at most
-#: :data:`TRAINING_TEMPORARIES` of the state (Adam on an embedding table measured 0.87× in keras.Model.fit alone;
-#: fitted on the workers' measured peaks, some of those temporaries overlapping nothing else).
+#: A worker holds its replica (one copy of the state) and what training allocates, at most
+#: :data:`TRAINING_TEMPORARIES` of the state (Adam on an embedding table measured 0.87× in keras.Model.fit alone).
 WORKER_COPIES = 1.0
 TRAINING_TEMPORARIES = 0.75
 #: Arrays read or assigned one at a time, and their temporaries: on a worker, and on the driver (which also
@@ -108,11 +112,9 @@ def estimate(weight_bytes: int, optimizer_bytes: int, largest_array: int, averag
         workers_per_host: Workers whose memory one host (or executor) holds.
     """
     state = weight_bytes + optimizer_bytes
-    sent = weight_bytes if local_optimizer else state
     summed = weight_bytes + (optimizer_bytes if average_optimizer and not local_optimizer else 0)
-    driver = DRIVER_COPIES * (sent + summed * compression_ratio) + DRIVER_ARRAY_HEADROOM * largest_array + FIXED_BYTES
-    worker = (WORKER_COPIES * (state + summed) + TRAINING_TEMPORARIES * state + ARRAY_HEADROOM * largest_array
-              + WORKER_FIXED_BYTES)
+    driver = DRIVER_COPIES * summed * compression_ratio + DRIVER_ARRAY_HEADROOM * largest_array + FIXED_BYTES
+    worker = WORKER_COPIES * state + TRAINING_TEMPORARIES * state + ARRAY_HEADROOM * largest_array + WORKER_FIXED_BYTES
     return MemoryEstimate(state, int(driver), int(worker), max(1, workers_per_host))
 
 
@@ -213,7 +215,7 @@ def check_memory(model, engine, num_workers: int, average_optimizer: bool, local
     fixes.append("a machine or executors with more memory (spark.executor.pyspark.memory)")
     raise ConfigurationError(
         f"This fit would not fit in memory: {'; '.join(problems)} ({est.source}). The model's state (weights "
-        f"and optimizer variables) is {_gb(est.state_bytes)}; a fit holds about two copies of it on the driver and "
-        f"in each worker beside the worker's replica (README, 'What memory a fit needs'). What would make it fit: "
+        f"and optimizer variables) is {_gb(est.state_bytes)}; a fit holds about one copy of it on the driver (the "
+        f"round's sums) and two in each worker (its replica and training's temporaries) (README, 'What memory a fit needs'). What would make it fit: "
         f"{'; '.join(fixes)}."
     )

@@ -31,7 +31,7 @@ from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import remove_tree
 from ...shared.wire import exchange
 from ...shared.wire.aggregation import PartialResult, merge
-from ...shared.model.modelspec import get_state
+from ...shared.model.modelspec import state_of
 from ...shared.wire.delta_sums import DeltaLayout, first_moments
 from ...shared.wire.sparse_rows import SparseRowsLayout, table_groups
 
@@ -124,7 +124,7 @@ class TransportSettings:
     @classmethod
     def of(cls, config, model, num_workers: int, standing: bool = True) -> "TransportSettings":
         """The settings of a trainer's ``config`` for its compiled Keras ``model`` and ``num_workers`` workers."""
-        weights, optimizer = get_state(model)
+        weights, optimizer = state_of(model)  # the layout reads dtypes and shapes only
         settings = cls(config.state_transport, config.aggregation, config.aggregation_shards, config.aggregation_depth,
                        config.network_rate, num_workers, None, config.optimizer_state == "average",
                        config.update_compression, tuple(config.feedback), first_moments(model.optimizer.variables),

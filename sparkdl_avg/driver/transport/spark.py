@@ -24,7 +24,8 @@ class SparkTransport(StateTransport):
     name = "spark"
 
     def publish(self, name, weights, optimizer):
-        broadcast = self.engine.broadcast((weights, optimizer))
+        # lists: a model's VariableArrays (read on access) are read here, for the broadcast's pickle
+        broadcast = self.engine.broadcast((list(weights), None if optimizer is None else list(optimizer)))
         return Published(exchange.BroadcastState(broadcast), broadcast.unpersist, layout=self.layout(weights, optimizer))
 
     def run(self, make_task, entry, workers, what, published, places=None):

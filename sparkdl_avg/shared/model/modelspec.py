@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import List, Tuple
 
 import numpy as np
@@ -355,11 +356,59 @@ def get_state(model) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     return model.get_weights(), [np.asarray(v.numpy()) for v in model.optimizer.variables]
 
 
+class VariableArrays(Sequence):
+    """Variables read as numpy arrays on access, one at a time: a model's state without a copy of the whole.
+
+    Each item is a fresh array, what :func:`get_state` gives for it; the
+    sequence itself holds none. The driver publishes a round's state from it
+    (written array by array, :func:`~sparkdl_avg.shared.wire.exchange.store`)
+    and reads it again for the update (the model does not change during a
+    round), and a worker writes its sums from its replica's, so neither
+    holds a copy of the model's state beside the model (issue 47).
+    :meth:`specs` gives the dtypes and shapes without reading any.
+    """
+
+    def __init__(self, variables) -> None:
+        self._variables = list(variables)
+
+    def __len__(self) -> int:
+        return len(self._variables)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return VariableArrays(self._variables[i])
+        return np.asarray(self._variables[i].numpy())
+
+    def specs(self) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
+        """``(dtype, shape)`` per variable, read from the variables (an unknown dtype name: from its array)."""
+        out = []
+        for i, v in enumerate(self._variables):
+            try:
+                dtype = np.dtype(str(getattr(v, "dtype", "")))
+            except TypeError:  # bfloat16 and other extension dtypes have no numpy name
+                dtype = self[i].dtype
+            out.append((dtype, tuple(int(d) for d in v.shape)))
+        return out
+
+
+def state_of(model) -> Tuple[VariableArrays, VariableArrays]:
+    """``(weights, optimizer_variables)`` of ``model`` as :class:`VariableArrays`: :func:`get_state` read on access."""
+    return VariableArrays(model.weights), VariableArrays(model.optimizer.variables)
+
+
 def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.ndarray]) -> None:
-    """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``."""
-    model.set_weights(weights)
-    for var, value in zip(model.optimizer.variables, optimizer_variables):
-        var.assign(value)
+    """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``, one at a time.
+
+    A value given as ``None`` keeps the variable's (a round that does not
+    average the optimizer's variables sets only its iteration counter,
+    without a copy of the others).
+    """
+    for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
+        if len(variables) != len(values):
+            raise ValueError(f"The state holds {len(values)} arrays where the model has {len(variables)}.")
+        for i, var in enumerate(variables):
+            if values[i] is not None:
+                var.assign(values[i])
 
 
 def assign_state(model, weights, optimizer_variables) -> None:

@@ -130,3 +130,45 @@ def weighted_in_place(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
         else:
             out.extend(weighted([a], n))
     return out
+
+
+class WeightedArrays:
+    """:func:`weighted_in_place` of a sequence of fresh arrays, each computed when read: a worker's sums, not held.
+
+    Over a replica's :class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`
+    (each item a fresh copy, scaled in place: the same bits as
+    :func:`weighted`). A sink that writes the sums one array at a time (a
+    file, :class:`~sparkdl_avg.shared.wire.exchange.StoreSums`) then holds
+    one array of them, not a copy of the model's state (issue 47).
+    :meth:`specs` gives the sums' dtypes and shapes without reading any.
+    """
+
+    def __init__(self, arrays, n: int) -> None:
+        self.arrays, self.n = arrays, n
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return weighted_in_place([self.arrays[i]], self.n)[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def specs(self) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
+        return [(np.dtype(np.float32 if dtype == np.float32 else np.float64), shape)
+                for dtype, shape in specs_of(self.arrays)]
+
+
+def specs_of(arrays) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
+    """``(dtype, shape)`` of each array of ``arrays`` (``None``: none), without reading a lazy sequence's arrays.
+
+    A sequence with a ``specs()`` method (:class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`)
+    answers it; other arrays are looked at one by one.
+    """
+    if arrays is None:
+        return []
+    specs = getattr(arrays, "specs", None)
+    if specs is not None:
+        return list(specs())
+    return [(np.asarray(a).dtype, tuple(np.shape(a))) for a in arrays]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import uuid
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from ..files.fs import join, resolve
+from .aggregation import specs_of
 
 _ALIGN = 64
 
@@ -72,11 +74,11 @@ class StoredArrays:
     layout: Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]
 
 
-def _layout(arrays: Sequence[np.ndarray]) -> Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]:
+def _layout(specs) -> Tuple[Tuple[np.dtype, Tuple[int, ...], int], ...]:
     out, offset = [], 0
-    for a in arrays:
-        out.append((a.dtype, tuple(a.shape), offset))
-        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    for dtype, shape in specs:
+        out.append((dtype, tuple(shape), offset))
+        offset += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // _ALIGN) * _ALIGN
     return tuple(out)
 
 
@@ -106,16 +108,21 @@ def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -
         fs.create_dir(path, recursive=False)
 
 
-def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool = True) -> StoredArrays:
+def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool = True, specs=None) -> StoredArrays:
     """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description.
 
     ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so
     a task that outlives its fit never makes the deleted staging root again (``FileNotFoundError``); such a root
     had no owner marker and the sweep of dead drivers' roots never took it (issue 48).
+
+    ``specs``: ``(dtype, shape)`` per array (:func:`specs_of`), given when ``arrays`` is read on access
+    (an iterator over a model's variables): the file's layout is known before any array is read, and
+    the arrays are then read and written one at a time, never all in memory at once (issue 47).
     """
-    # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
-    arrays = [np.asarray(a) if np.asarray(a).flags.c_contiguous else np.array(a, order="C") for a in arrays]
-    layout = _layout(arrays)
+    if specs is None:
+        arrays = [np.asarray(a) for a in arrays]
+        specs = [(a.dtype, a.shape) for a in arrays]
+    layout = _layout(specs)
     uri = join(directory, f"{name}-{uuid.uuid4().hex}.bin")
     fs, path = resolve(uri)
     local = isinstance(fs, pafs.LocalFileSystem)
@@ -123,7 +130,11 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
     sink = open(path, "wb") if local else fs.open_output_stream(path)
     with sink:
         written = 0
-        for a, (_, _, offset) in zip(arrays, layout):
+        for a, (dtype, shape, offset) in zip(arrays, layout):
+            # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
+            a = np.asarray(a) if np.asarray(a).flags.c_contiguous else np.array(a, order="C")
+            if a.dtype != dtype or tuple(a.shape) != shape:
+                raise ValueError(f"An array of {a.dtype} {tuple(a.shape)} to write where its layout says {dtype} {shape}.")
             if offset > written:
                 sink.write(b"\0" * (offset - written))
             # reshape(-1) gives 0-d arrays (counters) a 1-d buffer; bytes because the
@@ -162,16 +173,25 @@ def release_pages(arrays) -> None:
     import mmap
 
     for a in arrays:
-        view = a
-        while isinstance(view, np.ndarray) and not isinstance(view, np.memmap):
-            view = view.base
-        if not isinstance(view, np.memmap) or not isinstance(view.base, mmap.mmap) or not a.nbytes:
+        if not isinstance(a, np.ndarray) or not a.nbytes:
             continue
-        start = a.__array_interface__["data"][0] - view.__array_interface__["data"][0]
+        # A slice or view of a np.memmap is a np.memmap whose ``base`` is its parent array, not the mmap:
+        # the mmap is its ``_mmap`` (numpy keeps it on every view), found up the chain of bases.
+        view, mm = a, None
+        while isinstance(view, np.ndarray) and mm is None:
+            mm = getattr(view, "_mmap", None)
+            view = view.base
+        if not isinstance(mm, mmap.mmap) or mm.closed:
+            continue
+        origin = np.frombuffer(mm, np.uint8)  # the mapping's first byte (a read-only export, let go below)
+        start = a.__array_interface__["data"][0] - origin.__array_interface__["data"][0]
+        del origin
+        if start < 0 or start >= len(mm):
+            continue
         lo = start // mmap.PAGESIZE * mmap.PAGESIZE
-        hi = min(len(view.base), start + a.nbytes)
+        hi = min(len(mm), start + a.nbytes)
         try:
-            view.base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
         except (AttributeError, OSError, ValueError):  # no madvise here (not Linux): the pages stay
             return
 
@@ -226,8 +246,10 @@ def store_state(
     parents: bool = True,
 ) -> StoredState:
     """Writes weights and optimizer variables (or ``None``) to one new file under ``directory`` (``parents``: :func:`store`'s)."""
-    arrays = list(weights) + (list(optimizer) if optimizer is not None else [])
-    return StoredState(store(directory, name, arrays, parents), len(weights), optimizer is not None)
+    # one array at a time from the sequences themselves: a model's variables (VariableArrays) are read as written
+    specs = specs_of(weights) + specs_of(optimizer)
+    arrays = itertools.chain(weights, optimizer if optimizer is not None else ())
+    return StoredState(store(directory, name, arrays, parents, specs), len(weights), optimizer is not None)
 
 
 def load_state(stored: StoredState) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
@@ -306,6 +328,9 @@ class StoreSums:
 
     directory: str
     deltas: Any = None
+
+    #: Writes sums read on access (:class:`~sparkdl_avg.shared.wire.aggregation.WeightedArrays`) one array at a time.
+    streams = True
 
     def deliver(self, result, name: str) -> StoredResult:
         packed = _delta_of(result)
@@ -407,8 +432,7 @@ class FlatLayout:
     @classmethod
     def of(cls, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> "FlatLayout":
         """The layout of the sums of a state ``(weights, optimizer variables or None)``."""
-        arrays = list(weights) + list(optimizer or [])
-        entries = tuple((np.asarray(a).dtype == np.float32, tuple(np.shape(a))) for a in arrays)
+        entries = tuple((dtype == np.float32, shape) for dtype, shape in specs_of(weights) + specs_of(optimizer))
         return cls(entries, len(weights), optimizer is not None)
 
     @property

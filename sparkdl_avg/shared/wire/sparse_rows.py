@@ -49,7 +49,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .delta_sums import DeltaLayout, Packed
-from .exchange import FlatLayout
+from .exchange import FlatLayout, release_pages
 
 _I64 = 8
 
@@ -197,8 +197,8 @@ class SparseRowsLayout:
 
     def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int, residual):
         """A worker's :class:`RowsPacked` from the state it was sent, and its next residual (``None``: no feedback)."""
-        new = list(weights) + list(optimizer or [])
-        old = list(sent_weights) + list(sent_optimizer or [])
+        # indexed, not listed: a replica's VariableArrays are read one array at a time (issue 47)
+        new, old = _Joined(weights, optimizer), _Joined(sent_weights, sent_optimizer)
         if len(new) != len(self.flat.entries) or len(old) != len(self.flat.entries):
             raise ValueError(f"The state holds {len(new)} arrays; its layout has {len(self.flat.entries)}.")
         new_rest, old_rest = [new[i] for i in self.rest], [old[i] for i in self.rest]
@@ -211,7 +211,7 @@ class SparseRowsLayout:
             d64 = np.subtract(a64, b64, dtype=np.float64)
             d64 *= np.float64(examples)
             inner = (np.subtract(a32, b32, dtype=np.float32), d64)
-        tables = tuple(changed_rows([new[i] for i in g], [old[i] for i in g]) for g in self.groups)
+        tables = tuple(changed_rows(_Joined.picked(new, g), _Joined.picked(old, g)) for g in self.groups)
         inner_bytes = self.inner.nbytes if self.inner is not None else self.rest_flat.nbytes
         tables_bytes = sum(_I64 + (4 * r * k * w if idx is None else _pad8(4 * idx.size) + 4 * idx.size * k * w)
                            for (r, k, w), (idx, _) in zip(self.shapes, tables))
@@ -377,24 +377,69 @@ class SparseRowsLayout:
     read_shard = staticmethod(DeltaLayout.read_shard)
 
 
+class _Joined:
+    """Weights then optimizer variables (``None``: none) indexed as one sequence, each read only when indexed."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, (second if second is not None else ())
+        self.split = len(self.first)
+
+    def __len__(self) -> int:
+        return self.split + len(self.second)
+
+    def __getitem__(self, i: int):
+        return self.first[i] if i < self.split else self.second[i - self.split]
+
+    @staticmethod
+    def picked(seq, positions: Sequence[int]) -> "_Joined":
+        """The items of ``seq`` at ``positions``, still read only when indexed."""
+        return _Joined(_Picked(seq, positions), None)
+
+
+class _Picked:
+    def __init__(self, seq, positions: Sequence[int]) -> None:
+        self.seq, self.positions = seq, tuple(positions)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, k: int):
+        return self.seq[self.positions[k]]
+
+
 def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[Optional[np.ndarray], np.ndarray]:
     """``(indices, deltas)`` of the rows of a table and its slots whose delta is non-zero; ``(None, all)``: dense.
 
-    ``new``/``old``: the table then its slots, one shape. Dense when the
-    rows' indices and values would take as many bytes as the whole table.
+    ``new``/``old``: the table then its slots, one shape, indexed one array
+    at a time (a replica's variables are read on access; the sent state is
+    a memory map whose pages are released after each array): the worker
+    holds one array of each beside its replica, not the table and its slots
+    twice (issue 47). Dense when the rows' indices and values would take as
+    many bytes as the whole table.
     """
-    rows = int(np.shape(new[0])[0])
-    flat_new = [np.asarray(a).reshape(rows, -1) for a in new]
-    flat_old = [np.asarray(b).reshape(rows, -1) for b in old]
-    width = flat_new[0].shape[1]
+    rows = int(np.shape(old[0])[0])  # the sent arrays' shape: reading a replica's array for it would copy it
+    count = len(new)
     changed = np.zeros(rows, bool)
-    for a, b in zip(flat_new, flat_old):
-        changed |= _moved(a, b)
+    width = 0
+    for k in range(count):
+        a, b = np.asarray(new[k]).reshape(rows, -1), old[k]
+        width = a.shape[1]
+        changed |= _moved(a, np.asarray(b).reshape(rows, -1))
+        del a
+        release_pages([b])
     idx = np.flatnonzero(changed)
-    if idx.size * (4 + 4 * width * len(new)) >= 4 * rows * width * len(new):
-        return None, np.stack([np.subtract(a, b, dtype=np.float32) for a, b in zip(flat_new, flat_old)], axis=1)
-    values = np.stack([np.subtract(a[idx], b[idx], dtype=np.float32) for a, b in zip(flat_new, flat_old)], axis=1)
-    return idx.astype(np.int32), values
+    dense = idx.size * (4 + 4 * width * count) >= 4 * rows * width * count
+    values = np.empty((rows if dense else idx.size, count, width), np.float32)
+    for k in range(count):  # each array read again: its delta, into the values (the same bits as a stack of them)
+        a, b = np.asarray(new[k]).reshape(rows, -1), old[k]
+        flat_b = np.asarray(b).reshape(rows, -1)
+        if dense:
+            np.subtract(a, flat_b, out=values[:, k], dtype=np.float32)
+        else:
+            values[:, k] = np.subtract(a[idx], flat_b[idx], dtype=np.float32)
+        del a, flat_b
+        release_pages([b])
+    return (None, values) if dense else (idx.astype(np.int32), values)
 
 
 def _moved(a: np.ndarray, b: np.ndarray) -> np.ndarray:

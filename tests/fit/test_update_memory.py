@@ -1,0 +1,117 @@
+"""The driver's update and the state read on access give the same bits as the whole-array code they replace (issue 47)."""
+
+import os
+
+import numpy as np
+import pytest
+
+import keras
+
+from conftest import make_model
+from sparkdl_avg.driver.fit import update
+from sparkdl_avg.shared.model.modelspec import VariableArrays, get_state, state_of
+from sparkdl_avg.shared.wire import exchange
+from sparkdl_avg.shared.wire.aggregation import WeightedArrays, weighted
+from sparkdl_avg.shared.wire.sparse_rows import changed_rows
+
+
+def _reference(sums, examples, base, delta, dtypes):
+    """The whole-array expressions the chunked update replaced: replica_means, then the cast."""
+    if delta:
+        return [(np.asarray(b, np.float64) + x / examples).astype(d, copy=False) for x, b, d in zip(sums, base, dtypes)]
+    return [np.asarray(x / examples).astype(d, copy=False) for x, d in zip(sums, dtypes)]
+
+
+@pytest.mark.parametrize("delta", [True, False])
+def test_means_in_slices_are_bitwise_the_whole_array_means(monkeypatch, delta):
+    monkeypatch.setattr(update, "CHUNK", 1000)  # several slices, the last one short
+    rng = np.random.default_rng(3)
+    base = [rng.normal(size=(2_345, 7)).astype(np.float32), rng.normal(size=(13,)).astype(np.float32),
+            np.asarray(41, np.int64)]
+    sums = [(rng.normal(size=b.shape) * 3).astype(np.float32) if b.dtype == np.float32 else np.asarray(5.0)
+            for b in base]
+    dtypes = [b.dtype for b in base]
+    want = _reference([s.copy() for s in sums], 3, base, delta, dtypes)
+    got = update.means_as([s.copy() for s in sums], 3, base, delta, dtypes)
+    for g, w, d in zip(got, want, dtypes):
+        assert g.dtype == d and g.shape == w.shape
+        assert np.asarray(g).tobytes() == np.asarray(w).tobytes()
+
+
+def test_a_models_variables_read_on_access_are_get_states_arrays_and_specs():
+    model = make_model(seed=5)
+    model.optimizer.build(model.trainable_variables)
+    weights, opt = get_state(model)
+    lazy_w, lazy_o = state_of(model)
+    assert isinstance(lazy_w, VariableArrays) and len(lazy_w) == len(weights) and len(lazy_o) == len(opt)
+    for a, b in zip(list(lazy_w) + list(lazy_o), weights + opt):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert lazy_w.specs() == [(a.dtype, a.shape) for a in weights]
+    assert exchange.specs_of(lazy_o) == [(a.dtype, a.shape) for a in opt]
+
+
+def test_a_state_written_from_the_model_and_sums_written_on_access_read_back_the_same(tmp_path):
+    model = make_model(seed=6)
+    model.optimizer.build(model.trainable_variables)
+    weights, opt = get_state(model)
+    stored = exchange.store_state(str(tmp_path), "state", *state_of(model))
+    back_w, back_o = exchange.load_state(stored)
+    for a, b in zip(list(back_w) + list(back_o), weights + opt):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    lazy_w, _ = state_of(model)
+    sums = WeightedArrays(lazy_w, 7)
+    assert sums.specs() == [(a.dtype, a.shape) for a in weighted(weights, 7)]
+    stored = exchange.store_state(str(tmp_path), "sums", sums, None)
+    for a, b in zip(exchange.load_state(stored)[0], weighted(weights, 7)):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    with pytest.raises(ValueError, match="layout says"):
+        exchange.store(str(tmp_path), "bad", iter([np.zeros(3, np.float32)]), specs=[(np.dtype(np.float32), (4,))])
+
+
+@pytest.mark.parametrize("moved", [5, 900])  # a few rows, and enough for the dense fallback
+def test_changed_rows_read_one_array_at_a_time_give_the_stacked_deltas(moved):
+    rng = np.random.default_rng(4)
+    old = [rng.normal(size=(1_000, 4)).astype(np.float32) for _ in range(3)]
+    new = [a.copy() for a in old]
+    rows = rng.choice(1_000, moved, replace=False)
+    new[1][rows] += 1.0
+    reads = []
+
+    class Counting:
+        def __init__(self, arrays):
+            self.arrays = arrays
+
+        def __len__(self):
+            return len(self.arrays)
+
+        def __getitem__(self, k):
+            reads.append(k)
+            return self.arrays[k].copy()
+
+    idx, values = changed_rows(Counting(new), old)
+    want = np.stack([np.subtract(a, b, dtype=np.float32) for a, b in zip(new, old)], axis=1)
+    if idx is None:
+        assert moved == 900 and np.array_equal(values, want)
+    else:
+        assert np.array_equal(idx, np.sort(rows)) and np.array_equal(values, want[idx])
+    assert reads == [0, 1, 2, 0, 1, 2]  # each array read when needed, none kept whole
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS"))
+
+
+def test_released_pages_of_a_loaded_state_leave_the_resident_memory(tmp_path):
+    """``load`` gives np.memmap slices (whose ``base`` is not the mmap): their pages must still be dropped."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc here")
+    stored = exchange.store_state(str(tmp_path), "s", [np.ones((1 << 20, 16), np.float32)], None)  # 64 MiB
+    (table,), _ = exchange.load_state(stored)
+    assert isinstance(table, np.memmap)
+    before = _rss()
+    total = float(table.sum())
+    assert _rss() - before > 48 << 20  # read: resident
+    exchange.release_pages([table])
+    assert _rss() - before < 16 << 20
+    assert float(table.sum()) == total  # and it reads back the same
