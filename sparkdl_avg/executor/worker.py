@@ -425,7 +425,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         task.local_state.save(worker, new_opt if finite else (opt_vars if own is None else own))
         local_state_s += time.time() - t_own
     if task.overlap is not None:  # returns end - own term; keeps its next own term
-        new_weights = eager_finish(task.overlap, worker, task.num_workers, weights, eager, new_weights, finite)
+        new_weights = eager_finish(task.overlap, worker, task.num_workers, weights, eager, list(new_weights), finite)
     if frag is not None:  # keeps its own weights, returns the synced part only (shared/wire/fragments.py)
         frag.save(worker, new_weights if finite else start_weights)
         new_weights, weights = frag.pick(new_weights), frag.pick(weights)
