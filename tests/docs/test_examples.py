@@ -31,6 +31,7 @@ ALLOWED_WARNINGS = {
     "guides/ml-pipelines.md": (SLOWER,),
     "guides/data.md": (SLOWER,),
     "guides/inference.md": (SLOWER,),
+    "guides/rounds.md": (SLOWER,),
 }
 #: Blocks (found by a line of theirs) that must log no warning at all: issue 48 item 14's text example.
 QUIET = {"guides/data.md": ("TextVectorization",)}
