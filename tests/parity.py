@@ -911,7 +911,7 @@ class LocalOptimizerStateMixin:
 
 
 def _linear_sgd_reference(x, y, init, num_workers, batch_size, k, epochs, lr):
-    """Overlapped rounds (eager updates) in float64 numpy, written as docs/guides/algorithms.md states them.
+    """Overlapped rounds (eager updates) in float64 numpy, written as docs/guides/rounds.md states them.
 
     A linear model ``x·W + b``, MSE, plain SGD. Returns the driver's weights after each round (``G_t``, every
     average up to round ``t − 1`` applied) and after the fit (the last average applied too).

@@ -142,7 +142,7 @@ OPTIONS: Tuple[Option, ...] = (
             "non-trainable variables), so a round's sums are about ``1/F`` of the model's. Each worker keeps "
             "its own weights between rounds, as ``optimizer_state=\"local\"`` keeps its optimizer variables, "
             "and adopts a fragment's new global values at the start of the round after its synchronisation "
-            "(docs/guides/algorithms.md, \"Fragments\"). Default 1: every round synchronises every variable. "
+            "(docs/guides/rounds.md, \"Fragments\"). Default 1: every round synchronises every variable. "
             "``synchronization=\"sync\"`` only; ``F`` at most the model's trainable variables.",
         check=Ints(1),
         cli=Flag(type=int),
@@ -362,7 +362,7 @@ OPTIONS: Tuple[Option, ...] = (
             "the driver applies each round's averaged delta one round late, and worker ``i`` starts round "
             "``t + 1`` from the global weights plus ``δ_i/N``, its own delta of round ``t`` standing in for its "
             "share of that round's average, so each delta is applied once and ``N = 1`` is sequential training "
-            "(docs/guides/algorithms.md, \"Overlapped rounds\"). A round's start then needs nothing from the "
+            "(docs/guides/rounds.md, \"Overlapped rounds\"). A round's start then needs nothing from the "
             "round before it but the worker's own delta. Needs ``synchronization=\"sync\"``, "
             "``optimizer_state=\"local\"`` or ``\"reset\"`` and ``update_rule=\"average\"``. The driver's "
             "weights after a round lack the newest round's average (validation and checkpoints see them so; a "

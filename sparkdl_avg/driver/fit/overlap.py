@@ -1,6 +1,6 @@
 """``overlap_rounds`` on the driver: the workers' own terms in flight, and the fit's end that applies the last average.
 
-The protocol (eager updates, Kale et al. 2025; docs/guides/algorithms.md,
+The protocol (eager updates, Kale et al. 2025; docs/guides/rounds.md,
 "Overlapped rounds") has two halves in flight between rounds: the driver's
 pending average, which is the update rule's state
 (:class:`~sparkdl_avg.driver.algorithms.overlap.OneRoundLate`), and each
