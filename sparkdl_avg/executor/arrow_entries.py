@@ -32,8 +32,8 @@ def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
     job would run, :func:`run_round_partition` or a test's wrapper) on the
     announced :class:`RoundTask`, and its rows go to the round's answer
     files instead of the job's result; the job itself yields nothing. A
-    retried attempt joins at the lowest round still announced and skips the
-    rounds its worker has answered. A task whose next word does not come
+    retried attempt joins at the round in progress and skips the rounds its
+    worker has answered and those the driver has moved past. A task whose next word does not come
     within ``deadline_s`` seconds ends.
     """
     ids = task_ids(batches)
@@ -42,8 +42,11 @@ def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
         word = standing.word(directory, seq, deadline_s)
         if word is None:
             break
-        entry, task = word
-        if not standing.answered(directory, seq, ids):
+        # In this order: the driver writes round seq + 1 before it removes round seq's answers, so an answer
+        # missing here and no round seq + 1 after it means the round still waits for this task.
+        if word is not standing.PASSED and not standing.answered(directory, seq, ids) \
+                and not standing.passed(directory, seq):
+            entry, task = word
             standing.answer(directory, seq, list(entry(task, ids)))
         seq += 1
     return

@@ -78,7 +78,7 @@ def test_a_retried_task_joins_at_the_round_in_progress_and_skips_what_its_worker
     wait_answers(tmp_path, 1, [0])
     standing.stop(str(tmp_path))
     first.join(10)
-    # A second attempt of the same task: round 1 is the lowest announced and its worker answered it.
+    # A second attempt of the same task: round 1 is the one in progress and its worker answered it.
     (tmp_path / "stop").unlink()
     CALLS.clear()
     retried = start_task(tmp_path, [0])
@@ -87,6 +87,27 @@ def test_a_retried_task_joins_at_the_round_in_progress_and_skips_what_its_worker
     standing.stop(str(tmp_path))
     retried.join(10)
     assert CALLS == [(2, 0)]
+
+
+def test_a_task_that_read_a_round_the_driver_has_moved_past_skips_it(tmp_path, monkeypatch):
+    """The race a loaded machine hits: the task listed round 1, then the driver announced round 2 and removed
+    round 1's answers. Either file of round 1 may still be there; the task must train round 2 only."""
+    standing.announce(str(tmp_path), 1, standing.go(fake_entry, 1))
+    standing.announce(str(tmp_path), 2, standing.go(fake_entry, 2))
+    standing.announce(str(tmp_path), 1, standing.go(fake_entry, 1))  # round 1's word read before its removal
+    monkeypatch.setattr(standing, "first_round", lambda directory, deadline_s: 1)
+    task = start_task(tmp_path, [0])
+    assert wait_answers(tmp_path, 2, [0]) == ["round 2"]
+    (tmp_path / "round-1").unlink()  # and, for the retried attempt, the word already removed when it reads it
+    standing.stop(str(tmp_path))
+    task.join(10)
+    (tmp_path / "stop").unlink()
+    retried = start_task(tmp_path, [1])
+    assert wait_answers(tmp_path, 2, [1]) == ["round 2"]
+    standing.stop(str(tmp_path))
+    retried.join(10)
+    assert CALLS == [(2, 0), (2, 1)]
+    assert standing.word(str(tmp_path), 1, 1.0) is standing.PASSED
 
 
 def test_a_task_that_hears_nothing_ends_at_its_deadline(tmp_path):

@@ -17,9 +17,12 @@ In the job's directory (a local path):
   written atomically (:func:`announce`): a pickled ``(entry, task)`` (the
   partition body and the round's
   :class:`~sparkdl_avg.executor.worker.RoundTask`, as a per-round job's
-  closure would carry them). The driver removes a round's file once it has
-  written the next one, so the lowest one present is where a task that
-  starts late (a retried attempt) joins (:func:`first_round`).
+  closure would carry them). The driver announces round ``seq + 1`` only
+  once round ``seq`` is answered, and removes round ``seq``'s files after
+  writing the next word: so the highest round present is the one in
+  progress, where a task that starts late (a retried attempt) joins
+  (:func:`first_round`), and a round whose successor exists is over
+  (:func:`passed`), whether or not its answer files are still there.
 * ``stop``: the tasks end (:func:`stop`), whichever round they wait for.
 * ``done-<seq>-<worker>``: what that worker's task yields for round ``seq``
   (Arrow IPC, :data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows),
@@ -41,6 +44,7 @@ import uuid
 from typing import Any, List, Optional, Sequence
 
 _STOP = "stop"
+PASSED = ("passed",)  # :func:`word`'s answer for a round the driver has already moved past
 _POLL_FIRST_S = 0.0002
 _POLL_MAX_S = 0.002  # a stat costs microseconds; the wait is the round's latency once the file appears
 
@@ -86,7 +90,10 @@ def stop(directory: str) -> None:
 
 
 def first_round(directory: str, deadline_s: float) -> Optional[int]:
-    """Task: the lowest round announced (where a task joins); ``None``: told to stop, or none within ``deadline_s``."""
+    """Task: the round in progress (the highest announced: where a task joins).
+
+    ``None``: told to stop, or none within ``deadline_s``.
+    """
     deadline = time.monotonic() + deadline_s
     while True:
         names = os.listdir(directory)
@@ -94,14 +101,22 @@ def first_round(directory: str, deadline_s: float) -> Optional[int]:
             return None
         seqs = [int(name[6:]) for name in names if name.startswith("round-")]
         if seqs:
-            return min(seqs)
+            return max(seqs)
         if time.monotonic() > deadline:
             return None
         time.sleep(_POLL_MAX_S)
 
 
+def passed(directory: str, seq: int) -> bool:
+    """Whether the driver has moved past round ``seq`` (announced ``seq + 1``): the round needs no answer."""
+    return os.path.exists(_round_file(directory, seq + 1))
+
+
 def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
-    """Task: the driver's word for round ``seq``, unpickled; ``None``: told to stop, or none within ``deadline_s``."""
+    """Task: the driver's word for round ``seq``, unpickled, or :data:`PASSED` if the driver has moved past it.
+
+    ``None``: told to stop, or no word within ``deadline_s``.
+    """
     path = _round_file(directory, seq)
     stopped = os.path.join(directory, _STOP)
     deadline = time.monotonic() + deadline_s
@@ -111,7 +126,9 @@ def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
             with open(path, "rb") as f:
                 return pickle.loads(f.read())
         except FileNotFoundError:
-            pass
+            # Removed between the task's listing and its read: the next round is announced.
+            if passed(directory, seq):
+                return PASSED
         if os.path.exists(stopped) or time.monotonic() > deadline:
             return None
         time.sleep(delay)
