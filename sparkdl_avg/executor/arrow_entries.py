@@ -42,8 +42,8 @@ def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
         word = standing.word(directory, seq, deadline_s)
         if word is None:
             break
-        # In this order: the driver writes round seq + 1 before it removes round seq's answers, so an answer
-        # missing here and no round seq + 1 after it means the round still waits for this task.
+        # In this order: the driver removes a round's word before its answers, so an answer missing here and
+        # the word still there after it means the round still waits for this task.
         if word is not standing.PASSED and not standing.answered(directory, seq, ids) \
                 and not standing.passed(directory, seq):
             entry, task = word

@@ -90,24 +90,31 @@ def test_a_retried_task_joins_at_the_round_in_progress_and_skips_what_its_worker
 
 
 def test_a_task_that_read_a_round_the_driver_has_moved_past_skips_it(tmp_path, monkeypatch):
-    """The race a loaded machine hits: the task listed round 1, then the driver announced round 2 and removed
-    round 1's answers. Either file of round 1 may still be there; the task must train round 2 only."""
+    """The races a loaded machine hits: a retried task lists round 1 as in progress, then the driver announces
+    round 2, removing round 1's word and answers either before the task reads the word or just after."""
+    read = standing.word
+
+    def word_then_round_2(directory, seq, deadline_s):
+        got = read(directory, seq, deadline_s)
+        if seq == 1 and not (tmp_path / "round-2").exists():
+            standing.announce(str(tmp_path), 2, standing.go(fake_entry, 2))  # just after the task read it
+        return got
+
+    monkeypatch.setattr(standing, "word", word_then_round_2)
     standing.announce(str(tmp_path), 1, standing.go(fake_entry, 1))
-    standing.announce(str(tmp_path), 2, standing.go(fake_entry, 2))
-    standing.announce(str(tmp_path), 1, standing.go(fake_entry, 1))  # round 1's word read before its removal
-    monkeypatch.setattr(standing, "first_round", lambda directory, deadline_s: 1)
-    task = start_task(tmp_path, [0])
+    task = start_task(tmp_path, [0])  # answered round 1 in an earlier attempt, whose answer is now removed
     assert wait_answers(tmp_path, 2, [0]) == ["round 2"]
-    (tmp_path / "round-1").unlink()  # and, for the retried attempt, the word already removed when it reads it
-    standing.stop(str(tmp_path))
-    task.join(10)
-    (tmp_path / "stop").unlink()
+    monkeypatch.setattr(standing, "word", read)
+    monkeypatch.setattr(standing, "first_round", lambda directory, deadline_s: 1)  # listed before the removal
     retried = start_task(tmp_path, [1])
     assert wait_answers(tmp_path, 2, [1]) == ["round 2"]
     standing.stop(str(tmp_path))
-    retried.join(10)
+    for t in (task, retried):
+        t.join(10)
+        assert not t.is_alive()
     assert CALLS == [(2, 0), (2, 1)]
     assert standing.word(str(tmp_path), 1, 1.0) is standing.PASSED
+    assert standing.word(str(tmp_path), 3, 0.01) is None  # not announced yet (and told to stop)
 
 
 def test_a_task_that_hears_nothing_ends_at_its_deadline(tmp_path):

@@ -17,12 +17,12 @@ In the job's directory (a local path):
   written atomically (:func:`announce`): a pickled ``(entry, task)`` (the
   partition body and the round's
   :class:`~sparkdl_avg.executor.worker.RoundTask`, as a per-round job's
-  closure would carry them). The driver announces round ``seq + 1`` only
-  once round ``seq`` is answered, and removes round ``seq``'s files after
-  writing the next word: so the highest round present is the one in
-  progress, where a task that starts late (a retried attempt) joins
-  (:func:`first_round`), and a round whose successor exists is over
-  (:func:`passed`), whether or not its answer files are still there.
+  closure would carry them). The driver removes a round's word once the
+  round is over (after writing a later round's word, and before the round's
+  answers), so the lowest round present is the one in progress, where a
+  task that starts late (a retried attempt) joins (:func:`first_round`), and
+  a round whose word is gone needs no answer (:func:`passed`), whether or
+  not its answer files are still there.
 * ``stop``: the tasks end (:func:`stop`), whichever round they wait for.
 * ``done-<seq>-<worker>``: what that worker's task yields for round ``seq``
   (Arrow IPC, :data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows),
@@ -65,16 +65,24 @@ def _write_atomically(path: str, data: bytes) -> None:
 
 
 def announce(directory: str, seq: int, word: bytes) -> None:
-    """Driver: writes the word (:func:`go`) for round ``seq``; removes round ``seq - 1``'s files."""
+    """Driver: writes the word (:func:`go`) for round ``seq``; removes round ``seq - 1``'s files.
+
+    The word goes before the answers: a task that finds an answer missing and
+    the word still there knows the round still waits for it (:func:`passed`).
+    """
     _write_atomically(_round_file(directory, seq), word)
     if seq > 0:
-        previous = (f"round-{seq - 1}", f"done-{seq - 1}-")
+        _remove(_round_file(directory, seq - 1))
         for name in os.listdir(directory):
-            if name == previous[0] or name.startswith(previous[1]):
-                try:
-                    os.remove(os.path.join(directory, name))
-                except FileNotFoundError:
-                    pass
+            if name.startswith(f"done-{seq - 1}-"):
+                _remove(os.path.join(directory, name))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def go(entry, task) -> bytes:
@@ -90,7 +98,7 @@ def stop(directory: str) -> None:
 
 
 def first_round(directory: str, deadline_s: float) -> Optional[int]:
-    """Task: the round in progress (the highest announced: where a task joins).
+    """Task: the round in progress (the lowest announced: where a task joins).
 
     ``None``: told to stop, or none within ``deadline_s``.
     """
@@ -101,15 +109,15 @@ def first_round(directory: str, deadline_s: float) -> Optional[int]:
             return None
         seqs = [int(name[6:]) for name in names if name.startswith("round-")]
         if seqs:
-            return max(seqs)
+            return min(seqs)
         if time.monotonic() > deadline:
             return None
         time.sleep(_POLL_MAX_S)
 
 
 def passed(directory: str, seq: int) -> bool:
-    """Whether the driver has moved past round ``seq`` (announced ``seq + 1``): the round needs no answer."""
-    return os.path.exists(_round_file(directory, seq + 1))
+    """Whether round ``seq``, whose word the task has read, is over (its word removed): it needs no answer."""
+    return not os.path.exists(_round_file(directory, seq))
 
 
 def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
@@ -126,8 +134,8 @@ def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
             with open(path, "rb") as f:
                 return pickle.loads(f.read())
         except FileNotFoundError:
-            # Removed between the task's listing and its read: the next round is announced.
-            if passed(directory, seq):
+            # Not announced yet, or removed (over) between the task's listing and its read: a later word says which.
+            if any(name.startswith("round-") and int(name[6:]) > seq for name in os.listdir(directory)):
                 return PASSED
         if os.path.exists(stopped) or time.monotonic() > deadline:
             return None
