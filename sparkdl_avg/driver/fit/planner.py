@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from ...shared.data.example_order import steps_per_epoch
 from ...shared.wire.aggregation import PartialResult, merge
-from ..algorithms.schedules import next_period
+from ..algorithms.schedules import FixedPeriod, PostLocalSGD, next_period
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -126,6 +126,25 @@ class RoundPlanner:
             epoch_may_end = (s.dataset.num_examples - state.position - workers * steps * s.batch_size
                              < membership.max_workers * s.batch_size)
         return PlannedRound(epoch, rnd, state.steps_before, steps, workers, start, change, epoch_may_end)
+
+    def following(self, epoch: int, planned: PlannedRound) -> Optional[PlannedRound]:
+        """The round after ``planned`` in its epoch, if known before ``planned`` runs; else ``None``.
+
+        Known for fixed workers (no elastic rounds) and a schedule that does
+        not read the logs (a fixed ``k``, post-local SGD): what ``overlap_rounds``
+        announces a round ahead. The runner checks it against what is asked next.
+        """
+        ctx = self.ctx
+        if ctx.membership is not None or planned.start is not None \
+                or not isinstance(ctx.schedule, (FixedPeriod, PostLocalSGD)):
+            return None
+        before = planned.steps_before + planned.steps
+        left = ctx.epoch_steps - before
+        if left <= 0:
+            return None
+        steps = next_period(ctx.schedule, epoch, planned.index + 1, {}, left)
+        return PlannedRound(epoch, planned.index + 1, before, steps, planned.workers, None, None,
+                            before + steps >= ctx.epoch_steps)
 
     def steps(self, epoch: int, rnd: int, left: int, logs: Dict[str, float]) -> int:
         """Minibatches per worker of round ``rnd``: the schedule's ``k``, cut to the ``left`` the epoch has."""

@@ -18,7 +18,8 @@ In the job's directory (a local path):
   partition body and the round's
   :class:`~sparkdl_avg.executor.worker.RoundTask`, as a per-round job's
   closure would carry them). The driver removes a round's file once it has
-  written the next one, so the lowest one present is where a task that
+  written the next one (with ``overlap_rounds``, the one after: it
+  announces each round while the round before it trains), so the lowest one present is where a task that
   starts late (a retried attempt) joins (:func:`first_round`).
 * ``stop``: the tasks end (:func:`stop`), whichever round they wait for.
 * ``done-<seq>-<worker>``: what that worker's task yields for round ``seq``
@@ -60,17 +61,27 @@ def _write_atomically(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def announce(directory: str, seq: int, word: bytes) -> None:
-    """Driver: writes the word (:func:`go`) for round ``seq``; removes round ``seq - 1``'s files."""
+def announce(directory: str, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:
+    """Driver: writes the word (:func:`go`) for round ``seq``; removes the files of the rounds before ``keep_from``.
+
+    ``keep_from``: the lowest round still in progress (default ``seq``). A
+    round announced ahead (``overlap_rounds``) keeps the round before it,
+    whose tasks still train and whose retried attempt must join there.
+    """
     _write_atomically(_round_file(directory, seq), word)
-    if seq > 0:
-        previous = (f"round-{seq - 1}", f"done-{seq - 1}-")
-        for name in os.listdir(directory):
-            if name == previous[0] or name.startswith(previous[1]):
-                try:
-                    os.remove(os.path.join(directory, name))
-                except FileNotFoundError:
-                    pass
+    keep_from = seq if keep_from is None else keep_from
+    for name in os.listdir(directory):
+        if name.startswith("round-"):
+            number = name[6:]
+        elif name.startswith("done-"):
+            number = name[5:].split("-")[0]
+        else:
+            continue
+        if number.isdigit() and int(number) < keep_from:
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
 
 
 def go(entry, task) -> bytes:
