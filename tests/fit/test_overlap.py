@@ -55,3 +55,23 @@ def test_overlap_rounds_refuses_what_it_does_not_define_before_any_job(options, 
 
     with pytest.raises(ConfigurationError, match=message):
         ParameterAveragingTrainer(make_model(), num_workers=2, overlap_rounds=True, **options)
+
+
+def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwise(session, monkeypatch):
+    """Part 2: on one host, an overlap_rounds fit's rounds run in one standing job, each announced while the round
+    before it trains; only when they run changes, not the arithmetic."""
+    from sparkdl_avg.driver.fit import rounds
+
+    fits = OverlapRoundsMixin()
+    trainer, pipelined = fits._fit()
+    records = trainer.stats.records
+    assert [r.transport for r in records] == ["sql"] * 6
+    assert [r.announced_ahead for r in records] == [False, True, True] * 2  # each epoch's first round: not ahead
+    _, files = fits._fit(options=dict(state_transport="files"))  # one Spark job per round
+    monkeypatch.setattr(rounds, "PIPELINE", False)
+    trainer, sequential = fits._fit()
+    assert [r.transport for r in trainer.stats.records] == ["sql"] * 6
+    assert not any(r.announced_ahead for r in trainer.stats.records)
+    for a, b, c in zip(pipelined.get_weights(), sequential.get_weights(), files.get_weights()):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)

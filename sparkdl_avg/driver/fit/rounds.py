@@ -47,6 +47,10 @@ from ..transport.base import StateTransport
 
 logger = logging.getLogger("sparkdl_avg")
 
+#: Whether ``overlap_rounds`` fits in a standing job announce each round while the one before it trains
+#: (:meth:`RoundRunner.pipelines`). ``False`` runs them one after another in the same job (for comparisons).
+PIPELINE = True
+
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ class RoundRunner:
         starts from ``G_t``, known when round ``t`` starts); error feedback
         and averaged optimizer states are not pipelined.
         """
-        return (self.overlap is not None and self.feedback is None and not self.settings.average_optimizer
+        return (PIPELINE and self.overlap is not None and self.feedback is None and not self.settings.average_optimizer
                 and bool(getattr(self.transport, "standing", False)))
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
@@ -151,7 +155,7 @@ class RoundRunner:
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
         sent = self.rule.to_send(weights, self.rule_state.state, mask)
-        self._take_announced((epoch, rnd, steps_before, steps, share), n, start, sent, opt_vars)
+        took = self._take_announced((epoch, rnd, steps_before, steps, share), n, start, sent, opt_vars)
         following = None
         if ahead is not None and start is None and n == s.num_workers and self.pipelines():
             following = self._announce(epoch, ahead, weights, opt_vars, mask, steps, n)
@@ -188,6 +192,7 @@ class RoundRunner:
         record = round_record(epoch, rnd, steps, n, result, self.rule.name, t0, t1, t2, t3)
         record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
         record.membership, record.start, record.residuals_dropped = membership, start, dropped
+        record.announced_ahead = took
         self._finish(record)
         return result
 
@@ -246,16 +251,20 @@ class RoundRunner:
                 partial(self.task, epoch, rnd, steps_before, next_steps, workers=range(n), num_workers=n, share=share,
                         ahead=True))
 
-    def _take_announced(self, key: tuple, n: int, start, sent, opt_vars) -> None:
-        """Checks the round announced ahead against round ``key`` as it is asked for now; drops it if it differs."""
+    def _take_announced(self, key: tuple, n: int, start, sent, opt_vars) -> bool:
+        """Checks the round announced ahead against round ``key`` as it is asked for now; drops it if it differs.
+
+        Returns whether the round runs as announced ahead.
+        """
         announced, self._announced = self._announced, None
         if announced is None:
-            return
+            return False
         same = (announced[0] == key and start is None and n == self.settings.num_workers
                 and _equal(announced[1], sent) and _equal(announced[2], opt_vars))
         if not same:
             logger.debug("The round announced ahead, %s, is not round %s as asked now: run anew", announced[0], key)
             self.transport.drop_ahead()
+        return same
 
     def _places(self, n: int) -> Optional[List[Optional[str]]]:
         """Where the round's ``n`` tasks should run: each worker's ``optimizer_state="local"`` host (classic sessions)."""

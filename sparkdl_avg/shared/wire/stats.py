@@ -175,6 +175,12 @@ class RoundRecord(_ReadsLikeADict):
     workers whose own optimizer state was lost at this round (kept on a host
     the worker's task did not run on) and restarted from the driver's
     (:mod:`sparkdl_avg.shared.wire.local_state`).
+
+    ``overlap_rounds``: ``announced_ahead`` says the round was announced
+    while the round before it trained (a standing job's pipelined rounds):
+    its workers went on to it as soon as they had answered that round, before
+    its ``t_start``, so its ``wall_s`` is the time between the two rounds'
+    ends on the driver, which the workers' compute overlaps.
     """
 
     epoch: int
@@ -223,6 +229,7 @@ class RoundRecord(_ReadsLikeADict):
     start: Optional[int] = None
     residuals_dropped: int = 0
     local_states_restarted: int = 0
+    announced_ahead: bool = False
 
 
 def wall_time(records) -> float:
