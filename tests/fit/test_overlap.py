@@ -66,12 +66,19 @@ def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwi
     trainer, pipelined = fits._fit()
     records = trainer.stats.records
     assert [r.transport for r in records] == ["sql"] * 6
-    assert [r.announced_ahead for r in records] == [False, True, True] * 2  # each epoch's first round: not ahead
+    assert [r.announced_ahead for r in records] == [False] + [True] * 5  # all but the first (no validation)
+    from conftest import regression_data
+
+    trainer, validated = fits._fit(validation_data=regression_data(16, d=3, seed=5))
+    # a validation (a job of its own) between epochs: each epoch's first round is not announced ahead
+    assert [r.announced_ahead for r in trainer.stats.records] == [False, True, True] * 2
     _, files = fits._fit(options=dict(state_transport="files"))  # one Spark job per round
     monkeypatch.setattr(rounds, "PIPELINE", False)
     trainer, sequential = fits._fit()
     assert [r.transport for r in trainer.stats.records] == ["sql"] * 6
     assert not any(r.announced_ahead for r in trainer.stats.records)
-    for a, b, c in zip(pipelined.get_weights(), sequential.get_weights(), files.get_weights()):
+    for a, b, c, d in zip(pipelined.get_weights(), sequential.get_weights(), files.get_weights(),
+                          validated.get_weights()):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(a, d)

@@ -228,9 +228,10 @@ class FitLoop:
             hooks.batch_begin(planned.index)
             ahead = None
             if runner.pipelines():  # overlap_rounds: the next round is announced before this one's sums are read
-                following = self.planner.following(epoch, planned)
+                # over an epoch's end too, unless a validation (its own job) comes between
+                following = self.planner.following(epoch, planned, epoch + 1 < self.plan.epochs and self.plan.val is None)
                 if following is not None:
-                    ahead = (following.index, following.steps_before, following.steps,
+                    ahead = (following.epoch, following.index, following.steps_before, following.steps,
                              ctx.checkpoints.may_save_after(ctx.rounds_in_fit + 2, following.epoch_may_end))
             result = runner.run(epoch, planned.index, planned.steps_before, planned.steps, planned.workers,
                                 planned.start, planned.change.to_json() if planned.change is not None else None,

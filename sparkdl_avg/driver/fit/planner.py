@@ -127,24 +127,27 @@ class RoundPlanner:
                              < membership.max_workers * s.batch_size)
         return PlannedRound(epoch, rnd, state.steps_before, steps, workers, start, change, epoch_may_end)
 
-    def following(self, epoch: int, planned: PlannedRound) -> Optional[PlannedRound]:
-        """The round after ``planned`` in its epoch, if known before ``planned`` runs; else ``None``.
+    def following(self, epoch: int, planned: PlannedRound, next_epoch: bool = False) -> Optional[PlannedRound]:
+        """The round after ``planned``, if known before ``planned`` runs; else ``None``.
 
         Known for fixed workers (no elastic rounds) and a schedule that does
         not read the logs (a fixed ``k``, post-local SGD): what ``overlap_rounds``
-        announces a round ahead. The runner checks it against what is asked next.
+        announces a round ahead. After an epoch's last round, the next
+        epoch's first if ``next_epoch`` (there is one, and nothing but
+        callbacks comes between). The runner checks it against what is asked next.
         """
         ctx = self.ctx
         if ctx.membership is not None or planned.start is not None \
                 or not isinstance(ctx.schedule, (FixedPeriod, PostLocalSGD)):
             return None
-        before = planned.steps_before + planned.steps
+        before, index = planned.steps_before + planned.steps, planned.index + 1
+        if before >= ctx.epoch_steps:
+            if not next_epoch:
+                return None
+            epoch, before, index = epoch + 1, 0, 0
         left = ctx.epoch_steps - before
-        if left <= 0:
-            return None
-        steps = next_period(ctx.schedule, epoch, planned.index + 1, {}, left)
-        return PlannedRound(epoch, planned.index + 1, before, steps, planned.workers, None, None,
-                            before + steps >= ctx.epoch_steps)
+        steps = next_period(ctx.schedule, epoch, index, {}, left)
+        return PlannedRound(epoch, index, before, steps, planned.workers, None, None, before + steps >= ctx.epoch_steps)
 
     def steps(self, epoch: int, rnd: int, left: int, logs: Dict[str, float]) -> int:
         """Minibatches per worker of round ``rnd``: the schedule's ``k``, cut to the ``left`` the epoch has."""

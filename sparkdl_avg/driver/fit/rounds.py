@@ -128,7 +128,7 @@ class RoundRunner:
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
             start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None,
-            share: bool = False, ahead: Optional[Tuple[int, int, int, bool]] = None) -> PartialResult:
+            share: bool = False, ahead: Optional[Tuple[int, int, int, int, bool]] = None) -> PartialResult:
         """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``.
 
         Elastic rounds (:mod:`sparkdl_avg.driver.elastic.membership`) give the round's
@@ -137,7 +137,7 @@ class RoundRunner:
         and the ``membership`` change it makes, recorded with it. ``share``:
         a checkpoint may be saved after the round, so ``optimizer_state="local"``
         states kept on the hosts are also written where it reads them.
-        ``ahead``: the epoch's next round, ``(round, steps_before, steps, share)``,
+        ``ahead``: the fit's next round, ``(epoch, round, steps_before, steps, share)``,
         which :meth:`pipelines` fits announce with this one's state
         update already applied (``overlap_rounds``: its tasks go on to it as
         soon as they have answered this one). A round asked for later is
@@ -158,7 +158,7 @@ class RoundRunner:
         took = self._take_announced((epoch, rnd, steps_before, steps, share), n, start, sent, opt_vars)
         following = None
         if ahead is not None and start is None and n == s.num_workers and self.pipelines():
-            following = self._announce(epoch, ahead, weights, opt_vars, mask, steps, n)
+            following = self._announce(ahead, weights, opt_vars, mask, steps, n)
         # A transport may run consecutive rounds in one Spark job (SqlTransport's standing job, under Spark Connect):
         # its label, and the fit's tags that the thread it waits in must carry.
         rounds_labels = self.engine.carried_labels(
@@ -230,7 +230,7 @@ class RoundRunner:
             return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what,
                                           rounds_labels=rounds_labels, places=places, ahead=ahead)
 
-    def _announce(self, epoch: int, ahead, weights, opt_vars, mask, steps: int, n: int):
+    def _announce(self, ahead, weights, opt_vars, mask, steps: int, n: int):
         """The next round's ``(name, sent, optimizer, make_task)`` for the transport to announce (see :meth:`run`).
 
         Its state is what :meth:`update` will set after this round: the
@@ -238,7 +238,7 @@ class RoundRunner:
         and the optimizer's variables with the iteration counter ``steps`` on.
         ``None`` where that is not known in advance.
         """
-        rnd, steps_before, next_steps, share = ahead
+        epoch, rnd, steps_before, next_steps, share = ahead
         new_weights = preview(weights, self.rule_state.state)
         if new_weights is None:
             return None
