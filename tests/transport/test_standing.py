@@ -98,3 +98,28 @@ def test_a_task_that_hears_nothing_ends_at_its_deadline(tmp_path):
     wait_answers(tmp_path, 0, [0])
     task.join(10)  # no round 1 comes
     assert not task.is_alive()
+
+
+def test_a_round_announced_ahead_keeps_the_round_in_progress_where_a_retried_attempt_joins(tmp_path):
+    """overlap_rounds: round 2 is announced while round 1 trains; round 1's word stays, round 0's files go."""
+    d = str(tmp_path)
+    standing.announce(d, 0, standing.go(fake_entry, 0))
+    first = start_task(tmp_path, [0])
+    wait_answers(tmp_path, 0, [0])
+    standing.announce(d, 1, standing.go(fake_entry, 1))
+    standing.announce(d, 2, standing.go(fake_entry, 2), keep_from=1)  # ahead: round 1 may still train
+    assert {"round-1", "round-2"} <= {p.name for p in tmp_path.iterdir()}
+    assert not any(p.name in ("round-0", "done-0-0") for p in tmp_path.iterdir())
+    assert wait_answers(tmp_path, 1, [0]) == ["round 1"] and wait_answers(tmp_path, 2, [0]) == ["round 2"]
+    standing.stop(d)
+    first.join(10)
+    assert CALLS == [(0, 0), (1, 0), (2, 0)]  # each round once, in order, the next one found waiting
+    # A retried attempt joins at round 1 (the lowest announced), which its worker answered: it trains nothing again.
+    (tmp_path / "stop").unlink()
+    CALLS.clear()
+    retried = start_task(tmp_path, [0])
+    standing.announce(d, 3, standing.go(fake_entry, 3), keep_from=2)
+    wait_answers(tmp_path, 3, [0])
+    standing.stop(d)
+    retried.join(10)
+    assert CALLS == [(3, 0)]
