@@ -82,3 +82,25 @@ def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwi
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(a, d)
+
+
+def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_sequential_weights(session, monkeypatch):
+    """A callback that changes the learning rate after round 0: round 1, announced with the old rate, is dropped and
+    run anew (not announced ahead); the weights equal the same fit's with its rounds one after another."""
+    import keras
+
+    from sparkdl_avg.driver.fit import rounds
+
+    class HalveOnce(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0 and not getattr(self, "done", False):
+                self.done = True
+                self.model.optimizer.learning_rate.assign(self.model.optimizer.learning_rate / 2)
+
+    fits = OverlapRoundsMixin()
+    trainer, pipelined = fits._fit(callbacks=[HalveOnce()])
+    assert [r.announced_ahead for r in trainer.stats.records] == [False, False] + [True] * 4
+    monkeypatch.setattr(rounds, "PIPELINE", False)
+    _, sequential = fits._fit(callbacks=[HalveOnce()])
+    for a, b in zip(pipelined.get_weights(), sequential.get_weights()):
+        np.testing.assert_array_equal(a, b)
