@@ -26,6 +26,23 @@ round and aggregate times). Usage::
         [--datasets digits cnn] [--ks digits:8 digits:32] [--out ...]
 
 Writes ``benchmarks/results/overlap.json``.
+
+``--efficiency``: the issue's one-host target instead, on README's settings
+(``benchmarks/suite.py``'s task: the suite CNN, 20,000 synthetic 28×28
+images, 5,000 held out, ``Adam(1e-3)``, batch 32, 3 epochs, the same initial
+weights): per repeat, interleaved, each fit after an untimed one-round fit
+(warm workers, ``suite.warm_workers``), the arms ``one worker`` (1 worker on
+one core, k = 128: the ideal is 2 × its compute throughput, as the suite's),
+and at each ``--efficiency-ks`` k ``sync`` (README's arm, plain averaging),
+``sync-local`` (``optimizer_state="local"``) and ``overlap``
+(``optimizer_state="local"``, ``overlap_rounds=True``, rounds announced
+ahead). An epoch's time is the time between two epochs' ends (epochs 2+:
+under ``overlap_rounds`` the next epoch's first round starts before the
+epoch ends); efficiency = the ideal epoch time / the arm's, medians over
+repeats. Writes ``benchmarks/results/overlap_efficiency.json`` by default::
+
+    PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/overlap.py --efficiency [--repeats 3] \\
+        [--efficiency-ks 128 312]
 """
 
 from __future__ import annotations
@@ -33,6 +50,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -48,11 +66,18 @@ ARMS = {
 
 
 def main() -> int:
-    p = harness.parser(__doc__, out="overlap.json")
+    p = harness.parser(__doc__, out="overlap.json", repeats=3,
+                       repeats_help="--efficiency: repetitions of every arm, interleaved")
+    p.add_argument("--efficiency", action="store_true", help="the suite CNN's warm-fit efficiency against the ideal")
+    p.add_argument("--efficiency-ks", type=int, nargs="+", default=[128, 312])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--datasets", nargs="+", default=["digits"], choices=["digits", "cnn"])
     p.add_argument("--ks", nargs="*", default=None, metavar="DATASET:K", help="replace a dataset's k values")
     args = p.parse_args()
+    if args.efficiency:
+        if args.out == harness.default_out("overlap.json"):
+            args.out = harness.default_out("overlap_efficiency.json")
+        return efficiency(args)
     diloco.ARMS.clear()
     diloco.ARMS.update(ARMS)  # diloco.fit reads its arms' options from there; its table's base arm is the first
     plan = diloco.runs()
@@ -105,6 +130,88 @@ def timing(rows) -> str:
                 f"{med(r['round_ms'] / s['round_ms'] for r, s in zip(mine, b)):.2f}× | "
                 f"{med(r['fit_s'] for r in mine):.1f} | {med(r['fit_s'] / s['fit_s'] for r, s in zip(mine, b)):.2f}× | "
                 f"{med(r['announced_ahead'] for r in mine):.0f}/{med(r['rounds'] for r in mine):.0f} |")
+    return "\n".join(lines)
+
+
+EFFICIENCY_ARMS = {
+    "sync": {},
+    "sync-local": dict(optimizer_state="local"),
+    "overlap": dict(optimizer_state="local", overlap_rounds=True),
+}
+ONE = "one worker"
+EXAMPLES, TEST_EXAMPLES, EPOCHS, BATCH = 20000, 5000, 3, 32  # benchmarks/suite.py's defaults (README's table)
+
+
+def efficiency(args) -> int:
+    """``--efficiency``: the arms, interleaved per repeat; prints and writes the table (see the module doc)."""
+    import suite
+    from bench_cnn import build_model, make_data
+
+    x, y = make_data(EXAMPLES + TEST_EXAMPLES)
+    d = {"x": x[:EXAMPLES], "y": y[:EXAMPLES], "xt": x[EXAMPLES:], "yt": y[EXAMPLES:],
+         "weights": build_model().get_weights()}
+    arms = [(ONE, 128, 1, {})] + [(arm, k, 2, options) for k in args.efficiency_ks
+                                   for arm, options in EFFICIENCY_ARMS.items()]
+    spark = harness.session("local[2]")
+    rows = []
+    try:
+        spark.sparkContext.parallelize(range(2), 2).foreach(lambda _: __import__("tensorflow"))
+        for rep in range(args.repeats):
+            for arm, k, workers, options in arms:
+                suite.warm_workers(d, BATCH, 2)
+                row = {"repeat": rep, "arm": arm, "k": k, "load_1min": os.getloadavg()[0],
+                       **efficiency_fit(d, k, workers, options, build_model)}
+                rows.append(row)
+                print({key: (round(v, 3) if isinstance(v, float) else v) for key, v in row.items()}, flush=True)
+                harness.write_results(args.out, args, rows=rows)
+    finally:
+        spark.stop()
+    print(efficiency_table(rows))
+    return 0
+
+
+def efficiency_fit(d, k: int, workers: int, options, build_model) -> dict:
+    """One fit of the suite CNN; its epochs' times (between epoch ends), compute per epoch and held-out accuracy."""
+    import keras
+
+    from sparkdl_avg import ParameterAveragingTrainer
+
+    model = build_model(d["weights"])
+    ends = []
+
+    class Ends(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            ends.append(time.perf_counter())
+
+    with ParameterAveragingTrainer(model, num_workers=workers, batch_size=BATCH, averaging_frequency=k, seed=1,
+                                   **options) as trainer:
+        t0 = time.perf_counter()
+        trainer.fit((d["x"], d["y"]), epochs=EPOCHS, verbose=0, callbacks=[Ends()])
+        fit_s = time.perf_counter() - t0
+        records = trainer.stats.records
+    accuracy = float(model.evaluate(d["xt"], d["yt"], verbose=0, batch_size=256)[1])
+    return {
+        "epoch_s": [b - a for a, b in zip([t0] + ends, ends)],  # the first includes the fit's start (staging)
+        "compute_per_epoch_s": [sum(r.compute_max_s for r in records if r.epoch == e) for e in range(EPOCHS)],
+        "fit_s": fit_s, "accuracy": accuracy, "rounds": len(records),
+        "announced_ahead": sum(1 for r in records if r.announced_ahead),
+    }
+
+
+def efficiency_table(rows) -> str:
+    """Per arm and k: median epoch time (epochs 2+), examples/s, efficiency against the ideal, accuracy."""
+    med = statistics.median
+    one = [r for r in rows if r["arm"] == ONE]
+    ideal = med(c for r in one for c in r["compute_per_epoch_s"][1:]) / 2
+    lines = [f"ideal epoch (2 × one worker's compute throughput): {ideal:.3f} s, {EXAMPLES / ideal:.0f} examples/s",
+             "| arm | k | epoch s (median, epochs 2+) | examples/s | efficiency vs ideal | held-out acc (median) | "
+             "rounds ahead | load (median) |", "|---|---|---|---|---|---|---|---|"]
+    for arm, k in dict.fromkeys((r["arm"], r["k"]) for r in rows):
+        mine = [r for r in rows if (r["arm"], r["k"]) == (arm, k)]
+        epoch = med(t for r in mine for t in r["epoch_s"][1:])
+        lines.append(f"| {arm} | {k} | {epoch:.3f} | {EXAMPLES / epoch:.0f} | {ideal / epoch:.1%} | "
+                     f"{med(r['accuracy'] for r in mine):.4f} | {med(r['announced_ahead'] for r in mine):.0f}/"
+                     f"{med(r['rounds'] for r in mine):.0f} | {med(r['load_1min'] for r in mine):.1f} |")
     return "\n".join(lines)
 
 
