@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -108,7 +109,9 @@ def fit(name: str, d: dict, k: int, seed: int, arm: str, lr=None) -> dict:
         model.optimizer.learning_rate.assign(lr)
     with ParameterAveragingTrainer(model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=k, seed=seed,
                                    **ARMS[arm]) as trainer:
+        t0 = time.perf_counter()
         history = trainer.fit(data, epochs=d["epochs"], verbose=0, shuffle=d["shuffle"])
+        fit_s = time.perf_counter() - t0
         records = trainer.stats.records
     loss, accuracy = (float(v) for v in model.evaluate(*d["test"], verbose=0, batch_size=256)[:2])
     steady = [r for r in records if not is_cold(r)] or records
@@ -126,6 +129,10 @@ def fit(name: str, d: dict, k: int, seed: int, arm: str, lr=None) -> dict:
         "encode_share": sum(w.encode_s for w in workers) / compute,
         "feedback_share": sum(w.feedback_s for w in workers) / compute,
         "rounds": len(records),
+        "fit_s": fit_s,
+        "compute_max_ms": 1000 * statistics.median(r.compute_max_s for r in steady),
+        "rounds_wall_s": sum(r.wall_s for r in records),
+        "announced_ahead": sum(1 for r in records if getattr(r, "announced_ahead", False)),
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Iterator
 
 from ..shared.wire import standing
@@ -33,24 +34,65 @@ def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
     announced :class:`RoundTask`, and its rows go to the round's answer
     files instead of the job's result; the job itself yields nothing. A
     retried attempt joins at the round in progress and skips the rounds its
-    worker has answered and those the driver has moved past. A task whose next word does not come
-    within ``deadline_s`` seconds ends.
+    worker has answered and those the driver has moved past. A task whose
+    next word does not come within ``deadline_s`` seconds ends. A round's
+    answer is written by a sender thread while the task goes on to the next
+    round (announced ahead under ``overlap_rounds``); the task ends once its
+    last answer is written.
     """
     ids = task_ids(batches)
-    seq = standing.first_round(directory, deadline_s)
-    while seq is not None:
-        word = standing.word(directory, seq, deadline_s)
-        if word is None:
-            break
-        # In this order: the driver removes a round's word before its answers, so an answer missing here and
-        # the word still there after it means the round still waits for this task.
-        if word is not standing.PASSED and not standing.answered(directory, seq, ids) \
-                and not standing.passed(directory, seq):
-            entry, task = word
-            standing.answer(directory, seq, list(entry(task, ids)))
-        seq += 1
+    sender = _Sender()
+    try:
+        seq = standing.first_round(directory, deadline_s)
+        while seq is not None:
+            word = standing.word(directory, seq, deadline_s)
+            if word is None:
+                break
+            # In this order: the driver removes a round's word before its answers, so an answer missing here and
+            # the word still there after it means the round still waits for this task.
+            if word is not standing.PASSED and not standing.answered(directory, seq, ids) \
+                    and not standing.passed(directory, seq):
+                entry, task = word
+                # the answer goes out in the sender's thread while this one reads the next word and trains it
+                sender.send(standing.answer, directory, seq, list(entry(task, ids)))
+            seq += 1
+    finally:
+        sender.close()
     return
     yield  # a generator: mapInArrow's body
+
+
+class _Sender:
+    """Writes a standing task's answers in a thread of its own, one at a time and in order.
+
+    Each :meth:`send` first waits for the answer before it (and raises what
+    writing it raised), so answers are written in their rounds' order and
+    at most one is in flight; :meth:`close` waits for the last.
+    """
+
+    def __init__(self) -> None:
+        self._thread = None
+        self._error = None
+
+    def send(self, fn, *args) -> None:
+        self.close()
+
+        def run():
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - raised in the task's own thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="sparkdl_avg-standing-sender", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def probe_path_batches(marker: str, batches) -> Iterator:

@@ -58,3 +58,52 @@ def test_overlap_rounds_refuses_what_it_does_not_define_before_any_job(options, 
 
     with pytest.raises(ConfigurationError, match=message):
         ParameterAveragingTrainer(make_model(), num_workers=2, overlap_rounds=True, **options)
+
+
+def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwise(session, monkeypatch):
+    """Part 2: on one host, an overlap_rounds fit's rounds run in one standing job, each announced while the round
+    before it trains; only when they run changes, not the arithmetic."""
+    from sparkdl_avg.driver.fit import rounds
+
+    fits = OverlapRoundsMixin()
+    trainer, pipelined = fits._fit()
+    records = trainer.stats.records
+    assert [r.transport for r in records] == ["sql"] * 6
+    assert [r.announced_ahead for r in records] == [False] + [True] * 5  # all but the first (no validation)
+    from conftest import regression_data
+
+    trainer, validated = fits._fit(validation_data=regression_data(16, d=3, seed=5))
+    # a validation (a job of its own) between epochs: each epoch's first round is not announced ahead
+    assert [r.announced_ahead for r in trainer.stats.records] == [False, True, True] * 2
+    _, files = fits._fit(options=dict(state_transport="files"))  # one Spark job per round
+    monkeypatch.setattr(rounds, "PIPELINE", False)
+    trainer, sequential = fits._fit()
+    assert [r.transport for r in trainer.stats.records] == ["sql"] * 6
+    assert not any(r.announced_ahead for r in trainer.stats.records)
+    for a, b, c, d in zip(pipelined.get_weights(), sequential.get_weights(), files.get_weights(),
+                          validated.get_weights()):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(a, d)
+
+
+def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_sequential_weights(session, monkeypatch):
+    """A callback that changes the learning rate after round 0: round 1, announced with the old rate, is dropped and
+    run anew (not announced ahead); the weights equal the same fit's with its rounds one after another."""
+    import keras
+
+    from sparkdl_avg.driver.fit import rounds
+
+    class HalveOnce(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0 and not getattr(self, "done", False):
+                self.done = True
+                self.model.optimizer.learning_rate.assign(self.model.optimizer.learning_rate / 2)
+
+    fits = OverlapRoundsMixin()
+    trainer, pipelined = fits._fit(callbacks=[HalveOnce()])
+    assert [r.announced_ahead for r in trainer.stats.records] == [False, False] + [True] * 4
+    monkeypatch.setattr(rounds, "PIPELINE", False)
+    _, sequential = fits._fit(callbacks=[HalveOnce()])
+    for a, b in zip(pipelined.get_weights(), sequential.get_weights()):
+        np.testing.assert_array_equal(a, b)

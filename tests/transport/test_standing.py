@@ -126,3 +126,80 @@ def test_a_task_that_hears_nothing_ends_at_its_deadline(tmp_path):
     wait_answers(tmp_path, 0, [0])
     task.join(10)  # no round 1 comes
     assert not task.is_alive()
+
+
+def test_a_round_announced_ahead_keeps_the_round_in_progress_where_a_retried_attempt_joins(tmp_path):
+    """overlap_rounds: round 2 is announced while round 1 trains; round 1's word stays, round 0's files go."""
+    d = str(tmp_path)
+    standing.announce(d, 0, standing.go(fake_entry, 0))
+    first = start_task(tmp_path, [0])
+    wait_answers(tmp_path, 0, [0])
+    standing.announce(d, 1, standing.go(fake_entry, 1))
+    standing.announce(d, 2, standing.go(fake_entry, 2), keep_from=1)  # ahead: round 1 may still train
+    assert {"round-1", "round-2"} <= {p.name for p in tmp_path.iterdir()}
+    assert not any(p.name in ("round-0", "done-0-0") for p in tmp_path.iterdir())
+    assert wait_answers(tmp_path, 1, [0]) == ["round 1"] and wait_answers(tmp_path, 2, [0]) == ["round 2"]
+    standing.stop(d)
+    first.join(10)
+    assert CALLS == [(0, 0), (1, 0), (2, 0)]  # each round once, in order, the next one found waiting
+    # A retried attempt joins at round 1 (the lowest announced), which its worker answered: it trains nothing again.
+    (tmp_path / "stop").unlink()
+    CALLS.clear()
+    retried = start_task(tmp_path, [0])
+    standing.announce(d, 3, standing.go(fake_entry, 3), keep_from=2)
+    wait_answers(tmp_path, 3, [0])
+    standing.stop(d)
+    retried.join(10)
+    assert CALLS == [(3, 0)]
+
+
+def test_a_retried_attempt_while_a_round_is_announced_ahead_trains_the_round_in_progress_then_the_one_ahead(tmp_path):
+    """overlap_rounds: worker 0's task fails in round 1 while round 2 is announced ahead and worker 1 has answered
+    both. Its retried attempt joins at round 1 (kept: the lowest word present), not at round 2, and trains round 1,
+    then round 2, each once; the round after them removes round 1's word and answers only."""
+    d = str(tmp_path)
+    standing.announce(d, 0, standing.go(fake_entry, 0))
+    other = start_task(tmp_path, [1])
+    standing.answer(d, 0, list(fake_entry(0, [0])))  # worker 0's first attempt answers round 0, then fails
+    wait_answers(tmp_path, 0, [0, 1])
+    standing.announce(d, 1, standing.go(fake_entry, 1))
+    standing.announce(d, 2, standing.go(fake_entry, 2), keep_from=1)  # ahead: round 1 still waits for worker 0
+    assert wait_answers(tmp_path, 1, [1]) == ["round 1"] and wait_answers(tmp_path, 2, [1]) == ["round 2"]
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"round-1", "round-2", "done-1-1", "done-2-1"} <= names
+    assert not names & {"round-0", "done-0-0", "done-0-1", "done-1-0", "done-2-0"}
+    CALLS.clear()
+    retried = start_task(tmp_path, [0])
+    assert wait_answers(tmp_path, 1, [0, 1]) == ["round 1"] * 2
+    assert wait_answers(tmp_path, 2, [0, 1]) == ["round 2"] * 2
+    standing.announce(d, 3, standing.go(fake_entry, 3), keep_from=2)  # round 1 over; round 2's answers still read
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"round-2", "round-3", "done-2-0", "done-2-1"} <= names
+    assert not any(n in names for n in ("round-1", "done-1-0", "done-1-1"))
+    assert wait_answers(tmp_path, 3, [0, 1]) == ["round 3"] * 2
+    standing.stop(d)
+    for t in (retried, other):
+        t.join(10)
+        assert not t.is_alive()
+    assert [c for c in CALLS if c[1] == 0] == [(1, 0), (2, 0), (3, 0)]
+    assert [c for c in CALLS if c[1] == 1] == [(3, 1)]
+
+
+def test_a_task_waiting_for_a_round_reads_it_when_it_and_the_round_ahead_come_at_once(tmp_path, monkeypatch):
+    """The race a round announced ahead adds: a task finds round 1's word missing (not announced yet), and by the
+    time it lists the directory the driver has announced round 1 and round 2 after it. Round 2 present does not
+    make round 1 over: the task reads round 1's word."""
+    import os
+
+    d, listdir = str(tmp_path), os.listdir
+
+    def announce_both_first(path):
+        if path == d and not (tmp_path / "round-1").exists():
+            monkeypatch.setattr(os, "listdir", listdir)
+            standing.announce(d, 1, standing.go(fake_entry, 1))
+            standing.announce(d, 2, standing.go(fake_entry, 2), keep_from=1)
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", announce_both_first)
+    assert standing.word(d, 1, 5.0) == (fake_entry, 1)
+    assert standing.word(d, 0, 0.01) is standing.PASSED  # missing, and a later round present: over

@@ -65,13 +65,32 @@ class OneRoundLate(UpdateRule):
                 new.append(np.asarray(a).astype(w.dtype, copy=False))
                 later.append(np.zeros_like(w))
                 continue
-            new.append((w + p).astype(w.dtype, copy=False))
+            new.append(_late(w, p))
             later.append((np.asarray(a, np.float64) - np.asarray(s, np.float64)).astype(w.dtype))
         state[PENDING] = later
         return new
 
     def describe(self) -> Dict[str, Any]:
         return {**self.base.describe(), "overlap_rounds": True}
+
+
+def _late(w: np.ndarray, pending: np.ndarray) -> np.ndarray:
+    """``G + Δ̄_{t-1}`` of one floating-point weight: the one formula of :meth:`OneRoundLate.apply` and :func:`preview`."""
+    return (w + pending).astype(w.dtype, copy=False)
+
+
+def preview(weights: Sequence[np.ndarray], state: State) -> "List[np.ndarray] | None":
+    """The weights :meth:`OneRoundLate.apply` will give at the end of the round that starts from ``weights``.
+
+    They need only the pending average, known at the round's start: the
+    state the round after it starts from, announced while this one trains.
+    ``None`` where a weight is not floating point (it takes the round's own
+    average) or nothing is pending.
+    """
+    pending = state.get(PENDING)
+    if pending is None or any(np.asarray(w).dtype.kind != "f" for w in weights):
+        return None
+    return [_late(np.asarray(w), p) for w, p in zip(weights, pending)]
 
 
 def flush(weights: Sequence[np.ndarray], state: State) -> List[np.ndarray]:

@@ -256,9 +256,17 @@ class FitLoop:
         ctx, hooks, runner = self.ctx, self.hooks, self.ctx.rounds
         for planned in self.planner.rounds(epoch, state):
             hooks.batch_begin(planned.index)
+            ahead = None
+            if runner.pipelines():  # overlap_rounds: the next round is announced before this one's sums are read
+                # over an epoch's end too, unless a validation (its own job) comes between
+                following = self.planner.following(epoch, planned, epoch + 1 < self.plan.epochs and self.plan.val is None)
+                if following is not None:
+                    ahead = (following.epoch, following.index, following.steps_before, following.steps,
+                             ctx.checkpoints.may_save_after(ctx.rounds_in_fit + 2, following.epoch_may_end))
             result = runner.run(epoch, planned.index, planned.steps_before, planned.steps, planned.workers,
                                 planned.start, planned.change.to_json() if planned.change is not None else None,
-                                share=ctx.checkpoints.may_save_after(ctx.rounds_in_fit + 1, planned.epoch_may_end))
+                                share=ctx.checkpoints.may_save_after(ctx.rounds_in_fit + 1, planned.epoch_may_end),
+                                ahead=ahead)
             state.advance(planned, result, runner.settings.batch_size)
             ctx.rounds_in_fit += 1
             record = runner.stats.records[-1]

@@ -13,11 +13,16 @@ checkpoint carries the newest complete round's files, tagged
 :data:`OWN_TAG`). :func:`apply_pending` is the fit's end: the pending
 average applied to the driver's model, nothing left in flight.
 
-Where the rounds run: one Spark job per round, as without overlap — the
-protocol is the overlapped one (a round's start needs only the average of
-the round before the previous one and the worker's own delta), but this
-module does not yet run round ``t + 1``'s compute during round ``t``'s
-communication (docs/benchmarks/overlap.md says what is measured).
+Where the rounds run: round ``t + 1`` starts from ``G_t``, which the driver
+holds when round ``t`` starts (the weights plus the pending average). Where
+the rounds run in a standing job (one host, a local staging directory:
+:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`), the round runner
+(:meth:`~sparkdl_avg.driver.fit.rounds.RoundRunner.run`, its ``ahead``)
+therefore announces round ``t + 1`` before it waits for round ``t``'s sums,
+and each task goes straight from answering round ``t`` to training round
+``t + 1`` while the driver reads, sums and applies round ``t``. Elsewhere
+(hosts of their own, elastic rounds, a schedule that reads the logs) the
+rounds run one after another, with the same arithmetic.
 """
 
 from __future__ import annotations

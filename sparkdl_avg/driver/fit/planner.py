@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from ...shared.data.example_order import steps_per_epoch
 from ...shared.wire.aggregation import PartialResult, merge
-from ..algorithms.schedules import next_period
+from ..algorithms.schedules import FixedPeriod, PostLocalSGD, next_period
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -126,6 +126,28 @@ class RoundPlanner:
             epoch_may_end = (s.dataset.num_examples - state.position - workers * steps * s.batch_size
                              < membership.max_workers * s.batch_size)
         return PlannedRound(epoch, rnd, state.steps_before, steps, workers, start, change, epoch_may_end)
+
+    def following(self, epoch: int, planned: PlannedRound, next_epoch: bool = False) -> Optional[PlannedRound]:
+        """The round after ``planned``, if known before ``planned`` runs; else ``None``.
+
+        Known for fixed workers (no elastic rounds) and a schedule that does
+        not read the logs (a fixed ``k``, post-local SGD): what ``overlap_rounds``
+        announces a round ahead. After an epoch's last round, the next
+        epoch's first if ``next_epoch`` (there is one, and nothing but
+        callbacks comes between). The runner checks it against what is asked next.
+        """
+        ctx = self.ctx
+        if ctx.membership is not None or planned.start is not None \
+                or not isinstance(ctx.schedule, (FixedPeriod, PostLocalSGD)):
+            return None
+        before, index = planned.steps_before + planned.steps, planned.index + 1
+        if before >= ctx.epoch_steps:
+            if not next_epoch:
+                return None
+            epoch, before, index = epoch + 1, 0, 0
+        left = ctx.epoch_steps - before
+        steps = next_period(ctx.schedule, epoch, index, {}, left)
+        return PlannedRound(epoch, index, before, steps, planned.workers, None, None, before + steps >= ctx.epoch_steps)
 
     def steps(self, epoch: int, rnd: int, left: int, logs: Dict[str, float]) -> int:
         """Minibatches per worker of round ``rnd``: the schedule's ``k``, cut to the ``left`` the epoch has."""

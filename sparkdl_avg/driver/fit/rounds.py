@@ -41,12 +41,17 @@ from ...shared.data.staged_dataset import StagedDataset
 from ...shared.wire.stats import RoundRecord, TrainingStats
 from ..transport.feedback import ResidualLedger
 from ..transport.local_states import LocalStateLedger
+from ..algorithms.overlap import preview
 from ..algorithms.rules import RuleState, UpdateRule
 from .update import round_state
 from ..transport.base import StateTransport
 from ..transport.link_rate import round_rate
 
 logger = logging.getLogger("sparkdl_avg")
+
+#: Whether ``overlap_rounds`` fits in a standing job announce each round while the one before it trains
+#: (:meth:`RoundRunner.pipelines`). ``False`` runs them one after another in the same job (for comparisons).
+PIPELINE = True
 
 
 
@@ -113,10 +118,22 @@ class RoundRunner:
         self.local = local
         self.overlap = overlap
         self.fragments = fragments
+        # overlap_rounds: the round announced ahead, ((epoch, round, steps_before, steps, share), sent, optimizer)
+        self._announced: Optional[Tuple[tuple, List[np.ndarray], List[np.ndarray]]] = None
+
+    def pipelines(self) -> bool:
+        """Whether a round may be announced while the one before it trains (``overlap_rounds`` in a standing job).
+
+        Only the protocol's arithmetic makes that possible (round ``t + 1``
+        starts from ``G_t``, known when round ``t`` starts); error feedback,
+        averaged optimizer states and fragments are not pipelined.
+        """
+        return (PIPELINE and self.overlap is not None and self.feedback is None and self.fragments is None
+                and not self.settings.average_optimizer and bool(getattr(self.transport, "standing", False)))
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
             start: Optional[int] = None, membership: Optional[Dict[str, Any]] = None,
-            share: bool = False) -> PartialResult:
+            share: bool = False, ahead: Optional[Tuple[int, int, int, int, bool]] = None) -> PartialResult:
         """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``.
 
         Elastic rounds (:mod:`sparkdl_avg.driver.elastic.membership`) give the round's
@@ -125,6 +142,12 @@ class RoundRunner:
         and the ``membership`` change it makes, recorded with it. ``share``:
         a checkpoint may be saved after the round, so ``optimizer_state="local"``
         states kept on the hosts are also written where it reads them.
+        ``ahead``: the fit's next round, ``(epoch, round, steps_before, steps, share)``,
+        which :meth:`pipelines` fits announce with this one's state
+        update already applied (``overlap_rounds``: its tasks go on to it as
+        soon as they have answered this one). A round asked for later is
+        checked, bitwise, against what was announced; one that differs
+        runs as announced now.
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
@@ -139,6 +162,10 @@ class RoundRunner:
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
         sent = self.rule.to_send(weights, self.rule_state.state, mask)
+        took = self._take_announced((epoch, rnd, steps_before, steps, share), n, start, sent, opt_vars)
+        following = None
+        if ahead is not None and start is None and n == s.num_workers and self.pipelines():
+            following = self._announce(ahead, weights, opt_vars, mask, steps, n)
         # A transport may run consecutive rounds in one Spark job (SqlTransport's standing job, under Spark Connect):
         # its label, and the fit's tags that the thread it waits in must carry.
         rounds_labels = self.engine.carried_labels(
@@ -156,7 +183,7 @@ class RoundRunner:
                 f"e{epoch}-r{rnd}", sent, opt_vars,
                 partial(self.task, epoch, rnd, steps_before, steps, workers=range(n), num_workers=n, start=start,
                         share=share),
-                range(n), f"Round {rnd} of epoch {epoch}", rounds_labels, self._places(n),
+                range(n), f"Round {rnd} of epoch {epoch}", rounds_labels, self._places(n), following,
             )
         finally:
             self.transport.returned = None
@@ -180,6 +207,7 @@ class RoundRunner:
         record = round_record(epoch, rnd, steps, n, result, self.rule.name, t0, t1, t2, t3)
         record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
         record.membership, record.start, record.residuals_dropped = membership, start, dropped
+        record.announced_ahead = took
         self._finish(record)
         return result
 
@@ -207,14 +235,51 @@ class RoundRunner:
         return result, published, time.time()
 
     def _job(self, label: str, group: Optional[str], name: str, sent, optimizer, make_task, workers: Sequence[int],
-             what: str, rounds_labels=None, places=None) -> Tuple[PartialResult, float]:
+             what: str, rounds_labels=None, places=None, ahead=None) -> Tuple[PartialResult, float]:
         """A round's or a chunk's job through the transport, its Spark jobs labelled ``label``.
 
-        ``rounds_labels``, ``places``: for a synchronous round (not a chunk), see :meth:`StateTransport.run_job`.
+        ``rounds_labels``, ``places``, ``ahead``: for a synchronous round (not a chunk), see
+        :meth:`StateTransport.run_job`.
         """
         with self.engine.labels(label, group=group):
             return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what,
-                                          rounds_labels=rounds_labels, places=places)
+                                          rounds_labels=rounds_labels, places=places, ahead=ahead)
+
+    def _announce(self, ahead, weights, opt_vars, mask, steps: int, n: int):
+        """The next round's ``(name, sent, optimizer, make_task)`` for the transport to announce (see :meth:`run`).
+
+        Its state is what :meth:`update` will set after this round: the
+        weights with the pending average (:func:`~sparkdl_avg.driver.algorithms.overlap.preview`)
+        and the optimizer's variables with the iteration counter ``steps`` on.
+        ``None`` where that is not known in advance.
+        """
+        epoch, rnd, steps_before, next_steps, share = ahead
+        new_weights = preview(weights, self.rule_state.state)
+        if new_weights is None:
+            return None
+        sent = self.rule.to_send(new_weights, self.rule_state.state, mask)
+        optimizer = list(opt_vars)
+        at = iterations_index(self.model)
+        optimizer[at] = np.asarray(int(opt_vars[at]) + steps, dtype=opt_vars[at].dtype)
+        self._announced = ((epoch, rnd, steps_before, next_steps, share), sent, optimizer)
+        return (f"e{epoch}-r{rnd}", sent, optimizer,
+                partial(self.task, epoch, rnd, steps_before, next_steps, workers=range(n), num_workers=n, share=share,
+                        ahead=True))
+
+    def _take_announced(self, key: tuple, n: int, start, sent, opt_vars) -> bool:
+        """Checks the round announced ahead against round ``key`` as it is asked for now; drops it if it differs.
+
+        Returns whether the round runs as announced ahead.
+        """
+        announced, self._announced = self._announced, None
+        if announced is None:
+            return False
+        same = (announced[0] == key and start is None and n == self.settings.num_workers
+                and _equal(announced[1], sent) and _equal(announced[2], opt_vars))
+        if not same:
+            logger.debug("The round announced ahead, %s, is not round %s as asked now: run anew", announced[0], key)
+            self.transport.drop_ahead()
+        return same
 
     def _places(self, n: int) -> Optional[List[Optional[str]]]:
         """Where the round's ``n`` tasks should run: each worker's ``optimizer_state="local"`` host (classic sessions)."""
@@ -272,10 +337,11 @@ class RoundRunner:
 
     def task(self, epoch: int, rnd: int, steps_before: int, steps: int, state, sink, slot: Optional[int] = None,
              workers: Sequence[int] = (), num_workers: Optional[int] = None,
-             start: Optional[int] = None, share: bool = False) -> RoundTask:
+             start: Optional[int] = None, share: bool = False, ahead: bool = False) -> RoundTask:
         """The :class:`~sparkdl_avg.executor.worker.RoundTask` of round ``rnd`` of ``epoch`` for ``workers``.
 
-        ``slot``, ``start``: see its doc; ``num_workers``: the round's (default: the fit's); ``share``: see :meth:`run`.
+        ``slot``, ``start``: see its doc; ``num_workers``: the round's (default: the fit's); ``share``: see :meth:`run`;
+        ``ahead``: announced while the round before it trains (its chained files not yet recorded).
         """
         s = self.settings
         return RoundTask(
@@ -285,8 +351,9 @@ class RoundRunner:
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
             feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
-            start=start, local_state=self.local.files(epoch, rnd, workers, share) if self.local is not None else None,
-            overlap=self.overlap.files(epoch, rnd, workers, share) if self.overlap is not None else None,
+            start=start,
+            local_state=self.local.files(epoch, rnd, workers, share, ahead) if self.local is not None else None,
+            overlap=self.overlap.files(epoch, rnd, workers, share, ahead) if self.overlap is not None else None,
             fragments=self.fragments.task(epoch, rnd, workers, share) if self.fragments is not None else None,
         )
 
@@ -296,6 +363,12 @@ class RoundRunner:
         Raised before the driver's model is touched, so it keeps the last good weights.
         """
         check_finite(result, f"epoch {epoch}, round {rnd}", self.settings.on_nonfinite, whole=True)
+
+
+def _equal(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    """Whether two states are bitwise the same arrays."""
+    return len(a) == len(b) and all(np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+                                    for x, y in zip(a, b))
 
 
 def check_finite(result: PartialResult, where: str, policy: str, whole: bool) -> None:

@@ -103,6 +103,9 @@ class TransportSettings:
         feedback: Per compressed segment, whether workers keep its residual (error feedback).
         moments: Positions of the optimizer's first moments among its variables.
         standing: Whether Spark Connect's rounds may share one standing job (not with elastic probes).
+        overlap: ``overlap_rounds``: on a classic session whose executors share the driver's host and a local
+            staging directory, rounds run in one standing job too, each announced a round ahead
+            (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`).
         tables: Per embedding table, its position and its averaged slots' among the state's arrays
             (:func:`~sparkdl_avg.shared.wire.sparse_rows.table_groups`): workers send only their changed rows.
     """
@@ -120,6 +123,7 @@ class TransportSettings:
     moments: Tuple[int, ...] = ()
     standing: bool = True
     tables: Tuple[Tuple[int, ...], ...] = ()
+    overlap: bool = False
 
     @classmethod
     def of(cls, config, model, num_workers: int, standing: bool = True) -> "TransportSettings":
@@ -129,7 +133,8 @@ class TransportSettings:
                        config.network_rate, num_workers, None, config.optimizer_state == "average",
                        config.update_compression, tuple(config.feedback), first_moments(model.optimizer.variables),
                        standing, table_groups(model, config.optimizer_state == "average"))
-        return dataclasses.replace(settings, sums_bytes=settings.layout(weights, optimizer).nbytes)
+        return dataclasses.replace(settings, sums_bytes=settings.layout(weights, optimizer).nbytes,
+                                   overlap=bool(getattr(config, "overlap_rounds", False)))
 
     def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
         """The layout of the workers' sums of a round on this state.
@@ -228,7 +233,7 @@ class StateTransport:
 
     def run_job(self, name: str, weights, optimizer, make_task: Callable[[Any, Any], Any], entry,
                 workers: Sequence[int], what: str, rounds_labels: Optional[Callable[[], Any]] = None,
-                places: Optional[Sequence[Optional[str]]] = None) -> Tuple[PartialResult, float]:
+                places: Optional[Sequence[Optional[str]]] = None, ahead=None) -> Tuple[PartialResult, float]:
         """A round's or a chunk's job: publishes its state under ``name``, runs it (:meth:`run`), sums it; thread-safe.
 
         What was published is released before this returns, however the job ends.
@@ -238,7 +243,9 @@ class StateTransport:
         thread (:meth:`~sparkdl_avg.driver.runtime.session.Engine.carried_labels`);
         a transport that keeps one job for such rounds
         (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`'s standing job) labels that job with it.
-        The others ignore it. ``places``: see :meth:`run`.
+        The others ignore it. ``places``: see :meth:`run`. ``ahead``: the next round, ``(name, weights,
+        optimizer, make_task)``, that a standing job may announce before this one's sums are read
+        (``overlap_rounds``); the others ignore it.
 
         Returns:
             The summed result and the wall-clock time (``time.time``) at which the state was published.
@@ -249,6 +256,9 @@ class StateTransport:
             return self.run(make_task, entry, workers, what, published, places), at
         finally:
             published.release()
+
+    def drop_ahead(self) -> None:
+        """Forgets a round that :meth:`run_job`'s ``ahead`` announced and that will not run as announced."""
 
     def evaluate(self, spec, fingerprint: str, staged, parts: int, batch_size: int, state) -> PartialResult:
         """Evaluates ``state`` (``(weights, optimizer variables)``) on ``staged`` data in ``parts`` tasks."""

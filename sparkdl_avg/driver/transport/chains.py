@@ -49,11 +49,15 @@ class RoundChains:
         with self._lock:
             self.num_workers = num_workers
 
-    def _round(self, epoch: int, rnd: int, workers: Iterable[int], shared: bool) -> Tuple[int, object, frozenset]:
+    def _round(self, epoch: int, rnd: int, workers: Iterable[int], shared: bool,
+               ahead: bool = False) -> Tuple[int, object, frozenset]:
         """``(g, the name of the round to read or None, the workers without a file there)`` of round ``rnd`` of ``epoch``.
 
-        Numbers the round at its first call; ``shared``: its files go under the shared directory.
+        Numbers the round at its first call; ``shared``: its files go under the shared directory. ``ahead``:
+        the round is announced while the one it reads still runs (``overlap_rounds``, lag 1): its
+        ``workers`` are taken to have written their files there, as they will have before they read them.
         """
+        workers = list(workers)
         with self._lock:
             g = self._seq.get((epoch, rnd))
             if g is None:
@@ -63,6 +67,8 @@ class RoundChains:
             if shared:
                 self._shared.add(g)
             have = self._written.get(g - self.lag, set())
+            if ahead:
+                have = have | set(workers)
             fresh = frozenset(w for w in workers if w not in have)
             return g, (name_of(g - self.lag) if have else None), fresh
 

@@ -44,12 +44,14 @@ class LocalStateLedger(RoundChains):
         self.kind = kind  # the files' class: LocalStateFiles, or sync_fragments' WeightFiles (same format, own name)
         self._hosts: Dict[int, Tuple[str, ...]] = {}  # host_local: worker -> the names of the host it last ran on
 
-    def files(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False) -> LocalStateFiles:
+    def files(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False,
+              ahead: bool = False) -> LocalStateFiles:
         """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write.
 
-        ``share``: with ``host_local``, the round also writes its files under the shared directory.
+        ``share``: with ``host_local``, the round also writes its files under the shared directory;
+        ``ahead``: see :meth:`~sparkdl_avg.driver.transport.chains.RoundChains._round`.
         """
-        g, read, fresh = self._round(epoch, rnd, workers, shared=share or not self.host_local)
+        g, read, fresh = self._round(epoch, rnd, workers, shared=share or not self.host_local, ahead=ahead)
         if self.host_local:
             return self.kind(self.directory, read, name_of(g), fresh, host_local=True, share=g in self._shared)
         return self.kind(self.directory, read, name_of(g), fresh)

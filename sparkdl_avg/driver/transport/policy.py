@@ -94,7 +94,8 @@ def auto_transport(settings: TransportSettings, site: Site) -> str:
     if site.connect:
         return "sql"
     if site.local_fs and site.one_host:
-        return "files"
+        # overlap_rounds: the Spark SQL round's standing job, where rounds are announced a round ahead
+        return "sql" if settings.overlap and settings.standing else "files"
     n, nbytes = settings.num_workers, settings.sums_bytes
     if n is not None and nbytes is not None:
         tree = driver_bound_pays(n, nbytes, site.rate) if site.rate is not None else n * nbytes <= SPARK_TREE_BYTES
@@ -111,7 +112,8 @@ def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str
     share its host and the staging directory is local, see
     :class:`~sparkdl_avg.driver.transport.sql.SqlTransport`); on a classic
     session files when every executor runs on the driver's host
-    (``local[N]``, ``local-cluster``) and the staging directory is local.
+    (``local[N]``, ``local-cluster``) and the staging directory is local
+    (with ``overlap_rounds`` there, the Spark SQL round's standing job).
     On hosts of their own (any other master) Spark's tree while
     :func:`driver_bound_pays` for ``settings.num_workers`` sums of
     ``settings.sums_bytes`` each through a link of ``settings.network_rate``

@@ -71,12 +71,17 @@ class SqlTransport(StateTransport):
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
         self._rounds = standing_mod.StandingRounds(engine, directory)
+        # overlap_rounds: the round announced ahead, (job, name, seq, published, plan, path), until run_job takes it
+        self._ahead: Optional[tuple] = None
         make_dir(directory)
 
     @classmethod
     def for_fit(cls, engine, directory, settings, site):
         if not site.connect:
-            return cls(engine, directory, settings, network_rate=site.rate)
+            # overlap_rounds on one host with a local staging directory: rounds in a standing job, a round ahead
+            overlap = settings.overlap and settings.standing and standing_mod.STANDING and site.local_fs \
+                and site.one_host
+            return cls(engine, directory, settings, one_host_files=overlap, network_rate=site.rate, standing=overlap)
         # One standing job where its tasks can wait on local files that the client writes (one host, local staging).
         shared = site.local_fs and site.one_host
         return cls(engine, directory, settings, one_host_files=shared, network_rate=site.rate,
@@ -97,37 +102,79 @@ class SqlTransport(StateTransport):
         s = self.settings
         return plan_aggregation(s.aggregation, s.shards, num_workers, nbytes, self.network_rate, self.one_host_files)
 
-    def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None, places=None):
+    def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None, places=None,
+                ahead=None):
         plan = path = None
         if rounds_labels is not None and self.standing:
             plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes)
             path = AGGREGATIONS.get(plan[0])()
         usable = path is not None and path.standing and len(workers) <= self.engine.default_parallelism
+        announced, self._ahead = self._ahead, None
+        if announced is not None and (announced[1] != name or not usable or announced[0].ended()):
+            self._drop(announced)  # not the round announced: its job stops, this round starts another
+            announced = None
         job = self._rounds.job_for(workers, rounds_labels, usable)
+        if announced is not None and announced[0] is not job:
+            announced[3].release()
+            announced = None
         if job is None:  # (a standing job runs where the driver does: one host, nothing to place)
             return super().run_job(name, weights, optimizer, make_task, entry, workers, what, places=places)
         published = None
         try:
-            published = self.publish(name, weights, optimizer)
+            if announced is not None:  # announced while the round before trained (overlap_rounds)
+                _, _, seq, published, plan, path = announced
+                at = time.time()
+            else:
+                published = self.publish(name, weights, optimizer)
+                task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
+                seq = job.announce(entry, task)
+                at = time.time()
             self.last_plan = plan
-            task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
-            seq = job.announce(entry, task)
-            at = time.time()
+            if ahead is not None:  # the next round's word now: its tasks go on to it as soon as they answer this one
+                self._ahead = self._announce_ahead(job, seq, entry, workers, *ahead)
             batches = run_job(partial(job.answers, seq), what)
             if batches is None:  # the job ended without an error and without this round: a job of its own
                 logger.debug("%s: the standing job ended before the round; running it as a job of its own", what)
+                self._drop(self._ahead)
+                self._ahead = None
                 return self.run(make_task, entry, workers, what, published), at
             import pyarrow as pa
 
             table = pa.Table.from_batches(batches, round_rows.round_arrow_schema())
             return self._collect(table, what, published.directory, published.layout, path, plan[1]), at
         except BaseException:
+            self._drop(self._ahead)
+            self._ahead = None
             self._rounds.stop()  # failed (the error is the round's) or interrupted: no job of the fit left running
             raise
         finally:
             if published is not None:
                 published.release()
-            self._rounds.idle()
+            if self._ahead is None:
+                self._rounds.idle()
+
+    def _announce_ahead(self, job, seq: int, entry, workers, name, weights, optimizer, make_task):
+        """Publishes and announces the round after round ``seq`` in ``job``; what :meth:`run_job` takes up next."""
+        plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes)
+        path = AGGREGATIONS.get(plan[0])()
+        if not path.standing:
+            return None
+        published = self.publish(name, weights, optimizer)
+        task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
+        job.announce(entry, task, keep_from=seq)
+        return job, name, job.seq, published, plan, path
+
+    def drop_ahead(self) -> None:
+        """Forgets the round announced ahead, if any (its state differs from what the round needs)."""
+        announced, self._ahead = self._ahead, None
+        self._drop(announced)
+
+    def _drop(self, announced) -> None:
+        """Forgets a round announced ahead that will not be taken up (its job stops; its state goes)."""
+        if announced is None:
+            return
+        self._rounds.stop()  # its tasks may be training it: no job of the fit left running a round nobody reads
+        announced[3].release()
 
     def run(self, make_task, entry, workers, what, published, places=None):
         layout = published.layout
@@ -166,6 +213,8 @@ class SqlTransport(StateTransport):
         return total
 
     def evaluate(self, spec, fingerprint, staged, parts, batch_size, state):
+        self._drop(self._ahead)
+        self._ahead = None
         self._rounds.stop()  # its waiting tasks would hold the slots this job needs
         directory = join(self.directory, "evaluate")
         stored = exchange.store_state(directory, "state", *state)
@@ -182,5 +231,7 @@ class SqlTransport(StateTransport):
         return functools.reduce(merge, parts_results, None)
 
     def close(self) -> None:
+        self._drop(self._ahead)
+        self._ahead = None
         self._rounds.stop(wait_s=standing_mod.STANDING_CLOSE_S)  # no job of the fit left running
         remove_quietly(self.directory)

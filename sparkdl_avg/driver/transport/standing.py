@@ -136,11 +136,14 @@ class StandingJob:
         self.stopped = False
         make_dir(directory)
 
-    def announce(self, entry, task) -> int:
-        """Has the tasks train ``task`` with ``entry`` (the job starts at the first); returns the round's number."""
+    def announce(self, entry, task, keep_from: Optional[int] = None) -> int:
+        """Has the tasks train ``task`` with ``entry`` (the job starts at the first); returns the round's number.
+
+        ``keep_from``: see :func:`sparkdl_avg.shared.wire.standing.announce` (a round announced ahead).
+        """
         word = standing.go(entry, task)
         self.seq += 1
-        standing.announce(self.path, self.seq, word)
+        standing.announce(self.path, self.seq, word, keep_from)
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="sparkdl_avg-standing-job", daemon=True)
             self.thread.start()

@@ -22,13 +22,15 @@ In the job's directory (a local path):
   answers), so the lowest round present is the one in progress, where a
   task that starts late (a retried attempt) joins (:func:`first_round`), and
   a round whose word is gone needs no answer (:func:`passed`), whether or
-  not its answer files are still there.
+  not its answer files are still there. With ``overlap_rounds`` the driver
+  announces a round while the one before it trains (``keep_from``), so two
+  words may be present: the lower one is still in progress.
 * ``stop``: the tasks end (:func:`stop`), whichever round they wait for.
 * ``done-<seq>-<worker>``: what that worker's task yields for round ``seq``
   (Arrow IPC, :data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows),
   written atomically once the round is trained (:func:`answer`); the driver
-  reads them (:func:`collect`) and deletes them with the round's word when it
-  announces the next round.
+  reads them (:func:`collect`) and deletes them after the round's word when
+  it announces a later round.
 
 A task waits for the next word by polling its file; a task whose word does
 not come within its deadline ends (the driver has gone). These files come
@@ -64,17 +66,23 @@ def _write_atomically(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def announce(directory: str, seq: int, word: bytes) -> None:
-    """Driver: writes the word (:func:`go`) for round ``seq``; removes round ``seq - 1``'s files.
+def announce(directory: str, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:
+    """Driver: writes the word (:func:`go`) for round ``seq``; removes the files of the rounds before ``keep_from``.
 
-    The word goes before the answers: a task that finds an answer missing and
-    the word still there knows the round still waits for it (:func:`passed`).
+    ``keep_from``: the lowest round still in progress (default ``seq``). A
+    round announced ahead (``overlap_rounds``) keeps the round before it,
+    whose tasks still train and whose retried attempt must join there.
+    Every word to remove goes before any answer: a task that finds an answer
+    missing and the word still there knows the round still waits for it
+    (:func:`passed`).
     """
     _write_atomically(_round_file(directory, seq), word)
-    if seq > 0:
-        _remove(_round_file(directory, seq - 1))
-        for name in os.listdir(directory):
-            if name.startswith(f"done-{seq - 1}-"):
+    keep_from = seq if keep_from is None else keep_from
+    names = os.listdir(directory)
+    for prefix in ("round-", "done-"):
+        for name in names:
+            number = name[len(prefix):].split("-")[0] if name.startswith(prefix) else ""
+            if number.isdigit() and int(number) < keep_from:
                 _remove(os.path.join(directory, name))
 
 
@@ -135,8 +143,12 @@ def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
                 return pickle.loads(f.read())
         except FileNotFoundError:
             # Not announced yet, or removed (over) between the task's listing and its read: a later word says which.
+            # The driver writes the words in order, but with a round announced ahead both may have come since the
+            # open above: the word missing still, after the later one was seen, is the one that is over.
             if any(name.startswith("round-") and int(name[6:]) > seq for name in os.listdir(directory)):
-                return PASSED
+                if not os.path.exists(path):
+                    return PASSED
+                continue
         if os.path.exists(stopped) or time.monotonic() > deadline:
             return None
         time.sleep(delay)

@@ -182,6 +182,12 @@ class RoundRecord(_ReadsLikeADict):
     path from (:mod:`sparkdl_avg.driver.transport.link_rate`). ``transport``
     is then the path each round took. ``overlapped``: the round ran under
     ``overlap_rounds`` (its average applied one round late).
+
+    ``overlap_rounds``: ``announced_ahead`` says the round was announced
+    while the round before it trained (a standing job's pipelined rounds):
+    its workers went on to it as soon as they had answered that round, before
+    its ``t_start``, so its ``wall_s`` is the time between the two rounds'
+    ends on the driver, which the workers' compute overlaps.
     """
 
     epoch: int
@@ -232,6 +238,7 @@ class RoundRecord(_ReadsLikeADict):
     local_states_restarted: int = 0
     link_rate: Optional[float] = None
     overlapped: bool = False
+    announced_ahead: bool = False
 
 
 def wall_time(records) -> float:
