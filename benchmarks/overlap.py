@@ -23,7 +23,7 @@ the first arm with the same seed: held-out accuracy, final training loss,
 round and aggregate times). Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/overlap.py [--seeds 0 1 2] \\
-        [--datasets digits cnn] [--ks digits:8 digits:32] [--out ...]
+        [--datasets digits cnn] [--ks digits:8 digits:32] [--workers 8] [--out ...]
 
 Writes ``benchmarks/results/overlap.json``.
 
@@ -73,7 +73,10 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--datasets", nargs="+", default=["digits"], choices=["digits", "cnn"])
     p.add_argument("--ks", nargs="*", default=None, metavar="DATASET:K", help="replace a dataset's k values")
+    p.add_argument("--workers", type=int, default=diloco.WORKERS,
+                   help="workers per fit, on local[workers] (default: %(default)s; issue 50's accuracy arm: 8)")
     args = p.parse_args()
+    diloco.WORKERS = args.workers
     if args.efficiency:
         if args.out == harness.default_out("overlap.json"):
             args.out = harness.default_out("overlap_efficiency.json")
@@ -84,7 +87,7 @@ def main() -> int:
     if args.ks:
         for name in plan:
             plan[name]["ks"] = [int(spec.split(":")[1]) for spec in args.ks if spec.split(":")[0] == name]
-    spark = harness.session("local[2]")
+    spark = harness.session(f"local[{max(2, args.workers)}]")
     rows = []
     try:
         for seed in args.seeds:

@@ -20,8 +20,8 @@ SIDES = ("driver", "executor", "shared")
 TOP_SHARED = {"errors", "version"}
 """Top-level modules both sides import (the exception hierarchy, the version)."""
 
-SHIMS = {"daemon", "ml", "tracking", "cli", "testing"}
-"""Top-level paths users and jobs write, naming modules of the subpackages."""
+SHIMS = {"api", "daemon", "ml", "tracking", "cli", "testing"}
+"""Top-level paths users and jobs write (and ``api``, the names ``__init__`` re-exports), naming modules below."""
 
 DRIVER_SHIMS = {"driver.ml", "driver.pyfunc"}
 """Old paths inside the driver that saved files record (Spark ML pipelines, MLflow models)."""

@@ -63,6 +63,28 @@ def test_an_executor_imports_tensorflow_and_keras_without_their_optional_integra
     assert "skipped during the import: [] sklearn later: sklearn" in out.stdout, out.stdout + out.stderr
 
 
+def test_an_executor_imports_the_task_code_without_the_drivers_api_and_finds_public_names_when_asked():
+    # Issue 48: the driver's API (PySpark ML, and pandas with it) was 0.5 s of CPU of a Python worker's start.
+    code = """
+        import os, sys
+        os.environ["PYTHON_WORKER_FACTORY_SECRET"] = "x"
+        import sparkdl_avg.executor.worker, sparkdl_avg.executor.predict
+        loaded = [m for m in ("sparkdl_avg.api", "sparkdl_avg.driver", "pyspark.ml", "pandas") if m in sys.modules]
+        print("loaded:", loaded, sparkdl_avg.__version__)
+        print("asked:", sparkdl_avg.decode_images.__module__, "sparkdl_avg.api" in sys.modules)
+        try:
+            sparkdl_avg.ParameterAveragingTrainr
+        except AttributeError as e:
+            print("error:", e)
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
+    from sparkdl_avg import __version__
+
+    assert f"loaded: [] {__version__}" in out.stdout, out.stdout + out.stderr
+    assert "asked: sparkdl_avg.shared.data.preprocess True" in out.stdout, out.stdout
+    assert "error: module 'sparkdl_avg' has no attribute 'ParameterAveragingTrainr'" in out.stdout, out.stdout
+
+
 def test_the_driver_imports_tensorflow_with_keras_whole():
     out = subprocess.run([sys.executable, "-c", "import importlib.util, sys, sparkdl_avg\n"
                           "print('sklearn' in sys.modules or importlib.util.find_spec('sklearn') is None)"],

@@ -89,17 +89,19 @@ IMPORT_PID = 0
 
 _devices_listed = False
 
-EXECUTOR_SKIPPED_IMPORTS: Sequence[str] = ("sklearn", "matplotlib")
+EXECUTOR_SKIPPED_IMPORTS: Sequence[str] = ("sklearn", "matplotlib", "pandas")
 """Packages that an executor's Python worker (and :mod:`sparkdl_avg.daemon`) does not
 import while it imports TensorFlow. Keras 3 imports them at its own import, when
 installed, only for optional integrations: its scikit-learn wrappers
-(``keras.wrappers``, with the scipy.stats and narwhals scikit-learn loads) and
-``keras.visualization``'s plots (matplotlib). Each import is guarded in Keras
-(``try: import sklearn except ImportError``), so Keras loads as where they are not
-installed. They were about 1.0 s of the 6 s of CPU an executor spent importing
-TensorFlow and Keras (docs/benchmarks/first_fit.md), paid before a session's first
-round. Only during that import: a user's function may import them later as usual
-(only Keras' scikit-learn wrappers stay unavailable in the worker)."""
+(``keras.wrappers``, with the scipy.stats and narwhals scikit-learn loads),
+``keras.visualization``'s plots (matplotlib) and pandas DataFrames as ``fit``'s
+input (``array_slicing``; the executors give Keras arrays and ``tf.data``). Each
+import is guarded in Keras (``try: import sklearn except ImportError``), so Keras
+loads as where they are not installed. They were about 1.4 s of the 6 s of CPU an
+executor spent importing TensorFlow and Keras (docs/benchmarks/first_fit.md), paid
+before a session's first round. Only during that import: a user's function may
+import them later as usual (only those Keras integrations stay unavailable in the
+worker)."""
 
 
 _WORKER_FACTORY_ENV = ("PYTHON_WORKER_FACTORY_SECRET", "PYTHON_UNIX_DOMAIN_ENABLED", "PYTHON_WORKER_FACTORY_SOCK_DIR")
