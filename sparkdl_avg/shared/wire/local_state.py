@@ -11,7 +11,8 @@ variables' raw bytes in ``optimizer.variables`` order, in one of two places:
   Spark to run the worker's next task on the same host (a locality
   preference, :mod:`sparkdl_avg.driver.transport.local_states`), so nothing crosses the
   network. A task that Spark retries on that host reads the same file and
-  writes the same bytes. Rounds after which a checkpoint may be saved
+  writes the same bytes; an attempt that outlived its round leaves the
+  round's file as it is (:meth:`LocalStateFiles.save`). Rounds after which a checkpoint may be saved
   (``share``) also write the file to the shared staging directory, which the
   checkpoint reads. A worker whose file is on neither (its host was lost, or
   its task ran elsewhere) restarts from the optimizer variables the driver
