@@ -789,16 +789,42 @@ def _recording_examples(real, task, iterator, directory):
     return real(task, iter(workers))
 
 
+def lose_host_files(staging_dir: str, kind: str, worker: int) -> list:
+    """Deletes what worker ``worker`` keeps on this host for the fits staged under ``staging_dir``, as if its host went.
+
+    ``kind``: the ledger's directory in the fit's, ``"local"`` (``optimizer_state="local"``) or ``"fragments"``
+    (``sync_fragments``). Returns the deleted files' names. Only those fits' files: a host keeps every fit's
+    in a directory keyed by the fit's own directory (:func:`~sparkdl_avg.shared.wire.local_state.host_directory`),
+    and deleting ``*-w1.bin`` in all of them (as these tests once did) also took those of a fit that another
+    process on the host was running, whose worker 1 then restarted its state: its retried-task test ended 0.02
+    from its clean run (test_reliability.py, ``test_a_neighbour_losing_its_states_leaves_this_fits_alone``).
+    """
+    from sparkdl_avg.shared.files.uris import join
+    from sparkdl_avg.shared.wire.local_state import host_directory
+
+    gone = []
+    for root in os.listdir(staging_dir):  # the trainers' roots, each holding its fits' exchange-<n> directories
+        fits = os.listdir(os.path.join(staging_dir, root)) if os.path.isdir(os.path.join(staging_dir, root)) else []
+        for fit in (f for f in fits if f.startswith("exchange-")):
+            here = host_directory(join(join(join(staging_dir, root), fit), kind))  # as the fit names it
+            for name in (os.listdir(here) if os.path.isdir(here) else []):
+                if name.endswith(f"-w{worker}.bin"):
+                    os.remove(os.path.join(here, name))
+                    gone.append(name)
+    return gone
+
+
 class LocalOptimizerStateMixin:
     """``optimizer_state="local"`` (issue 40): each worker keeps its own Adam state; only the weights travel."""
 
-    def _fit(self, num_workers=2, epochs=2, optimizer_state="local", callbacks=None, **fit_options):
+    def _fit(self, num_workers=2, epochs=2, optimizer_state="local", callbacks=None, staging_dir=None,
+             **fit_options):
         import keras
 
         x, y = regression_data(192, seed=6)
         model = make_model(seed=3, optimizer=keras.optimizers.Adam(0.01))
         trainer = ParameterAveragingTrainer(model, num_workers=num_workers, batch_size=8, averaging_frequency=3,
-                                            seed=4, optimizer_state=optimizer_state)
+                                            seed=4, optimizer_state=optimizer_state, staging_dir=staging_dir)
         trainer.fit((x, y), epochs=epochs, verbose=0, callbacks=callbacks, **fit_options)
         return trainer, model
 
@@ -818,38 +844,34 @@ class LocalOptimizerStateMixin:
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reset.get_weights())) > 1e-4
 
     def test_a_retried_task_continues_the_same_state_bitwise(self, session, monkeypatch, tmp_path):
-        _, clean = self._fit()
+        first, clean = self._fit()
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
         monkeypatch.setattr(worker_module, "run_round_partition",
                             lambda task, it: _fail_first_attempt(real, task, it, marker))
         try:
-            _, retried = self._fit()
+            trainer, retried = self._fit()
         finally:
             cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        assert os.path.exists(marker)  # the first attempt trained, wrote nothing it keeps, and failed
+        assert os.path.exists(marker)  # the first attempt failed before it trained
+        # every worker found its state, the retried one included (a lost one would restart: weights 0.02 apart)
+        assert first.stats.local_states_restarted == 0 and trainer.stats.local_states_restarted == 0
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
 
-    def test_a_worker_whose_state_is_lost_restarts_from_the_drivers_and_is_counted(self, session):
-        import glob
-        import tempfile
-
+    def test_a_worker_whose_state_is_lost_restarts_from_the_drivers_and_is_counted(self, session, tmp_path):
         import keras
-
-        from sparkdl_avg.shared.wire.local_state import HOST_DIRECTORY
 
         # classic sessions keep each worker's state in a file on its host; Connect under the staging directory
         on_hosts = not type(session).__module__.startswith("pyspark.sql.connect")
-        kept = os.path.join(tempfile.gettempdir(), HOST_DIRECTORY, "*", "*-w1.bin")
+        staging = str(tmp_path / "staging")
 
         class LoseWorker1(keras.callbacks.Callback):  # as if worker 1's host went between rounds 1 and 2
             def on_train_batch_end(self, batch, logs=None):
                 if batch == 1:
-                    for path in glob.glob(kept):
-                        os.remove(path)
+                    lose_host_files(staging, "local", 1)  # this fit's: never another's on the host
 
-        trainer, model = self._fit(callbacks=[LoseWorker1()])
+        trainer, model = self._fit(callbacks=[LoseWorker1()], staging_dir=staging)
         _, clean = self._fit()
         restarted = [[w.worker for w in r.workers if w.local_state_restarted] for r in trainer.stats.records]
         if on_hosts:  # 4 rounds an epoch: its round 2 restarts worker 1 from the driver's Adam state
@@ -1195,25 +1217,20 @@ class FragmentsMixin:
         _, replayed = fit(ScriptedSlots.replay(trainer.stats.membership))
         assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
 
-    def test_a_worker_whose_own_weights_are_lost_restarts_from_the_global_ones_and_is_counted(self, session):
-        import glob
-        import tempfile
-
+    def test_a_worker_whose_own_weights_are_lost_restarts_from_the_global_ones_and_is_counted(self, session,
+                                                                                              tmp_path):
         import keras
-
-        from sparkdl_avg.shared.wire.local_state import HOST_DIRECTORY
 
         # classic sessions keep each worker's own weights in a file on its host; Connect under the staging directory
         on_hosts = not type(session).__module__.startswith("pyspark.sql.connect")
-        kept = os.path.join(tempfile.gettempdir(), HOST_DIRECTORY, "*", "*-w1.bin")
+        staging = str(tmp_path / "staging")
 
         class LoseWorker1(keras.callbacks.Callback):  # as if worker 1's host went between rounds 1 and 2
             def on_train_batch_end(self, batch, logs=None):
                 if batch == 1:
-                    for path in glob.glob(kept):
-                        os.remove(path)
+                    lose_host_files(staging, "fragments", 1)  # this fit's: never another's on the host
 
-        model, trainer = fragment_fit(2, fit={"callbacks": [LoseWorker1()]})
+        model, trainer = fragment_fit(2, fit={"callbacks": [LoseWorker1()]}, staging_dir=staging)
         clean, _ = fragment_fit(2)
         restarted = [[w.worker for w in r.workers if w.local_state_restarted] for r in trainer.stats.records]
         if on_hosts:  # 4 rounds an epoch: its round 2 restarts worker 1 from the sent (global) weights

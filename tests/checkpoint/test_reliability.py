@@ -15,7 +15,7 @@ import pytest
 import keras
 
 from conftest import assert_weights_close, dropout_model, make_model, record_jobs, regression_data, shared_spark
-from parity import ElasticMixin, LocalOptimizerStateMixin, TaskRetryMixin
+from parity import ElasticMixin, LocalOptimizerStateMixin, TaskRetryMixin, lose_host_files
 from sparkdl_avg import BlockMomentum, ConfigurationError, DataError, ParameterAveragingTrainer, WorkerError
 from sparkdl_avg.driver.checkpoint import files as ckpt
 from sparkdl_avg.shared.files import fs
@@ -338,6 +338,34 @@ class TestTaskRetry(TaskRetryMixin):
 
 class TestLocalOptimizerState(LocalOptimizerStateMixin):
     """tests/parity.py: optimizer_state="local"; the same tests run under Spark Connect in test_connect.py."""
+
+    def test_a_neighbour_losing_its_states_leaves_this_fits_alone(self, session, tmp_path):
+        """The flake of the retried-task test (weights 0.02 apart, once): another process on the host ran a
+        lost-state test, which deleted worker 1's files of every fit there, this one's too, between two rounds.
+        Forced here: the neighbour's loss runs between this fit's rounds 1 and 2 of each epoch."""
+        from sparkdl_avg.shared.files.uris import join
+        from sparkdl_avg.shared.wire.local_state import host_directory
+
+        neighbour = str(tmp_path / "neighbour")  # a fit staged there, with worker 1's state of its round 1 on the host
+        os.makedirs(os.path.join(neighbour, "sparkdl_avg-20260101-000000-1", "exchange-1"))
+        kept = host_directory(join(neighbour, "sparkdl_avg-20260101-000000-1/exchange-1/local"))
+        os.makedirs(kept, exist_ok=True)
+        open(os.path.join(kept, "g1-w1.bin"), "wb").close()
+        lost = []
+
+        class NeighbourLosesWorker1(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    lost.extend(lose_host_files(neighbour, "local", 1))
+
+        try:
+            trainer, model = self._fit(callbacks=[NeighbourLosesWorker1()])
+        finally:
+            shutil.rmtree(kept, ignore_errors=True)
+        _, clean = self._fit()
+        assert lost == ["g1-w1.bin"]  # the neighbour's, once
+        assert trainer.stats.local_states_restarted == 0
+        assert_weights_close(model.get_weights(), clean.get_weights(), atol=0)
 
 
 class TestElastic(ElasticMixin):

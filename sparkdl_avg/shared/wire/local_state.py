@@ -11,7 +11,8 @@ variables' raw bytes in ``optimizer.variables`` order, in one of two places:
   Spark to run the worker's next task on the same host (a locality
   preference, :mod:`sparkdl_avg.driver.transport.local_states`), so nothing crosses the
   network. A task that Spark retries on that host reads the same file and
-  writes the same bytes. Rounds after which a checkpoint may be saved
+  writes the same bytes; an attempt that outlived its round leaves the
+  round's file as it is (:meth:`LocalStateFiles.save`). Rounds after which a checkpoint may be saved
   (``share``) also write the file to the shared staging directory, which the
   checkpoint reads. A worker whose file is on neither (its host was lost, or
   its task ran elsewhere) restarts from the optimizer variables the driver
@@ -149,7 +150,16 @@ class LocalStateFiles(WorkerRoundFiles):
         return from_bytes(data, template), False
 
     def save(self, worker: int, variables: Sequence[np.ndarray]) -> None:
-        """Writes worker ``worker``'s optimizer variables after this round."""
+        """Writes worker ``worker``'s optimizer variables after this round, unless this attempt came after its round.
+
+        An attempt that outlived its round (a speculative copy, or one on an
+        executor Spark gave up on) and read its state only once the next
+        round had pruned it, restarted from the sent variables; its bytes
+        must not replace those another attempt of the round wrote, which
+        the next round read and a retry of it reads again (:meth:`_over`).
+        """
+        if self.host_local and self._over(worker):
+            return
         data = to_bytes(variables)
         if not self.host_local or self.share:
             self.write_bytes(worker, data)
@@ -162,6 +172,23 @@ class LocalStateFiles(WorkerRoundFiles):
                 f.write(data)
             os.replace(tmp, path)
             _prune(here, worker, self.read)
+
+    def _over(self, worker: int) -> bool:
+        """Whether worker ``worker``'s round is over on this host: its file is here and the one it read is gone.
+
+        A worker's files on a host go only once no round reads them again:
+        the one this round reads goes with the next round's save
+        (:func:`_prune`), after an attempt of this round wrote its own. So
+        both true means the round is over here and its file is the one the
+        next round read. (Where the file read was never here, the task ran
+        on another host than before, and the attempt that wrote here found
+        what this one finds: the shared file or none, the same bytes.)
+        """
+        if self.read is None or worker in self.fresh:
+            return False
+        here = host_directory(self.directory)
+        return (os.path.exists(os.path.join(here, f"{self.write}-w{worker}.bin"))
+                and not os.path.exists(os.path.join(here, f"{self.read}-w{worker}.bin")))
 
 
 def _read_if_there(path: str) -> Optional[bytes]:

@@ -1,0 +1,78 @@
+"""``optimizer_state="local"``'s files on a worker's host (shared/wire/local_state.py): what attempts of a round read and keep.
+
+Each test forces an interleaving of task attempts by calling the executors'
+half directly, in the order a loaded cluster can run them; no Spark.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from sparkdl_avg.shared.wire.local_state import LocalStateFiles, host_directory
+
+TEMPLATE = [np.zeros(3), np.zeros((), np.int64)]  # a worker's optimizer variables: a moment and a step counter
+
+
+def state(value):
+    return [np.full(3, float(value)), np.asarray(value, np.int64)]
+
+
+@pytest.fixture
+def directory(tmp_path):
+    """A fit's directory of these files; its directory on this host is deleted afterwards."""
+    path = str(tmp_path / "exchange-1" / "local")
+    yield path
+    shutil.rmtree(host_directory(path), ignore_errors=True)
+
+
+def round_files(directory, g):
+    """Round ``g``'s files (``g`` reads ``g - 1``'s), kept on the host as on classic sessions."""
+    return LocalStateFiles(directory, None if g == 0 else f"g{g - 1}", f"g{g}", host_local=True)
+
+
+def loaded(files, worker=0):
+    own, restarted = files.load(worker, TEMPLATE)
+    return (None if own is None else int(own[1])), restarted
+
+
+def test_an_attempt_that_outlived_its_round_keeps_the_rounds_state(directory):
+    """A speculative copy of round 1's task, or one on an executor Spark gave up on, reads its state late: round 1's
+    other attempt saved, round 2 read that and saved (pruning round 0's), and only then the late attempt finds round
+    0's state gone and restarts. Its save must not replace round 1's state, which a retry of round 2 reads again."""
+    round_files(directory, 0).save(0, state(1))
+    assert loaded(round_files(directory, 1)) == (1, False)
+    round_files(directory, 1).save(0, state(2))  # the attempt whose result the round used
+    assert loaded(round_files(directory, 2)) == (2, False)
+    round_files(directory, 2).save(0, state(3))
+    late = round_files(directory, 1)
+    assert loaded(late) == (None, True)  # round 0's state is gone: it would restart from the sent variables
+    late.save(0, state(99))
+    assert loaded(round_files(directory, 2)) == (2, False)  # a retry of round 2 continues as round 2 did
+    assert sorted(os.listdir(host_directory(directory))) == ["g1-w0.bin", "g2-w0.bin"]
+
+
+def test_a_retry_while_its_round_is_on_rewrites_the_rounds_state(directory):
+    """The first attempt of round 1 saved and failed; the retry reads round 0's state again and writes the same."""
+    round_files(directory, 0).save(0, state(1))
+    round_files(directory, 1).save(0, state(2))  # the failed attempt's
+    retry = round_files(directory, 1)
+    assert loaded(retry) == (1, False)
+    retry.save(0, state(5))  # (a different value only to see that it is written)
+    assert loaded(round_files(directory, 2)) == (5, False)
+
+
+def test_a_worker_on_a_host_without_its_state_restarts_and_keeps_its_new_one(directory):
+    """The worker's host went between rounds 1 and 2: round 2's task elsewhere restarts, and writes its state."""
+    round_files(directory, 0).save(0, state(1))
+    round_files(directory, 1).save(0, state(2))
+    shutil.rmtree(host_directory(directory))
+    moved = round_files(directory, 2)
+    assert loaded(moved) == (None, True)
+    moved.save(0, state(7))
+    assert loaded(round_files(directory, 3)) == (7, False)
+    again = round_files(directory, 2)  # a retry of that round there, restarting likewise
+    assert loaded(again) == (None, True)
+    again.save(0, state(7))
+    assert loaded(round_files(directory, 3)) == (7, False)
