@@ -175,6 +175,7 @@ class TransportChoice(FitHook):
         if switch is None:
             return
         old, new = ctx.transport, self.build(switch.transport, switch.rate)
+        old.drop_ahead()  # a round announced ahead on the old path would otherwise run there unread
         ctx.retired.append(old)
         ctx.rounds.settings = dataclasses.replace(ctx.rounds.settings, spec=new.ship_spec(self.spec))
         ctx.rounds.transport = ctx.transport = new
