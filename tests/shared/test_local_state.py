@@ -76,3 +76,16 @@ def test_a_worker_on_a_host_without_its_state_restarts_and_keeps_its_new_one(dir
     assert loaded(again) == (None, True)
     again.save(0, state(7))
     assert loaded(round_files(directory, 3)) == (7, False)
+
+
+def test_each_user_has_a_folder_of_their_own_on_a_host(monkeypatch):
+    import tempfile
+
+    paths = {}
+    for uid in (1000, 1001):
+        monkeypatch.setattr(os, "getuid", lambda uid=uid: uid)
+        paths[uid] = host_directory("/shared/exchange-1/local")
+    assert paths[1000] == os.path.join(tempfile.gettempdir(), "sparkdl_avg-local-state-1000",
+                                       os.path.basename(paths[1000]))
+    assert os.path.dirname(paths[1001]).endswith("sparkdl_avg-local-state-1001")
+    assert os.path.basename(paths[1000]) == os.path.basename(paths[1001])  # the fit's key, the same for both

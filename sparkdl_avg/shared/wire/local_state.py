@@ -72,7 +72,9 @@ def from_bytes(data: bytes, template: Sequence[np.ndarray]) -> List[np.ndarray]:
 
 
 HOST_DIRECTORY = "sparkdl_avg-local-state"
-"""Under the host's temporary directory: one directory per fit (named by its shared directory's hash)."""
+"""Under the host's temporary directory, with the executors' user id after it (``sparkdl_avg-local-state-<uid>``,
+so that two users' executors on one host do not share, or fail to write, one folder): one directory per fit
+(named by its shared directory's hash)."""
 
 HOST_TTL_S = 3600.0
 """A fit's directory on a host that no task touched for this long (seconds) is deleted by the next fit's tasks.
@@ -85,7 +87,8 @@ deletes it, as a driver cannot reach every host's disk.
 def host_directory(directory: str) -> str:
     """This host's directory of the states of the fit whose shared directory is ``directory``."""
     key = hashlib.sha1(directory.encode("utf-8")).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), HOST_DIRECTORY, key)
+    user = getattr(os, "getuid", lambda: "")()
+    return os.path.join(tempfile.gettempdir(), f"{HOST_DIRECTORY}-{user}", key)
 
 
 @functools.lru_cache(maxsize=1)
