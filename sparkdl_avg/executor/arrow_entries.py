@@ -24,42 +24,89 @@ def task_ids(batches) -> list:
     return [int(i) for batch in batches for i in batch.column(0).to_pylist()]
 
 
-def run_standing_rounds(directory: str, deadline_s: float, batches) -> Iterator:
+def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
     """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
 
     One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`:
-    the driver's word for each round under ``directory``, a local path, and
-    the answers). Each round runs the announced entry (the body a per-round
-    job would run, :func:`run_round_partition` or a test's wrapper) on the
-    announced :class:`RoundTask`, and its rows go to the round's answer
-    files instead of the job's result; the job itself yields nothing. A
-    retried attempt joins at the round in progress and skips the rounds its
-    worker has answered and those the driver has moved past. A task whose
-    next word does not come within ``deadline_s`` seconds ends. A round's
-    answer is written by a sender thread while the task goes on to the next
-    round (announced ahead under ``overlap_rounds``); the task ends once its
-    last answer is written.
+    the driver's word for each round and the answers, through ``directory``,
+    a local path, or a board such as
+    :class:`~sparkdl_avg.shared.wire.standing_net.NetBoard`). Each round runs
+    the announced entry (the body a per-round job would run,
+    :func:`run_round_partition` or a test's wrapper) on the announced
+    :class:`RoundTask`, and its rows go to the round's answer instead of the
+    job's result; the job itself yields nothing. A retried attempt joins at
+    the round in progress and skips the rounds its worker has answered and
+    those the driver has moved past. A task whose next word does not come
+    within ``deadline_s`` seconds ends. A round's answer is sent by a sender
+    thread while the task goes on to the next round (announced ahead under
+    ``overlap_rounds``), and where the board says so (``prefetch``: the
+    driver's socket) the next round's word is read while this one trains;
+    the task ends once its last answer is sent.
     """
+    board = standing.board_of(directory)
     ids = task_ids(batches)
     sender = _Sender()
+    reader = _Reader(board, deadline_s) if board.prefetch else None
     try:
-        seq = standing.first_round(directory, deadline_s)
+        seq = board.first_round(deadline_s)
         while seq is not None:
-            word = standing.word(directory, seq, deadline_s)
+            word = reader.take(seq) if reader is not None else board.word(seq, deadline_s)
             if word is None:
                 break
+            if reader is not None:
+                reader.fetch(seq + 1)  # while this round trains
             # In this order: the driver removes a round's word before its answers, so an answer missing here and
             # the word still there after it means the round still waits for this task.
-            if word is not standing.PASSED and not standing.answered(directory, seq, ids) \
-                    and not standing.passed(directory, seq):
+            if word is not standing.PASSED and not board.answered(seq, ids) and not board.passed(seq):
                 entry, task = word
                 # the answer goes out in the sender's thread while this one reads the next word and trains it
-                sender.send(standing.answer, directory, seq, list(entry(task, ids)))
+                sender.send(board.answer, seq, list(entry(task, ids)))
             seq += 1
     finally:
-        sender.close()
+        try:
+            sender.close()
+        finally:
+            if reader is not None:
+                reader.close()
+            board.close()
     return
     yield  # a generator: mapInArrow's body
+
+
+class _Reader:
+    """Reads a standing task's next word in a thread of its own while the task trains the round before it."""
+
+    def __init__(self, board, deadline_s: float) -> None:
+        self.board, self.deadline_s = board, deadline_s
+        self._seq = self._thread = None
+        self._word = self._error = None
+
+    def fetch(self, seq: int) -> None:
+        """Starts reading round ``seq``'s word."""
+        self._seq, self._word, self._error = seq, None, None
+
+        def run():
+            try:
+                self._word = self.board.word(seq, self.deadline_s)
+            except BaseException as exc:  # noqa: BLE001 - raised in the task's own thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="sparkdl_avg-standing-reader", daemon=True)
+        self._thread.start()
+
+    def take(self, seq: int):
+        """Round ``seq``'s word (:meth:`~sparkdl_avg.shared.wire.standing.FileBoard.word`'s answers)."""
+        if self._seq != seq:
+            return self.board.word(seq, self.deadline_s)
+        self._thread.join()
+        self._thread, self._seq = None, None
+        if self._error is not None:
+            raise self._error
+        return self._word
+
+    def close(self) -> None:
+        """Leaves a read in flight to end with the board (the driver's stop, or its deadline)."""
+        self._thread = self._seq = None
 
 
 class _Sender:

@@ -107,3 +107,20 @@ def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_s
     _, sequential = fits._fit(callbacks=[HalveOnce()])
     for a, b in zip(pipelined.get_weights(), sequential.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise(session, monkeypatch):
+    """Part 2 on hosts of their own: the standing job's words (with the round's state in them) and answers (with the
+    sums) go through the driver's socket, which executors on other hosts reach (tests/runtime/test_hosts.py runs it
+    across hosts); here on one host, forced, against the same fit through local files."""
+    from sparkdl_avg.driver.transport import standing as standing_mod
+
+    fits = OverlapRoundsMixin()
+    _, files = fits._fit()
+    monkeypatch.setattr(standing_mod, "NETWORK", True)
+    trainer, socket = fits._fit()
+    records = trainer.stats.records
+    assert [(r.transport, r.aggregation) for r in records] == [("sql", "driver")] * 6
+    assert [r.announced_ahead for r in records] == [False] + [True] * 5
+    for a, b in zip(socket.get_weights(), files.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -103,8 +103,9 @@ class TransportSettings:
         feedback: Per compressed segment, whether workers keep its residual (error feedback).
         moments: Positions of the optimizer's first moments among its variables.
         standing: Whether Spark Connect's rounds may share one standing job (not with elastic probes).
-        overlap: ``overlap_rounds``: on a classic session whose executors share the driver's host and a local
-            staging directory, rounds run in one standing job too, each announced a round ahead
+        overlap: ``overlap_rounds``: on a classic session rounds run in one standing job too, each announced a
+            round ahead, through local files where the executors share the driver's host and a local staging
+            directory, else through the driver's socket
             (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`).
         tables: Per embedding table, its position and its averaged slots' among the state's arrays
             (:func:`~sparkdl_avg.shared.wire.sparse_rows.table_groups`): workers send only their changed rows.

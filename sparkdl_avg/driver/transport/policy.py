@@ -93,9 +93,12 @@ def auto_transport(settings: TransportSettings, site: Site) -> str:
     """The state transport ``state_transport="auto"`` takes (the rule: :func:`choose`)."""
     if site.connect:
         return "sql"
+    if settings.overlap and settings.standing:
+        # overlap_rounds: the Spark SQL round's standing job, where rounds are announced a round ahead (through
+        # local files on one host, else through the driver's socket)
+        return "sql"
     if site.local_fs and site.one_host:
-        # overlap_rounds: the Spark SQL round's standing job, where rounds are announced a round ahead
-        return "sql" if settings.overlap and settings.standing else "files"
+        return "files"
     n, nbytes = settings.num_workers, settings.sums_bytes
     if n is not None and nbytes is not None:
         tree = driver_bound_pays(n, nbytes, site.rate) if site.rate is not None else n * nbytes <= SPARK_TREE_BYTES
@@ -112,9 +115,10 @@ def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str
     share its host and the staging directory is local, see
     :class:`~sparkdl_avg.driver.transport.sql.SqlTransport`); on a classic
     session files when every executor runs on the driver's host
-    (``local[N]``, ``local-cluster``) and the staging directory is local
-    (with ``overlap_rounds`` there, the Spark SQL round's standing job).
-    On hosts of their own (any other master) Spark's tree while
+    (``local[N]``, ``local-cluster``) and the staging directory is local;
+    with ``overlap_rounds`` on a classic session, wherever it runs, the
+    Spark SQL round's standing job (through the driver's socket on hosts of
+    their own). On hosts of their own (any other master) Spark's tree while
     :func:`driver_bound_pays` for ``settings.num_workers`` sums of
     ``settings.sums_bytes`` each through a link of ``settings.network_rate``
     (default :data:`DEFAULT_NETWORK_RATE`), else the Spark SQL round, which

@@ -18,6 +18,8 @@ import time
 from functools import partial
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
+
 from ...executor import worker as worker_mod
 from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import join, make_dir
@@ -49,8 +51,12 @@ class SqlTransport(StateTransport):
         one_host_files: ``"auto"`` sums the workers' files on the driver (Connect, one host, local staging).
         network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s
             choice, :func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`); ``None`` when they share its host.
-        standing: Run consecutive rounds in one standing job (:mod:`.standing`); only where the driver
-            and the executors share a host and the directory is local. Rounds run through
+        standing: Run consecutive rounds in one standing job (:mod:`.standing`); where the driver
+            and the executors share a host and the directory is local, or with ``network``.
+        network: The standing job's words and answers go through the driver's socket (``overlap_rounds``
+            on a classic session whose executors run on other hosts): a round's state travels in its word,
+            inline, and each worker's sums in its answer (the ``"driver"`` aggregation), none of it through
+            the staging store. Rounds run through
             :meth:`run_job` with ``rounds_labels`` (a fit's synchronous rounds) go to it when their
             path allows (:attr:`~sparkdl_avg.driver.transport.sql_paths.Aggregation.standing`: ``"files"``,
             what ``"auto"`` takes there) and they have at most as many workers as the cluster has task
@@ -62,15 +68,17 @@ class SqlTransport(StateTransport):
     connect = True
 
     def __init__(self, engine, directory: str, settings: TransportSettings = TransportSettings(),
-                 one_host_files: bool = False, network_rate: Optional[float] = None, standing: bool = False) -> None:
+                 one_host_files: bool = False, network_rate: Optional[float] = None, standing: bool = False,
+                 network: bool = False) -> None:
         super().__init__(engine, settings)
         self.directory = directory
         self.one_host_files = one_host_files
         self.network_rate = network_rate  # bytes/s of the driver's link on hosts of their own; None: one host
         self.standing = standing
+        self.network = network
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
-        self._rounds = standing_mod.StandingRounds(engine, directory)
+        self._rounds = standing_mod.StandingRounds(engine, directory, network)
         # overlap_rounds: the round announced ahead, (job, name, seq, published, plan, path), until run_job takes it
         self._ahead: Optional[tuple] = None
         make_dir(directory)
@@ -78,10 +86,12 @@ class SqlTransport(StateTransport):
     @classmethod
     def for_fit(cls, engine, directory, settings, site):
         if not site.connect:
-            # overlap_rounds on one host with a local staging directory: rounds in a standing job, a round ahead
-            overlap = settings.overlap and settings.standing and standing_mod.STANDING and site.local_fs \
-                and site.one_host
-            return cls(engine, directory, settings, one_host_files=overlap, network_rate=site.rate, standing=overlap)
+            # overlap_rounds: rounds in a standing job, a round ahead; through local files on one host with a local
+            # staging directory, else through the driver's socket
+            overlap = settings.overlap and settings.standing and standing_mod.STANDING
+            files = overlap and site.local_fs and site.one_host and not standing_mod.NETWORK
+            return cls(engine, directory, settings, one_host_files=files, network_rate=site.rate, standing=overlap,
+                       network=overlap and not files)
         # One standing job where its tasks can wait on local files that the client writes (one host, local staging).
         shared = site.local_fs and site.one_host
         return cls(engine, directory, settings, one_host_files=shared, network_rate=site.rate,
@@ -93,6 +103,12 @@ class SqlTransport(StateTransport):
         return self._spec
 
     def publish(self, name, weights, optimizer):
+        if self.network and self.standing:  # the state in the standing job's word (its rounds' only state here)
+            layout = self.layout(weights, optimizer)
+            state = exchange.InlineState([np.asarray(w) for w in weights],
+                                         None if optimizer is None else [np.asarray(v) for v in optimizer])
+            directory = join(self.directory, name)  # only if the sums go to files (an aggregation asked for)
+            return Published(state, partial(remove_quietly, directory), directory, layout)
         directory = join(self.directory, name)
         state = exchange.store_state(directory, "state", weights, optimizer)
         return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer))
@@ -100,6 +116,8 @@ class SqlTransport(StateTransport):
     def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
         s = self.settings
+        if self.network and self.standing and s.aggregation == "auto":
+            return "driver", 1  # the sums in the standing job's answers, through the driver's socket
         return plan_aggregation(s.aggregation, s.shards, num_workers, nbytes, self.network_rate, self.one_host_files)
 
     def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None, places=None,
@@ -113,7 +131,7 @@ class SqlTransport(StateTransport):
         if announced is not None and (announced[1] != name or not usable or announced[0].ended()):
             self._drop(announced)  # not the round announced: its job stops, this round starts another
             announced = None
-        job = self._rounds.job_for(workers, rounds_labels, usable)
+        job = self._rounds.job_for(workers, rounds_labels, usable, places)
         if announced is not None and announced[0] is not job:
             announced[3].release()
             announced = None

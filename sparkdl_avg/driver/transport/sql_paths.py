@@ -45,7 +45,8 @@ class Aggregation:
         name: The ``aggregation`` value naming it.
         sharded: Its sums are cut into ``S`` shards that ``S`` reducer tasks sum after a shuffle
             (:meth:`~sparkdl_avg.driver.transport.sql.SqlTransport.run`); else ``S`` is 1.
-        standing: Its rounds may run in one standing job (the workers answer in local files).
+        standing: Its rounds may run in one standing job: what its workers deliver is all the driver reads
+            (rows in their answers, or files it reads itself).
     """
 
     name = ""
@@ -66,6 +67,7 @@ class DriverSum(Aggregation):
     """Every worker's whole sums as Arrow rows to the driver, which adds them in worker order."""
 
     name = "driver"
+    standing = True
 
     def sink(self, directory, layout, shards):
         return round_rows.ArrowSums(layout, 1)

@@ -9,6 +9,10 @@ round after round: the driver announces each round (its state and task) in
 a file and the tasks answer in files (:mod:`sparkdl_avg.shared.wire.standing`,
 :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`). The job is
 planned once, its tasks start once, and a round costs what its files cost.
+Executors on hosts of their own, which do not see the driver's files, are
+given its socket instead (``network``:
+:class:`~sparkdl_avg.shared.wire.standing_net.RoundServer`), where a round's
+state travels in its word and the sums in the answers.
 It is stopped (its tasks end) when a round comes that it cannot run, when
 no round comes within :data:`STANDING_IDLE_S` of the last one's end (a
 callback's or an evaluation's job then finds the executor slots free), at
@@ -24,11 +28,11 @@ import logging
 import threading
 import time
 from functools import partial
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from ...executor.arrow_entries import run_standing_rounds
 from ...shared.files.fs import join, make_dir, resolve
-from ...shared.wire import round_rows, standing
+from ...shared.wire import round_rows, standing, standing_net
 from .base import remove_quietly
 
 logger = logging.getLogger("sparkdl_avg")
@@ -36,6 +40,10 @@ logger = logging.getLogger("sparkdl_avg")
 #: Whether Spark Connect rounds run in one standing job where they can (:class:`StandingRounds`): with a
 #: local server and staging directory. ``False`` gives every round a job of its own (for comparisons).
 STANDING = True
+
+#: Tests and benchmarks: a classic session's standing jobs (``overlap_rounds``) talk through the driver's socket even
+#: where the executors share the driver's host and could read its files (what hosts of their own do).
+NETWORK = False
 
 #: Seconds the standing round job waits, once a round has ended, for the next one. Past that it is stopped and
 #: its tasks free their executor slots (a callback's or an evaluation's job may need them); the next round
@@ -50,24 +58,35 @@ STANDING_DEADLINE_S = 300.0
 STANDING_CLOSE_S = 30.0
 
 
+def driver_address(engine) -> Tuple[str, Optional[str]]:
+    """``(host, bind address)``: where the session's executors reach the driver (``spark.driver.host``) and where
+    it listens (``spark.driver.bindAddress``, ``None``: the host)."""
+    conf = engine.spark.sparkContext.getConf()
+    return conf.get("spark.driver.host"), conf.get("spark.driver.bindAddress", None)
+
+
 class StandingRounds:
     """The standing job of one transport, while it runs: started, kept, handed to a round, stopped (thread-safe).
 
     Args:
         engine: The session's :class:`~sparkdl_avg.driver.runtime.session.Engine`.
         directory: The fit's exchange directory; each job gets a directory of its own under it.
+        network: The jobs' words and answers go through the driver's socket (executors on other hosts),
+            not files in their directories.
     """
 
-    def __init__(self, engine, directory: str) -> None:
-        self.engine, self.directory = engine, directory
+    def __init__(self, engine, directory: str, network: bool = False) -> None:
+        self.engine, self.directory, self.network = engine, directory, network
         self._job: Optional[StandingJob] = None  # the standing job, while it runs
         self._lock = threading.Lock()  # guards _job against its idle timer
         self._jobs = 0  # standing jobs started: their directories' names
 
-    def job_for(self, workers: Sequence[int], labels: Optional[Callable[[], Any]], usable: bool) -> Optional["StandingJob"]:
+    def job_for(self, workers: Sequence[int], labels: Optional[Callable[[], Any]], usable: bool,
+                places: Optional[Sequence[Optional[str]]] = None) -> Optional["StandingJob"]:
         """The standing job to run a round on ``workers`` in (started if need be), or ``None``: a job of its own.
 
-        ``usable``: whether this round may run in a standing job. A job that
+        ``usable``: whether this round may run in a standing job; ``places``: the host each worker's task of a
+        new job should run on (:meth:`~sparkdl_avg.driver.runtime.session.Engine.run_tasks`). A job that
         is started stays reachable until it is stopped: :meth:`stop` stops it
         whatever interrupts the fit.
         """
@@ -84,7 +103,8 @@ class StandingRounds:
         if not usable:
             return None
         self._jobs += 1
-        job = StandingJob(self.engine, join(self.directory, f"standing-{self._jobs}"), workers, labels)
+        job = StandingJob(self.engine, join(self.directory, f"standing-{self._jobs}"), workers, labels, places,
+                          self.network)
         job.busy = True
         with self._lock:
             self._job = job
@@ -119,15 +139,23 @@ class StandingJob:
     """One standing round job: its directory, tasks and thread.
 
     The job is submitted (in a thread of its own, where ``toArrow`` waits
-    for it to end) at its first :meth:`announce`.
+    for it to end) at its first :meth:`announce`. Its words and answers are
+    files in ``directory`` (local), or with ``network`` kept by a
+    :class:`~sparkdl_avg.shared.wire.standing_net.RoundServer` on the
+    driver's address as the executors know it.
     """
 
-    def __init__(self, engine, directory: str, workers: Sequence[int], labels: Callable[[], Any]) -> None:
+    def __init__(self, engine, directory: str, workers: Sequence[int], labels: Callable[[], Any],
+                 places: Optional[Sequence[Optional[str]]] = None, network: bool = False) -> None:
         self.engine = engine
         self.directory = directory
-        self.path = resolve(directory)[1]  # local
         self.workers = list(workers)
         self.labels = labels
+        self.places = places
+        if network:
+            self.post = standing_net.RoundServer(*driver_address(engine))
+        else:
+            self.post = standing.FilePost(resolve(directory)[1])
         self.seq = -1  # the latest round announced
         self.future: concurrent.futures.Future = concurrent.futures.Future()  # the job's end (_run)
         self.thread: Optional[threading.Thread] = None
@@ -143,18 +171,18 @@ class StandingJob:
         """
         word = standing.go(entry, task)
         self.seq += 1
-        standing.announce(self.path, self.seq, word, keep_from)
+        self.post.announce(self.seq, word, keep_from)
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="sparkdl_avg-standing-job", daemon=True)
             self.thread.start()
         return self.seq
 
     def _run(self) -> None:
-        body = partial(run_standing_rounds, self.path, STANDING_DEADLINE_S)
+        body = partial(run_standing_rounds, self.post.board(), STANDING_DEADLINE_S)
         try:
             with self.labels():
                 self.engine.run_tasks(len(self.workers), body, round_rows.ROUND_SCHEMA,
-                                      start=self.workers[0]).toArrow()
+                                      start=self.workers[0], places=self.places).toArrow()
         except BaseException as exc:  # noqa: BLE001 - the round that waits for it raises it
             self.future.set_exception(exc)
         else:
@@ -167,12 +195,12 @@ class StandingJob:
         """
         delay = 0.0002
         while True:
-            batches = standing.collect(self.path, seq, self.workers)
+            batches = self.post.collect(seq, self.workers)
             if batches is not None:
                 return batches
             if self.future.done():
                 self.future.result()  # the job's error
-                return standing.collect(self.path, seq, self.workers)  # answered just before it ended, or not
+                return self.post.collect(seq, self.workers)  # answered just before it ended, or not
             time.sleep(delay)
             delay = min(2 * delay, 0.002)  # a stat per worker costs microseconds; this is the round's latency
 
@@ -198,15 +226,20 @@ class StandingJob:
             return
         self.stopped = True
         if self.thread is None or self.thread.ident is None:  # never submitted
-            remove_quietly(self.directory)
+            self._remove()
             return
         try:
-            standing.stop(self.path)
+            self.post.stop()
         except OSError as exc:  # its tasks then end at their deadline
             logger.warning("Could not stop the standing round job under %s: %s", self.directory, exc)
-        self.future.add_done_callback(lambda _: remove_quietly(self.directory))
+        self.future.add_done_callback(lambda _: self._remove())
         if wait_s > 0:
             try:
                 self.future.exception(timeout=wait_s)
             except concurrent.futures.TimeoutError:
                 pass
+
+    def _remove(self) -> None:
+        """The job's post closed and its directory removed (once its tasks have ended)."""
+        self.post.close()
+        remove_quietly(self.directory)

@@ -35,6 +35,12 @@ In the job's directory (a local path):
 A task waits for the next word by polling its file; a task whose word does
 not come within its deadline ends (the driver has gone). These files come
 from the driver, as the round's state and the model's spec do.
+
+Both sides reach these files through a *board* (the task's side:
+:class:`FileBoard`) and a *post* (the driver's: :class:`FilePost`); executors
+on other hosts, which cannot see the driver's files, reach the same protocol
+through the driver's socket instead
+(:mod:`sparkdl_avg.shared.wire.standing_net`).
 """
 
 from __future__ import annotations
@@ -162,13 +168,25 @@ def answered(directory: str, seq: int, workers: Sequence[int]) -> bool:
 
 def answer(directory: str, seq: int, batches: Sequence[Any]) -> None:
     """Task: writes each worker's rows of round ``seq`` (one Arrow batch per worker, its ``worker`` column)."""
+    for batch in batches:
+        _write_atomically(_done_file(directory, seq, batch.column("worker")[0].as_py()), ipc_bytes(batch))
+
+
+def ipc_bytes(batch) -> bytes:
+    """One worker's answer (an Arrow batch) as Arrow IPC stream bytes."""
     import pyarrow as pa
 
-    for batch in batches:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch)
-        _write_atomically(_done_file(directory, seq, batch.column("worker")[0].as_py()), sink.getvalue().to_pybytes())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_batches(data) -> List[Any]:
+    """The Arrow batches of :func:`ipc_bytes`' bytes."""
+    import pyarrow as pa
+
+    return list(pa.ipc.open_stream(data))
 
 
 def collect(directory: str, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
@@ -177,13 +195,81 @@ def collect(directory: str, seq: int, workers: Sequence[int]) -> Optional[List[A
     The files stay until the next round is announced: a retried task that
     joins meanwhile finds the round answered.
     """
-    import pyarrow as pa
-
     paths = [_done_file(directory, seq, w) for w in workers]
     if not all(os.path.exists(p) for p in paths):
         return None
     batches = []
     for path in paths:
         with open(path, "rb") as f:
-            batches.extend(pa.ipc.open_stream(f.read()))
+            batches.extend(ipc_batches(f.read()))
     return batches
+
+
+class FileBoard:
+    """A task's side of a standing job whose words and answers are files in ``directory`` (a local path).
+
+    The other side of the protocol is :class:`FilePost`;
+    :class:`~sparkdl_avg.shared.wire.standing_net.NetBoard` is the same
+    protocol through the driver's socket. ``prefetch``: whether the task
+    should read the next round's word while it trains this one (not for
+    files: reading one costs a page-cache copy).
+    """
+
+    prefetch = False
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def first_round(self, deadline_s: float) -> Optional[int]:
+        """See :func:`first_round`."""
+        return first_round(self.directory, deadline_s)
+
+    def word(self, seq: int, deadline_s: float) -> Optional[tuple]:
+        """See :func:`word`."""
+        return word(self.directory, seq, deadline_s)
+
+    def answered(self, seq: int, workers: Sequence[int]) -> bool:
+        """See :func:`answered`."""
+        return answered(self.directory, seq, workers)
+
+    def passed(self, seq: int) -> bool:
+        """See :func:`passed`."""
+        return passed(self.directory, seq)
+
+    def answer(self, seq: int, batches: Sequence[Any]) -> None:
+        """See :func:`answer`."""
+        answer(self.directory, seq, batches)
+
+    def close(self) -> None:
+        """Nothing to close: the files stay for the driver."""
+
+
+def board_of(where) -> Any:
+    """The task's board: a :class:`FileBoard` for a directory's path, else ``where`` itself (a board)."""
+    return FileBoard(where) if isinstance(where, str) else where
+
+
+class FilePost:
+    """The driver's side of a standing job's files in ``path`` (a local directory): what it announces and collects."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def board(self) -> str:
+        """What the job's tasks are given to reach this post (:func:`board_of` turns it into a :class:`FileBoard`)."""
+        return self.path
+
+    def announce(self, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:
+        """See :func:`announce`."""
+        announce(self.path, seq, word, keep_from)
+
+    def stop(self) -> None:
+        """See :func:`stop`."""
+        stop(self.path)
+
+    def collect(self, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
+        """See :func:`collect`."""
+        return collect(self.path, seq, workers)
+
+    def close(self) -> None:
+        """Nothing to close: the job's directory goes with the job."""

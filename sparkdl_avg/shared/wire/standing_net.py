@@ -1,0 +1,255 @@
+"""The standing round job's protocol through the driver's socket: for executors on hosts of their own.
+
+A standing job (:mod:`sparkdl_avg.shared.wire.standing`) runs a fit's rounds
+in ``N`` long tasks that read the driver's word for each round and answer
+it. Its files need the driver's directory; executors on other hosts see
+none of it. Here the driver keeps the words and answers in memory and serves
+them on a TCP socket (:class:`RoundServer`, bound to the address the
+executors reach the driver at, ``spark.driver.host``), and each task asks
+for them (:class:`NetBoard`): the same questions as
+:class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, with the same
+answers, so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`
+runs either. A word carries the round's state itself and an answer the
+worker's sums (the ``"driver"`` aggregation's Arrow rows): nothing of a
+round goes through the staging store.
+
+Why a socket of its own: with ``overlap_rounds`` a round's state for the
+next round is announced while the workers train this one, and a task reads
+it then (``prefetch``) and sends this round's sums while it trains the next
+(:class:`~sparkdl_avg.executor.arrow_entries._Sender`), so both directions
+of the links carry a round while the workers compute; a Spark job per round
+moves both only between the rounds' compute.
+
+The connections are :mod:`multiprocessing.connection`'s (Python's own:
+length-framed messages, and an HMAC challenge with a random 32-byte key
+that the tasks carry in their closure, as they carry the round's state):
+a client without the key is refused before anything it sends is unpickled.
+Requests are pickled tuples; replies are plain values, a word its pickled
+bytes as the driver made them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import threading
+import time
+from multiprocessing.connection import Client, Listener
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .standing import PASSED, ipc_batches, ipc_bytes
+
+logger = logging.getLogger("sparkdl_avg")
+
+_PASSED = "passed"  # the reply for a round the driver has moved past
+
+
+class NetBoard:
+    """A task's side of a standing job served by the driver's :class:`RoundServer` at ``address``.
+
+    Picklable (the address and key travel in the job's closure); the
+    connections are made on first use, one per thread that asks at once
+    (the task's own, its prefetch and its sender), and kept.
+    """
+
+    prefetch = True
+
+    def __init__(self, address: Tuple[str, int], authkey: bytes) -> None:
+        self.address, self.authkey = tuple(address), authkey
+        self._free: List[Any] = []
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"address": self.address, "authkey": self.authkey}
+
+    def __setstate__(self, state) -> None:
+        self.__init__(state["address"], state["authkey"])
+
+    def _call(self, *request):
+        with self._lock:
+            conn = self._free.pop() if self._free else None
+        if conn is None:
+            conn = Client(self.address, authkey=self.authkey)
+        try:
+            conn.send(request)
+            reply = conn.recv()
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            self._free.append(conn)
+        return reply
+
+    def _wait(self, *request):
+        """A request that waits for the driver; ``None`` if the driver has gone (the connection is lost)."""
+        try:
+            return self._call(*request)
+        except (EOFError, OSError):
+            return None
+
+    def first_round(self, deadline_s: float) -> Optional[int]:
+        """The round in progress (where a task joins); ``None``: told to stop, none within ``deadline_s``, or no driver."""
+        return self._wait("first", deadline_s)
+
+    def word(self, seq: int, deadline_s: float) -> Optional[tuple]:
+        """The driver's word for round ``seq``, unpickled, or :data:`~sparkdl_avg.shared.wire.standing.PASSED`.
+
+        ``None``: told to stop, no word within ``deadline_s``, or no driver.
+        """
+        reply = self._wait("word", seq, deadline_s)
+        if reply is None:
+            return None
+        return PASSED if reply == _PASSED else pickle.loads(reply)
+
+    def answered(self, seq: int, workers: Sequence[int]) -> bool:
+        """Whether ``workers`` have answered round ``seq`` (an earlier attempt of a retried task did)."""
+        return bool(self._call("answered", seq, [int(w) for w in workers]))
+
+    def passed(self, seq: int) -> bool:
+        """Whether the driver has moved past round ``seq`` (it needs no answer)."""
+        return bool(self._call("passed", seq))
+
+    def answer(self, seq: int, batches: Sequence[Any]) -> None:
+        """Sends each worker's rows of round ``seq`` (one Arrow batch per worker)."""
+        for batch in batches:
+            self._call("answer", seq, batch.column("worker")[0].as_py(), ipc_bytes(batch))
+
+    def close(self) -> None:
+        """Closes this task's connections."""
+        with self._lock:
+            conns, self._free = self._free, []
+        for conn in conns:
+            conn.close()
+
+
+class RoundServer:
+    """The driver's side: one standing job's words and answers, served to its tasks (thread-safe).
+
+    Args:
+        host: The address the executors reach the driver at (``spark.driver.host``).
+        bind: The address to listen on (``spark.driver.bindAddress``); default ``host``.
+
+    The port is the system's choice. :meth:`close` stops serving (after the job has ended).
+    """
+
+    def __init__(self, host: str, bind: Optional[str] = None) -> None:
+        self._key = os.urandom(32)
+        self._listener = Listener((bind or host, 0), family="AF_INET", authkey=self._key)
+        self.address = (host, self._listener.address[1])
+        self._cond = threading.Condition()
+        self._words: Dict[int, bytes] = {}
+        self._answers: Dict[Tuple[int, int], bytes] = {}
+        self._floor = 0  # rounds below it are over: their words and answers gone
+        self._stopped = self._closed = False
+        self._conns: List[Any] = []
+        threading.Thread(target=self._accept, name="sparkdl_avg-round-server", daemon=True).start()
+
+    def board(self) -> NetBoard:
+        """What the job's tasks are given to reach this server."""
+        return NetBoard(self.address, self._key)
+
+    def announce(self, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:
+        """The word for round ``seq``; the rounds before ``keep_from`` (default ``seq``) are over."""
+        with self._cond:
+            self._words[seq] = word
+            self._floor = max(self._floor, seq if keep_from is None else keep_from)
+            for s in [s for s in self._words if s < self._floor]:
+                del self._words[s]
+            for key in [key for key in self._answers if key[0] < self._floor]:
+                del self._answers[key]
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Tells the tasks to end, whichever round they wait for."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def collect(self, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
+        """The rows of round ``seq`` once all ``workers`` have answered, else ``None``."""
+        with self._cond:
+            data = [self._answers.get((seq, w)) for w in workers]
+        if any(d is None for d in data):
+            return None
+        return [batch for d in data for batch in ipc_batches(d)]
+
+    def close(self) -> None:
+        """Stops serving: the listener closed and every connection shut (the tasks' next request finds no driver)."""
+        with self._cond:
+            self._stopped = self._closed = True
+            self._cond.notify_all()
+            conns, self._conns = self._conns, []
+        self._listener.close()
+        for conn in conns:  # each connection's thread closes it, once its wait for a request ends here
+            try:
+                with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed by its thread
+                pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+            except Exception as exc:  # noqa: BLE001 - a client without the key, or the listener closed
+                if self._closed:
+                    return
+                logger.debug("standing job: a connection refused: %s", exc)
+                continue
+            with self._cond:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="sparkdl_avg-round-conn", daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        try:
+            while True:
+                request = conn.recv()
+                conn.send(getattr(self, "_on_" + request[0])(*request[1:]))
+        except (EOFError, OSError):
+            pass  # the task ended, or the server closed
+        finally:
+            with self._cond:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            conn.close()
+
+    def _wait_until(self, ready, deadline_s: float):
+        """Waits (holding the condition) until ``ready()`` gives a reply other than ``...``; ``None`` at the deadline or a stop."""
+        deadline = time.monotonic() + deadline_s
+        with self._cond:
+            while True:
+                if self._stopped:
+                    return None
+                reply = ready()
+                if reply is not ...:
+                    return reply
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def _on_first(self, deadline_s: float) -> Optional[int]:
+        return self._wait_until(lambda: min(self._words) if self._words else ..., deadline_s)
+
+    def _on_word(self, seq: int, deadline_s: float):
+        return self._wait_until(
+            lambda: _PASSED if seq < self._floor else self._words.get(seq, ...), deadline_s)
+
+    def _on_answered(self, seq: int, workers: List[int]) -> bool:
+        with self._cond:
+            return all((seq, w) in self._answers for w in workers)
+
+    def _on_passed(self, seq: int) -> bool:
+        with self._cond:
+            return seq < self._floor
+
+    def _on_answer(self, seq: int, worker: int, data: bytes) -> bool:
+        with self._cond:
+            if seq >= self._floor:  # a late attempt's answer to a round that is over is not kept
+                self._answers[(seq, int(worker))] = data
+        return True

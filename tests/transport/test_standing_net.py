@@ -1,0 +1,148 @@
+"""The standing round job through the driver's socket (sparkdl_avg.shared.wire.standing_net), without Spark.
+
+The task body (``run_standing_rounds``) runs in threads with a
+:class:`NetBoard`; the test plays the driver with a :class:`RoundServer` on
+127.0.0.1. The same body and server run in real Spark jobs in
+tests/fit/test_overlap.py and, across hosts, tests/runtime/test_hosts.py.
+"""
+
+import threading
+import time
+from multiprocessing.connection import Client
+
+import pytest
+
+from sparkdl_avg.executor import arrow_entries
+from sparkdl_avg.shared.wire import standing
+from sparkdl_avg.shared.wire.standing_net import NetBoard, RoundServer
+
+from test_standing import CALLS, fake_entry, fresh_calls, ids_batch  # noqa: F401 (fresh_calls: autouse fixture)
+
+
+@pytest.fixture
+def server():
+    s = RoundServer("127.0.0.1")
+    yield s
+    s.close()
+
+
+def start_task(server, ids, deadline_s=30.0):
+    thread = threading.Thread(target=lambda: list(arrow_entries.run_standing_rounds(server.board(), deadline_s,
+                                                                                    [ids_batch(*ids)])))
+    thread.start()
+    return thread
+
+
+def wait_answers(server, seq, workers, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batches = server.collect(seq, workers)
+        if batches is not None:
+            return [b.column("meta")[0].as_py() for b in batches]
+        time.sleep(0.001)
+    raise AssertionError(f"no answers to round {seq}")
+
+
+def test_tasks_train_each_announced_round_in_order_and_end_when_told(server):
+    server.announce(0, standing.go(fake_entry, 10))
+    tasks = [start_task(server, [0]), start_task(server, [1])]
+    assert wait_answers(server, 0, [0, 1]) == ["round 10", "round 10"]
+    for seq, task in ((1, 11), (2, 12)):
+        server.announce(seq, standing.go(fake_entry, task))
+        assert wait_answers(server, seq, [0, 1]) == [f"round {task}"] * 2
+    assert server.collect(1, [0, 1]) is None  # announcing round 2 dropped round 1's answers
+    server.stop()
+    for t in tasks:
+        t.join(10)
+        assert not t.is_alive()
+    assert sorted(CALLS) == [(r, w) for r in (10, 11, 12) for w in (0, 1)]
+
+
+TRAINING, RELEASE = threading.Event(), threading.Event()
+
+
+def slow_entry(task, workers):
+    """Round 0 trains until the test releases it."""
+    if task == 0:
+        TRAINING.set()
+        assert RELEASE.wait(10)
+    yield from fake_entry(task, workers)
+
+
+def test_a_task_reads_the_round_announced_ahead_while_it_trains_the_one_before(server, monkeypatch):
+    """overlap_rounds across hosts: round 1's word (its state) is read while round 0 trains, not after."""
+    training, release, served = TRAINING, RELEASE, []
+    training.clear(), release.clear()
+    on_word = RoundServer._on_word
+
+    def spy(self, seq, deadline_s):
+        reply = on_word(self, seq, deadline_s)
+        served.append((seq, training.is_set() and not release.is_set()))
+        return reply
+
+    monkeypatch.setattr(RoundServer, "_on_word", spy)
+
+    server.announce(0, standing.go(slow_entry, 0))
+    task = start_task(server, [0])
+    assert training.wait(10)
+    server.announce(1, standing.go(slow_entry, 1), keep_from=0)
+    deadline = time.monotonic() + 10
+    while (1, True) not in served and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (1, True) in served, served  # round 1's word went out while round 0 trained
+    release.set()
+    assert wait_answers(server, 0, [0]) == ["round 0"] and wait_answers(server, 1, [0]) == ["round 1"]
+    server.stop()
+    task.join(10)
+    assert not task.is_alive()
+    assert CALLS == [(0, 0), (1, 0)]
+
+
+def test_a_retried_task_joins_at_the_round_in_progress_and_skips_what_its_worker_answered(server):
+    server.announce(0, standing.go(fake_entry, 0))
+    other = start_task(server, [1])
+    board = server.board()
+    board.answer(0, list(fake_entry(0, [0])))  # worker 0's first attempt answered round 0, then failed
+    wait_answers(server, 0, [0, 1])
+    server.announce(1, standing.go(fake_entry, 1))
+    server.announce(2, standing.go(fake_entry, 2), keep_from=1)  # ahead: round 1 still waits for worker 0
+    wait_answers(server, 2, [1])
+    CALLS.clear()
+    retried = start_task(server, [0])
+    assert wait_answers(server, 1, [0, 1]) == ["round 1"] * 2 and wait_answers(server, 2, [0, 1]) == ["round 2"] * 2
+    assert board.passed(0) and not board.passed(1) and board.word(0, 1.0) is standing.PASSED
+    server.stop()
+    for t in (retried, other):
+        t.join(10)
+        assert not t.is_alive()
+    assert CALLS == [(1, 0), (2, 0)]  # the round in progress, then the one ahead; not round 0 again
+    assert board.word(1, 1.0) is None  # told to stop
+    # a late attempt's answer to a round that is over is not kept
+    board.answer(0, list(fake_entry(0, [0])))
+    assert server.collect(0, [0]) is None
+    board.close()
+
+
+def test_a_task_ends_when_the_driver_goes_or_says_nothing_within_its_deadline(server):
+    task = start_task(server, [0], deadline_s=0.2)
+    task.join(10)
+    assert not task.is_alive() and CALLS == []
+    server.announce(0, standing.go(fake_entry, 0))
+    task = start_task(server, [0])
+    wait_answers(server, 0, [0])
+    server.close()  # the driver gone: no stop word, the connection lost
+    task.join(10)
+    assert not task.is_alive()
+
+
+def test_a_client_without_the_key_is_refused_and_the_server_serves_on(server):
+    from multiprocessing import AuthenticationError
+
+    with pytest.raises(AuthenticationError):
+        Client(server.address, authkey=b"not the key")
+    board = NetBoard(server.address, server.board().authkey)
+    server.announce(0, standing.go(fake_entry, 3))
+    assert board.first_round(1.0) == 0
+    entry, task = board.word(0, 1.0)
+    assert task == 3 and not board.answered(0, [0])
+    board.close()
