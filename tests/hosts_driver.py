@@ -13,6 +13,9 @@ run with a ``local[3]`` one. Scenarios:
   new trainer resumes that fit's checkpoint of epoch 2 to epoch 3 (the epochs it trained: ``resumed_epochs``).
 - ``whole``: 3 epochs at once (what the resumed fit must equal).
 - ``stale``: ``synchronization="stale"``, ``reproducible=True``.
+- ``local``: ``optimizer_state="local"`` (issue 40); ``overlap``: the same with ``overlap_rounds=True`` (issue
+  50), on ``local[3]`` with one Spark job per round (``state_transport="files"``), the reference; records each
+  round's path and whether it was announced ahead.
 - ``kill``: the ``fit`` scenario's first fit while host 2's processes are
   killed during round 2 (:meth:`hosts.Cluster.kill_host`).
 - ``store_blip``: the same fit through the store (``aggregation="storage"``) with the store's link down
@@ -145,6 +148,11 @@ def live_slots(spark, wanted: int) -> int:
         return status_slots(spark.sparkContext).count
     rows = spark.range(0, wanted, numPartitions=wanted).mapInArrow(probe_task, "host string, pid long").collect()
     return len({(r.host, r.pid) for r in rows})
+
+
+def spark_master(spark) -> str:
+    """The classic session's master URL; ``""`` under Spark Connect."""
+    return "" if is_connect(spark) else spark.sparkContext.master
 
 
 def is_connect(spark) -> bool:
@@ -294,11 +302,18 @@ def run(name: str, spark, df, test, store: str) -> dict:
                 out["resumed_epochs"] = sorted({r.epoch for r in t.stats.records})
             out["resumed_digest"] = digest(resumed)
         return out
-    if name == "local":  # issue 40: each worker's own Adam state; classic keeps it on the worker's host
+    if name in ("local", "overlap"):  # issue 40: each worker's own Adam state; classic keeps it on the worker's host
         m = model()
-        with trainer(m, f"{store}/staging", optimizer_state="local") as t:
+        options = dict(optimizer_state="local")
+        if name == "overlap":  # issue 50: on local[3] one Spark job per round, the reference
+            options.update(overlap_rounds=True)
+            if spark_master(spark).startswith("local"):
+                options.update(state_transport="files")
+        with trainer(m, f"{store}/staging", **options) as t:
             t.fit(df, epochs=2, verbose=0, checkpoint_dir=f"{store}/ckpt")  # epoch ends: states in the store too
             out["digest"] = digest(m)
+            out["paths"] = sorted({f"{r.transport}/{r.aggregation}" for r in t.stats.records})
+            out["announced_ahead"] = [r.announced_ahead for r in t.stats.records]
             out["restarted"] = t.stats.local_states_restarted
             hosts_of: dict = {}
             for r in t.stats.records:
