@@ -373,24 +373,7 @@ def test_the_advise_job_prints_the_answer_and_writes_html_and_json(spark, tmp_pa
 # ------------------------------------------------------------------ issue 50: when overlapped rounds or a larger k pay
 
 
-@pytest.fixture
-def overlap_hides(monkeypatch):
-    """The advice as it will be once overlapped rounds hide their communication (``costmodel.OVERLAP_HIDES``)."""
-    from sparkdl_avg.driver.observe import costmodel
-
-    monkeypatch.setattr(costmodel, "OVERLAP_HIDES", True)
-
-
-def test_overlap_is_not_advised_while_its_rounds_do_not_overlap():
-    from sparkdl_avg.driver.observe.costmodel import communication_advice
-
-    assert communication_advice(1.77, 1.80, 192) is None
-    assert communication_advice(0.30, 1.75, 32).endswith(
-        "raising averaging_frequency to 192 would spend 9.1 ms per minibatch communicating instead of 54.7 ms, "
-        "about 3.5x the throughput.")
-
-
-def test_overlap_is_advised_when_communication_is_a_large_share_and_compute_covers_it(overlap_hides):
+def test_overlap_is_advised_when_communication_is_a_large_share_and_compute_covers_it():
     from sparkdl_avg.driver.observe.costmodel import communication_advice
 
     # issue 50's hosts cluster at k=192: a 3.57 s round of which 1.77 s the slowest worker's compute
@@ -404,7 +387,7 @@ def test_overlap_is_advised_when_communication_is_a_large_share_and_compute_cove
     assert communication_advice(1.0, 0.26, 8).endswith("about 1.00 s a round instead of 1.26 s (1.3x the throughput).")
 
 
-def test_a_larger_k_is_advised_when_compute_is_much_less_than_communication(overlap_hides):
+def test_a_larger_k_is_advised_when_compute_is_much_less_than_communication():
     from sparkdl_avg.driver.observe.costmodel import communication_advice
 
     # the same cluster at k=32: 0.30 s of compute in a 2.05 s round -> k x ceil(1.75 / 0.30) = 192
@@ -443,7 +426,7 @@ def test_a_short_budget_still_answers_from_two_workers(digits, monkeypatch):
                                    "rest.)")
 
 
-def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(caplog, overlap_hides):
+def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(caplog):
     from sparkdl_avg.driver.fit.hooks import SlowFitWarnings
 
     # 8 workers, k=64: 1.4 s of compute in a 2.5 s round, faster than one process, but 44% communication
@@ -462,7 +445,7 @@ def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(c
         "throughput). Silence this with slow_warning=False.")
 
 
-def test_a_fit_already_overlapping_is_advised_only_a_larger_k(overlap_hides):
+def test_a_fit_already_overlapping_is_advised_only_a_larger_k():
     from types import SimpleNamespace
 
     from sparkdl_avg.driver.observe.costmodel import communication_advice, overlapping

@@ -146,3 +146,30 @@ def test_a_client_without_the_key_is_refused_and_the_server_serves_on(server):
     entry, task = board.word(0, 1.0)
     assert task == 3 and not board.answered(0, [0])
     board.close()
+
+
+def test_optimizer_variables_the_driver_keeps_are_fetched_only_when_a_task_reads_them(server, monkeypatch):
+    """optimizer_state="local": a word carries the optimizer variables' shapes alone; a worker that starts or restarts
+    its own state fetches them once."""
+    import pickle
+
+    import numpy as np
+
+    from sparkdl_avg.shared.wire.local_state import from_bytes, to_bytes
+
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7, dtype=np.int64)]
+    remote = pickle.loads(pickle.dumps(server.keep("round-1", arrays)))  # as a word carries it
+    fetched = []
+    fetch = NetBoard.fetch
+    monkeypatch.setattr(NetBoard, "fetch", lambda self, key: fetched.append(key) or fetch(self, key))
+    assert len(remote) == 2 and remote.specs == [(np.dtype("float32"), (2, 3)), (np.dtype("int64"), ())]
+    assert from_bytes(to_bytes(arrays), remote)[1] == 7 and fetched == []  # a template without its data
+    np.testing.assert_array_equal(remote[0], arrays[0])
+    assert int(list(remote)[1]) == 7 and fetched == ["round-1"]  # once
+    server.forget("round-1")
+    late = pickle.loads(pickle.dumps(server.keep("round-2", arrays)))
+    server.forget("round-2")
+    with pytest.raises(RuntimeError, match=r"^The driver no longer keeps 'round-2': its round is over\.$"):
+        late[0]
+    late.board.close()
+    remote.board.close()

@@ -293,11 +293,6 @@ def round_split(records) -> Optional[Tuple[float, float, int, int]]:
 
 _OVERLAP = 'overlap_rounds=True and optimizer_state="local"'  # overlap refuses the default "average"
 
-#: Whether ``overlap_rounds`` hides a round's communication behind the next round's compute. Not yet on main:
-#: its rounds run one after another (issue 50, part 2), so until they overlap the advice names only a larger ``k``.
-OVERLAP_HIDES = False
-
-
 def overlapping(records) -> bool:
     """Whether the records are of a fit with ``overlap_rounds`` on (its advice then names only a larger ``k``)."""
     return any(getattr(r, "overlapped", False) for r in records)
@@ -318,12 +313,14 @@ def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optiona
     communication, cutting the communication per minibatch by that factor;
     overlap then hides the rest. ``compute_s``, ``comm_s``: one round's
     seconds at averaging frequency ``k``. ``overlapping``: the fit already
-    runs ``overlap_rounds`` (or :data:`OVERLAP_HIDES` is off); only a larger ``k`` is then advised.
+    runs ``overlap_rounds``; only a larger ``k`` is then advised. The
+    overlapped round's ``max(compute, comm)`` is what was measured: within
+    1.15x of it on three hosts on 100 Mbit/s links (docs/benchmarks/overlap.md,
+    "Across hosts"), and 100% of the ideal on one host.
     """
     round_s = compute_s + comm_s
     if round_s <= 0 or comm_s < COMMUNICATION_SHARE * round_s:
         return None
-    overlapping = overlapping or not OVERLAP_HIDES
     if overlapping and compute_s >= LARGER_K_BELOW * comm_s:
         return None
     share = comm_s / round_s
@@ -355,5 +352,5 @@ def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optiona
     return f"{larger_k}; with {_OVERLAP} there too, about {now / hidden:.1f}x."
 
 
-__all__ = ["COMMUNICATION_SHARE", "CostModel", "LARGER_K_BELOW", "WARM_ROUNDS", "communication_advice", "is_cold", "overlapping", "OVERLAP_HIDES",
+__all__ = ["COMMUNICATION_SHARE", "CostModel", "LARGER_K_BELOW", "WARM_ROUNDS", "communication_advice", "is_cold", "overlapping",
            "predict", "recommend", "round_split", "slower_than_one_process", "steady_costs"]

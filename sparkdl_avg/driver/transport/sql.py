@@ -102,13 +102,24 @@ class SqlTransport(StateTransport):
             self._spec = exchange.store_spec(self.directory, spec)
         return self._spec
 
-    def publish(self, name, weights, optimizer):
-        if self.network and self.standing:  # the state in the standing job's word (its rounds' only state here)
-            layout = self.layout(weights, optimizer)
-            state = exchange.InlineState([np.asarray(w) for w in weights],
-                                         None if optimizer is None else [np.asarray(v) for v in optimizer])
+    def publish(self, name, weights, optimizer, job=None):
+        """See :meth:`StateTransport.publish`; ``job``: the standing job whose word will carry the state."""
+        if self.network and self.standing:  # the state in the word (the standing job's, or a job's closure)
             directory = join(self.directory, name)  # only if the sums go to files (an aggregation asked for)
-            return Published(state, partial(remove_quietly, directory), directory, layout)
+            layout = self.layout(weights, optimizer)
+            if job is not None and optimizer is not None:
+                # kept by the driver: a worker fetches them only to start or restart its own (optimizer_state="local")
+                optimizer = job.post.keep(name, optimizer)
+            elif optimizer is not None:
+                optimizer = [np.asarray(v) for v in optimizer]
+            state = exchange.InlineState([np.asarray(w) for w in weights], optimizer)
+
+            def release():
+                if job is not None:
+                    job.post.forget(name)
+                remove_quietly(directory)
+
+            return Published(state, release, directory, layout)
         directory = join(self.directory, name)
         state = exchange.store_state(directory, "state", weights, optimizer)
         return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer))
@@ -143,7 +154,7 @@ class SqlTransport(StateTransport):
                 _, _, seq, published, plan, path = announced
                 at = time.time()
             else:
-                published = self.publish(name, weights, optimizer)
+                published = self.publish(name, weights, optimizer, job)
                 task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
                 seq = job.announce(entry, task)
                 at = time.time()
@@ -177,7 +188,7 @@ class SqlTransport(StateTransport):
         path = AGGREGATIONS.get(plan[0])()
         if not path.standing:
             return None
-        published = self.publish(name, weights, optimizer)
+        published = self.publish(name, weights, optimizer, job)
         task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
         job.announce(entry, task, keep_from=seq)
         return job, name, job.seq, published, plan, path

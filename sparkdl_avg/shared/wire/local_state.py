@@ -56,15 +56,21 @@ def to_bytes(arrays: Sequence[np.ndarray]) -> bytes:
 
 
 def from_bytes(data: bytes, template: Sequence[np.ndarray]) -> List[np.ndarray]:
-    """Arrays shaped and typed as ``template`` from :func:`to_bytes`' output (copies, writable)."""
+    """Arrays shaped and typed as ``template`` from :func:`to_bytes`' output (copies, writable).
+
+    ``template``: arrays, or anything with ``specs``, ``(dtype, shape)`` per array (arrays not read yet:
+    :class:`~sparkdl_avg.shared.wire.standing_net.RemoteArrays`).
+    """
+    specs = getattr(template, "specs", None)
+    if specs is None:
+        specs = [(np.asarray(t).dtype, np.shape(t)) for t in template]
     out, offset = [], 0
-    for t in template:
-        t = np.asarray(t)
-        n = t.size * t.dtype.itemsize
+    for dtype, shape in specs:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if offset + n > len(data):
             raise ValueError(f"a local optimizer state of {len(data)} bytes is shorter than its variables' "
-                             f"{sum(np.asarray(x).nbytes for x in template)}")
-        out.append(np.frombuffer(data, np.uint8, count=n, offset=offset).view(t.dtype).reshape(t.shape).copy())
+                             f"{sum(int(np.prod(sh, dtype=np.int64)) * np.dtype(dt).itemsize for dt, sh in specs)}")
+        out.append(np.frombuffer(data, np.uint8, count=n, offset=offset).view(dtype).reshape(shape).copy())
         offset += n
     if offset != len(data):
         raise ValueError(f"a local optimizer state of {len(data)} bytes does not match its variables' {offset}")

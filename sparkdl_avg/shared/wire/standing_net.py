@@ -9,9 +9,10 @@ executors reach the driver at, ``spark.driver.host``), and each task asks
 for them (:class:`NetBoard`): the same questions as
 :class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, with the same
 answers, so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`
-runs either. A word carries the round's state itself and an answer the
-worker's sums (the ``"driver"`` aggregation's Arrow rows): nothing of a
-round goes through the staging store.
+runs either. A word carries the round's weights itself (the optimizer
+variables only as :class:`RemoteArrays`, fetched by a task that needs them)
+and an answer the worker's sums (the ``"driver"`` aggregation's Arrow
+rows): nothing of a round goes through the staging store.
 
 Why a socket of its own: with ``overlap_rounds`` a round's state for the
 next round is announced while the workers train this one, and a task reads
@@ -38,6 +39,8 @@ import threading
 import time
 from multiprocessing.connection import Client, Listener
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .standing import PASSED, ipc_batches, ipc_bytes
 
@@ -116,12 +119,56 @@ class NetBoard:
         for batch in batches:
             self._call("answer", seq, batch.column("worker")[0].as_py(), ipc_bytes(batch))
 
+    def fetch(self, key: str) -> Optional[bytes]:
+        """The bytes the driver keeps under ``key`` (:meth:`RoundServer.keep`); ``None`` if it keeps none."""
+        return self._call("fetch", key)
+
     def close(self) -> None:
         """Closes this task's connections."""
         with self._lock:
             conns, self._free = self._free, []
         for conn in conns:
             conn.close()
+
+
+class RemoteArrays:
+    """A round's arrays the driver keeps until a task asks for them (:meth:`RoundServer.keep`): a read-only sequence.
+
+    With ``optimizer_state="local"`` a worker trains from its own optimizer
+    variables and needs the driver's only to start or restart, so a word
+    carries their shapes alone and a task that needs them fetches them once
+    (on the first access of an array). ``specs``: ``(dtype, shape)`` per
+    array, read without fetching.
+    """
+
+    def __init__(self, board: NetBoard, key: str, specs) -> None:
+        self.board, self.key, self.specs = board, key, [(np.dtype(d), tuple(s)) for d, s in specs]
+        self._arrays: Optional[List[np.ndarray]] = None
+
+    def __getstate__(self):
+        return {"board": self.board, "key": self.key, "specs": self.specs}
+
+    def __setstate__(self, state) -> None:
+        self.__init__(state["board"], state["key"], state["specs"])
+
+    def _fetched(self) -> List[np.ndarray]:
+        if self._arrays is None:
+            from .local_state import from_bytes
+
+            data = self.board.fetch(self.key)
+            if data is None:
+                raise RuntimeError(f"The driver no longer keeps {self.key!r}: its round is over.")
+            self._arrays = from_bytes(data, self)
+        return self._arrays
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __getitem__(self, i):
+        return self._fetched()[i]
+
+    def __iter__(self):
+        return iter(self._fetched())
 
 
 class RoundServer:
@@ -141,6 +188,7 @@ class RoundServer:
         self._cond = threading.Condition()
         self._words: Dict[int, bytes] = {}
         self._answers: Dict[Tuple[int, int], bytes] = {}
+        self._kept: Dict[str, bytes] = {}  # what RemoteArrays fetch, by key
         self._floor = 0  # rounds below it are over: their words and answers gone
         self._stopped = self._closed = False
         self._conns: List[Any] = []
@@ -160,6 +208,21 @@ class RoundServer:
             for key in [key for key in self._answers if key[0] < self._floor]:
                 del self._answers[key]
             self._cond.notify_all()
+
+    def keep(self, key: str, arrays: Sequence[np.ndarray]) -> RemoteArrays:
+        """Keeps ``arrays`` for the tasks to fetch until :meth:`forget`; what a word carries in their place."""
+        from .local_state import to_bytes
+
+        specs = [(np.asarray(a).dtype, np.shape(a)) for a in arrays]
+        data = to_bytes(arrays)
+        with self._cond:
+            self._kept[key] = data
+        return RemoteArrays(self.board(), key, specs)
+
+    def forget(self, key: str) -> None:
+        """Drops what :meth:`keep` kept under ``key``."""
+        with self._cond:
+            self._kept.pop(key, None)
 
     def stop(self) -> None:
         """Tells the tasks to end, whichever round they wait for."""
@@ -239,6 +302,10 @@ class RoundServer:
     def _on_word(self, seq: int, deadline_s: float):
         return self._wait_until(
             lambda: _PASSED if seq < self._floor else self._words.get(seq, ...), deadline_s)
+
+    def _on_fetch(self, key: str) -> Optional[bytes]:
+        with self._cond:
+            return self._kept.get(key)
 
     def _on_answered(self, seq: int, workers: List[int]) -> bool:
         with self._cond:
