@@ -171,5 +171,3 @@ def test_optimizer_variables_the_driver_keeps_are_fetched_only_when_a_task_reads
     server.forget("round-2")
     with pytest.raises(RuntimeError, match=r"^The driver no longer keeps 'round-2': its round is over\.$"):
         late[0]
-    late.board.close()
-    remote.board.close()

@@ -155,7 +155,10 @@ class RemoteArrays:
         if self._arrays is None:
             from .local_state import from_bytes
 
-            data = self.board.fetch(self.key)
+            try:
+                data = self.board.fetch(self.key)
+            finally:
+                self.board.close()  # fetched once: no connection kept per round
             if data is None:
                 raise RuntimeError(f"The driver no longer keeps {self.key!r}: its round is over.")
             self._arrays = from_bytes(data, self)
