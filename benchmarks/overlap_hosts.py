@@ -12,7 +12,11 @@ features, 10 classes) of ``--rounds-per-epoch`` rounds an epoch. Arms,
 interleaved per repeat, each a trainer of its own:
 
 * ``sync``: synchronous rounds, ``state_transport="auto"`` (what it takes there);
-* ``overlap``: ``overlap_rounds=True`` (the standing job through the driver's socket).
+* ``overlap``: ``overlap_rounds=True`` (the standing job through the driver's socket);
+* ``overlap-jobs`` (not run by default): the same with one Spark job per round
+  (``sparkdl_avg.driver.transport.standing.STANDING = False``: the rounds one
+  after another, as under Spark Connect across hosts), what a job per round
+  costs there.
 
 Each arm fits one epoch to warm its replicas, then ``--epochs`` measured
 epochs. Per arm: the steady round period (the time between the first and
@@ -25,6 +29,7 @@ overlapped round ≤ 1.15 × max(compute, communication), and throughput ≥ 1.5
 sync's at held-out accuracy within 0.02.
 
     sudo .venv/bin/python benchmarks/overlap_hosts.py [--rate 100mbit] [--k 192] [--repeats 2] [--epochs 2]
+        [--arms sync overlap overlap-jobs]
 
 Results: benchmarks/results/overlap_hosts.json; the table for docs/benchmarks/overlap.md.
 """
@@ -47,7 +52,8 @@ WORKERS = 3
 BATCH = 32
 TEST = 5000
 CONF = {"spark.executor.memory": "768m", "spark.driver.memory": "2g", "spark.driver.maxResultSize": "0"}
-ARMS = {"sync": dict(optimizer_state="local"), "overlap": dict(optimizer_state="local", overlap_rounds=True)}
+ARMS = {"sync": dict(optimizer_state="local"), "overlap": dict(optimizer_state="local", overlap_rounds=True),
+        "overlap-jobs": dict(optimizer_state="local", overlap_rounds=True)}  # one Spark job per round (no standing job)
 
 
 def data(args):
@@ -89,6 +95,9 @@ def drive(args) -> None:
         for arm in args.arms:
             row = {"arm": arm, "repeat": repeat, "k": args.k, "rate": cluster.rate, "workers": WORKERS,
                    "load_before": os.getloadavg()[0]}
+            from sparkdl_avg.driver.transport import standing
+
+            standing.STANDING = arm != "overlap-jobs"
             model = mlp(1e6)
             with ParameterAveragingTrainer(model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=args.k,
                                            seed=0, slow_warning=False, staging_dir=f"{store}/{arm}-{repeat}",
@@ -151,7 +160,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=192)
     p.add_argument("--epochs", type=int, default=2, help="measured epochs per arm (after one warm epoch)")
     p.add_argument("--rounds-per-epoch", type=int, default=3)
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=["sync", "overlap"], choices=list(ARMS))
     p.add_internal("--driver", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
     args = p.parse_args()

@@ -53,7 +53,26 @@ up() {
     >"$CLUSTER_DIR/logs/master.log" 2>&1 </dev/null &
   echo $! >"$CLUSTER_DIR/pids/master.pid"
 
-  # Workers retry until the master is up.
+  # The master's own URL from its log: the port picked above may have been taken meanwhile (another process's
+  # ephemeral port), and the master then binds the next one.
+  local deadline=$((SECONDS + TIMEOUT_S)) started=""
+  while [ -z "$started" ]; do
+    started="$(grep -o "Starting Spark master at spark://[^ ]*" "$CLUSTER_DIR/logs/master.log" 2>/dev/null | head -1 || true)"
+    [ -n "$started" ] && break
+    if ! running "$CLUSTER_DIR/pids/master.pid"; then
+      echo "master exited; its log:" >&2
+      tail -20 "$CLUSTER_DIR/logs/master.log" >&2
+      return 1
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "timed out after ${TIMEOUT_S}s waiting for the master to start; logs in $CLUSTER_DIR/logs" >&2
+      down >/dev/null
+      return 1
+    fi
+    sleep 0.2
+  done
+  url="${started##* at }"
+
   for i in $(seq 1 "$WORKERS"); do
     mkdir -p "$CLUSTER_DIR/work-$i"
     nohup "$class" org.apache.spark.deploy.worker.Worker \
@@ -65,7 +84,6 @@ up() {
   echo "$url" >"$CLUSTER_DIR/master_url"
   echo "http://127.0.0.1:$webui" >"$CLUSTER_DIR/master_webui"
 
-  local deadline=$((SECONDS + TIMEOUT_S))
   while :; do
     local registered
     registered="$(grep -c "Registering worker" "$CLUSTER_DIR/logs/master.log" 2>/dev/null || true)"

@@ -133,6 +133,14 @@ def test_a_task_ends_when_the_driver_goes_or_says_nothing_within_its_deadline(se
     server.close()  # the driver gone: no stop word, the connection lost
     task.join(10)
     assert not task.is_alive()
+    # nothing of the server left: its accepting thread ends (a closed socket alone would not wake it) and its port
+    # takes no connection
+    deadline = time.monotonic() + 5
+    while any(t.name == "sparkdl_avg-round-server" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "sparkdl_avg-round-server" for t in threading.enumerate())
+    with pytest.raises(ConnectionRefusedError):
+        Client(server.address, authkey=server.board().authkey)
 
 
 def test_a_client_without_the_key_is_refused_and_the_server_serves_on(server):

@@ -244,9 +244,15 @@ class RoundServer:
     def close(self) -> None:
         """Stops serving: the listener closed and every connection shut (the tasks' next request finds no driver)."""
         with self._cond:
+            if self._closed:
+                return
             self._stopped = self._closed = True
             self._cond.notify_all()
             conns, self._conns = self._conns, []
+        try:  # wakes the accepting thread (a socket closed under a blocked accept does not), which then ends
+            socket.create_connection(self._listener.address, timeout=1.0).close()
+        except OSError:
+            pass
         self._listener.close()
         for conn in conns:  # each connection's thread closes it, once its wait for a request ends here
             try:
