@@ -115,12 +115,21 @@ def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise
     across hosts); here on one host, forced, against the same fit through local files."""
     from sparkdl_avg.driver.transport import standing as standing_mod
 
+    from conftest import regression_data
+
     fits = OverlapRoundsMixin()
+    validation = regression_data(16, d=3, seed=5)
     _, files = fits._fit()
+    _, files_validated = fits._fit(validation_data=validation)
     monkeypatch.setattr(standing_mod, "NETWORK", True)
     trainer, socket = fits._fit()
     records = trainer.stats.records
     assert [(r.transport, r.aggregation) for r in records] == [("sql", "driver")] * 6
     assert [r.announced_ahead for r in records] == [False] + [True] * 5
-    for a, b in zip(socket.get_weights(), files.get_weights()):
+    # a validation (a job of its own) between epochs: the standing job stops and a new one takes the next epoch
+    trainer, validated = fits._fit(validation_data=validation)
+    assert [r.announced_ahead for r in trainer.stats.records] == [False, True, True] * 2
+    for a, b, c, d in zip(socket.get_weights(), files.get_weights(), validated.get_weights(),
+                          files_validated.get_weights()):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, d)

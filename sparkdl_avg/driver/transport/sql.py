@@ -52,16 +52,17 @@ class SqlTransport(StateTransport):
         network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s
             choice, :func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`); ``None`` when they share its host.
         standing: Run consecutive rounds in one standing job (:mod:`.standing`); where the driver
-            and the executors share a host and the directory is local, or with ``network``.
-        network: The standing job's words and answers go through the driver's socket (``overlap_rounds``
-            on a classic session whose executors run on other hosts): a round's state travels in its word,
-            inline, and each worker's sums in its answer (the ``"driver"`` aggregation), none of it through
-            the staging store. Rounds run through
+            and the executors share a host and the directory is local, or with ``network``. Rounds run through
             :meth:`run_job` with ``rounds_labels`` (a fit's synchronous rounds) go to it when their
             path allows (:attr:`~sparkdl_avg.driver.transport.sql_paths.Aggregation.standing`: ``"files"``,
-            what ``"auto"`` takes there) and they have at most as many workers as the cluster has task
-            slots (every task must hold a slot at once). A task that fails is retried by Spark as usual
+            what ``"auto"`` takes there, or ``"driver"``) and they have at most as many workers as the cluster
+            has task slots (every task must hold a slot at once). A task that fails is retried by Spark as usual
             and joins at the round in progress; a failed job raises what the round's own job would have.
+        network: The standing job's words and answers go through the driver's socket (``overlap_rounds``
+            on a classic session whose executors run on other hosts): a round's weights travel in its word
+            (the optimizer variables kept by the driver until a worker asks), and each worker's sums in its
+            answer (``"auto"`` takes the ``"driver"`` aggregation there), none of it through the staging
+            store. Rounds that run a job of their own publish as usual (files under the staging directory).
     """
 
     name = "sql"
@@ -104,19 +105,16 @@ class SqlTransport(StateTransport):
 
     def publish(self, name, weights, optimizer, job=None):
         """See :meth:`StateTransport.publish`; ``job``: the standing job whose word will carry the state."""
-        if self.network and self.standing:  # the state in the word (the standing job's, or a job's closure)
+        if self.network and job is not None:  # the weights in the standing job's word, through the driver's socket
             directory = join(self.directory, name)  # only if the sums go to files (an aggregation asked for)
             layout = self.layout(weights, optimizer)
-            if job is not None and optimizer is not None:
+            if optimizer is not None:
                 # kept by the driver: a worker fetches them only to start or restart its own (optimizer_state="local")
                 optimizer = job.post.keep(name, optimizer)
-            elif optimizer is not None:
-                optimizer = [np.asarray(v) for v in optimizer]
             state = exchange.InlineState([np.asarray(w) for w in weights], optimizer)
 
             def release():
-                if job is not None:
-                    job.post.forget(name)
+                job.post.forget(name)
                 remove_quietly(directory)
 
             return Published(state, release, directory, layout)
@@ -124,18 +122,22 @@ class SqlTransport(StateTransport):
         state = exchange.store_state(directory, "state", weights, optimizer)
         return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer))
 
-    def plan(self, num_workers: int, nbytes: int) -> Tuple[str, int]:
-        """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each."""
+    def plan(self, num_workers: int, nbytes: int, standing: bool = False) -> Tuple[str, int]:
+        """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each.
+
+        ``standing``: for a round of the standing job, whose answers carry the sums through the driver's socket
+        (``network``: ``"auto"`` takes ``"driver"``).
+        """
         s = self.settings
-        if self.network and self.standing and s.aggregation == "auto":
-            return "driver", 1  # the sums in the standing job's answers, through the driver's socket
+        if standing and self.network and s.aggregation == "auto":
+            return "driver", 1
         return plan_aggregation(s.aggregation, s.shards, num_workers, nbytes, self.network_rate, self.one_host_files)
 
     def run_job(self, name, weights, optimizer, make_task, entry, workers, what, rounds_labels=None, places=None,
                 ahead=None):
         plan = path = None
         if rounds_labels is not None and self.standing:
-            plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes)
+            plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes, standing=True)
             path = AGGREGATIONS.get(plan[0])()
         usable = path is not None and path.standing and len(workers) <= self.engine.default_parallelism
         announced, self._ahead = self._ahead, None
@@ -184,7 +186,7 @@ class SqlTransport(StateTransport):
 
     def _announce_ahead(self, job, seq: int, entry, workers, name, weights, optimizer, make_task):
         """Publishes and announces the round after round ``seq`` in ``job``; what :meth:`run_job` takes up next."""
-        plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes)
+        plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes, standing=True)
         path = AGGREGATIONS.get(plan[0])()
         if not path.standing:
             return None
