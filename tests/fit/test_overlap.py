@@ -133,3 +133,31 @@ def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise
                           files_validated.get_weights()):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(c, d)
+
+
+def test_executors_that_cannot_reach_the_drivers_socket_get_a_job_per_round_and_a_warning(session, monkeypatch,
+                                                                                          caplog):
+    """A cluster whose executors cannot connect to spark.driver.host (a firewall): the first standing job ends
+    without a task connecting, the fit says so once and runs its rounds one Spark job each, with the same weights."""
+    import logging
+    import socket
+
+    from sparkdl_avg.driver.transport import standing as standing_mod
+    from sparkdl_avg.shared.wire.standing_net import NetBoard, RoundServer
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()
+    monkeypatch.setattr(standing_mod, "NETWORK", True)
+    monkeypatch.setattr(RoundServer, "board", lambda self: NetBoard(closed, b"k" * 32))
+    fits = OverlapRoundsMixin()
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer, unreachable = fits._fit()
+    warnings = [r.getMessage() for r in caplog.records if "could not connect to the driver" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("The executors could not connect to the driver at ")
+    assert "each round runs as a Spark job of its own" in warnings[0]
+    assert not any(r.announced_ahead for r in trainer.stats.records) and len(trainer.stats.records) == 6
+    monkeypatch.setattr(standing_mod, "NETWORK", False)
+    _, files = fits._fit()
+    for a, b in zip(unreachable.get_weights(), files.get_weights()):
+        np.testing.assert_array_equal(a, b)

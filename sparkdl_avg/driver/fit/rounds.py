@@ -207,7 +207,7 @@ class RoundRunner:
         record = round_record(epoch, rnd, steps, n, result, self.rule.name, t0, t1, t2, t3)
         record.driver_cpu_s = result.driver_sum_cpu_s + (cpu3 - cpu2)
         record.membership, record.start, record.residuals_dropped = membership, start, dropped
-        record.announced_ahead = took
+        record.announced_ahead = took and self.transport.last_announced  # (not if its job ended before it ran)
         self._finish(record)
         return result
 

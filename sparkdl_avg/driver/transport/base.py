@@ -180,11 +180,13 @@ class StateTransport:
         engine: The :class:`~sparkdl_avg.driver.runtime.session.Engine` the jobs run on.
         settings: Its :class:`TransportSettings`.
         last_plan: ``(aggregation, shards)`` of the latest round of the Spark SQL round; ``None`` for the others.
+        last_announced: Whether the latest round ran as announced ahead (``overlap_rounds`` in a standing job).
     """
 
     name = ""
     connect = False
     last_plan: Optional[Tuple[str, int]] = None
+    last_announced = False  # whether the latest round ran as announced ahead (run_job's ``ahead``)
 
     def __init__(self, engine, settings: TransportSettings = TransportSettings()) -> None:
         self.engine = engine

@@ -148,7 +148,8 @@ class SqlTransport(StateTransport):
         if announced is not None and announced[0] is not job:
             announced[3].release()
             announced = None
-        if job is None:  # (a standing job runs where the driver does: one host, nothing to place)
+        self.last_announced = announced is not None
+        if job is None:
             return super().run_job(name, weights, optimizer, make_task, entry, workers, what, places=places)
         published = None
         try:
@@ -168,6 +169,18 @@ class SqlTransport(StateTransport):
                 logger.debug("%s: the standing job ended before the round; running it as a job of its own", what)
                 self._drop(self._ahead)
                 self._ahead = None
+                self.last_announced = False
+                if not job.post.reached():  # no task could connect to the driver's socket: never try again
+                    host, port = job.post.address
+                    logger.warning(
+                        "The executors could not connect to the driver at %s:%d (spark.driver.host), where "
+                        "overlapped rounds hand out their state and collect the sums; from here on each round runs "
+                        "as a Spark job of its own, one after another. Let the executors reach the driver's "
+                        "host on any port, or set spark.driver.host to an address they reach.", host, port)
+                    self.standing = False
+                if self.network:  # the state was in the word: a job of its own reads it from files
+                    published.release()
+                    published = self.publish(name, weights, optimizer)
                 return self.run(make_task, entry, workers, what, published), at
             import pyarrow as pa
 

@@ -271,5 +271,9 @@ class FilePost:
         """See :func:`collect`."""
         return collect(self.path, seq, workers)
 
+    def reached(self) -> bool:
+        """Always: the tasks read the files where they run (the driver's host)."""
+        return True
+
     def close(self) -> None:
         """Nothing to close: the job's directory goes with the job."""

@@ -195,6 +195,7 @@ class RoundServer:
         self._floor = 0  # rounds below it are over: their words and answers gone
         self._stopped = self._closed = False
         self._conns: List[Any] = []
+        self._accepted = 0  # connections that passed the key's challenge
         threading.Thread(target=self._accept, name="sparkdl_avg-round-server", daemon=True).start()
 
     def board(self) -> NetBoard:
@@ -211,6 +212,11 @@ class RoundServer:
             for key in [key for key in self._answers if key[0] < self._floor]:
                 del self._answers[key]
             self._cond.notify_all()
+
+    def reached(self) -> bool:
+        """Whether any task has connected (``False`` once a job has ended: its executors cannot reach this address)."""
+        with self._cond:
+            return self._accepted > 0
 
     def keep(self, key: str, arrays: Sequence[np.ndarray]) -> RemoteArrays:
         """Keeps ``arrays`` for the tasks to fetch until :meth:`forget`; what a word carries in their place."""
@@ -275,6 +281,7 @@ class RoundServer:
                     conn.close()
                     return
                 self._conns.append(conn)
+                self._accepted += 1
             threading.Thread(target=self._serve, args=(conn,), name="sparkdl_avg-round-conn", daemon=True).start()
 
     def _serve(self, conn) -> None:
