@@ -42,7 +42,8 @@ def test_the_registered_paths_are_these():
         "driver": ("DriverSum", False), "files": ("FilesSum", False), "shuffle": ("ShuffleSum", True),
         "storage": ("StorageSum", True)}
     assert [n for n in TRANSPORTS.names() if TRANSPORTS.get(n).connect] == ["sql"]
-    assert [n for n in AGGREGATIONS.names() if AGGREGATIONS.get(n).standing] == ["driver", "files"]
+    assert [n for n in AGGREGATIONS.names() if AGGREGATIONS.get(n).standing] == ["files"]
+    assert [n for n in AGGREGATIONS.names() if AGGREGATIONS.get(n).inline] == ["driver"]
 
 
 def test_an_unknown_name_is_refused_naming_the_option_and_the_names_there_are():

@@ -55,9 +55,10 @@ class SqlTransport(StateTransport):
             and the executors share a host and the directory is local, or with ``network``. Rounds run through
             :meth:`run_job` with ``rounds_labels`` (a fit's synchronous rounds) go to it when their
             path allows (:attr:`~sparkdl_avg.driver.transport.sql_paths.Aggregation.standing`: ``"files"``,
-            what ``"auto"`` takes there, or ``"driver"``) and they have at most as many workers as the cluster
-            has task slots (every task must hold a slot at once). A task that fails is retried by Spark as usual
-            and joins at the round in progress; a failed job raises what the round's own job would have.
+            what ``"auto"`` takes there; with ``network``, ``Aggregation.inline``: ``"driver"``) and they
+            have at most as many workers as the cluster has task slots (every task must hold a slot at once).
+            A task that fails is retried by Spark as usual and joins at the round in progress; a failed job
+            raises what the round's own job would have.
         network: The standing job's words and answers go through the driver's socket (``overlap_rounds``
             on a classic session whose executors run on other hosts): a round's weights travel in its word
             (the optimizer variables kept by the driver until a worker asks), and each worker's sums in its
@@ -139,7 +140,7 @@ class SqlTransport(StateTransport):
         if rounds_labels is not None and self.standing:
             plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes, standing=True)
             path = AGGREGATIONS.get(plan[0])()
-        usable = path is not None and path.standing and len(workers) <= self.engine.default_parallelism
+        usable = path is not None and self._standing_path(path) and len(workers) <= self.engine.default_parallelism
         announced, self._ahead = self._ahead, None
         if announced is not None and (announced[1] != name or not usable or announced[0].ended()):
             self._drop(announced)  # not the round announced: its job stops, this round starts another
@@ -201,12 +202,16 @@ class SqlTransport(StateTransport):
         """Publishes and announces the round after round ``seq`` in ``job``; what :meth:`run_job` takes up next."""
         plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes, standing=True)
         path = AGGREGATIONS.get(plan[0])()
-        if not path.standing:
+        if not self._standing_path(path):
             return None
         published = self.publish(name, weights, optimizer, job)
         task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
         job.announce(entry, task, keep_from=seq)
         return job, name, job.seq, published, plan, path
+
+    def _standing_path(self, path: Aggregation) -> bool:
+        """Whether a round summed by ``path`` may run in this transport's standing job (files, or the socket)."""
+        return path.inline if self.network else path.standing
 
     def drop_ahead(self) -> None:
         """Forgets the round announced ahead, if any (its state differs from what the round needs)."""

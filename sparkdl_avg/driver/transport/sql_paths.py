@@ -45,13 +45,15 @@ class Aggregation:
         name: The ``aggregation`` value naming it.
         sharded: Its sums are cut into ``S`` shards that ``S`` reducer tasks sum after a shuffle
             (:meth:`~sparkdl_avg.driver.transport.sql.SqlTransport.run`); else ``S`` is 1.
-        standing: Its rounds may run in one standing job: what its workers deliver is all the driver reads
-            (rows in their answers, or files it reads itself).
+        standing: Its rounds may run in one standing job whose answers are local files (one host).
+        inline: Its workers' rows carry their whole sums, so a standing job through the driver's socket
+            (:mod:`sparkdl_avg.shared.wire.standing_net`) may run its rounds: the answers are the sums.
     """
 
     name = ""
     sharded = False
     standing = False
+    inline = False
 
     def sink(self, directory: str, layout, shards: int):
         """Where the round's workers deliver their sums (:mod:`sparkdl_avg.shared.wire.round_rows`)."""
@@ -67,7 +69,7 @@ class DriverSum(Aggregation):
     """Every worker's whole sums as Arrow rows to the driver, which adds them in worker order."""
 
     name = "driver"
-    standing = True
+    inline = True
 
     def sink(self, directory, layout, shards):
         return round_rows.ArrowSums(layout, 1)
