@@ -230,15 +230,22 @@ def floatx64():
     Keras computes losses and metrics (and ``fit`` casts float inputs) in
     floatx; the trainer ships the driver's floatx to the replicas. With
     float64 the logged losses carry no float32 rounding.
+
+    Keras caches its global dtype policy from floatx when the first layer is
+    made (``keras.config.dtype_policy()``), so both are set and both
+    restored: restoring floatx alone left every later test's layers float64
+    (a float64 model's "int8" deltas then outweighed a float32 model's).
     """
     import keras
 
-    previous = keras.config.floatx()
+    previous, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     try:
         yield
     finally:
         keras.config.set_floatx(previous)
+        keras.config.set_dtype_policy(policy)
 
 
 def f32_exact(a) -> np.ndarray:

@@ -421,7 +421,10 @@ def test_a_short_budget_still_answers_from_two_workers(digits, monkeypatch):
     advice = advise(_tiny_mlp(), digits, epochs=5, budget_s=10)
     m = advice.measurements
     assert set(m["t_step"]) == {2}
-    assert advice.summary.startswith("Stay on one machine: one epoch takes ")
+    # Which answer depends on the timings measured (a quiet machine finds 2 workers at a large k on a par with one
+    # process): either names the 2 workers measured, never a count it did not measure.
+    assert advice.summary.startswith(("Stay on one machine: one epoch takes ", "Use 2 workers with averaging_frequency"))
+    assert advice.best["workers"] in (1, 2)
     assert advice.summary.endswith("(The budget of 10 s measured 2 workers of 1, 2: a larger budget_s measures the "
                                    "rest.)")
 

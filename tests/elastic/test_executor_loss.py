@@ -88,16 +88,34 @@ def wait_for(predicate, timeout, what):
 
 
 @contextlib.contextmanager
-def killing_an_executor_once(marker):
-    """Inside, the first attempt of worker 0's task in round 1 of epoch 0 kills its executor JVM (``_kill_executor_once``)."""
+def killing_an_executor_once(marker, hold_worker=False):
+    """Inside, the first attempt of worker 0's task in round 1 of epoch 0 kills its executor JVM (``_kill_executor_once``).
+
+    ``hold_worker``: the standalone Worker that ran the executor is stopped (SIGSTOP) before the kill, so no
+    replacement registers until the test resumes it (:func:`resume_held_worker`); it is always resumed on the way out.
+    """
     real = worker_module.run_round_partition
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        worker_module.run_round_partition = lambda task, it: _kill_executor_once(real, task, it, str(marker))
+        worker_module.run_round_partition = \
+            lambda task, it: _kill_executor_once(real, task, it, str(marker), hold_worker)
         yield
     finally:
         worker_module.run_round_partition = real
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        resume_held_worker(marker)
+
+
+def resume_held_worker(marker):
+    """Resumes the standalone Worker that ``killing_an_executor_once(hold_worker=True)`` stopped, if any."""
+    if not marker.exists():
+        return
+    pid = json.loads(marker.read_text()).get("held_worker_pid")
+    if pid:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def trainer_for(model):
@@ -174,11 +192,16 @@ def test_elastic_rounds_shrink_when_the_executor_is_lost_and_grow_when_its_repla
     wait_for(lambda: len(executor_ids(sc)) == 2, 90, "two executors")
 
     class AwaitReplacement(keras.callbacks.Callback):
-        """Once a round ran on fewer workers, waits for the master's replacement executor (so the test sees it join)."""
+        """Once a round ran on fewer workers, lets the replacement come and waits for it (so the test sees it join).
+
+        Until then the killed executor's standalone Worker is held (stopped): on a quiet machine it would otherwise
+        launch the replacement before the next round is planned, and no round would ever see the slot lost.
+        """
 
         def on_train_batch_end(self, batch, logs=None):
             reasons = [c["reason"] for c in trainer.stats.membership]
             if "slots lost" in reasons and "slots joined" not in reasons:
+                resume_held_worker(marker)
                 wait_for(lambda: len(executor_ids(sc)) == 2, 90, "the replacement executor")
 
     def elastic(model):
@@ -186,7 +209,7 @@ def test_elastic_rounds_shrink_when_the_executor_is_lost_and_grow_when_its_repla
                                          max_workers=N)
 
     marker = tmp_path / "executor-killed.json"
-    with killing_an_executor_once(marker):
+    with killing_an_executor_once(marker, hold_worker=True):
         model = make_model(seed=2)
         trainer = elastic(model)
         history = trainer.fit(DATA, epochs=3, verbose=0, callbacks=[AwaitReplacement()])
@@ -209,6 +232,12 @@ def test_elastic_rounds_shrink_when_the_executor_is_lost_and_grow_when_its_repla
     with ScriptedSlots.replay(trainer.stats.membership):
         elastic(replayed).fit(DATA, epochs=3, verbose=0)
     assert_weights_close(replayed.get_weights(), model.get_weights(), atol=0)
+
+
+def _parent(pid):
+    """The parent process id of ``pid``."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the 4th field, after "(comm)"
 
 
 def _executor_jvm():
@@ -235,7 +264,7 @@ def _gone(pid):
         return True
 
 
-def _kill_executor_once(real, task, iterator, marker):
+def _kill_executor_once(real, task, iterator, marker, hold_worker=False):
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -246,9 +275,16 @@ def _kill_executor_once(real, task, iterator, marker):
         list(iterator)
         jvm, cmdline = _executor_jvm()
         executor_id = re.search(r"--executor-id (\S+)", cmdline).group(1)
+        held = None
+        if hold_worker:  # the Worker JVM that launched this executor: stopped, it launches no replacement
+            held = _parent(jvm)
+            with open(f"/proc/{held}/cmdline", "rb") as f:
+                assert b"org.apache.spark.deploy.worker.Worker" in f.read(), f"pid {held} is not the Worker"
+            os.kill(held, signal.SIGSTOP)
         tmp = marker + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"python_pid": os.getpid(), "jvm_pid": jvm, "executor_id": executor_id, "cmdline": cmdline}, f)
+            json.dump({"python_pid": os.getpid(), "jvm_pid": jvm, "executor_id": executor_id, "cmdline": cmdline,
+                       "held_worker_pid": held}, f)
         os.replace(tmp, marker)
         os.kill(jvm, signal.SIGKILL)
         deadline = time.time() + 20
