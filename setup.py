@@ -50,6 +50,7 @@ setup(
             "mlflow>=3.0,<4",  # tests/observe/test_tracking.py: a real SQLite tracking store
             # tests/docs/test_site_browser.py drives Debian's chromium through its chromedriver (.ci/run installs both)
             "selenium>=4.20",
+            "hypothesis>=6.100",  # tests/transport/test_round_protocol.py: the round protocol's state machine
         ] + DOCS,  # tests/docs/ build the site with --strict
         "docs": DOCS,
         # MLflow experiment tracking of fits (sparkdl_avg.tracking.MlflowLogger, --mlflow-experiment, mlflow* Params)

@@ -55,9 +55,7 @@ def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
                 break
             if reader is not None:
                 reader.fetch(seq + 1)  # while this round trains
-            # In this order: the driver removes a round's word before its answers, so an answer missing here and
-            # the word still there after it means the round still waits for this task.
-            if word is not standing.PASSED and not board.answered(seq, ids) and not board.passed(seq):
+            if word is not standing.PASSED and board.owed(seq, ids):  # not answered by an earlier attempt, not over
                 entry, task = word
                 # the answer goes out in the sender's thread while this one reads the next word and trains it
                 sender.send(board.answer, seq, list(entry(task, ids)))

@@ -1,8 +1,9 @@
 """The standing round job through the driver's socket (sparkdl_avg.shared.wire.standing_net), without Spark.
 
-The task body (``run_standing_rounds``) runs in threads with a
-:class:`NetBoard`; the test plays the driver with a :class:`RoundServer` on
-127.0.0.1. The same body and server run in real Spark jobs in
+What only the socket has (the questions both boards answer alike are in
+tests/transport/test_round_protocol.py): the task body
+(``run_standing_rounds``) runs in threads with a :class:`NetBoard`; the test
+plays the driver with a :class:`RoundServer` on 127.0.0.1. The same body and server run in real Spark jobs in
 tests/fit/test_overlap.py and, across hosts, tests/runtime/test_hosts.py.
 """
 
@@ -16,11 +17,18 @@ from sparkdl_avg.executor import arrow_entries
 from sparkdl_avg.shared.wire import standing
 from sparkdl_avg.shared.wire.standing_net import NetBoard, RoundServer
 
-from test_standing import CALLS, fake_entry, fresh_calls, ids_batch  # noqa: F401 (fresh_calls: autouse fixture)
+from test_round_protocol import CALLS, fake_entry
+
+
+def ids_batch(*ids):
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"id": list(ids)})
 
 
 @pytest.fixture
 def server():
+    CALLS.clear()
     s = RoundServer("127.0.0.1")
     yield s
     s.close()
@@ -41,21 +49,6 @@ def wait_answers(server, seq, workers, timeout_s=10.0):
             return [b.column("meta")[0].as_py() for b in batches]
         time.sleep(0.001)
     raise AssertionError(f"no answers to round {seq}")
-
-
-def test_tasks_train_each_announced_round_in_order_and_end_when_told(server):
-    server.announce(0, standing.go(fake_entry, 10))
-    tasks = [start_task(server, [0]), start_task(server, [1])]
-    assert wait_answers(server, 0, [0, 1]) == ["round 10", "round 10"]
-    for seq, task in ((1, 11), (2, 12)):
-        server.announce(seq, standing.go(fake_entry, task))
-        assert wait_answers(server, seq, [0, 1]) == [f"round {task}"] * 2
-    assert server.collect(1, [0, 1]) is None  # announcing round 2 dropped round 1's answers
-    server.stop()
-    for t in tasks:
-        t.join(10)
-        assert not t.is_alive()
-    assert sorted(CALLS) == [(r, w) for r in (10, 11, 12) for w in (0, 1)]
 
 
 TRAINING, RELEASE = threading.Event(), threading.Event()
@@ -98,31 +91,6 @@ def test_a_task_reads_the_round_announced_ahead_while_it_trains_the_one_before(s
     assert CALLS == [(0, 0), (1, 0)]
 
 
-def test_a_retried_task_joins_at_the_round_in_progress_and_skips_what_its_worker_answered(server):
-    server.announce(0, standing.go(fake_entry, 0))
-    other = start_task(server, [1])
-    board = server.board()
-    board.answer(0, list(fake_entry(0, [0])))  # worker 0's first attempt answered round 0, then failed
-    wait_answers(server, 0, [0, 1])
-    server.announce(1, standing.go(fake_entry, 1))
-    server.announce(2, standing.go(fake_entry, 2), keep_from=1)  # ahead: round 1 still waits for worker 0
-    wait_answers(server, 2, [1])
-    CALLS.clear()
-    retried = start_task(server, [0])
-    assert wait_answers(server, 1, [0, 1]) == ["round 1"] * 2 and wait_answers(server, 2, [0, 1]) == ["round 2"] * 2
-    assert board.passed(0) and not board.passed(1) and board.word(0, 1.0) is standing.PASSED
-    server.stop()
-    for t in (retried, other):
-        t.join(10)
-        assert not t.is_alive()
-    assert CALLS == [(1, 0), (2, 0)]  # the round in progress, then the one ahead; not round 0 again
-    assert board.word(1, 1.0) is None  # told to stop
-    # a late attempt's answer to a round that is over is not kept
-    board.answer(0, list(fake_entry(0, [0])))
-    assert server.collect(0, [0]) is None
-    board.close()
-
-
 def test_a_task_ends_when_the_driver_goes_or_says_nothing_within_its_deadline(server):
     task = start_task(server, [0], deadline_s=0.2)
     task.join(10)
@@ -152,7 +120,7 @@ def test_a_client_without_the_key_is_refused_and_the_server_serves_on(server):
     server.announce(0, standing.go(fake_entry, 3))
     assert board.first_round(1.0) == 0
     entry, task = board.word(0, 1.0)
-    assert task == 3 and not board.answered(0, [0])
+    assert task == 3 and board.owed(0, [0])
     board.close()
 
 

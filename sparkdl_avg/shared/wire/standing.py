@@ -11,92 +11,55 @@ rounds in one *standing* job: ``N`` tasks, one per worker, that train each
 round the driver announces here and answer here, until told to stop
 (:func:`sparkdl_avg.executor.arrow_entries.run_standing_rounds`).
 
-In the job's directory (a local path):
-
-* ``round-<seq>``: the driver's word for the job's round ``seq`` (0, 1, ...),
-  written atomically (:func:`announce`): a pickled ``(entry, task)`` (the
-  partition body and the round's
-  :class:`~sparkdl_avg.executor.worker.RoundTask`, as a per-round job's
-  closure would carry them). The driver removes a round's word once the
-  round is over (after writing a later round's word, and before the round's
-  answers), so the lowest round present is the one in progress, where a
-  task that starts late (a retried attempt) joins (:func:`first_round`), and
-  a round whose word is gone needs no answer (:func:`passed`), whether or
-  not its answer files are still there. With ``overlap_rounds`` the driver
-  announces a round while the one before it trains (``keep_from``), so two
-  words may be present: the lower one is still in progress.
-* ``stop``: the tasks end (:func:`stop`), whichever round they wait for.
-* ``done-<seq>-<worker>``: what that worker's task yields for round ``seq``
-  (Arrow IPC, :data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows),
-  written atomically once the round is trained (:func:`answer`); the driver
-  reads them (:func:`collect`) and deletes them after the round's word when
-  it announces a later round.
-
-A task waits for the next word by polling its file; a task whose word does
-not come within its deadline ends (the driver has gone). These files come
-from the driver, as the round's state and the model's spec do.
-
-Both sides reach these files through a *board* (the task's side:
-:class:`FileBoard`) and a *post* (the driver's: :class:`FilePost`); executors
-on other hosts, which cannot see the driver's files, reach the same protocol
-through the driver's socket instead
+The job's board is a directory (a local path) whose files are the
+protocol's entries (:mod:`sparkdl_avg.shared.wire.board`: ``round-<seq>``,
+the driver's word, a pickled ``(entry, task)`` made by :func:`go`;
+``done-<seq>-<worker>``, a worker's answer as Arrow IPC
+:data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows; ``stop``), each
+written atomically. This module runs the board's step programs on that
+directory: the driver's side (:class:`FilePost`) and a task's
+(:class:`FileBoard`, which polls for a word until its deadline: a task that
+hears nothing ends, the driver has gone). The states, who writes what and
+the invariants are on the protocol's page (docs/architecture/round-protocol.md).
+Executors on other hosts, which cannot see the driver's files, reach the
+same protocol through the driver's socket
 (:mod:`sparkdl_avg.shared.wire.standing_net`).
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
-import uuid
 from typing import Any, List, Optional, Sequence
 
-_STOP = "stop"
-PASSED = ("passed",)  # :func:`word`'s answer for a round the driver has already moved past
+from . import board as protocol
+from .board import PASSED, WAIT, DirectoryStore, perform
+
+__all__ = ["PASSED", "FileBoard", "FilePost", "announce", "answer", "board_of", "collect", "first_round",
+           "go", "ipc_batches", "ipc_bytes", "owed", "stop", "word"]
+
 _POLL_FIRST_S = 0.0002
 _POLL_MAX_S = 0.002  # a stat costs microseconds; the wait is the round's latency once the file appears
 
 
-def _round_file(directory: str, seq: int) -> str:
-    return os.path.join(directory, f"round-{seq}")
-
-
-def _done_file(directory: str, seq: int, worker: int) -> str:
-    return os.path.join(directory, f"done-{seq}-{worker}")
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}-{uuid.uuid4().hex}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def _wait(program_of, directory: str, deadline_s: float):
+    """Runs ``program_of()`` on ``directory`` until it answers something other than WAIT, or ``deadline_s`` passes."""
+    store = DirectoryStore(directory)
+    deadline = time.monotonic() + deadline_s
+    delay = _POLL_FIRST_S
+    while True:
+        reply = perform(program_of(), store)
+        if reply is not WAIT:
+            return reply
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(delay)
+        delay = min(2 * delay, _POLL_MAX_S)
 
 
 def announce(directory: str, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:
-    """Driver: writes the word (:func:`go`) for round ``seq``; removes the files of the rounds before ``keep_from``.
-
-    ``keep_from``: the lowest round still in progress (default ``seq``). A
-    round announced ahead (``overlap_rounds``) keeps the round before it,
-    whose tasks still train and whose retried attempt must join there.
-    Every word to remove goes before any answer: a task that finds an answer
-    missing and the word still there knows the round still waits for it
-    (:func:`passed`).
-    """
-    _write_atomically(_round_file(directory, seq), word)
-    keep_from = seq if keep_from is None else keep_from
-    names = os.listdir(directory)
-    for prefix in ("round-", "done-"):
-        for name in names:
-            number = name[len(prefix):].split("-")[0] if name.startswith(prefix) else ""
-            if number.isdigit() and int(number) < keep_from:
-                _remove(os.path.join(directory, name))
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+    """Driver: writes the word (:func:`go`) for round ``seq``; see :func:`sparkdl_avg.shared.wire.board.announce`."""
+    perform(protocol.announce(seq, word, keep_from), DirectoryStore(directory))
 
 
 def go(entry, task) -> bytes:
@@ -108,7 +71,7 @@ def go(entry, task) -> bytes:
 
 def stop(directory: str) -> None:
     """Driver: tells the tasks to end, whichever round they wait for."""
-    _write_atomically(os.path.join(directory, _STOP), b"")
+    perform(protocol.stop(), DirectoryStore(directory))
 
 
 def first_round(directory: str, deadline_s: float) -> Optional[int]:
@@ -116,22 +79,7 @@ def first_round(directory: str, deadline_s: float) -> Optional[int]:
 
     ``None``: told to stop, or none within ``deadline_s``.
     """
-    deadline = time.monotonic() + deadline_s
-    while True:
-        names = os.listdir(directory)
-        if _STOP in names:
-            return None
-        seqs = [int(name[6:]) for name in names if name.startswith("round-")]
-        if seqs:
-            return min(seqs)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(_POLL_MAX_S)
-
-
-def passed(directory: str, seq: int) -> bool:
-    """Whether round ``seq``, whose word the task has read, is over (its word removed): it needs no answer."""
-    return not os.path.exists(_round_file(directory, seq))
+    return _wait(protocol.first_round, directory, deadline_s)
 
 
 def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
@@ -139,37 +87,20 @@ def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
 
     ``None``: told to stop, or no word within ``deadline_s``.
     """
-    path = _round_file(directory, seq)
-    stopped = os.path.join(directory, _STOP)
-    deadline = time.monotonic() + deadline_s
-    delay = _POLL_FIRST_S
-    while True:
-        try:
-            with open(path, "rb") as f:
-                return pickle.loads(f.read())
-        except FileNotFoundError:
-            # Not announced yet, or removed (over) between the task's listing and its read: a later word says which.
-            # The driver writes the words in order, but with a round announced ahead both may have come since the
-            # open above: the word missing still, after the later one was seen, is the one that is over.
-            if any(name.startswith("round-") and int(name[6:]) > seq for name in os.listdir(directory)):
-                if not os.path.exists(path):
-                    return PASSED
-                continue
-        if os.path.exists(stopped) or time.monotonic() > deadline:
-            return None
-        time.sleep(delay)
-        delay = min(2 * delay, _POLL_MAX_S)
+    reply = _wait(lambda: protocol.word(seq), directory, deadline_s)
+    return reply if reply is None or reply is PASSED else pickle.loads(reply)
 
 
-def answered(directory: str, seq: int, workers: Sequence[int]) -> bool:
-    """Whether ``workers`` have answered round ``seq`` (an earlier attempt of a retried task did)."""
-    return all(os.path.exists(_done_file(directory, seq, w)) for w in workers)
+def owed(directory: str, seq: int, workers: Sequence[int]) -> bool:
+    """Task: whether round ``seq`` still waits for ``workers``' answers (see :func:`~sparkdl_avg.shared.wire.board.owed`)."""
+    return bool(perform(protocol.owed(seq, [int(w) for w in workers]), DirectoryStore(directory)))
 
 
 def answer(directory: str, seq: int, batches: Sequence[Any]) -> None:
     """Task: writes each worker's rows of round ``seq`` (one Arrow batch per worker, its ``worker`` column)."""
+    store = DirectoryStore(directory)
     for batch in batches:
-        _write_atomically(_done_file(directory, seq, batch.column("worker")[0].as_py()), ipc_bytes(batch))
+        perform(protocol.answer(seq, batch.column("worker")[0].as_py(), ipc_bytes(batch)), store)
 
 
 def ipc_bytes(batch) -> bytes:
@@ -195,14 +126,8 @@ def collect(directory: str, seq: int, workers: Sequence[int]) -> Optional[List[A
     The files stay until the next round is announced: a retried task that
     joins meanwhile finds the round answered.
     """
-    paths = [_done_file(directory, seq, w) for w in workers]
-    if not all(os.path.exists(p) for p in paths):
-        return None
-    batches = []
-    for path in paths:
-        with open(path, "rb") as f:
-            batches.extend(ipc_batches(f.read()))
-    return batches
+    found = perform(protocol.collect(seq, [int(w) for w in workers]), DirectoryStore(directory))
+    return None if found is None else [batch for data in found for batch in ipc_batches(data)]
 
 
 class FileBoard:
@@ -228,13 +153,9 @@ class FileBoard:
         """See :func:`word`."""
         return word(self.directory, seq, deadline_s)
 
-    def answered(self, seq: int, workers: Sequence[int]) -> bool:
-        """See :func:`answered`."""
-        return answered(self.directory, seq, workers)
-
-    def passed(self, seq: int) -> bool:
-        """See :func:`passed`."""
-        return passed(self.directory, seq)
+    def owed(self, seq: int, workers: Sequence[int]) -> bool:
+        """See :func:`owed`."""
+        return owed(self.directory, seq, workers)
 
     def answer(self, seq: int, batches: Sequence[Any]) -> None:
         """See :func:`answer`."""

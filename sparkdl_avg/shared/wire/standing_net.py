@@ -7,8 +7,9 @@ none of it. Here the driver keeps the words and answers in memory and serves
 them on a TCP socket (:class:`RoundServer`, bound to the address the
 executors reach the driver at, ``spark.driver.host``), and each task asks
 for them (:class:`NetBoard`): the same questions as
-:class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, with the same
-answers, so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`
+:class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, answered by the
+same step programs (:mod:`sparkdl_avg.shared.wire.board`, run on a dict
+under the server's lock instead of a directory), so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`
 runs either. A word carries the round's weights itself (the optimizer
 variables only as :class:`RemoteArrays`, fetched by a task that needs them)
 and an answer the worker's sums (the ``"driver"`` aggregation's Arrow
@@ -42,11 +43,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .standing import PASSED, ipc_batches, ipc_bytes
+from . import board as protocol
+from .board import PASSED, WAIT, MemoryStore, perform
+from .standing import ipc_batches, ipc_bytes
 
 logger = logging.getLogger("sparkdl_avg")
-
-_PASSED = "passed"  # the reply for a round the driver has moved past
 
 
 class NetBoard:
@@ -104,15 +105,11 @@ class NetBoard:
         reply = self._wait("word", seq, deadline_s)
         if reply is None:
             return None
-        return PASSED if reply == _PASSED else pickle.loads(reply)
+        return PASSED if reply == PASSED else pickle.loads(reply)
 
-    def answered(self, seq: int, workers: Sequence[int]) -> bool:
-        """Whether ``workers`` have answered round ``seq`` (an earlier attempt of a retried task did)."""
-        return bool(self._call("answered", seq, [int(w) for w in workers]))
-
-    def passed(self, seq: int) -> bool:
-        """Whether the driver has moved past round ``seq`` (it needs no answer)."""
-        return bool(self._call("passed", seq))
+    def owed(self, seq: int, workers: Sequence[int]) -> bool:
+        """Whether round ``seq`` still waits for ``workers``' answers (see :func:`~sparkdl_avg.shared.wire.board.owed`)."""
+        return bool(self._call("owed", seq, [int(w) for w in workers]))
 
     def answer(self, seq: int, batches: Sequence[Any]) -> None:
         """Sends each worker's rows of round ``seq`` (one Arrow batch per worker)."""
@@ -189,11 +186,9 @@ class RoundServer:
         self._listener = Listener((bind or host, 0), family="AF_INET", authkey=self._key)
         self.address = (host, self._listener.address[1])
         self._cond = threading.Condition()
-        self._words: Dict[int, bytes] = {}
-        self._answers: Dict[Tuple[int, int], bytes] = {}
+        self._store = MemoryStore()  # the board's entries (shared/wire/board.py), guarded by _cond
         self._kept: Dict[str, bytes] = {}  # what RemoteArrays fetch, by key
-        self._floor = 0  # rounds below it are over: their words and answers gone
-        self._stopped = self._closed = False
+        self._closed = False
         self._conns: List[Any] = []
         self._accepted = 0  # connections that passed the key's challenge
         threading.Thread(target=self._accept, name="sparkdl_avg-round-server", daemon=True).start()
@@ -202,16 +197,16 @@ class RoundServer:
         """What the job's tasks are given to reach this server."""
         return NetBoard(self.address, self._key)
 
+    def _perform(self, program):
+        """Runs one of the board's step programs on this server's entries, at once (holding the lock)."""
+        with self._cond:
+            reply = perform(program, self._store)
+            self._cond.notify_all()
+            return reply
+
     def announce(self, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:
         """The word for round ``seq``; the rounds before ``keep_from`` (default ``seq``) are over."""
-        with self._cond:
-            self._words[seq] = word
-            self._floor = max(self._floor, seq if keep_from is None else keep_from)
-            for s in [s for s in self._words if s < self._floor]:
-                del self._words[s]
-            for key in [key for key in self._answers if key[0] < self._floor]:
-                del self._answers[key]
-            self._cond.notify_all()
+        self._perform(protocol.announce(seq, word, keep_from))
 
     def reached(self) -> bool:
         """Whether any task has connected (``False`` once a job has ended: its executors cannot reach this address)."""
@@ -235,24 +230,20 @@ class RoundServer:
 
     def stop(self) -> None:
         """Tells the tasks to end, whichever round they wait for."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
+        self._perform(protocol.stop())
 
     def collect(self, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
         """The rows of round ``seq`` once all ``workers`` have answered, else ``None``."""
-        with self._cond:
-            data = [self._answers.get((seq, w)) for w in workers]
-        if any(d is None for d in data):
-            return None
-        return [batch for d in data for batch in ipc_batches(d)]
+        data = self._perform(protocol.collect(seq, [int(w) for w in workers]))
+        return None if data is None else [batch for d in data for batch in ipc_batches(d)]
 
     def close(self) -> None:
         """Stops serving: the listener closed and every connection shut (the tasks' next request finds no driver)."""
         with self._cond:
             if self._closed:
                 return
-            self._stopped = self._closed = True
+            self._closed = True
+            perform(protocol.stop(), self._store)
             self._cond.notify_all()
             conns, self._conns = self._conns, []
         try:  # wakes the accepting thread (a socket closed under a blocked accept does not), which then ends
@@ -297,15 +288,13 @@ class RoundServer:
                     self._conns.remove(conn)
             conn.close()
 
-    def _wait_until(self, ready, deadline_s: float):
-        """Waits (holding the condition) until ``ready()`` gives a reply other than ``...``; ``None`` at the deadline or a stop."""
+    def _wait_until(self, program_of, deadline_s: float):
+        """Runs ``program_of()`` (holding the condition) until it answers other than WAIT; ``None`` at the deadline."""
         deadline = time.monotonic() + deadline_s
         with self._cond:
             while True:
-                if self._stopped:
-                    return None
-                reply = ready()
-                if reply is not ...:
+                reply = perform(program_of(), self._store)
+                if reply is not WAIT:
                     return reply
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -313,26 +302,17 @@ class RoundServer:
                 self._cond.wait(left)
 
     def _on_first(self, deadline_s: float) -> Optional[int]:
-        return self._wait_until(lambda: min(self._words) if self._words else ..., deadline_s)
+        return self._wait_until(protocol.first_round, deadline_s)
 
     def _on_word(self, seq: int, deadline_s: float):
-        return self._wait_until(
-            lambda: _PASSED if seq < self._floor else self._words.get(seq, ...), deadline_s)
+        return self._wait_until(lambda: protocol.word(seq), deadline_s)
 
     def _on_fetch(self, key: str) -> Optional[bytes]:
         with self._cond:
             return self._kept.get(key)
 
-    def _on_answered(self, seq: int, workers: List[int]) -> bool:
-        with self._cond:
-            return all((seq, w) in self._answers for w in workers)
-
-    def _on_passed(self, seq: int) -> bool:
-        with self._cond:
-            return seq < self._floor
+    def _on_owed(self, seq: int, workers: List[int]) -> bool:
+        return bool(self._perform(protocol.owed(seq, workers)))
 
     def _on_answer(self, seq: int, worker: int, data: bytes) -> bool:
-        with self._cond:
-            if seq >= self._floor:  # a late attempt's answer to a round that is over is not kept
-                self._answers[(seq, int(worker))] = data
-        return True
+        return bool(self._perform(protocol.answer(seq, int(worker), data)))
