@@ -11,6 +11,14 @@ error types; see README.md. The code is split by where it runs:
 ``sparkdl_avg.daemon``, ``sparkdl_avg.ml``, ``sparkdl_avg.tracking``,
 ``sparkdl_avg.cli`` and ``sparkdl_avg.testing`` are the paths users and jobs
 write; they name the modules in the subpackages.
+
+Its other modules:
+
+* :mod:`.api`: the public names of sparkdl_avg (``sparkdl_avg.<name>``), gathered from the modules that own
+  them.
+* :mod:`.errors`: error types raised by sparkdl_avg: one hierarchy under :class:`SparkdlAvgError`.
+* :mod:`.version`: the package's version, in a module of its own: the driver's records and the executors'
+  self-description read it without importing the package root (which imports the whole public API).
 """
 
 import re as _re

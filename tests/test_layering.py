@@ -151,10 +151,24 @@ def test_the_drivers_folders_import_only_the_folders_below_them(graph):
     assert not wrong, "driver modules importing a folder above theirs (or a shim): " + ", ".join(sorted(wrong))
 
 
-def test_every_folder_docstring_says_what_it_owns():
+def test_every_folder_docstring_says_what_it_owns_and_names_its_modules():
+    import re
+
+    unnamed, gone = {}, {}
     for init in sorted(PACKAGE.rglob("__init__.py")):
+        folder = init.parent
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
         assert doc and len(doc) > 60, f"{init.relative_to(PACKAGE)} says nothing of what its folder owns"
+        here = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+        here |= {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+        missing = sorted(m for m in here if not re.search(rf"\b{re.escape(m)}\b", doc))
+        if missing:
+            unnamed[str(folder.relative_to(PACKAGE.parent))] = missing
+        named = set(re.findall(r":mod:`\.(\w+)", doc))  # a module of this folder, by its relative name
+        if named - here:
+            gone[str(folder.relative_to(PACKAGE.parent))] = sorted(named - here)
+    assert unnamed == {}, f"folder docstrings that do not name these modules of theirs: {unnamed}"
+    assert gone == {}, f"folder docstrings that name modules no longer there: {gone}"
 
 
 def test_no_module_is_over_600_lines_and_no_folder_holds_over_a_quarter_of_the_package():

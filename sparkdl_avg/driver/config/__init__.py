@@ -7,4 +7,9 @@ MLflow's rows from :mod:`.fit_options`. Its machinery is apart: :mod:`.rows` (wh
 :mod:`.trainer_config` validates one configuration.
 
 The bottom of the driver's layers: imports only :mod:`..algorithms`, the shared side and :mod:`sparkdl_avg.errors`.
+
+Its other modules:
+
+* :mod:`.joints`: the checks that join several trainer options, :data:`JOINTS`: the options table's second
+  half.
 """

@@ -1,4 +1,8 @@
 """Spark itself, from the driver: the engine (classic session or Spark Connect), job labels, log filters, warm-up and the executors' check.
 
 May import :mod:`..config`, the shared side and (lazily, to warm workers) :mod:`sparkdl_avg.executor`.
+
+Its other modules:
+
+* :mod:`.preflight`: a check, before training, that executors can run the trainer's code.
 """

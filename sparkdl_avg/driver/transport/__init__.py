@@ -12,7 +12,8 @@
 * :mod:`.chains`, :mod:`.feedback`, :mod:`.local_states` — the files that
   chain each worker from one round to its next: error feedback's residuals
   and ``optimizer_state="local"``'s optimizer states;
-* :mod:`.paths` — the old module path, re-exporting the names it had.
+* :mod:`.link_rate` — the link's rate, measured from the bytes the workers
+  sent, from which ``"auto"`` re-chooses its path.
 
 Importing this package registers the transports (its modules below).
 
