@@ -228,8 +228,9 @@ class FitLoop:
         finally:
             for transport in [ctx.transport] + ctx.retired:
                 transport.close()
-            for ledger in (ctx.feedback, ctx.local, ctx.overlap):
-                if ledger is not None:
+            fragments = ctx.rounds.fragments
+            for ledger in (ctx.feedback, ctx.local, ctx.overlap, fragments.ledger if fragments is not None else None):
+                if ledger is not None:  # the fit's shared files go, and so its hosts' files may be swept
                     ledger.close()
             hooks.fit_end(info, error)
 

@@ -21,6 +21,7 @@ import threading
 from typing import Dict, Iterable, List, Set, Tuple
 
 from ...shared.files.fs import join, read_bytes, remove_tree, resolve, write_atomically
+from ...shared.wire.local_state import FIT_ALIVE
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -43,6 +44,8 @@ class RoundChains:
         self._next = 0
         self._written: Dict[int, Set[int]] = {}  # g -> workers whose file exists
         self._lock = threading.Lock()
+        # While it exists, other fits' tasks leave this fit's files on their hosts (shared/wire/local_state.py)
+        write_atomically(join(directory, FIT_ALIVE), b"")
 
     def resize(self, num_workers: int) -> None:
         """Elastic rounds: the rounds that start from now on have ``num_workers`` workers."""

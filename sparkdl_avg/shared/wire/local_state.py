@@ -82,12 +82,26 @@ HOST_DIRECTORY = "sparkdl_avg-local-state"
 so that two users' executors on one host do not share, or fail to write, one folder): one directory per fit
 (named by its shared directory's hash)."""
 
-HOST_TTL_S = 3600.0
-"""A fit's directory on a host that no task touched for this long (seconds) is deleted by the next fit's tasks.
+HOST_IDLE_S = 600.0
+"""Seconds a fit's directory on a host stays untouched before another fit's task asks whether its fit is gone.
 
-The fit that wrote it has ended (or lost its tasks on this host); nothing else
-deletes it, as a driver cannot reach every host's disk.
+A fit's host directories are deleted by other fits' tasks on that host (a
+driver cannot reach every host's disk), and only once their fit is gone:
+its shared directory, named in the directory's :data:`FIT_MARK`, no longer
+exists (the fit's end removes it). A fit whose rounds take longer than this
+keeps its states; the check, a stat of the shared directory, is then made
+again after as long (the directory's time is renewed).
 """
+
+FIT_MARK = ".fit"
+"""In a fit's directory on a host: the fit's shared directory (UTF-8), by which other fits tell whether it is gone."""
+
+FIT_ALIVE = "fit-alive"
+"""In a fit's shared directory of such files: an empty file the driver writes when the fit starts and deletes with
+the directory at its end (an object store has no empty directories): while it exists the fit's host files stay."""
+
+HOST_TTL_S = 3600.0
+"""A host directory without a :data:`FIT_MARK` (written before the marks) is deleted once untouched this long."""
 
 
 def host_directory(directory: str) -> str:
@@ -174,12 +188,10 @@ class LocalStateFiles(WorkerRoundFiles):
             self.write_bytes(worker, data)
         if self.host_local:
             here = host_directory(self.directory)
-            os.makedirs(here, exist_ok=True)
-            path = os.path.join(here, f"{self.write}-w{worker}.bin")
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            if not os.path.exists(os.path.join(here, FIT_MARK)):
+                os.makedirs(here, exist_ok=True)
+                _write_file(os.path.join(here, FIT_MARK), self.directory.encode("utf-8"))
+            _write_file(os.path.join(here, f"{self.write}-w{worker}.bin"), data)
             _prune(here, worker, self.read)
 
     def _over(self, worker: int) -> bool:
@@ -215,9 +227,51 @@ def _round_number(name: Optional[str]) -> Optional[int]:
     return None
 
 
+def _write_file(path: str, data: bytes) -> None:
+    """Writes ``path`` atomically (a rename), so a reader finds the whole of it or nothing."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _fit_gone(shared: str) -> bool:
+    """Whether the fit whose shared directory is ``shared`` has ended (the directory is gone); ``False`` if unsure."""
+    from ..files.uris import exists, join
+
+    try:
+        return not exists(join(shared, FIT_ALIVE))
+    except Exception:  # noqa: BLE001 - a store that cannot be asked now: keep the states
+        return False
+
+
+def _sweep(root: str, here: str) -> None:
+    """Deletes the directories under ``root`` (other fits' on this host) whose fit is gone; see :data:`HOST_IDLE_S`."""
+    now = time.time()
+    for entry in os.scandir(root):
+        try:
+            idle = now - entry.stat().st_mtime
+            if not entry.is_dir() or entry.path == here or idle < HOST_IDLE_S:
+                continue
+        except FileNotFoundError:
+            continue
+        mark = _read_if_there(os.path.join(entry.path, FIT_MARK))
+        if mark is None:
+            gone = idle > HOST_TTL_S
+        else:
+            gone = _fit_gone(mark.decode("utf-8"))
+            if not gone:  # asked again only after another HOST_IDLE_S
+                try:
+                    os.utime(entry.path)
+                except FileNotFoundError:
+                    pass
+        if gone:
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def _prune(here: str, worker: int, read: Optional[str]) -> None:
     """Deletes ``worker``'s files on this host older than ``read`` (which a retry of this round still reads),
-    and other fits' directories untouched for :data:`HOST_TTL_S`."""
+    and other fits' directories whose fit is gone (:func:`_sweep`)."""
     keep = _round_number(read)
     suffix = f"-w{worker}.bin"
     if keep is not None:
@@ -228,11 +282,4 @@ def _prune(here: str, worker: int, read: Optional[str]) -> None:
                     os.remove(os.path.join(here, name))
                 except FileNotFoundError:  # another task of the worker's (a retry) got there first
                     pass
-    root, now = os.path.dirname(here), time.time()
-    for entry in os.scandir(root):
-        try:
-            stale = entry.is_dir() and entry.path != here and now - entry.stat().st_mtime > HOST_TTL_S
-        except FileNotFoundError:
-            continue
-        if stale:
-            shutil.rmtree(entry.path, ignore_errors=True)
+    _sweep(os.path.dirname(here), here)
