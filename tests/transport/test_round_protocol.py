@@ -216,6 +216,7 @@ class Model:
                 if sender is not None:
                     yield ("join", sender)
                 sender = self._child(me, f"{me.name}-send{seq}", self._send(seq, task_ids, answers), store)
+                sender.sending = (seq, task_ids)
             seq += 1
         if sender is not None:
             yield ("join", sender)
@@ -245,8 +246,9 @@ class Model:
             for name in self.store.entries:
                 if name.startswith("done-") and int(name.split("-")[1]) < self.floor:
                     seq, w = int(name.split("-")[1]), int(name.split("-")[2])
-                    in_flight = [a for a in self.actors if not a.done and a.name.endswith(f"-send{seq}")
-                                 and a.store is self.store]
+                    in_flight = [a for a in self.actors if not a.done and a.store is self.store
+                                 and getattr(a, "sending", None) is not None and a.sending[0] == seq
+                                 and w in a.sending[1]]
                     if not in_flight:
                         raise Violation(f"invariant 3: {name} stays below the floor {self.floor}")
         if not self.driver.done and not any(a.runnable() for a in self.actors):  # invariant 5: no deadlock

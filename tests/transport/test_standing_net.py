@@ -13,17 +13,10 @@ from multiprocessing.connection import Client
 
 import pytest
 
-from sparkdl_avg.executor import arrow_entries
 from sparkdl_avg.shared.wire import standing
 from sparkdl_avg.shared.wire.standing_net import NetBoard, RoundServer
 
-from test_round_protocol import CALLS, fake_entry
-
-
-def ids_batch(*ids):
-    import pyarrow as pa
-
-    return pa.RecordBatch.from_pydict({"id": list(ids)})
+from test_round_protocol import CALLS, fake_entry, start_task, wait_answers
 
 
 @pytest.fixture
@@ -32,23 +25,6 @@ def server():
     s = RoundServer("127.0.0.1")
     yield s
     s.close()
-
-
-def start_task(server, ids, deadline_s=30.0):
-    thread = threading.Thread(target=lambda: list(arrow_entries.run_standing_rounds(server.board(), deadline_s,
-                                                                                    [ids_batch(*ids)])))
-    thread.start()
-    return thread
-
-
-def wait_answers(server, seq, workers, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batches = server.collect(seq, workers)
-        if batches is not None:
-            return [b.column("meta")[0].as_py() for b in batches]
-        time.sleep(0.001)
-    raise AssertionError(f"no answers to round {seq}")
 
 
 TRAINING, RELEASE = threading.Event(), threading.Event()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ...errors import CheckpointError, ConfigurationError
 from ...shared.wire.aggregation import PartialResult
@@ -192,15 +192,11 @@ class Checkpointing:
         seed: The run's seed (data order).
         run_settings: What a resumed run must match (see :func:`checkpoint.check_compatible`).
         tracking: The fit's tracking state (``FitInfo.tracking``), saved as it is at each checkpoint.
-        feedback: The fit's residual files under error feedback (a
-            :class:`~sparkdl_avg.driver.transport.feedback.ResidualLedger`), saved with each checkpoint; ``None``: none.
+        kept: What the fit's workers keep between rounds (error feedback's residuals, local optimizer states,
+            overlapped rounds' own terms, fragments' own weights: :mod:`sparkdl_avg.driver.transport.chains`),
+            each exported into every checkpoint under its own tag.
         membership: Elastic rounds' :class:`~sparkdl_avg.driver.elastic.membership.Membership`, whose history each
             checkpoint carries; ``None``: fixed workers.
-        local: ``optimizer_state="local"``'s ledger of the workers' own optimizer states, saved with each
-            checkpoint beside the residuals; ``None``: none.
-        overlap: ``overlap_rounds``' ledger of the workers' own terms in flight, saved likewise; ``None``: none.
-        fragments: ``sync_fragments``' :class:`~sparkdl_avg.driver.fit.fragments.Fragments` (the workers' own
-            weights and the fragment counter), saved likewise; ``None``: none.
     """
 
     directory: Optional[str]
@@ -211,11 +207,8 @@ class Checkpointing:
     seed: int
     run_settings: Dict[str, Any]
     tracking: Dict[str, Any] = field(default_factory=dict)
-    feedback: Any = None
+    kept: Sequence[Any] = ()
     membership: Any = None
-    local: Any = None
-    overlap: Any = None
-    fragments: Any = None
 
     def may_save_after(self, rounds_in_fit: int, epoch_may_end: bool) -> bool:
         """Whether a checkpoint may be saved after the fit's ``rounds_in_fit``-th round.
@@ -256,9 +249,7 @@ class Checkpointing:
                 weights=weights,
                 optimizer=opt_vars,
                 rule_state=self.rule_state.state or {},
-                feedback={k: v for ledger in (self.feedback, self.local, self.overlap, self.fragments)
-                          if ledger is not None
-                          for k, v in ledger.export().items()},
+                feedback={k: v for kept in self.kept for k, v in kept.export().items()},
                 meta=checkpoint.RunMeta(
                     seed=self.seed,
                     run=self.run_settings,

@@ -106,11 +106,27 @@ class Fragments:
         adopt = self.synced(self.counter - 1) if self.counter > 0 else None
         return FragmentRound(self.ledger.files(epoch, rnd, workers, share), adopt, self.synced())
 
-    def done(self, epoch: int, rnd: int, workers, records) -> None:
-        """The round's update is applied: its workers' files are complete and the next fragment's turn comes."""
-        self.ledger.done(epoch, rnd, workers)
-        self.ledger.placed(records)
+    def done(self, epoch: int, rnd: int, workers, records=()) -> None:
+        """The round has ended: its workers' files are complete and the next fragment's turn comes."""
+        self.ledger.done(epoch, rnd, workers, records)
         self.counter += 1
+
+    @property
+    def host_local(self) -> bool:
+        """Whether the workers' own weights are kept on their hosts (see :class:`LocalStateLedger`)."""
+        return self.ledger.host_local
+
+    def places(self, workers, live):
+        """See :meth:`LocalStateLedger.places`."""
+        return self.ledger.places(workers, live)
+
+    def resize(self, num_workers: int) -> None:
+        """See :meth:`~sparkdl_avg.driver.transport.chains.RoundChains.resize`."""
+        self.ledger.resize(num_workers)
+
+    def close(self) -> None:
+        """Deletes the workers' own weights' shared files."""
+        self.ledger.close()
 
     def export(self) -> Dict[str, bytes]:
         """What a checkpoint carries: the workers' own weights and the counter."""

@@ -85,20 +85,14 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         # under sync_fragments a residual is its fragment's: read again F rounds later, at the fragment's next turn
         lag = config.sync_fragments if config.sync_fragments > 1 else lag_of(config.synchronization, config.staleness)
         feedback = ResidualLedger(join(exchange, "feedback"), plan.num_workers, lag, config.update_compression)
-        if plan.restored is not None:
-            feedback.restore(plan.restored.feedback)
     local = None
     if config.optimizer_state == "local":  # each worker's own optimizer state, beside the transport's files
         # kept on the workers' hosts where tasks can be placed there (classic sessions: a locality preference)
         local = LocalStateLedger(join(exchange, "local"), plan.num_workers,
                                  host_local=plan.engine.sc is not None)
-        if plan.restored is not None:
-            local.restore(plan.restored.feedback)
     overlap = None
     if config.overlap_rounds:  # each worker's own term in flight, kept as optimizer_state="local"'s states are
         overlap = OwnDeltaLedger(join(exchange, "overlap"), plan.num_workers, host_local=plan.engine.sc is not None)
-        if plan.restored is not None:
-            overlap.restore(plan.restored.feedback)
     fragments = None
     if config.sync_fragments > 1:  # each worker's own weights, beside the transport's files
         fragments = fragment_rounds(config, model, plan, transport, join(exchange, "fragments"))
@@ -118,6 +112,9 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
     )
     rounds = RoundRunner(plan.engine, model, settings, plan.rule, rule_state, transport, stats, feedback, local,
                          overlap, fragments)
+    if plan.restored is not None:  # each kind takes its own entries (by their tag) from the checkpoint's
+        for kept in rounds.kept:
+            kept.restore(plan.restored.feedback)
     stale = None
     if config.synchronization != "sync":  # the epochs run as chunks
         stale = StaleRunner(rounds, config.staleness if config.synchronization == "stale" else None,
@@ -135,7 +132,7 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         checkpoints=resume_mod.Checkpointing(
             plan.checkpoint_dir, plan.checkpoint_every, model, rule_state, plan.schedule, seed,
             plan.run_settings, tracking=dict(plan.restored.meta.tracking) if plan.restored is not None else {},
-            feedback=feedback, membership=membership, local=local, overlap=overlap, fragments=fragments,
+            kept=rounds.kept, membership=membership,
         ),
         stale=stale,
         feedback=feedback,
@@ -156,11 +153,8 @@ def fragment_rounds(config, model, plan: FitPlan, transport, directory: str) -> 
             f"the tables' changed rows, not fragments). Got sync_fragments={config.sync_fragments}: pass 1.")
     weights, mask = model.get_weights(), trainable_mask(model)
     check_rule_state(plan.rule.init_state(weights, mask), weights, mask, plan.rule.name)
-    fragments = Fragments.for_fit(config.sync_fragments, weights, mask, directory, plan.num_workers,
-                                  host_local=plan.engine.sc is not None)
-    if plan.restored is not None:
-        fragments.restore(plan.restored.feedback)
-    return fragments
+    return Fragments.for_fit(config.sync_fragments, weights, mask, directory, plan.num_workers,
+                             host_local=plan.engine.sc is not None)
 
 
 def _membership(config, plan: FitPlan) -> Optional[Membership]:
@@ -228,10 +222,8 @@ class FitLoop:
         finally:
             for transport in [ctx.transport] + ctx.retired:
                 transport.close()
-            fragments = ctx.rounds.fragments
-            for ledger in (ctx.feedback, ctx.local, ctx.overlap, fragments.ledger if fragments is not None else None):
-                if ledger is not None:  # the fit's shared files go, and so its hosts' files may be swept
-                    ledger.close()
+            for kept in ctx.rounds.kept:  # the fit's shared files go, and so its hosts' files may be swept
+                kept.close()
             hooks.fit_end(info, error)
 
     def _epoch(self, epoch: int, logs: Dict[str, float]) -> Dict[str, float]:

@@ -44,7 +44,7 @@ from ..transport.local_states import LocalStateLedger
 from ..algorithms.overlap import preview
 from ..algorithms.rules import RuleState, UpdateRule
 from .update import round_state
-from ..transport.base import StateTransport
+from ..transport.base import NextRound, StateTransport
 from ..transport.link_rate import round_rate
 
 logger = logging.getLogger("sparkdl_avg")
@@ -118,8 +118,8 @@ class RoundRunner:
         self.local = local
         self.overlap = overlap
         self.fragments = fragments
-        # overlap_rounds: the round announced ahead, ((epoch, round, steps_before, steps, share), sent, optimizer)
-        self._announced: Optional[Tuple[tuple, List[np.ndarray], List[np.ndarray]]] = None
+        #: What workers keep between rounds, each walked alike (:mod:`sparkdl_avg.driver.transport.chains`).
+        self.kept = [k for k in (feedback, local, overlap, fragments) if k is not None]
 
     def pipelines(self) -> bool:
         """Whether a round may be announced while the one before it trains (``overlap_rounds`` in a standing job).
@@ -151,9 +151,8 @@ class RoundRunner:
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
-        for ledger in (self.feedback, self.local, self.overlap, self.fragments and self.fragments.ledger):
-            if ledger:
-                ledger.resize(n)
+        for kept in self.kept:
+            kept.resize(n)
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
         # Read from the model on access, not copied: written to the round's state as they are read, and read
@@ -162,7 +161,11 @@ class RoundRunner:
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
         sent = self.rule.to_send(weights, self.rule_state.state, mask)
-        took = self._take_announced((epoch, rnd, steps_before, steps, share), n, start, sent, opt_vars)
+        if start is None and n == s.num_workers:  # a round announced ahead (overlap_rounds) is kept by the transport
+            took = self.transport.take_ahead((epoch, rnd, steps_before, steps, share), sent, opt_vars)
+        else:
+            took = False
+            self.transport.drop_ahead()
         following = None
         if ahead is not None and start is None and n == s.num_workers and self.pipelines():
             following = self._announce(ahead, weights, opt_vars, mask, steps, n)
@@ -187,19 +190,12 @@ class RoundRunner:
             )
         finally:
             self.transport.returned = None
-        dropped = 0
-        if self.feedback is not None:
-            dropped = self.feedback.dropped(epoch, rnd)
-            self.feedback.done(epoch, rnd, range(n))
-        for ledger in (self.local, self.overlap):
-            if ledger is not None:
-                ledger.done(epoch, rnd, range(n))
-                ledger.placed(result.workers)
+        dropped = self.feedback.dropped(epoch, rnd) if self.feedback is not None else 0
+        for kept in self.kept:
+            kept.done(epoch, rnd, range(n), result.workers)
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps, synced)
-        if self.fragments is not None:
-            self.fragments.done(epoch, rnd, range(n), result.workers)
         # The sums became the new state (divided in place): not kept into the next round, a state less (issue 47).
         result.weight_sums = result.optimizer_sums = None
         del weights, sent, opt_vars
@@ -245,8 +241,8 @@ class RoundRunner:
             return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what,
                                           rounds_labels=rounds_labels, places=places, ahead=ahead)
 
-    def _announce(self, ahead, weights, opt_vars, mask, steps: int, n: int):
-        """The next round's ``(name, sent, optimizer, make_task)`` for the transport to announce (see :meth:`run`).
+    def _announce(self, ahead, weights, opt_vars, mask, steps: int, n: int) -> Optional[NextRound]:
+        """The next round for the transport to announce (see :meth:`run`).
 
         Its state is what :meth:`update` will set after this round: the
         weights with the pending average (:func:`~sparkdl_avg.driver.algorithms.overlap.preview`)
@@ -261,34 +257,18 @@ class RoundRunner:
         optimizer = list(opt_vars)
         at = iterations_index(self.model)
         optimizer[at] = np.asarray(int(opt_vars[at]) + steps, dtype=opt_vars[at].dtype)
-        self._announced = ((epoch, rnd, steps_before, next_steps, share), sent, optimizer)
-        return (f"e{epoch}-r{rnd}", sent, optimizer,
-                partial(self.task, epoch, rnd, steps_before, next_steps, workers=range(n), num_workers=n, share=share,
-                        ahead=True))
-
-    def _take_announced(self, key: tuple, n: int, start, sent, opt_vars) -> bool:
-        """Checks the round announced ahead against round ``key`` as it is asked for now; drops it if it differs.
-
-        Returns whether the round runs as announced ahead.
-        """
-        announced, self._announced = self._announced, None
-        if announced is None:
-            return False
-        same = (announced[0] == key and start is None and n == self.settings.num_workers
-                and _equal(announced[1], sent) and _equal(announced[2], opt_vars))
-        if not same:
-            logger.debug("The round announced ahead, %s, is not round %s as asked now: run anew", announced[0], key)
-            self.transport.drop_ahead()
-        return same
+        return NextRound((epoch, rnd, steps_before, next_steps, share), f"e{epoch}-r{rnd}", sent, optimizer,
+                         partial(self.task, epoch, rnd, steps_before, next_steps, workers=range(n), num_workers=n,
+                                 share=share, ahead=True))
 
     def _places(self, n: int) -> Optional[List[Optional[str]]]:
         """Where the round's ``n`` tasks should run: each worker's ``optimizer_state="local"`` host (classic sessions)."""
-        ledger = self.local or self.overlap or (self.fragments.ledger if self.fragments is not None else None)
-        if ledger is None or not ledger.host_local or self.engine.sc is None:
+        kept = next((k for k in self.kept if k.host_local), None)
+        if kept is None or self.engine.sc is None:
             return None
         from ..elastic.membership import status_slots
 
-        return ledger.places(range(n), status_slots(self.engine.sc).hosts)
+        return kept.places(range(n), status_slots(self.engine.sc).hosts)
 
     def chunk_start(self) -> ChunkStart:
         """The driver's state, rule and learning rate an epoch of chunks starts from."""
@@ -363,12 +343,6 @@ class RoundRunner:
         Raised before the driver's model is touched, so it keeps the last good weights.
         """
         check_finite(result, f"epoch {epoch}, round {rnd}", self.settings.on_nonfinite, whole=True)
-
-
-def _equal(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
-    """Whether two states are bitwise the same arrays."""
-    return len(a) == len(b) and all(np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
-                                    for x, y in zip(a, b))
 
 
 def check_finite(result: PartialResult, where: str, policy: str, whole: bool) -> None:

@@ -168,6 +168,42 @@ class Site:
     root: str = ""
 
 
+@dataclass(frozen=True)
+class NextRound:
+    """The fit's next round, which a transport running rounds in a standing job may announce while this one trains.
+
+    ``overlap_rounds``: round ``t + 1`` starts from what round ``t``'s update
+    will set, known when round ``t`` starts. The round runner gives it with
+    round ``t`` (:meth:`StateTransport.run_job`'s ``ahead``), and asks the
+    transport, when it runs round ``t + 1``, whether that is what was
+    announced (:meth:`StateTransport.take_ahead`): the transport alone keeps
+    what it announced.
+
+    Attributes:
+        key: ``(epoch, round, steps_before, steps, share)``: the round as the fit plans it.
+        name: The round's name in the transport's files (``"e<epoch>-r<round>"``).
+        weights: The weights it is sent.
+        optimizer: The optimizer variables it is sent.
+        make_task: ``make_task(state, sink)``: its tasks' :class:`~sparkdl_avg.executor.worker.RoundTask`.
+    """
+
+    key: Tuple[int, int, int, int, bool]
+    name: str
+    weights: Sequence[np.ndarray]
+    optimizer: Sequence[np.ndarray]
+    make_task: Callable[[Any, Any], Any]
+
+    def same(self, key: tuple, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> bool:
+        """Whether round ``key`` as asked for now, with this state, is this round bitwise."""
+        return self.key == key and _equal(self.weights, weights) and _equal(self.optimizer, optimizer)
+
+
+def _equal(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    """Whether two states are bitwise the same arrays."""
+    return len(a) == len(b) and all(np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+                                    for x, y in zip(a, b))
+
+
 class StateTransport:
     """One fit's way of moving the model and round state out to the workers and their sums back.
 
@@ -246,8 +282,8 @@ class StateTransport:
         thread (:meth:`~sparkdl_avg.driver.runtime.session.Engine.carried_labels`);
         a transport that keeps one job for such rounds
         (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`'s standing job) labels that job with it.
-        The others ignore it. ``places``: see :meth:`run`. ``ahead``: the next round, ``(name, weights,
-        optimizer, make_task)``, that a standing job may announce before this one's sums are read
+        The others ignore it. ``places``: see :meth:`run`. ``ahead``: the next round
+        (:class:`NextRound`), that a standing job may announce before this one's sums are read
         (``overlap_rounds``); the others ignore it.
 
         Returns:
@@ -259,6 +295,14 @@ class StateTransport:
             return self.run(make_task, entry, workers, what, published, places), at
         finally:
             published.release()
+
+    def take_ahead(self, key: tuple, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> bool:
+        """Whether round ``key``, asked for now with this state, runs as :meth:`run_job`'s ``ahead`` announced it.
+
+        A round announced ahead that differs is dropped (:meth:`drop_ahead`).
+        Transports that announce nothing ahead: ``False``.
+        """
+        return False
 
     def drop_ahead(self) -> None:
         """Forgets a round that :meth:`run_job`'s ``ahead`` announced and that will not run as announced."""

@@ -11,7 +11,22 @@ and writes its own. A round's files are deleted once the round that reads
 them is complete; a checkpoint carries the newest ``lag`` complete rounds'
 files (:meth:`RoundChains.export`), which a resumed fit writes back
 (:meth:`RoundChains.restore`) to continue exactly. This module holds that
-bookkeeping once; the two ledgers add what is theirs.
+bookkeeping once; the ledgers add what is theirs.
+
+What a worker keeps between rounds, whatever it is, is walked by the fit
+without being named (:attr:`sparkdl_avg.driver.fit.rounds.RoundRunner.kept`):
+``resize(num_workers)`` (elastic rounds), ``done(epoch, rnd, workers,
+records)`` (a round has ended), ``host_local`` and ``places(workers, live)``
+(where the next round's tasks should run), ``export()`` / ``restore(files)``
+(a checkpoint's entries, ``"<tag>/..."``: each kind names itself), and
+``close()`` (the fit's end). :class:`RoundChains` is that walk for files
+chained from round to round; the kinds: error feedback's residuals
+(:class:`~sparkdl_avg.driver.transport.feedback.ResidualLedger`),
+``optimizer_state="local"``'s states
+(:class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`),
+``overlap_rounds``' own terms
+(:class:`~sparkdl_avg.driver.fit.overlap.OwnDeltaLedger`) and
+``sync_fragments``' own weights (:class:`~sparkdl_avg.driver.fit.fragments.Fragments`).
 """
 
 from __future__ import annotations
@@ -21,7 +36,6 @@ import threading
 from typing import Dict, Iterable, List, Set, Tuple
 
 from ...shared.files.fs import join, read_bytes, remove_tree, resolve, write_atomically
-from ...shared.wire.local_state import FIT_ALIVE
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -44,8 +58,6 @@ class RoundChains:
         self._next = 0
         self._written: Dict[int, Set[int]] = {}  # g -> workers whose file exists
         self._lock = threading.Lock()
-        # While it exists, other fits' tasks leave this fit's files on their hosts (shared/wire/local_state.py)
-        write_atomically(join(directory, FIT_ALIVE), b"")
 
     def resize(self, num_workers: int) -> None:
         """Elastic rounds: the rounds that start from now on have ``num_workers`` workers."""
@@ -75,8 +87,13 @@ class RoundChains:
             fresh = frozenset(w for w in workers if w not in have)
             return g, (name_of(g - self.lag) if have else None), fresh
 
-    def done(self, epoch: int, rnd: int, workers: Iterable[int]) -> None:
-        """Records that ``workers`` of round ``rnd`` of ``epoch`` wrote their files (their tasks succeeded)."""
+    host_local = False  # whether the files are on the workers' hosts (where the next round's tasks are placed)
+
+    def done(self, epoch: int, rnd: int, workers: Iterable[int], records=()) -> None:
+        """Records that ``workers`` of round ``rnd`` of ``epoch`` wrote their files (their tasks succeeded).
+
+        ``records``: the workers' :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord` (where they ran).
+        """
         with self._lock:
             g = self._seq[(epoch, rnd)]
             written = self._written.setdefault(g, set())

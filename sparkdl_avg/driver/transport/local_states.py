@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ...shared.wire.local_state import LocalStateFiles
+from ...shared.files.fs import join, write_atomically
+from ...shared.wire.local_state import FIT_ALIVE, LocalStateFiles
 from .chains import RoundChains, name_of
 
 logger = logging.getLogger("sparkdl_avg")
@@ -43,6 +44,7 @@ class LocalStateLedger(RoundChains):
         self.host_local = host_local
         self.kind = kind  # the files' class: LocalStateFiles, or sync_fragments' WeightFiles (same format, own name)
         self._hosts: Dict[int, Tuple[str, ...]] = {}  # host_local: worker -> the names of the host it last ran on
+        self._alive = False  # host_local: FIT_ALIVE written (before the first round's tasks)
 
     def files(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False,
               ahead: bool = False) -> LocalStateFiles:
@@ -51,15 +53,24 @@ class LocalStateLedger(RoundChains):
         ``share``: with ``host_local``, the round also writes its files under the shared directory;
         ``ahead``: see :meth:`~sparkdl_avg.driver.transport.chains.RoundChains._round`.
         """
+        if self.host_local and not self._alive:  # while it exists, other fits' tasks leave these hosts' files
+            write_atomically(join(self.directory, FIT_ALIVE), b"")  # (shared/wire/local_state.py's sweep)
+            self._alive = True
         g, read, fresh = self._round(epoch, rnd, workers, shared=share or not self.host_local, ahead=ahead)
         if self.host_local:
             return self.kind(self.directory, read, name_of(g), fresh, host_local=True, share=g in self._shared)
         return self.kind(self.directory, read, name_of(g), fresh)
 
-    def placed(self, workers) -> None:
-        """Records where ``workers`` (a round's :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord`\\ s) ran."""
+    def done(self, epoch: int, rnd: int, workers: Iterable[int], records=()) -> None:
+        """The round's files are written; ``records`` (its :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord`\\ s)
+        say where each worker ran, where its next task is placed."""
+        super().done(epoch, rnd, workers)
+        self.placed(records)
+
+    def placed(self, records) -> None:
+        """Records where the workers of ``records`` (:class:`~sparkdl_avg.shared.wire.stats.WorkerRecord`\\ s) ran."""
         with self._lock:
-            for record in workers:
+            for record in records:
                 if record.host_names:
                     self._hosts[record.worker] = tuple(record.host_names)
 

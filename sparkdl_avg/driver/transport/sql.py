@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from ...shared.wire import exchange, round_rows
 from ...shared.wire.aggregation import PartialResult, merge
 from ..runtime.session import struct_type
 from . import standing as standing_mod
-from .base import AGGREGATIONS, TRANSPORTS, Published, StateTransport, TransportSettings, remove_quietly
+from .base import AGGREGATIONS, TRANSPORTS, NextRound, Published, StateTransport, TransportSettings, remove_quietly
 from .murmur3 import shard_keys
 from .policy import plan_aggregation
 from .sql_paths import Aggregation, assemble, read_rows
@@ -81,8 +82,7 @@ class SqlTransport(StateTransport):
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
         self._rounds = standing_mod.StandingRounds(engine, directory, network)
-        # overlap_rounds: the round announced ahead, (job, name, seq, published, plan, path), until run_job takes it
-        self._ahead: Optional[tuple] = None
+        self._ahead: Optional[Announced] = None  # overlap_rounds: the round announced ahead, until run_job takes it
         make_dir(directory)
 
     @classmethod
@@ -142,12 +142,12 @@ class SqlTransport(StateTransport):
             path = AGGREGATIONS.get(plan[0])()
         usable = path is not None and self._standing_path(path) and len(workers) <= self.engine.default_parallelism
         announced, self._ahead = self._ahead, None
-        if announced is not None and (announced[1] != name or not usable or announced[0].ended()):
+        if announced is not None and (announced.round.name != name or not usable or announced.job.ended()):
             self._drop(announced)  # not the round announced: its job stops, this round starts another
             announced = None
         job = self._rounds.job_for(workers, rounds_labels, usable, places)
-        if announced is not None and announced[0] is not job:
-            announced[3].release()
+        if announced is not None and announced.job is not job:
+            announced.published.release()
             announced = None
         self.last_announced = announced is not None
         if job is None:
@@ -155,7 +155,7 @@ class SqlTransport(StateTransport):
         published = None
         try:
             if announced is not None:  # announced while the round before trained (overlap_rounds)
-                _, _, seq, published, plan, path = announced
+                seq, published, plan, path = announced.seq, announced.published, announced.plan, announced.path
                 at = time.time()
             else:
                 published = self.publish(name, weights, optimizer, job)
@@ -164,7 +164,7 @@ class SqlTransport(StateTransport):
                 at = time.time()
             self.last_plan = plan
             if ahead is not None:  # the next round's word now: its tasks go on to it as soon as they answer this one
-                self._ahead = self._announce_ahead(job, seq, entry, workers, *ahead)
+                self._ahead = self._announce_ahead(job, seq, entry, workers, ahead)
             batches = run_job(partial(job.answers, seq), what)
             if batches is None:  # the job ended without an error and without this round: a job of its own
                 logger.debug("%s: the standing job ended before the round; running it as a job of its own", what)
@@ -198,16 +198,26 @@ class SqlTransport(StateTransport):
             if self._ahead is None:
                 self._rounds.idle()
 
-    def _announce_ahead(self, job, seq: int, entry, workers, name, weights, optimizer, make_task):
-        """Publishes and announces the round after round ``seq`` in ``job``; what :meth:`run_job` takes up next."""
-        plan = self.plan(len(workers), self.layout(weights, optimizer).nbytes, standing=True)
+    def _announce_ahead(self, job, seq: int, entry, workers, ahead: NextRound) -> Optional["Announced"]:
+        """Publishes and announces ``ahead`` after round ``seq`` in ``job``; what :meth:`run_job` takes up next."""
+        plan = self.plan(len(workers), self.layout(ahead.weights, ahead.optimizer).nbytes, standing=True)
         path = AGGREGATIONS.get(plan[0])()
         if not self._standing_path(path):
             return None
-        published = self.publish(name, weights, optimizer, job)
-        task = make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
+        published = self.publish(ahead.name, ahead.weights, ahead.optimizer, job)
+        task = ahead.make_task(published.state, path.sink(published.directory, published.layout, plan[1]))
         job.announce(entry, task, keep_from=seq)
-        return job, name, job.seq, published, plan, path
+        return Announced(ahead, job, job.seq, published, plan, path)
+
+    def take_ahead(self, key, weights, optimizer) -> bool:
+        if self._ahead is None:
+            return False
+        if self._ahead.round.same(key, weights, optimizer):
+            return True
+        logger.debug("The round announced ahead, %s, is not round %s as asked now: run anew", self._ahead.round.key,
+                     key)
+        self.drop_ahead()
+        return False
 
     def _standing_path(self, path: Aggregation) -> bool:
         """Whether a round summed by ``path`` may run in this transport's standing job (files, or the socket)."""
@@ -223,7 +233,7 @@ class SqlTransport(StateTransport):
         if announced is None:
             return
         self._rounds.stop()  # its tasks may be training it: no job of the fit left running a round nobody reads
-        announced[3].release()
+        announced.published.release()
 
     def run(self, make_task, entry, workers, what, published, places=None):
         layout = published.layout
@@ -284,3 +294,22 @@ class SqlTransport(StateTransport):
         self._ahead = None
         self._rounds.stop(wait_s=standing_mod.STANDING_CLOSE_S)  # no job of the fit left running
         remove_quietly(self.directory)
+
+
+@dataclass(frozen=True)
+class Announced:
+    """A round a standing job announced ahead (``overlap_rounds``), until :meth:`SqlTransport.run_job` takes it up.
+
+    Attributes:
+        round: The round as the round runner gave it.
+        job: The standing job it is announced in; ``seq``: its number there.
+        published: Its published state (released when it runs, or is dropped).
+        plan: ``(aggregation, shards)`` of its sums; ``path``: that aggregation path.
+    """
+
+    round: NextRound
+    job: Any
+    seq: int
+    published: Any
+    plan: Tuple[str, int]
+    path: Aggregation
