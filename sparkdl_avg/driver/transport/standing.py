@@ -162,6 +162,7 @@ class StandingJob:
         self.timer: Optional[threading.Timer] = None
         self.busy = False  # a round runs in it (guarded by StandingRounds' lock)
         self.stopped = False
+        self.removed = threading.Event()  # its post closed and its directory removed (_remove)
         make_dir(directory)
 
     def announce(self, entry, task, keep_from: Optional[int] = None) -> int:
@@ -233,13 +234,13 @@ class StandingJob:
         except OSError as exc:  # its tasks then end at their deadline
             logger.warning("Could not stop the standing round job under %s: %s", self.directory, exc)
         self.future.add_done_callback(lambda _: self._remove())
-        if wait_s > 0:
-            try:
-                self.future.exception(timeout=wait_s)
-            except concurrent.futures.TimeoutError:
-                pass
+        if wait_s > 0:  # until its directory is gone, not only its job: the caller may remove the tree above it
+            self.removed.wait(wait_s)
 
     def _remove(self) -> None:
         """The job's post closed and its directory removed (once its tasks have ended)."""
-        self.post.close()
-        remove_quietly(self.directory)
+        try:
+            self.post.close()
+            remove_quietly(self.directory)
+        finally:
+            self.removed.set()

@@ -11,7 +11,6 @@ It holds no state and runs on executors too.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Optional, Tuple
 
@@ -90,8 +89,13 @@ def _exists(filesystem: pafs.FileSystem, path: str, empty_dir: bool = True) -> b
 def remove_tree(uri: str) -> None:
     """Deletes the directory at ``uri`` and everything in it; a missing one is fine."""
     filesystem, path = resolve(uri)
-    with contextlib.suppress(FileNotFoundError):
-        filesystem.delete_dir(path)
+    for _ in range(3):
+        try:
+            filesystem.delete_dir(path)
+            return
+        except FileNotFoundError:  # gone, or a part of it deleted at once by another thread: the rest is still there
+            if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+                return
 
 
 def make_dir(uri: str, private: bool = False) -> None:
