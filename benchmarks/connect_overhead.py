@@ -9,7 +9,7 @@ with the README's settings (``benchmarks/harness.py``:
 ``connect-plain``: the arms that deviate, with ``spark.python.daemon.module``
 unset, to show what the daemon does under each), and ``connect-per-round``:
 README's settings with a Spark job for every round
-(``standing.STANDING = False``, what every Connect round did before rounds
+(``standing_rounds="off"``, what every Connect round did before rounds
 ran in one standing job), run in alternating order ``--repeats`` times
 (``--arms``: which of them, default all). In each, the MLPs of ``overhead.py`` (1e5 and 1e6
 parameters, Adam, batch 32, ``k = 1``) train ``--rounds`` rounds per fit,
@@ -52,10 +52,9 @@ ARM_CONF = {arm: {"spark.python.daemon.module": None} for arm in ARMS if arm.end
 
 def child(arm: str, rounds: int) -> list:
     from sparkdl_avg import ParameterAveragingTrainer
-    from sparkdl_avg.driver.transport import standing as transport_mod
 
     connect = arm.startswith("connect")
-    transport_mod.STANDING = arm != "connect-per-round"
+    standing = "off" if arm == "connect-per-round" else "auto"
     spark = harness.session("local[2]", connect=connect, conf=ARM_CONF.get(arm))
     transports = ["auto"] if connect else ["auto", "sql"]
     out = []
@@ -71,7 +70,8 @@ def child(arm: str, rounds: int) -> list:
             "features array<float>, label int",
         )
         with ParameterAveragingTrainer(model, num_workers=2, batch_size=32, averaging_frequency=1, seed=1,
-                                       state_transport=transport, slow_warning=False) as tr:
+                                       state_transport=transport, standing_rounds=standing,
+                                       slow_warning=False) as tr:
             tr.fit(df, epochs=1, verbose=0)
             records = tr.stats.records[1:]
         if warm_up:

@@ -73,7 +73,7 @@ def round_table(layout, f32, f64, workers: int, how: str):
 def measure(size: str, repeats: int) -> list:
     from sparkdl_avg.shared.wire import exchange
     from sparkdl_avg.driver.transport import sql_paths
-    from sparkdl_avg.driver.transport.base import AGGREGATIONS
+    from sparkdl_avg.driver.config.options import AGGREGATIONS
     from sparkdl_avg.shared.model.modelspec import current_learning_rate, get_state, trainable_mask
     from sparkdl_avg.driver.fit.rounds import RoundRunner, RoundSettings, RuleState
     from sparkdl_avg.driver.algorithms.rules import PlainAveraging

@@ -54,7 +54,8 @@ def _mlp(params: float, seed: int = 0):
 def _simulate_link(link_s: float) -> None:
     """Every round's job waits as the link would: ``W × link_s`` through the driver, ``link_s`` sharded."""
     from sparkdl_avg.driver.runtime.session import Engine
-    from sparkdl_avg.driver.transport.base import AGGREGATIONS, StateTransport
+    from sparkdl_avg.driver.config.options import AGGREGATIONS
+    from sparkdl_avg.driver.transport.base import StateTransport
 
     Engine.one_host = property(lambda self: False)
     run_job = StateTransport.run_job

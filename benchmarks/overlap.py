@@ -7,11 +7,12 @@ CNN: 20,000 synthetic images, 3 epochs, held-out 2,000; ``Adam(1e-3)``), each
 seed's arms one after another (interleaved, seeds outermost):
 
 * ``local``: synchronous rounds, ``optimizer_state="local"`` (the arm overlap composes with);
-* ``overlap-seq``: the same with ``overlap_rounds=True`` (eager updates: each average applied one round late,
-  each worker's own delta standing in for its share), its rounds one after another in the standing job
-  (``sparkdl_avg.driver.fit.rounds.PIPELINE = False``);
-* ``overlap``: the same, each round announced while the round before it trains (part 2: the workers go
-  straight on to the next round while the driver reads, sums and applies theirs).
+* ``overlap-per-round``: the same with ``overlap_rounds=True`` (eager updates: each average applied one round
+  late, each worker's own delta standing in for its share) and ``standing_rounds="off"``: each round a Spark
+  job of its own (``state_transport="auto"``: files, as ``local``'s), so nothing announced ahead;
+* ``overlap``: ``overlap_rounds=True``, its rounds in one standing job, each announced while the round before
+  it trains (part 2: the workers go straight on to the next round while the driver reads, sums and applies
+  theirs).
 
 Also prints the timing table: per arm, the median round wall time and the
 slowest worker's compute over the steady rounds (not the first of a fit),
@@ -56,11 +57,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import harness  # noqa: E402
 import diloco  # noqa: E402
-from sparkdl_avg.driver.fit import rounds  # noqa: E402
 
 ARMS = {
     "local": dict(optimizer_state="local"),
-    "overlap-seq": dict(optimizer_state="local", overlap_rounds=True),
+    "overlap-per-round": dict(optimizer_state="local", overlap_rounds=True, standing_rounds="off"),
     "overlap": dict(optimizer_state="local", overlap_rounds=True),
 }
 
@@ -94,7 +94,6 @@ def main() -> int:
             for name in args.datasets:
                 for k in plan[name]["ks"]:
                     for arm in ARMS:
-                        rounds.PIPELINE = arm != "overlap-seq"
                         row = diloco.fit(name, plan[name], k, seed, arm)
                         rows.append(row)
                         print({key: v for key, v in row.items() if key != "loss"}, flush=True)

@@ -14,8 +14,8 @@ interleaved per repeat, each a trainer of its own:
 * ``sync``: synchronous rounds, ``state_transport="auto"`` (what it takes there);
 * ``overlap``: ``overlap_rounds=True`` (the standing job through the driver's socket);
 * ``overlap-jobs`` (not run by default): the same with one Spark job per round
-  (``sparkdl_avg.driver.transport.standing.STANDING = False``: the rounds one
-  after another, as under Spark Connect across hosts), what a job per round
+  (``standing_rounds="off"``, ``state_transport="sql"``: the Spark SQL rounds
+  one after another, as under Spark Connect across hosts), what a job per round
   costs there.
 
 Each arm fits one epoch to warm its replicas, then ``--epochs`` measured
@@ -53,7 +53,8 @@ BATCH = 32
 TEST = 5000
 CONF = {"spark.executor.memory": "768m", "spark.driver.memory": "2g", "spark.driver.maxResultSize": "0"}
 ARMS = {"sync": dict(optimizer_state="local"), "overlap": dict(optimizer_state="local", overlap_rounds=True),
-        "overlap-jobs": dict(optimizer_state="local", overlap_rounds=True)}  # one Spark job per round (no standing job)
+        "overlap-jobs": dict(optimizer_state="local", overlap_rounds=True, standing_rounds="off",
+                             state_transport="sql")}  # one Spark SQL job per round (no standing job)
 
 
 def data(args):
@@ -95,9 +96,6 @@ def drive(args) -> None:
         for arm in args.arms:
             row = {"arm": arm, "repeat": repeat, "k": args.k, "rate": cluster.rate, "workers": WORKERS,
                    "load_before": os.getloadavg()[0]}
-            from sparkdl_avg.driver.transport import standing
-
-            standing.STANDING = arm != "overlap-jobs"
             model = mlp(1e6)
             with ParameterAveragingTrainer(model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=args.k,
                                            seed=0, slow_warning=False, staging_dir=f"{store}/{arm}-{repeat}",

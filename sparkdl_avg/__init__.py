@@ -47,7 +47,7 @@ if not _quiet.on_executor():
             category=UserWarning)
 else:
     # Executors' tasks import sparkdl_avg.executor and sparkdl_avg.shared only: the driver's API (with
-    # PySpark ML and pandas, ~0.4 s of a Python worker's start) loads if a public name is asked for.
+    # PySpark ML and pandas, slow to import) loads if a public name is asked for.
     from .version import __version__  # noqa: E402,F401
 
     def __getattr__(name):

@@ -3,8 +3,8 @@
 The package's ``__init__`` re-exports them in the user's process. On the
 executors, whose tasks import only :mod:`sparkdl_avg.executor` and
 :mod:`sparkdl_avg.shared`, it loads this module (the driver's API, PySpark ML,
-pandas) only if something asks for one of these names: about 0.4 s less of
-the Python worker's start (docs/benchmarks/first_fit.md).
+pandas) only if something asks for one of these names, which shortens each
+Python worker's start (docs/benchmarks/first_fit.md).
 """
 
 from .driver.api.advisor import Advice, advise

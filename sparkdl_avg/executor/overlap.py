@@ -3,8 +3,7 @@
 Worker ``i`` keeps ``e_i = δ_i/N`` — its delta of the round it just trained
 (its end weights minus its own start), divided by the round's workers — in a
 file chained from round to round like ``optimizer_state="local"``'s states
-(:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`, the driver's
-book :class:`~sparkdl_avg.driver.fit.overlap.OwnDeltaLedger`). Its next round
+(:class:`OwnTerms`; the driver's book :class:`~sparkdl_avg.driver.fit.overlap.OwnDeltaLedger`). Its next round
 starts from the sent global weights plus ``e_i`` (:func:`eager_start`) and
 returns its end weights minus ``e_i`` (:func:`eager_finish`), so the
 replicas' mean is the sent weights plus the round's averaged delta, which
@@ -16,9 +15,13 @@ own term; a retried task reads the same file and writes the same bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from ..shared.wire.kept import WorkerRound
+from ..shared.wire.local_state import LocalStateFiles
 
 
 def _floating(w) -> bool:
@@ -50,3 +53,17 @@ def eager_finish(files, worker: int, num_workers: int, sent: Sequence[np.ndarray
             else np.zeros_like(np.asarray(w)) for w, s in zip(end, sent)]
     files.save(worker, keep)
     return end
+
+
+@dataclass(frozen=True)
+class OwnTerms(LocalStateFiles):
+    """Where a round's workers read and write their own terms (kept as ``optimizer_state="local"``'s states are)."""
+
+    what = "own term (overlap_rounds)"
+
+    def begin(self, w: WorkerRound) -> Optional[List[np.ndarray]]:
+        w.start, own = eager_start(self, w.worker, w.sent)
+        return own
+
+    def end(self, w: WorkerRound, begun: Optional[List[np.ndarray]]) -> None:
+        w.end = eager_finish(self, w.worker, w.num_workers, w.sent, begun, list(w.end), w.finite)

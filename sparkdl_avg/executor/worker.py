@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -40,8 +40,8 @@ from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
 from ..shared.data.example_order import EpochOrder, split_evenly, worker_positions
+from ..shared.wire.kept import WorkerRound
 from ..shared.wire.local_state import host_names
-from .overlap import eager_finish, eager_start
 from ..shared.model.modelspec import ModelSpec, assign_state, state_of
 from ..shared.model.tracing import build_training_state
 from ..shared.data.staged_dataset import StagedDataset, read_examples
@@ -54,8 +54,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MAX_REPLICAS = 2
 """Compiled replicas a Python worker keeps (the most recently used). A
 notebook that re-runs its model cell builds a new model, a new fingerprint,
-each time; kept forever, each grew the worker's memory every fit (issue 28;
-docs/benchmarks.md, "Executor memory over many fits in one session").
+each time; kept forever, each grew the worker's memory every fit
+(docs/benchmarks.md, "Executor memory over many fits in one session").
 Two let a session alternate between two models without rebuilding."""
 
 _REPLICAS: "OrderedDict[str, Any]" = OrderedDict()
@@ -124,9 +124,9 @@ def get_replica(spec_handle, fingerprint: str):
         _REPLICAS[fingerprint] = model
         BUILD_COUNT += 1
         # A reused PySpark worker runs gc.collect() after every task; with
-        # TensorFlow loaded that full collection takes 100-250 ms and delays
-        # the next round's task. Freezing the long-lived objects (modules,
-        # the replica) keeps those collections cheap.
+        # TensorFlow loaded that full collection is slow and delays the next
+        # round's task. Freezing the long-lived objects (modules, the replica)
+        # keeps those collections cheap.
         gc.freeze()
         return model, True
 
@@ -153,12 +153,11 @@ def _forget_custom_gradients() -> None:
     Each trace of a ``tf.custom_gradient`` op (Keras' losses use them)
     registers a gradient function under a new name in TensorFlow's global
     gradient registry and never removes it; its closure holds the traced
-    graph. A worker that trained a new architecture each fit kept ~8.5 MB
-    per fit that way (issue 38: 375 → 626 MB over 30 fits;
-    ``benchmarks/fit_memory.py --vary``). The registry is read only while
-    a function is traced, and none is traced between tasks, so dropping
-    them all is safe: a later trace registers its own. Private TensorFlow
-    state: where it is not there, nothing is dropped.
+    graph, so a worker that trained a new architecture each fit grew with
+    every fit (``benchmarks/fit_memory.py --vary``). The registry is read
+    only while a function is traced, and none is traced between tasks, so
+    dropping them all is safe: a later trace registers its own. Private
+    TensorFlow state: where it is not there, nothing is dropped.
     """
     try:
         from tensorflow.python.framework import ops
@@ -227,7 +226,7 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
 
     # TensorFlow's retracing warning counts traces per code object, across
     # the closures of every replica this process built: one trace each, by
-    # design, which after five models read as a retracing bug (issue 28).
+    # design, which after five models read as a retracing bug.
     train_steps._omit_frequent_tracing_warning = True
     _STEP_FUNCTIONS[key] = train_steps
     return train_steps
@@ -300,21 +299,12 @@ class RoundTask:
             (:mod:`sparkdl_avg.driver.fit.stale_async`), the driver's worker that runs this
             chunk (its data is worker ``i``'s of round ``round``); ``None``
             in synchronous rounds, where the two are the same.
-        feedback: Under ``update_compression`` with error feedback, where the
-            workers read and write their residuals
-            (:class:`~sparkdl_avg.shared.wire.delta_sums.FeedbackFiles`); the sink's
-            ``deltas`` says whether the round is compressed at all.
-        local_state: ``optimizer_state="local"``: where each worker reads and
-            writes its own optimizer variables between rounds
-            (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`);
-            ``None``: the round's workers start from the sent ones.
-        overlap: ``overlap_rounds``: where each worker reads and writes its
-            own term (:mod:`sparkdl_avg.executor.overlap`); ``None``: off.
         start: Elastic rounds: the epoch position of the round's first
             example (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`);
             ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
-        fragments: ``sync_fragments > 1``: the round's
-            :class:`~sparkdl_avg.shared.wire.fragments.FragmentRound` (own weights, adoption, the synced part).
+        kept: What each worker keeps between rounds, one :class:`~sparkdl_avg.shared.wire.kept.Kept` per kind
+            (error feedback's residuals, ``optimizer_state="local"``'s states, ``overlap_rounds``' own terms,
+            ``sync_fragments``' own weights), in the kinds' order; empty: none.
     """
 
     spec: Any
@@ -333,11 +323,8 @@ class RoundTask:
     average_optimizer: bool
     skip_nonfinite: bool = False
     slot: Any = None
-    feedback: Any = None
     start: Optional[int] = None
-    local_state: Any = None
-    overlap: Any = None
-    fragments: Any = None
+    kept: Tuple[Any, ...] = ()
 
 
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
@@ -371,20 +358,13 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     model, built = get_replica(task.spec, task.fingerprint)
     got = time.time()
     weights, opt_vars = task.state.load()
-    t_own = time.time()
-    own, restarted = task.local_state.load(worker, opt_vars) if task.local_state is not None else (None, False)
-    local_state_s = time.time() - t_own
-    eager, frag = None, task.fragments
-    start_weights = weights
-    if task.overlap is not None:  # overlap_rounds: start from the sent weights plus the worker's own term
-        start_weights, eager = eager_start(task.overlap, worker, weights)
-    elif frag is not None:  # sync_fragments: its own weights, the fragment synced last round from the sent ones
-        start_weights, lost = frag.start(worker, weights)
-        restarted = restarted or lost
-    assign_state(model, start_weights, opt_vars if own is None else own)
-    if (task.local_state is None and task.overlap is None and frag is None
-            and getattr(task.results, "deltas", None) is None):
-        weights = opt_vars = None  # not read again: a memory map (files) is unmapped, not kept through training
+    t_kept = time.time()
+    mine = WorkerRound(worker, task.num_workers, weights, opt_vars, weights, opt_vars)
+    begun = [k.begin(mine) for k in task.kept]  # what the worker kept: where it starts (shared/wire/kept.py)
+    kept_s = time.time() - t_kept
+    assign_state(model, mine.start, mine.start_optimizer)
+    if not task.kept and getattr(task.results, "deltas", None) is None:
+        weights = opt_vars = mine = None  # not read again: a memory map (files) is unmapped, not kept through training
     seed_replica(model, task.seed, task.epoch, task.round, worker)
     ready = time.time()
 
@@ -417,18 +397,16 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     sums = {name: float(value) * n for name, value in logs.items()}
     computed = time.time()
 
-    # read from the replica one array at a time (as packed, checked, written), not copied whole first (issue 47)
+    # read from the replica one array at a time (as packed, checked, written), not copied whole first
     new_weights, new_opt = state_of(model)
     finite = bool(np.isfinite(sums.get("loss", 0.0))) and all(np.isfinite(w).all() for w in new_weights)
-    if task.local_state is not None:  # a replica that went non-finite keeps the state it started from
-        t_own = time.time()
-        task.local_state.save(worker, new_opt if finite else (opt_vars if own is None else own))
-        local_state_s += time.time() - t_own
-    if task.overlap is not None:  # returns end - own term; keeps its next own term
-        new_weights = eager_finish(task.overlap, worker, task.num_workers, weights, eager, list(new_weights), finite)
-    if frag is not None:  # keeps its own weights, returns the synced part only (shared/wire/fragments.py)
-        frag.save(worker, new_weights if finite else start_weights)
-        new_weights, weights = frag.pick(new_weights), frag.pick(weights)
+    if task.kept:  # keeps what its next round reads; may change what it returns
+        t_kept = time.time()
+        mine.end, mine.end_optimizer, mine.finite = new_weights, new_opt, finite
+        for k, b in zip(task.kept, begun):
+            k.end(mine, b)
+        new_weights, weights = mine.end, mine.sent
+        kept_s += time.time() - t_kept
     record = WorkerRecord(
         worker=worker,
         host=socket.gethostname(),
@@ -447,16 +425,14 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
         import_s=quiet.take_import_s(),
         traced=traced,
         trace_s=trace_s,
-        local_state_s=local_state_s,
-        local_state_restarted=restarted,
-        host_names=host_names() if any(getattr(f, "host_local", False)
-                                       for f in (task.local_state, task.overlap, getattr(frag, "files", None)))
-        else (),
+        local_state_s=kept_s,
+        local_state_restarted=mine is not None and mine.restarted,
+        host_names=host_names() if any(k.host_local for k in task.kept) else (),
     )
     deltas = getattr(task.results, "deltas", None)
     if deltas is not None:  # update_compression: the delta from what was sent, encoded (and the residual kept)
         avg = task.average_optimizer
-        packed, times = pack_result(deltas, task.feedback, worker, n, new_weights, new_opt if avg else None,
+        packed, times = pack_result(deltas, mine.residuals, worker, n, new_weights, new_opt if avg else None,
                                     weights, opt_vars if avg else None, finite)
         record.encode_s, record.feedback_s = times["encode_s"], times["feedback_s"]
         # a sparse-rows round (shared/wire/sparse_rows.py) knows what this worker's delta took; a codec's is fixed

@@ -171,7 +171,7 @@ def test_rule_errors(make, message):
 
 
 def test_every_name_resolves_in_the_registry_to_its_class_with_its_defaults():
-    assert rules.rule_names()[:6] == ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco", "outer")
+    assert rules.RULES.names()[:6] == ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco", "outer")
     assert [as_update_rule(n) for n in ("average", "bmuf", "bmuf_nesterov", "slowmo", "diloco")] == [
         PlainAveraging(), BlockMomentum(), BlockMomentum(nesterov=True), SlowMo(), DiLoCo()]
     assert as_update_rule(None) == PlainAveraging() and as_update_rule(SlowMo(0.1)) == SlowMo(0.1)
@@ -230,11 +230,24 @@ def test_a_new_rule_is_one_class_found_by_its_names():
     assert as_update_rule("toy_halfway") == Halfway() and as_update_rule("toy_halfway:scale=0.25") == Halfway(0.25)
     assert rule_from_name("toy_halfway", None, 0.75) == Halfway(0.75)
     assert "the toy's scale" in rules.flat_option("block_lr", "x")["help"]
-    assert rules.rule_names()[-1] == "toy_halfway" and Halfway().name == "toy_halfway"
+    assert rules.RULES.names()[-1] == "toy_halfway" and Halfway().name == "toy_halfway"
     with pytest.raises(ValueError, match=r"'toy_halfway' is taken by"):
         type("Other", (rules.UpdateRule,), {"names": ("toy_halfway",)})
     with pytest.raises(ConfigurationError, match=r"'block_momentum' and 'block_lr' parameters apply"):
         rule_from_name("toy_halfway", 0.5)
+
+
+def test_names_given_as_a_string_are_refused_not_read_as_one_rule_per_letter():
+    before = rules.RULES.names()
+    with pytest.raises(TypeError, match=r"^Update rule R's names must be a tuple of strings, such as \('mine',\)\. "
+                                        r"Got 'qastr' instead\.$"):
+        class R(rules.UpdateRule):
+            names = "qastr"
+    with pytest.raises(TypeError, match=r"names must be a tuple of strings.*Got \['toy_list'\] instead"):
+        type("L", (rules.UpdateRule,), {"names": ["toy_list"]})
+    with pytest.raises(ValueError, match=r"needs a name of its own matching \[a-z\]\[a-z0-9_\]\*\. Got 'Toy' instead"):
+        type("Upper", (rules.UpdateRule,), {"names": ("toy_upper", "Toy")})
+    assert rules.RULES.names() == before  # nothing registered, not even the good name before the bad one
 
 
 def test_the_cli_and_the_estimator_take_specs_and_name_their_own_option_in_errors(capsys):

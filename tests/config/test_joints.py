@@ -71,6 +71,10 @@ CASES = [
      "The 'overlap_rounds' parameter with sync_fragments > 1 is not built yet (fragments are synchronised in turn "
      "from weights the workers keep; their overlap is another protocol): pass one of them. Got "
      "overlap_rounds=True with sync_fragments=4 instead."),
+    (dict(standing_rounds="socket"),
+     "The 'standing_rounds' parameter 'socket' needs overlap_rounds=True: a classic session's rounds share a "
+     "standing job (the one that talks through the driver's socket) only under overlap_rounds. Got "
+     "standing_rounds='socket' with overlap_rounds=False instead."),
     (dict(sync_fragments=2, synchronization="async"),
      "The 'sync_fragments' parameter needs synchronization='sync' (round r synchronises fragment r mod F from every "
      "worker; stale and asynchronous chunks apply one worker at a time, with no such turn). Got sync_fragments=2 "
@@ -133,7 +137,8 @@ def test_combinations_each_check_lets_through_are_accepted():
                    dict(update_compression="int8", error_feedback=False, synchronization="async"),
                    dict(update_compression="bf16", synchronization="async"), dict(optimizer_state="reset",
                    synchronization="stale"), dict(elastic_timeout_s=10, min_workers=1), dict(num_workers=2, max_workers=2),
-                   dict(min_workers=2, max_workers=2)):
+                   dict(min_workers=2, max_workers=2), dict(standing_rounds="off"),
+                   dict(standing_rounds="socket", overlap_rounds=True, optimizer_state="local")):
         TrainerConfig(**kwargs)
 
 

@@ -21,26 +21,24 @@ from sparkdl_avg.driver.data.adapters import (ArrayAdapter, DataAdapter, DataFra
                                               find_data_adapter, get_data_adapter, known_data)
 from sparkdl_avg.driver.data.inference import add_predictions
 from sparkdl_avg.driver.data.staging import data_key
-from sparkdl_avg.shared.data import kinds
 from sparkdl_avg.shared.data.columns import Column, Field, read_column, stage_arrow, stage_numpy
-from sparkdl_avg.shared.data.kinds import (ColumnKind, ImageKind, RawKind, TensorKind, TextKind, column_kind,
-                                           kind_for_field, kind_names, register_column_kind)
+from sparkdl_avg.shared.data.kinds import KINDS, ColumnKind, ImageKind, RawKind, TensorKind, TextKind, kind_for_field
 
 # ------------------------------------------------------------------ column kinds
 
 
 def test_every_kind_is_found_by_the_name_a_staged_column_records():
-    assert kind_names() == ("text", "tensor", "image", "raw")
+    assert KINDS.names() == ("text", "tensor", "image", "raw")
     for cls in (TextKind, TensorKind, ImageKind, RawKind):
-        assert isinstance(column_kind(cls.name), cls)
+        assert isinstance(KINDS.get(cls.name), cls)
         assert isinstance(Column("c", "c", cls.name).handler, cls)
-    assert [column_kind(n).numeric for n in kind_names()] == [False, True, False, False]
+    assert [KINDS.get(n).numeric for n in KINDS.names()] == [False, True, False, False]
 
 
 def test_an_unknown_kind_name_is_refused_listing_the_kinds():
     with pytest.raises(ValueError, match=r"^Unknown column kind 'sparse'; the column kinds are "
                                          r"\['image', 'raw', 'tensor', 'text'\]\.$"):
-        column_kind("sparse")
+        KINDS.get("sparse")
     with pytest.raises(ValueError, match="Unknown column kind"):
         stage_numpy(np.zeros((2, 1)), Column("c", "c", "sparse"))
 
@@ -52,19 +50,24 @@ def test_a_model_inputs_field_chooses_the_kind_of_its_column_in_data_without_a_s
         assert kind_for_field(Field((2, 3), dtype)).name == "tensor"
 
 
-def test_what_is_not_a_named_kind_class_cannot_be_registered():
+def test_a_kind_needs_a_name_of_its_own_the_names_staged_files_record_stay_theirs():
     class Nameless(ColumnKind):
         pass
 
-    for wrong in (Nameless, dict, TensorKind()):
-        with pytest.raises(TypeError, match="A column kind must be a ColumnKind subclass with a name"):
-            register_column_kind(wrong)
+    class Tensor(ColumnKind):
+        name = "tensor"
+
+    with pytest.raises(ValueError, match=r"^Column kind .*Nameless needs a name of its own matching .* Got ''"):
+        KINDS.register(Nameless)
+    with pytest.raises(ValueError, match=r"'tensor' is taken by sparkdl_avg\.shared\.data\.kinds\.TensorKind\.$"):
+        KINDS.register(Tensor)
+    assert type(KINDS.get("tensor")) is TensorKind
 
 
 def test_a_kind_of_ones_own_stages_and_reads_through_the_registry(monkeypatch):
-    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))  # the test's kind leaves with the test
+    monkeypatch.setattr(KINDS, "_entries", dict(KINDS._entries))  # the test's kind leaves with the test
 
-    @register_column_kind
+    @KINDS.register
     class Doubled(ColumnKind):
         name = "doubled"
 
@@ -78,7 +81,7 @@ def test_a_kind_of_ones_own_stages_and_reads_through_the_registry(monkeypatch):
     staged = stage_arrow(pa.array([1, 2, 3]), column)
     assert staged.to_pylist() == [2, 4, 6]
     assert read_column(staged, column).tolist() == [2.5, 4.5, 6.5]
-    assert kind_names()[-1] == "doubled" and kind_for_field(Field((1,), "float32")).name == "tensor"
+    assert KINDS.names()[-1] == "doubled" and kind_for_field(Field((1,), "float32")).name == "tensor"
 
 
 # ------------------------------------------------------------------ data adapters
@@ -105,9 +108,9 @@ def test_numpy_tuples_and_pairs_of_lists_are_arrays_and_nothing_else_is():
 def test_a_pandas_dataframe_is_refused_with_how_to_convert_it_and_is_no_dataframe_to_predict_on():
     pd = pytest.importorskip("pandas")
     pdf = pd.DataFrame({"a": [1.0, 2.0], "label": [0.0, 1.0]})
-    adapter = get_data_adapter(pdf, "evaluation")
+    adapter = find_data_adapter(pdf, "evaluation")
     assert type(adapter) is PandasAdapter
-    for ask in (lambda: known_data(pdf, "evaluation"), adapter.engine, adapter.count):
+    for ask in (lambda: known_data(pdf, "evaluation"), lambda: get_data_adapter(pdf, "evaluation"), adapter.known):
         with pytest.raises(DataError, match=r"^The evaluation data must be a Spark DataFrame, an RDD of \(x, y\) pairs "
                                             r"or a tuple \(x, y\) of numpy arrays\. Got a pandas DataFrame instead; "
                                             r"convert it with spark\.createDataFrame\(pdf\)"):
@@ -153,27 +156,27 @@ class _RowsAdapter(DataAdapter):
 
 
 @pytest.fixture
-def rows_adapter():
-    adapters.register_data_adapter(_RowsAdapter)
-    yield _RowsAdapter
-    adapters.unregister_data_adapter(_RowsAdapter)
+def rows_adapter(monkeypatch):
+    monkeypatch.setattr(adapters.ADAPTERS, "_entries", dict(adapters.ADAPTERS._entries))  # leaves with the test
+    assert type(find_data_adapter(_Rows([(1.0, 2.0), (3.0, 4.0)]))) is ArrayAdapter  # a list of two: (x, y)
+    return adapters.register_data_adapter(_RowsAdapter)
 
 
 def test_users_adapters_are_asked_first_and_answer_through_the_data_they_convert_to(rows_adapter):
     rows = _Rows([([1.0, 2.0], 3.0), ([4.0, 5.0], 9.0)])
-    adapter = get_data_adapter(rows, "evaluation")
+    adapter = find_data_adapter(rows, "evaluation")
     assert type(adapter) is _RowsAdapter and adapter.what == "evaluation"
     rows_adapter.calls = 0
-    assert adapter.count() == 2 and adapter.head(1)[0].tolist() == [[1.0, 2.0]]
-    assert rows_adapter.calls == 1  # converted once per adapter
-    assert type(adapter.known()) is ArrayAdapter and not adapter.has_column("label")
+    known = adapter.known()
+    assert adapter.known() is known and rows_adapter.calls == 1  # converted once per adapter
+    assert type(known) is ArrayAdapter and known.what == "evaluation" and not known.has_column("label")
+    assert known.count() == 2 and known.head(1)[0].tolist() == [[1.0, 2.0]]
     assert adapter.key(("features",)) is None  # a converted container is staged again at each call
+    assert type(get_data_adapter(rows)) is ArrayAdapter  # every question goes to the data it converts to
     x, y = known_data(rows)
     assert x.tolist() == [[1.0, 2.0], [4.0, 5.0]] and y.tolist() == [3.0, 9.0]
     with pytest.raises(DataError, match=r"^The data to predict on must be a Spark DataFrame\. Got _Rows instead\.$"):
         add_predictions(rows, None)
-    adapters.unregister_data_adapter(_RowsAdapter)
-    assert type(get_data_adapter(rows)) is ArrayAdapter  # a list of two: (x, y) again
 
 
 def test_registering_a_class_again_moves_it_first_and_built_in_adapters_cannot_be_registered(rows_adapter):
@@ -181,11 +184,9 @@ def test_registering_a_class_again_moves_it_first_and_built_in_adapters_cannot_b
         pass
 
     adapters.register_data_adapter(Other)
-    try:
-        assert type(get_data_adapter(_Rows([]))) is Other
-        adapters.register_data_adapter(_RowsAdapter)
-        assert type(get_data_adapter(_Rows([]))) is _RowsAdapter
-    finally:
-        adapters.unregister_data_adapter(Other)
+    assert type(find_data_adapter(_Rows([]))) is Other
+    adapters.register_data_adapter(_RowsAdapter)
+    assert type(find_data_adapter(_Rows([]))) is _RowsAdapter
+    assert adapters.ADAPTERS.entries()[:2] == [_RowsAdapter, Other]
     with pytest.raises(ConfigurationError, match="register_data_adapter takes a subclass of sparkdl_avg.DataAdapter"):
         adapters.register_data_adapter(ArrayAdapter)

@@ -194,7 +194,7 @@ def test_layout_names_every_update_rule():
 
     text = (DOCS / "architecture.md").read_text(encoding="utf-8")
     rules_row = next(line for line in text.splitlines() if line.startswith("| `algorithms/rules.py`"))
-    for cls in registry.rule_classes():
+    for cls in registry.RULES.entries():
         if not cls.__module__.startswith("sparkdl_avg."):
             continue  # a user's rule, registered by another test in this process (tests/api/test_extensions.py)
         assert f"`{cls.__name__}`" in rules_row, f"the layout's rules row does not name {cls.__name__}: {rules_row}"

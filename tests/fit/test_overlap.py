@@ -60,11 +60,20 @@ def test_overlap_rounds_refuses_what_it_does_not_define_before_any_job(options, 
         ParameterAveragingTrainer(make_model(), num_workers=2, overlap_rounds=True, **options)
 
 
-def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwise(session, monkeypatch):
-    """Part 2: on one host, an overlap_rounds fit's rounds run in one standing job, each announced while the round
-    before it trains; only when they run changes, not the arithmetic."""
-    from sparkdl_avg.driver.fit import rounds
+def test_standing_rounds_socket_is_refused_without_overlap_rounds_before_any_job():
+    from conftest import make_model
+    from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
 
+    with pytest.raises(ConfigurationError, match=r"^The 'standing_rounds' parameter 'socket' needs overlap_rounds=True: "
+                                                 r".* Got standing_rounds='socket' with overlap_rounds=False "
+                                                 r"instead.$"):
+        ParameterAveragingTrainer(make_model(), num_workers=2, standing_rounds="socket")
+
+
+def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwise(session):
+    """Part 2: on one host, an overlap_rounds fit's rounds run in one standing job, each announced while the round
+    before it trains; only when they run changes, not the arithmetic (against standing_rounds="off": a Spark job per
+    round)."""
     fits = OverlapRoundsMixin()
     trainer, pipelined = fits._fit()
     records = trainer.stats.records
@@ -76,8 +85,7 @@ def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwi
     # a validation (a job of its own) between epochs: each epoch's first round is not announced ahead
     assert [r.announced_ahead for r in trainer.stats.records] == [False, True, True] * 2
     _, files = fits._fit(options=dict(state_transport="files"))  # one Spark job per round
-    monkeypatch.setattr(rounds, "PIPELINE", False)
-    trainer, sequential = fits._fit()
+    trainer, sequential = fits._fit(options=dict(state_transport="sql", standing_rounds="off"))  # a SQL job per round
     assert [r.transport for r in trainer.stats.records] == ["sql"] * 6
     assert not any(r.announced_ahead for r in trainer.stats.records)
     for a, b, c, d in zip(pipelined.get_weights(), sequential.get_weights(), files.get_weights(),
@@ -87,12 +95,10 @@ def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwi
         np.testing.assert_array_equal(a, d)
 
 
-def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_sequential_weights(session, monkeypatch):
+def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_sequential_weights(session):
     """A callback that changes the learning rate after round 0: round 1, announced with the old rate, is dropped and
-    run anew (not announced ahead); the weights equal the same fit's with its rounds one after another."""
+    run anew (not announced ahead); the weights equal the same fit's with a Spark job per round."""
     import keras
-
-    from sparkdl_avg.driver.fit import rounds
 
     class HalveOnce(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -103,31 +109,28 @@ def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_s
     fits = OverlapRoundsMixin()
     trainer, pipelined = fits._fit(callbacks=[HalveOnce()])
     assert [r.announced_ahead for r in trainer.stats.records] == [False, False] + [True] * 4
-    monkeypatch.setattr(rounds, "PIPELINE", False)
-    _, sequential = fits._fit(callbacks=[HalveOnce()])
+    trainer, sequential = fits._fit(callbacks=[HalveOnce()], options=dict(standing_rounds="off"))
+    assert not any(r.announced_ahead for r in trainer.stats.records)
     for a, b in zip(pipelined.get_weights(), sequential.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
-def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise(session, monkeypatch):
+def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise(session):
     """Part 2 on hosts of their own: the standing job's words (with the round's state in them) and answers (with the
     sums) go through the driver's socket, which executors on other hosts reach (tests/runtime/test_hosts.py runs it
-    across hosts); here on one host, forced, against the same fit through local files."""
-    from sparkdl_avg.driver.transport import standing as standing_mod
-
+    across hosts); here on one host (standing_rounds="socket"), against the same fit through local files."""
     from conftest import regression_data
 
     fits = OverlapRoundsMixin()
     validation = regression_data(16, d=3, seed=5)
     _, files = fits._fit()
     _, files_validated = fits._fit(validation_data=validation)
-    monkeypatch.setattr(standing_mod, "NETWORK", True)
-    trainer, socket = fits._fit()
+    trainer, socket = fits._fit(options=dict(standing_rounds="socket"))
     records = trainer.stats.records
     assert [(r.transport, r.aggregation) for r in records] == [("sql", "driver")] * 6
     assert [r.announced_ahead for r in records] == [False] + [True] * 5
     # a validation (a job of its own) between epochs: the standing job stops and a new one takes the next epoch
-    trainer, validated = fits._fit(validation_data=validation)
+    trainer, validated = fits._fit(validation_data=validation, options=dict(standing_rounds="socket"))
     assert [r.announced_ahead for r in trainer.stats.records] == [False, True, True] * 2
     for a, b, c, d in zip(socket.get_weights(), files.get_weights(), validated.get_weights(),
                           files_validated.get_weights()):
@@ -142,22 +145,19 @@ def test_executors_that_cannot_reach_the_drivers_socket_get_a_job_per_round_and_
     import logging
     import socket
 
-    from sparkdl_avg.driver.transport import standing as standing_mod
     from sparkdl_avg.shared.wire.standing_net import NetBoard, RoundServer
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()
-    monkeypatch.setattr(standing_mod, "NETWORK", True)
     monkeypatch.setattr(RoundServer, "board", lambda self: NetBoard(closed, b"k" * 32))
     fits = OverlapRoundsMixin()
     with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
-        trainer, unreachable = fits._fit()
+        trainer, unreachable = fits._fit(options=dict(standing_rounds="socket"))
     warnings = [r.getMessage() for r in caplog.records if "could not connect to the driver" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("The executors could not connect to the driver at ")
     assert "each round runs as a Spark job of its own" in warnings[0]
     assert not any(r.announced_ahead for r in trainer.stats.records) and len(trainer.stats.records) == 6
-    monkeypatch.setattr(standing_mod, "NETWORK", False)
     _, files = fits._fit()
     for a, b in zip(unreachable.get_weights(), files.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -224,6 +224,14 @@ def test_classic_only_transports_and_rdds_are_refused_under_connect_before_any_j
     with pytest.raises(ConfigurationError, match=r"'state_transport' parameter must be 'auto' or 'sql' under Spark "
                                                  r"Connect .* Got 'spark' instead"):
         trainer_for(make_model(seed=4), state_transport="spark").fit(frame(connect), verbose=0)
+    data, before = frame(connect), _spark_job_ids()
+    with pytest.raises(ConfigurationError, match=r"^The 'standing_rounds' parameter must be 'auto' or 'off' under "
+                                                 r"Spark Connect \(its standing job waits on files that the client "
+                                                 r"writes under the staging directory, not on a socket\). Got "
+                                                 r"'socket' instead.$"):
+        trainer_for(make_model(seed=4), overlap_rounds=True, optimizer_state="local",
+                    standing_rounds="socket").fit(data, verbose=0)
+    assert _spark_job_ids() == before
     fake_rdd = object.__new__(RDD)  # Connect cannot make one; a user may still pass one from elsewhere
     with pytest.raises(DataError, match=r"The data must be a Spark DataFrame or a tuple \(x, y\) of numpy arrays "
                                         r"under Spark Connect, which has no RDDs .* Got an RDD instead"):
@@ -324,6 +332,12 @@ def test_a_fits_rounds_run_in_one_standing_spark_job_that_ends_with_the_fit(conn
     assert len(trainer.stats.records) == 2 * 256 // (N * B * K)  # 8 rounds
     assert len(_spark_job_ids() - before) <= 3  # staging, the standing job (and a warm-up): not a job per round
     assert _no_spark_job_running()
+    for got, want in zip(model.get_weights(), reference.weights):
+        np.testing.assert_array_equal(got, want)
+    # standing_rounds="off": a Spark job per round, the same weights
+    before, model = _spark_job_ids(), make_model(seed=4)
+    trainer_for(model, standing_rounds="off").fit(frame(connect), epochs=2, verbose=0)
+    assert len(_spark_job_ids() - before) >= 8
     for got, want in zip(model.get_weights(), reference.weights):
         np.testing.assert_array_equal(got, want)
 

@@ -101,7 +101,8 @@ def test_only_auto_on_hosts_of_their_own_without_a_given_rate_learns():
 def test_a_fit_on_a_slow_link_switches_path_once_and_says_so(spark, monkeypatch, caplog):
     """local[2] taken for hosts of their own; every round's sums wait as on a link of S / 0.75 s per worker's S."""
     from sparkdl_avg.driver.runtime.session import Engine
-    from sparkdl_avg.driver.transport.base import AGGREGATIONS, StateTransport
+    from sparkdl_avg.driver.config.options import AGGREGATIONS
+    from sparkdl_avg.driver.transport.base import StateTransport
 
     monkeypatch.setattr(Engine, "one_host", property(lambda self: False))
     run_job = StateTransport.run_job

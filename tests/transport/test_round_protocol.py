@@ -63,6 +63,7 @@ class Actor:
         self.started = False
         self.done = False
         self.result = None
+        self.last = None  # its last operation
         self.blocked_at = None  # the store's version when its last poll, which found nothing (WAIT), began
         self.polled_from = None  # the store's version at the first operation of the poll under way
         self.waiting_on = None  # the actor it joins (a task's reader or sender), until that one ends
@@ -80,6 +81,7 @@ class Actor:
             self.done, self.result = True, end.value
             return
         self.started = True
+        self.last = op
         if op[0] == "blocked":  # a poll that found nothing: runnable again once the store changes after it began
             self.blocked_at, self.polled_from, self.reply = self.polled_from, None, None
         elif op[0] == "join":  # waits for another actor (a task's reader or sender) to end
@@ -275,9 +277,27 @@ class RoundProtocol(RuleBasedStateMachine):
     def one_stalls(self, pick, steps):
         """One actor stalls (a descheduled thread, a slow link) while the others take ``steps`` steps in turn."""
         runnable = [a for a in self.model.actors if a.runnable()]
+        if runnable:
+            self._others_run(runnable[pick % len(runnable)], steps)
+
+    @rule(pick=st.integers(0, 63))
+    def one_stalls_after_a_miss(self, pick):
+        """One actor runs on until a read of its finds nothing (a word not announced yet, an answer not posted) and
+        stalls right after it, while the others run in turn until they all wait: a thread descheduled for long between
+        a read and what it does with the read's answer, where the races of a miss live. Newest actors first (a reader
+        or a sender just started)."""
+        runnable = [a for a in self.model.actors if a.runnable()]
         if not runnable:
             return
-        stalled = runnable[pick % len(runnable)]
+        stalled = runnable[-1 - pick % len(runnable)]
+        for _ in range(100):
+            stalled.step()
+            self.model.check()
+            if not stalled.runnable() or (stalled.last[0] == "read" and stalled.reply is None):
+                break
+        self._others_run(stalled, 1000)
+
+    def _others_run(self, stalled, steps):
         for _ in range(steps):
             others = [a for a in self.model.actors if a.runnable() and a is not stalled]
             if not others:

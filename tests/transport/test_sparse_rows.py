@@ -8,9 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from sparkdl_avg.driver.config.options import AGGREGATIONS
 from sparkdl_avg.driver.transport import spark as spark_transport  # noqa: F401  (registers the transports)
 from sparkdl_avg.driver.transport import sql_paths
-from sparkdl_avg.driver.transport.base import AGGREGATIONS, TransportSettings
+from sparkdl_avg.driver.transport.base import TransportSettings
 from sparkdl_avg.shared.wire import round_rows
 from sparkdl_avg.shared.wire.aggregation import PartialResult
 from sparkdl_avg.shared.wire.delta_sums import DeltaLayout, sum_deltas

@@ -16,10 +16,11 @@ import pyarrow as pa
 import pytest
 
 from sparkdl_avg import ConfigurationError
-from sparkdl_avg.driver.config.options import AGGREGATIONS as AGGREGATION_VALUES
-from sparkdl_avg.driver.config.options import STATE_TRANSPORTS
+from sparkdl_avg.driver.config import options
+from sparkdl_avg.driver.config.options import AGGREGATIONS, TRANSPORTS
 from sparkdl_avg.driver.transport import base, policy, sql_paths
-from sparkdl_avg.driver.transport.base import AGGREGATIONS, TRANSPORTS, Registry, TransportSettings
+from sparkdl_avg.driver.transport.base import TransportSettings
+from sparkdl_avg.shared.registry import Registry
 from sparkdl_avg.shared.wire import round_rows
 from sparkdl_avg.shared.wire.aggregation import PartialResult
 from sparkdl_avg.shared.wire.delta_sums import DeltaLayout
@@ -27,12 +28,13 @@ from sparkdl_avg.shared.wire.exchange import FlatLayout
 from sparkdl_avg.shared.wire.stats import WorkerRecord
 
 
-def test_every_option_value_but_auto_names_one_registered_class_and_nothing_else_is_registered():
-    assert set(TRANSPORTS.names()) == set(STATE_TRANSPORTS) - {"auto"}
-    assert set(AGGREGATIONS.names()) == set(AGGREGATION_VALUES) - {"auto"}
-    for registry in (TRANSPORTS, AGGREGATIONS):
+def test_the_options_values_are_auto_and_the_registered_names_each_naming_its_class():
+    for option, registry in (("state_transport", TRANSPORTS), ("aggregation", AGGREGATIONS)):
+        row = options.option(option)
+        assert tuple(row.check.choices) == tuple(row.cli.choices) == ("auto", *registry.names())
         for name in registry.names():
             assert registry.get(name).name == name and name in registry
+    assert TRANSPORTS.names() == ("spark", "files", "sql") and "auto" not in TRANSPORTS
 
 
 def test_the_registered_paths_are_these():
@@ -71,10 +73,17 @@ def test_a_name_is_registered_once():
         name = "one"
 
     assert registry.register(One) is One and registry.register(One) is One  # again: the same class, fine
-    with pytest.raises(ValueError, match="needs a name of its own"):
+    with pytest.raises(ValueError, match=r"^Aggregation path Other needs a name of its own: 'one' is taken by "
+                                         r"\S*test_transport_registry\.test_a_name_is_registered_once\.<locals>\.One\.$"):
         registry.register(Other)
     with pytest.raises(ValueError, match="needs a name of its own"):
         registry.register(type("Nameless", (), {"name": ""}))
+
+    class One:  # noqa: F811  (defined again, as a notebook cell run twice: replaces itself)
+        name = "one"
+
+    registry.register(One)
+    assert registry.get("one") is One and registry.names() == ("one",)
 
 
 def test_settings_are_one_frozen_record_and_shape_the_layout():

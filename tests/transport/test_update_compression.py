@@ -129,7 +129,7 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
     ledger = ResidualLedger(directory, num_workers=2, lag=2, compression="int8")
     seen = []
     for rnd in range(4):
-        files = ledger.files(0, rnd, [0, 1])
+        files = ledger.for_round(0, rnd, [0, 1])
         seen.append(files.read)
         for w in (0, 1):
             os.makedirs(directory, exist_ok=True)
@@ -143,10 +143,10 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
                         "int8/2/1": bytes([2, 1])}
     other = ResidualLedger(str(tmp_path / "other"), num_workers=2, lag=2, compression="bf16")
     other.restore(exported)  # another format: its chains start from zero
-    assert other.files(5, 0, [0, 1]).read is None
+    assert other.for_round(5, 0, [0, 1]).read is None
     resumed = ResidualLedger(str(tmp_path / "resumed"), num_workers=2, lag=2, compression="int8")
     resumed.restore(exported)
-    first, second = resumed.files(5, 0, [0, 1]), resumed.files(5, 1, [0, 1])
+    first, second = resumed.for_round(5, 0, [0, 1]), resumed.for_round(5, 1, [0, 1])
     assert first.read == "g0" and second.read == "g1"
     with open(first.path(first.read, 1), "rb") as f:
         assert f.read() == bytes([2, 1])  # two rounds back: round 2's, as in the uninterrupted chain

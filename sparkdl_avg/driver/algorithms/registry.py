@@ -1,8 +1,9 @@
 """The update rules' registry: names → rule classes, their declared parameters, and the specs' arguments.
 
 This module owns what the rule classes of :mod:`.rules` declare about themselves and where their names
-are kept: :class:`RuleParam` (a parameter a rule declares), the registry (a class that declares ``names``
-registers itself through ``UpdateRule.__init_subclass__``), the one parser of a spec's arguments
+are kept: :class:`RuleParam` (a parameter a rule declares), :data:`RULES` (a
+:class:`~sparkdl_avg.shared.registry.Registry`: a class that declares ``names`` registers itself through
+``UpdateRule.__init_subclass__``), the one parser of a spec's arguments
 (:func:`parse_arguments`: ``"lr=0.7,momentum=0.9,nesterov"``), and the help texts the flat options and
 ``update_rule``'s row derive from the registered rules (:func:`flat_option`, :func:`names_help`).
 Resolving a name or a spec into a rule is :func:`.rules.as_update_rule`'s.
@@ -10,14 +11,15 @@ Resolving a name or a spec into a rule is :func:`.rules.as_update_rule`'s.
 
 from __future__ import annotations
 
-import re
 import typing
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ...errors import ConfigurationError
+from ...shared.registry import Registry
 
-_RULES: Dict[str, type] = {}  # registered name → rule class, in registration order
+#: The update rules by ``update_rule`` name, in registration order; a class's names are its own ``names``.
+RULES = Registry("update_rule", "update rule", names_of=lambda cls: cls.__dict__["names"])
 
 
 @dataclass(frozen=True)
@@ -50,16 +52,6 @@ class Parameter:
     doc: str
     flat: Optional[str]
     unset: str
-
-
-def register(name: str, cls: type) -> None:
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise ValueError(f"An update rule's name must be lowercase letters, digits and '_'. Got {name!r} in {cls}.")
-    old = _RULES.get(name)
-    same = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
-    if old is not None and not same:  # a class defined again (a notebook cell run twice) replaces itself
-        raise ValueError(f"The update rule name {name!r} is taken by {old.__module__}.{old.__qualname__}.")
-    _RULES[name] = cls
 
 
 def _words(items: Sequence[str]) -> str:
@@ -131,18 +123,9 @@ def parse_arguments(text: str, spec: str, types: Optional[Mapping[str, Any]] = N
     return out
 
 
-def rule_classes() -> List[type]:
-    return list(dict.fromkeys(_RULES.values()))
-
-
-def rule_names() -> Tuple[str, ...]:
-    """Every registered name, in registration order."""
-    return tuple(_RULES)
-
-
 def names_help() -> str:
     """The registered rules as help texts list them: ``'average', 'bmuf', ... or 'outer:<optimizer>:...'``."""
-    return _words([c.syntax or ", ".join(repr(n) for n in c.__dict__["names"]) for c in rule_classes()])
+    return _words([c.syntax or ", ".join(repr(n) for n in c.__dict__["names"]) for c in RULES.entries()])
 
 
 def flat_option(flat: str, what: str) -> Dict[str, Any]:
@@ -150,7 +133,7 @@ def flat_option(flat: str, what: str) -> Dict[str, Any]:
 
     ``what``: what the option is, for all rules ("the rule's momentum").
     """
-    carried = [(c, p) for c in rule_classes() for p in c.parameters() if p.flat == flat]
+    carried = [(c, p) for c in RULES.entries() for p in c.parameters() if p.flat == flat]
     return {
         "help": f"{what}: {_words([p.doc for _, p in carried])}",
         "unset": ", ".join(f"{p.unset} for {c.label or c.__name__}" for c, p in carried),

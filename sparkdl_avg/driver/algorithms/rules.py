@@ -57,8 +57,8 @@ import numpy as np
 
 from ...errors import ConfigurationError
 from ...shared.model.modelspec import trainable_mask
-from .registry import (  # noqa: F401  (RuleParam, parse_arguments, flat_option, names_help, rule_names: re-exported)
-    _RULES, Parameter, RuleParam, as_text, flat_option, names_help, parse_arguments, register, rule_classes, rule_names,
+from .registry import (  # noqa: F401  (RuleParam, parse_arguments, flat_option, names_help, RULES: re-exported)
+    RULES, Parameter, RuleParam, as_text, flat_option, names_help, parse_arguments,
 )
 
 State = Dict[str, List[np.ndarray]]
@@ -119,7 +119,7 @@ class UpdateRule:
     JSON values only; a resumed fit must describe its rule equally.
     """
 
-    #: Names ``update_rule=`` takes for this class; declaring them registers it. Subclasses do not inherit them.
+    #: Names ``update_rule=`` takes for this class, a tuple of strings; declaring them registers it (not inherited).
     names: ClassVar[Tuple[str, ...]] = ()
     #: The parameters a spec (``"name:key=value,..."``) and the flat options may set (see :class:`RuleParam`).
     params: ClassVar[Tuple[RuleParam, ...]] = ()
@@ -132,11 +132,10 @@ class UpdateRule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("names", ())
-        if own and "name" not in cls.__dict__:
-            cls.name = own[0]
-        for alias in own:
-            register(alias, cls)
+        if cls.__dict__.get("names"):
+            RULES.register(cls)  # refuses names that are not a tuple of strings ("qastr": five rules)
+            if "name" not in cls.__dict__:
+                cls.name = cls.names[0]
 
     @classmethod
     def parameters(cls) -> Tuple[Parameter, ...]:
@@ -190,7 +189,7 @@ class UpdateRule:
     def to_send(self, weights: Sequence[np.ndarray], state: State, trainable: Sequence[bool]) -> List[np.ndarray]:
         """The weights broadcast to the replicas, given the global weights (read only; return new arrays to change
         them, in the dtypes of ``weights``). Default: ``weights`` themselves (not a copy: the driver's are read
-        from the model on access, and a list of them would hold a copy of the model's weights, issue 47)."""
+        from the model on access, and a list of them would hold a copy of the model's weights)."""
         return weights
 
     def apply(
@@ -252,15 +251,15 @@ def as_update_rule(value: Any, flat: Optional[Mapping[str, Any]] = None) -> Upda
         if value is None:
             value = "average"
         name, _, args = value.partition(":") if isinstance(value, str) else ("", "", "")
-        cls = _RULES.get(name)
-        if cls is None:
+        if name not in RULES:
             raise ConfigurationError(
                 f"The 'update_rule' parameter must be None, one of {names_help()}, or an UpdateRule such as "
                 f"BlockMomentum(...), SlowMo(...), DiLoCo(...) or OuterOptimizer(...). Got {value!r} instead."
             )
+        cls = RULES.get(name)
     carried = {p.flat: p.name for p in cls.parameters() if p.flat} if cls is not None else {}
     if set(given) - set(carried):
-        takers = [repr(n) for c in rule_classes() if any(p.flat for p in c.parameters()) for n in c.__dict__["names"]]
+        takers = [repr(n) for c in RULES.entries() if any(p.flat for p in c.parameters()) for n in c.__dict__["names"]]
         flats = list(flat)
         raise ConfigurationError(
             f"The {' and '.join(repr(f) for f in flats)} parameters apply to the block-momentum rules "

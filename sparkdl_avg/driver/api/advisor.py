@@ -234,11 +234,11 @@ def advise(
         )
     counts = sorted({2, min(parallelism, max(2, total // batch_size))} | ({1} if parallelism <= 2 else set()))
     # 2 workers first: a budget that allows one fit has then measured a distributed count to recommend (measuring 1
-    # first left nothing to compare with one process when the budget ran out after it: issue 50).
+    # first left nothing to compare with one process when the budget ran out after it).
     order = sorted(counts, key=lambda w: (w != 2, w == 1, w))
     k_plan = averaging_frequency or 8
     # The planned k where the data allows ~10 rounds at the largest count (the first rounds after a start are
-    # slower: fewer than ~8 steady rounds read a local-cluster CNN's fixed cost 50% high); at most all the data.
+    # slower, so a few steady rounds overstate a fresh cluster's fixed cost); at most all the data.
     widest = max(counts)
     k_measure = max(1, min(k_plan, total // (widest * batch_size * _ROUNDS)))
     sample_n = min(total, widest * batch_size * k_measure * (_ROUNDS + 2))

@@ -40,8 +40,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report a process that 
 class ArgumentParser(argparse.ArgumentParser):
     """The jobs' parser: a bad flag is one line on stderr (``train.py: error: ...``) and exit status 2.
 
-    argparse's own parser prints the whole usage (29 lines for ``train.py``) before its error; the line
-    ends with where the usage is (``--help``), as the jobs' other errors are one line (:func:`run`).
+    argparse's own parser prints the whole usage before its error; the line ends with where the usage is
+    (``--help``), as the jobs' other errors are one line (:func:`run`).
     """
 
     def error(self, message: str):

@@ -258,7 +258,7 @@ class _KerasStageReader(MLReader):
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        # a default saved by an older version where the Param has none now (blockLearningRate's 1.0, issue 46)
+        # a default saved by an older version where the Param has none now (blockLearningRate's 1.0)
         for o in _OPTION_PARAMS:
             if o.param_default() is None and not o.param.shared and instance.hasParam(o.param.name):
                 instance._defaultParamMap.pop(instance.getParam(o.param.name), None)

@@ -301,6 +301,7 @@ class ParameterAveragingTrainer:
         data = known_data(data, "training")  # a user's container converted once; pandas refused
         validation_data = None if validation_data is None else known_data(validation_data, "validation")
         engine = engine_for(data)
+        transport_mod.check_standing_rounds(self.config.standing_rounds, engine.connect)
         num_workers = fit_workers(self.config, engine)
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)

@@ -174,10 +174,10 @@ class Function(Constraint):
 
 #: The largest weight ``class_weight`` takes. Adam, RMSprop and Adagrad square the gradient, which a class's
 #: weight scales: float32 overflows above 3.4e38, so a weight of 1e30 turns the first step's second moment into
-#: inf (issue 48: the fit stopped at round 0 with the NaN error). At 1e6 the squared weight (1e12) leaves 26
-#: orders of magnitude for the unweighted gradient's square, and a loss sum of 1e6 × 16.1 (cross-entropy's
-#: most, at Keras' 1e-7 clipping) × 2^31 examples stays near 3.5e16. Larger ratios between classes are no use
-#: anyway: float32 keeps about 7 significant digits, so a class weighing 1e7 times another drowns it.
+#: inf, and the fit stops at round 0 with the NaN error. At 1e6 the squared weight (1e12) leaves 26 orders
+#: of magnitude for the unweighted gradient's square, and a loss sum of 1e6 × 16.1 (cross-entropy's most, at
+#: Keras' 1e-7 clipping) × 2^31 examples stays near 3.5e16. Larger ratios between classes are no use anyway:
+#: float32 keeps about 7 significant digits, so a class weighing 1e7 times another drowns it.
 MAX_CLASS_WEIGHT = 1e6
 
 

@@ -97,6 +97,11 @@ JOINTS: Tuple[CrossCheck, ...] = (
                   "synchronised in turn from weights the workers keep; their overlap is another protocol): "
                   f"pass one of them. Got overlap_rounds=True with sync_fragments={v['sync_fragments']!r} "
                   "instead."),
+    Joint(
+        "standing_rounds", lambda v: not v["overlap_rounds"],
+        "The 'standing_rounds' parameter 'socket' needs overlap_rounds=True: a classic session's rounds share a "
+        "standing job (the one that talks through the driver's socket) only under overlap_rounds. Got "
+        "standing_rounds='socket' with overlap_rounds=False instead.", when=("socket",)),
     Requires(
         "sync_fragments", "synchronization", ("sync",),
         "The 'sync_fragments' parameter needs synchronization='sync' (round r synchronises fragment r mod F "

@@ -30,8 +30,8 @@ def rename(message: str, names: Mapping[str, str], quote: bool = True) -> str:
 
     With ``quote=False`` the replacement is written bare (flags: ``--batch-size``). A quoted word
     that is also a value some option takes (``'shuffle'``, an ``aggregation``) is a value in the
-    messages (``Got aggregation='shuffle'``), and stays: issue 38 found the jobs turning it into
-    ``--no-shuffle``. ``The 'shuffle' parameter`` is renamed by the callers' own rule.
+    messages (``Got aggregation='shuffle'``), and stays (renamed, the jobs' messages said ``--no-shuffle``).
+    ``The 'shuffle' parameter`` is renamed by the callers' own rule.
     """
     import re
 

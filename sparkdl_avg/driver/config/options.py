@@ -30,7 +30,8 @@ so: the CLI and the estimator name the update rule (``update_rule="average"``,
 or a spec) and give its numbers flat (the :data:`RULE` rows ``block_momentum``
 and ``block_lr``, whose help derives from the rules' declared parameters,
 combined by :func:`from_flat`); the CLI prints one line per epoch
-(``verbose=2``), the estimator is silent (``verbose=0``).
+(``verbose=2``), the estimator is silent (``verbose=0``). Values that name
+classes are read from their registries (the rules', :data:`TRANSPORTS`, :data:`AGGREGATIONS`).
 
 Every row's ``check`` is a :class:`~.constraints.Constraint`, which renders the one message
 style (:func:`~.constraints.must_be`). The trainer's rows are checked by ``TrainerConfig``
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
+from ...shared.registry import Registry
 from ...shared.wire.delta_sums import COMPRESSIONS
 from ..algorithms.rules import as_update_rule, flat_option, names_help
 from ..algorithms.schedules import as_schedule
@@ -61,10 +63,12 @@ from .rows import FIT, RULE, SAME, TRACKING, TRAINER, Flag, Option, SparkParam  
 
 OPTIMIZER_STATE_POLICIES = ("average", "reset", "local")
 NONFINITE_POLICIES = ("raise", "skip")
-STATE_TRANSPORTS = ("auto", "spark", "files", "sql")
-AGGREGATIONS = ("auto", "driver", "files", "shuffle", "storage")
-#: The most ``aggregation_shards`` a fit takes. Each slice is a reducer task of every round: 2,000 made a
-#: 14k-parameter model's rounds take 14.5 s against 1.0 s at 64 (issue 38), and 10**6 stalled the fit.
+#: The state transports and the Spark SQL round's aggregation paths by value, registered by the transport modules.
+TRANSPORTS = Registry("state_transport", "state transport", also=("auto",))
+AGGREGATIONS = Registry("aggregation", "aggregation path", also=("auto",))
+STANDING_ROUNDS = ("auto", "off", "socket")
+#: The most ``aggregation_shards`` a fit takes. Each slice is a reducer task of every round, so thousands of
+#: slices make rounds far slower and a million stall the fit (docs/benchmarks/aggregation.md).
 MAX_AGGREGATION_SHARDS = 1024
 SYNCHRONIZATIONS = ("sync", "stale", "async")
 UPDATE_COMPRESSIONS = COMPRESSIONS  # the executors' codecs (sparkdl_avg.shared.wire.delta_sums)
@@ -249,8 +253,8 @@ OPTIONS: Tuple[Option, ...] = (
             ":mod:`sparkdl_avg.driver.transport.link_rate`, docs/benchmarks/network_auto.md). Name one only "
             "to compare them, or ``\"files\"`` with a fast shared filesystem. Measurements: docs/benchmarks.md, "
             "\"On a shaped network\" and \"Aggregation paths\".",
-        check=OneOf(STATE_TRANSPORTS),
-        cli=Flag(choices=STATE_TRANSPORTS),
+        check=OneOf(TRANSPORTS.choices),
+        cli=Flag(choices=TRANSPORTS.choices),
         param=SparkParam("stateTransport", "toString"),
     ),
     Option(
@@ -272,8 +276,8 @@ OPTIONS: Tuple[Option, ...] = (
             "paths\" and \"On a shaped network\"). All give bitwise the same sums, so name one only to compare "
             "them. Anything but ``\"auto\"`` is refused with ``state_transport=\"spark\"`` or ``\"files\"``, "
             "which sum on the driver.",
-        check=OneOf(AGGREGATIONS),
-        cli=Flag(choices=AGGREGATIONS),
+        check=OneOf(AGGREGATIONS.choices),
+        cli=Flag(choices=AGGREGATIONS.choices),
         param=SparkParam("aggregation", "toString"),
     ),
     Option(
@@ -367,11 +371,11 @@ OPTIONS: Tuple[Option, ...] = (
             "staging directory is local (``local[N]``, a local Spark Connect server), ``state_transport=\"auto\"`` "
             "then runs the rounds in one standing job and announces each round while the one before it trains, "
             "so the workers go straight on to it while the driver reads, sums and applies theirs (the same "
-            "arithmetic, bitwise; ``RoundRecord.announced_ahead``). Needs ``synchronization=\"sync\"``, "
-            "``optimizer_state=\"local\"`` or ``\"reset\"`` and ``update_rule=\"average\"``. The driver's "
-            "weights after a round lack the newest round's average (validation and checkpoints see them so; a "
-            "checkpoint carries the average and each worker's delta in flight); the fit's end applies it. "
-            "Default False.",
+            "arithmetic, bitwise; ``RoundRecord.announced_ahead``; ``standing_rounds`` turns the job off). "
+            "Needs ``synchronization=\"sync\"``, ``optimizer_state=\"local\"`` or ``\"reset\"`` and "
+            "``update_rule=\"average\"``. The driver's weights after a round lack the newest round's average "
+            "(validation and checkpoints see them so; a checkpoint carries the average and each worker's delta in "
+            "flight); the fit's end applies it. Default False.",
         check=Bool(),
         cli=Flag(action="store_true"),
         param=SparkParam("overlapRounds", "toBoolean"),
@@ -484,6 +488,27 @@ OPTIONS: Tuple[Option, ...] = (
         check=Seconds(),
         cli=Flag(type=float),
         param=SparkParam("elasticTimeoutS", "toFloat"),
+    ),
+    Option(
+        "standing_rounds", "auto", "str",
+        help="whether a fit's rounds may share one standing Spark job: 'auto' (where they can), 'off' (a Spark job "
+             "per round) or 'socket' (overlap_rounds' standing job through the driver's socket even on its host)",
+        doc="Whether consecutive rounds may run in one *standing* Spark job whose tasks hold their executor slots "
+            "between rounds (:mod:`sparkdl_avg.driver.transport.standing`): the job is planned and its tasks start "
+            "once, so a round costs what its files or messages cost. ``\"auto\"`` (default): where they can, "
+            "under Spark Connect with a local server and staging directory (docs/guides/connect.md), and on a "
+            "classic session under ``overlap_rounds`` (announcing each round while the one before it trains), "
+            "through local files on the driver's host with a local staging directory, else through the driver's "
+            "socket (docs/guides/rounds.md, \"Overlapped rounds\"). ``\"off\"``: every round a Spark job of its "
+            "own, which frees the slots between rounds (a shared cluster where a job holding them is unwelcome); the "
+            "same weights, bitwise, and ``state_transport=\"auto\"`` then chooses as for a synchronous fit. "
+            "``\"socket\"``: ``overlap_rounds``' standing job talks through the driver's socket even where the "
+            "executors share the driver's host (executors in containers there that do not share its filesystem); "
+            "needs ``overlap_rounds=True`` and a classic session (Connect's standing job waits on files the client "
+            "writes). Either refusal comes before any Spark job.",
+        check=OneOf(STANDING_ROUNDS),
+        cli=Flag(choices=STANDING_ROUNDS),
+        param=SparkParam("standingRounds", "toString"),
     ),
 ) + FIT_OPTIONS + TRACKING_OPTIONS
 

@@ -5,7 +5,8 @@ asks of the user's data (whose Spark session runs it, whether it has a
 column, under which key its staged files are reused, how it is staged, how
 many examples it has and its first few for ``advise``, the DataFrame
 ``predict`` adds its outputs to) is put to the data's adapter, and one lookup
-(:func:`get_data_adapter`) chooses the adapter. The built-in adapters:
+(:func:`find_data_adapter`, in :data:`ADAPTERS`) chooses the adapter. The
+built-in adapters:
 
 - :class:`DataFrameAdapter`: a Spark DataFrame, classic or Spark Connect;
 - :class:`RDDAdapter`: an RDD of ``(x, y)`` pairs (classic sessions only);
@@ -14,30 +15,32 @@ many examples it has and its first few for ``advise``, the DataFrame
 
 A user's own container joins through :func:`register_data_adapter` with a
 :class:`DataAdapter` subclass that converts it to one of the above (see the
-class's docstring); the lookup asks the user's adapters first. A new
-built-in container is one class here (and, when it stages in its own way,
-the module that stages it: :mod:`.frames` and :mod:`.arrays` are the
-built-ins').
+class's docstring); the lookup asks the user's adapters first, the latest
+registered first. Every question goes to a built-in adapter:
+:func:`get_data_adapter` converts a user's container first. A new built-in
+container is one class here (and, when it stages in its own way, the module
+that stages it: :mod:`.frames` and :mod:`.arrays` are the built-ins').
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Type
+from typing import Any, Optional, Sequence, Type
 
 from ...errors import ConfigurationError, DataError
 from ...shared.data.columns import Field
 from ...shared.data.preprocess import Preprocess
 from ...shared.data.staged_dataset import StagedDataset
 from ...shared.data.value_checks import DataChecks
+from ...shared.registry import Registry
 from ..runtime.session import Engine, active_engine, is_connect
 from . import arrays, frames
 
 
 @dataclass(frozen=True)
 class StageRequest:
-    """What :meth:`DataAdapter.stage` is asked to write (see :func:`sparkdl_avg.driver.data.staging.stage`)."""
+    """What a built-in adapter's ``stage`` is asked to write (see :func:`sparkdl_avg.driver.data.staging.stage`)."""
 
     x_fields: Sequence[Field]
     num_outputs: int
@@ -88,11 +91,9 @@ class DataAdapter:
         sparkdl_avg.register_data_adapter(ColumnsAdapter)
         trainer.fit(MyColumns(...))
 
-    The library's own adapters implement the rest of the protocol (the
-    methods below ``convert``: :meth:`engine`, :meth:`has_column`,
-    :meth:`key`, :meth:`stage`, :meth:`count`, :meth:`head`,
-    :meth:`dataframe`); a converting adapter answers them with the adapter
-    of the data it converts to, and a user's adapter need not implement them.
+    The driver's other questions go to the library's adapter of the data
+    your container converts to (:meth:`known`); a user's adapter need not
+    implement them.
 
     Args:
         data: The container.
@@ -113,19 +114,15 @@ class DataAdapter:
         """``self.data`` as a Spark DataFrame, an RDD of ``(x, y)`` pairs or ``(x, y[, w])`` numpy arrays."""
         raise NotImplementedError(f"{type(self).__name__} must implement convert(self)")
 
-    # -- the driver's questions (the library's adapters answer them; a converting adapter delegates)
-
     def known(self) -> "DataAdapter":
-        """The adapter of the data in a form the library knows: the built-in adapter of :meth:`convert`'s result.
-
-        Converts once per adapter.
+        """The built-in adapter of :meth:`convert`'s result (the data in a form the library knows), converting once.
 
         Raises:
             DataError: the conversion gave a container no built-in adapter takes.
         """
         if self._known is None:
             converted = self.convert()
-            adapter = _find(converted, self.what, _BUILT_IN)
+            adapter = find_data_adapter(converted, self.what, built_in=True)
             if adapter is None:
                 raise DataError(
                     f"The data adapter {type(self).__name__} converted the {self.what} data "
@@ -135,37 +132,29 @@ class DataAdapter:
             self._known = adapter.known()
         return self._known
 
-    def engine(self) -> Engine:
-        """The :class:`~sparkdl_avg.driver.runtime.session.Engine` of the Spark session that runs the data's jobs."""
-        return self.known().engine()
-
-    def has_column(self, name: str) -> bool:
-        """Whether the data is columnar and has column ``name``."""
-        return self.known().has_column(name)
-
     def key(self, settings: tuple) -> Optional[tuple]:
         """The key under which the data's staged files are reused (with ``settings``), or ``None``: never reused."""
         return None  # a converted container is new at each call
-
-    def stage(self, directory: str, request: StageRequest) -> StagedDataset:
-        """Writes the data's examples into ``directory`` (which exists) and describes them."""
-        return self.known().stage(directory, request)
-
-    def count(self) -> int:
-        """The number of examples (one Spark job for a DataFrame or an RDD)."""
-        return self.known().count()
-
-    def head(self, n: int) -> Any:
-        """The first ``n`` examples, as a container of the same kind as :meth:`known`'s."""
-        return self.known().head(n)
 
     def dataframe(self):
         """The data as a Spark DataFrame, if it is one (what ``predict`` takes); else ``None``."""
         return self.known().dataframe()
 
 
+#: The adapters, asked the latest registered first: users' (:func:`register_data_adapter`), then the built-in
+#: ones (which take disjoint containers); named by module and qualified name.
+ADAPTERS = Registry("data", "data adapter", names_of=lambda cls: (f"{cls.__module__}.{cls.__qualname__}",),
+                    pattern=None, latest_first=True)
+
+
 class _BuiltIn(DataAdapter):
-    """A container the library knows: answers every question itself."""
+    """A container the library knows: answers the driver's questions itself.
+
+    Besides :meth:`key` and :meth:`dataframe`: ``engine()`` (the ``Engine`` of the session that runs the data's
+    jobs), ``has_column(name)``, ``stage(directory, request)`` (writes the examples into ``directory``, which
+    exists, and describes them), ``count()`` (one Spark job for a DataFrame or an RDD) and ``head(n)`` (the
+    first ``n`` examples, a container of the same kind).
+    """
 
     def convert(self) -> Any:
         return self.data
@@ -180,6 +169,7 @@ class _BuiltIn(DataAdapter):
         return None
 
 
+@ADAPTERS.register
 class DataFrameAdapter(_BuiltIn):
     """A Spark DataFrame, classic or Spark Connect: staged by one Spark job (:mod:`.frames`)."""
 
@@ -213,6 +203,7 @@ class DataFrameAdapter(_BuiltIn):
         return self.data
 
 
+@ADAPTERS.register
 class RDDAdapter(_BuiltIn):
     """An RDD of ``(x, y)`` pairs, on a classic session: staged by one Spark job (:mod:`.arrays`)."""
 
@@ -249,6 +240,7 @@ class RDDAdapter(_BuiltIn):
         return self.data.context.parallelize(self.data.take(n), max(1, self.data.getNumPartitions()))
 
 
+@ADAPTERS.register
 class ArrayAdapter(_BuiltIn):
     """``(x, y)`` or ``(x, y, sample_weight)`` numpy arrays (lists of arrays for several inputs or outputs).
 
@@ -281,6 +273,7 @@ class ArrayAdapter(_BuiltIn):
         return arrays.head(self.data, n)
 
 
+@ADAPTERS.register
 class PandasAdapter(_BuiltIn):
     """A pandas DataFrame: refused, with how to convert it (``spark.createDataFrame(pdf)`` or numpy arrays)."""
 
@@ -289,21 +282,12 @@ class PandasAdapter(_BuiltIn):
         pandas = sys.modules.get("pandas")  # a pandas DataFrame means pandas is imported
         return pandas is not None and isinstance(data, pandas.DataFrame)
 
-    def _refuse(self, *_: Any) -> Any:
+    def known(self) -> "DataAdapter":
         raise DataError(
             f"The {self.what} data must be a Spark DataFrame, an RDD of (x, y) pairs or a tuple (x, y) of numpy "
             "arrays. Got a pandas DataFrame instead; convert it with spark.createDataFrame(pdf), or pass "
             "(pdf[features].to_numpy(), pdf[label].to_numpy())."
         )
-
-    known = engine = stage = count = head = _refuse
-
-
-_BUILT_IN: List[Type[DataAdapter]] = [DataFrameAdapter, RDDAdapter, ArrayAdapter, PandasAdapter]
-"""The library's adapters, in the order they are asked."""
-
-_REGISTERED: List[Type[DataAdapter]] = []
-"""Users' adapters, the latest registered first; asked before the built-in ones."""
 
 
 def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
@@ -311,7 +295,7 @@ def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
 
     As data to ``fit`` (and its ``validation_data``), ``evaluate``,
     ``predict`` and ``advise``. Adapters registered later are asked first, before the library's own;
-    registering a class again moves it first. Returns the class, so it can
+    registering a class again (or a class defined again) moves it first. Returns the class, so it can
     be used as a class decorator.
 
     Raises:
@@ -328,34 +312,22 @@ def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
     if missing:
         raise ConfigurationError(f"The data adapter {adapter_cls.__name__} must implement {' and '.join(missing)} "
                                  "(see sparkdl_avg.DataAdapter).")
-    unregister_data_adapter(adapter_cls)
-    _REGISTERED.insert(0, adapter_cls)
-    return adapter_cls
+    return ADAPTERS.register(adapter_cls)
 
 
-def unregister_data_adapter(adapter_cls: Type[DataAdapter]) -> None:
-    """Removes a user's adapter registered by :func:`register_data_adapter` (nothing if it is not)."""
-    if adapter_cls in _REGISTERED:
-        _REGISTERED.remove(adapter_cls)
-
-
-def _find(data: Any, what: str, classes: Sequence[Type[DataAdapter]]) -> Optional[DataAdapter]:
-    for cls in classes:
-        if cls.can_handle(data):
+def find_data_adapter(data: Any, what: str = "training", built_in: bool = False) -> Optional[DataAdapter]:
+    """The adapter that takes ``data`` (users' first, the latest registered first; or built-in only), or ``None``."""
+    for cls in ADAPTERS.entries():
+        if (not built_in or issubclass(cls, _BuiltIn)) and cls.can_handle(data):
             return cls(data, what)
     return None
 
 
-def find_data_adapter(data: Any, what: str = "training") -> Optional[DataAdapter]:
-    """The adapter of ``data`` (the first registered user's adapter that takes it, else a built-in one), or ``None``."""
-    return _find(data, what, [*_REGISTERED, *_BUILT_IN])
-
-
 def get_data_adapter(data: Any, what: str = "training") -> DataAdapter:
-    """The adapter of ``data`` (:func:`find_data_adapter`).
+    """The built-in adapter that answers the driver's questions about ``data``: a user's container converted (once).
 
     Raises:
-        DataError: no adapter takes ``data``; names what the data may be.
+        DataError: no adapter takes ``data`` (naming what data may be), nor its conversion; a pandas DataFrame.
     """
     adapter = find_data_adapter(data, what)
     if adapter is None:
@@ -363,19 +335,18 @@ def get_data_adapter(data: Any, what: str = "training") -> DataAdapter:
             f"The {what} data must be a Spark DataFrame, an RDD of (x, y) pairs or "
             f"a tuple (x, y) (or (x, y, sample_weight)) of numpy arrays. Got {type(data).__name__} instead."
         )
-    return adapter
+    return adapter.known()
 
 
 def known_data(data: Any, what: str = "training") -> Any:
     """``data`` in a form the library knows: a user's container converted (once), anything else as it is.
 
-    The public verbs call it first, so that every later question goes to a
-    built-in adapter.
+    The public verbs call it first, so that a container is converted once per call.
 
     Raises:
-        DataError: no adapter takes ``data``, or it is a pandas DataFrame.
+        DataError: as :func:`get_data_adapter`.
     """
-    return get_data_adapter(data, what).known().data
+    return get_data_adapter(data, what).data
 
 
 def engine_for(data: Any, what: str = "training") -> Engine:
@@ -388,6 +359,6 @@ def engine_for(data: Any, what: str = "training") -> Engine:
     return get_data_adapter(data, what).engine()
 
 
-__all__ = ["ArrayAdapter", "DataAdapter", "DataFrameAdapter", "PandasAdapter", "RDDAdapter", "StageRequest",
-           "engine_for", "find_data_adapter", "get_data_adapter", "known_data", "register_data_adapter",
-           "unregister_data_adapter"]
+__all__ = ["ADAPTERS", "ArrayAdapter", "DataAdapter", "DataFrameAdapter", "PandasAdapter", "RDDAdapter",
+           "StageRequest", "engine_for", "find_data_adapter", "get_data_adapter", "known_data",
+           "register_data_adapter"]

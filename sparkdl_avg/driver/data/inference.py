@@ -128,8 +128,8 @@ class PredictCache:
     """What a caller's repeated ``predict`` calls can share: the model's spec and weights as shipped.
 
     Describing the model (:meth:`ModelSpec.from_model`: its ``.keras``
-    archive) and broadcasting it cost about 0.1 s a call on a 31k-parameter
-    CNN, a tenth of predicting 40,000 images on ``local[2]``. They are kept
+    archive) and broadcasting it was paid on every call, a noticeable share
+    of a prediction (docs/benchmarks/data_formats.md). They are kept
     while the model object, its compile settings and the Spark application
     stay the same; the weights while their bytes do (a fit in between
     changes them, and they are shipped again).

@@ -41,6 +41,8 @@ import numpy as np
 
 from ...errors import ConfigurationError
 from ...shared.wire.fragments import FragmentRound, WeightFiles
+from ...shared.files.fs import join
+from ..transport.chains import KeptKind, kept_kind
 from ..transport.local_states import LocalStateLedger
 
 TAG = "sync-fragments"
@@ -70,7 +72,8 @@ def split(sizes: Sequence[int], fragments: int) -> List[int]:
     return out
 
 
-class Fragments:
+@kept_kind
+class Fragments(KeptKind):
     """One fit's fragment rounds: the split, the fragment counter, the workers' own weights (files).
 
     Args:
@@ -90,21 +93,39 @@ class Fragments:
         self.groups: List[Tuple[int, ...]] = [
             tuple(sorted(fixed + tuple(j for j, p in zip(variables, of) if p == q))) for q in range(count)]
 
+    pipelined = False  # a fragment round's sums are its fragment's: the next round's state is not known ahead
+
     @classmethod
-    def for_fit(cls, count: int, weights, trainable, directory: str, num_workers: int,
-                host_local: bool) -> "Fragments":
-        """The fit's fragments, their files under ``directory`` (on the workers' hosts where ``host_local``)."""
-        return cls(count, weights, trainable,
-                   LocalStateLedger(directory, num_workers, host_local=host_local, tag=TAG, kind=WeightFiles))
+    def for_fit(cls, fit) -> Optional["Fragments"]:
+        """Under ``sync_fragments > 1``: the fit's fragments, checked against the model and the rule, the workers'
+        own weights beside the transport's files (on the workers' hosts on classic sessions)."""
+        from ...shared.model.modelspec import trainable_mask
+
+        count = fit.config.sync_fragments
+        if count <= 1:
+            return None
+        if getattr(fit.transport.settings, "tables", None):
+            raise ConfigurationError(
+                "The 'sync_fragments' parameter does not apply to models with embedding tables yet (their rounds "
+                f"send the tables' changed rows, not fragments). Got sync_fragments={count}: pass 1.")
+        weights, mask = fit.model.get_weights(), trainable_mask(fit.model)
+        check_rule_state(fit.plan.rule.init_state(weights, mask), weights, mask, fit.plan.rule.name)
+        ledger = LocalStateLedger(join(fit.exchange, "fragments"), fit.plan.num_workers,
+                                  host_local=fit.plan.engine.sc is not None, tag=TAG, kind=WeightFiles)
+        return cls(count, weights, mask, ledger)
 
     def synced(self, counter: Optional[int] = None) -> Tuple[int, ...]:
         """The variables fragment round ``counter`` (default: the next) synchronises."""
         return self.groups[(self.counter if counter is None else counter) % self.count]
 
-    def task(self, epoch: int, rnd: int, workers, share: bool) -> FragmentRound:
+    def for_round(self, epoch: int, rnd: int, workers, share: bool = False, ahead: bool = False) -> FragmentRound:
         """What round ``rnd`` of ``epoch``'s tasks for ``workers`` do (the next fragment round)."""
         adopt = self.synced(self.counter - 1) if self.counter > 0 else None
-        return FragmentRound(self.ledger.files(epoch, rnd, workers, share), adopt, self.synced())
+        return FragmentRound(self.ledger.for_round(epoch, rnd, workers, share), adopt, self.synced())
+
+    def returned(self) -> Tuple[int, ...]:
+        """The next round's fragment: its sums hold those variables alone."""
+        return self.synced()
 
     def done(self, epoch: int, rnd: int, workers, records=()) -> None:
         """The round has ended: its workers' files are complete and the next fragment's turn comes."""

@@ -19,12 +19,12 @@ from ..algorithms.schedules import AveragingSchedule, FixedPeriod
 from ..checkpoint import policy as resume_mod
 from ..elastic.membership import Change, Membership, slot_source
 from ..observe.progress import Progress
-from ..transport.feedback import ResidualLedger, lag_of
-from ..transport.local_states import LocalStateLedger
+from ..transport import feedback, local_states  # noqa: F401 (kinds of kept state: registered as they load)
+from ..transport.chains import KEPT, KeptFit
+from . import fragments  # noqa: F401 (a kind of kept state)
 from . import hooks as fit_hooks
-from .fragments import Fragments, check_rule_state
 from .plan import FitInfo, FitPlan
-from .overlap import OwnDeltaLedger, apply_pending
+from .overlap import apply_pending
 from .planner import EpochState, RoundPlanner
 from .rounds import RoundRunner, RoundSettings
 from .stale_async import EpochHooks, StaleRunner
@@ -47,10 +47,7 @@ class FitContext:
     progress: Progress
     checkpoints: resume_mod.Checkpointing
     stale: Optional[StaleRunner] = None  # synchronization="stale"/"async": the epochs run as chunks
-    feedback: Optional[ResidualLedger] = None  # update_compression with error feedback: the residual files
     membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
-    local: Optional[LocalStateLedger] = None  # optimizer_state="local": each worker's own optimizer state (files)
-    overlap: Optional[OwnDeltaLedger] = None  # overlap_rounds: each worker's own term in flight (files)
     rounds_in_fit: int = 0
     retired: List[Any] = field(default_factory=list)  # transports "auto" switched away from, closed at the fit's end
 
@@ -80,22 +77,9 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         group, labels: The fit's Spark job group and its labels (``Engine.labels``).
     """
     membership = _membership(config, plan)
-    feedback = None
-    if any(config.feedback):  # residual files, beside the transport's, deleted with the fit
-        # under sync_fragments a residual is its fragment's: read again F rounds later, at the fragment's next turn
-        lag = config.sync_fragments if config.sync_fragments > 1 else lag_of(config.synchronization, config.staleness)
-        feedback = ResidualLedger(join(exchange, "feedback"), plan.num_workers, lag, config.update_compression)
-    local = None
-    if config.optimizer_state == "local":  # each worker's own optimizer state, beside the transport's files
-        # kept on the workers' hosts where tasks can be placed there (classic sessions: a locality preference)
-        local = LocalStateLedger(join(exchange, "local"), plan.num_workers,
-                                 host_local=plan.engine.sc is not None)
-    overlap = None
-    if config.overlap_rounds:  # each worker's own term in flight, kept as optimizer_state="local"'s states are
-        overlap = OwnDeltaLedger(join(exchange, "overlap"), plan.num_workers, host_local=plan.engine.sc is not None)
-    fragments = None
-    if config.sync_fragments > 1:  # each worker's own weights, beside the transport's files
-        fragments = fragment_rounds(config, model, plan, transport, join(exchange, "fragments"))
+    # what workers keep between rounds: each kind that applies (transport/chains.py), beside the transport's files
+    fit = KeptFit(config, model, plan, transport, exchange)
+    kept = [k for k in (kind.for_fit(fit) for kind in KEPT) if k is not None]
     settings = RoundSettings(
         spec=transport.ship_spec(plan.spec),
         fingerprint=plan.spec.fingerprint,
@@ -109,9 +93,9 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         epochs=plan.epochs,
         epoch_steps=plan.epoch_steps,
         compression=config.update_compression,
+        overlap=config.overlap_rounds,
     )
-    rounds = RoundRunner(plan.engine, model, settings, plan.rule, rule_state, transport, stats, feedback, local,
-                         overlap, fragments)
+    rounds = RoundRunner(plan.engine, model, settings, plan.rule, rule_state, transport, stats, kept)
     if plan.restored is not None:  # each kind takes its own entries (by their tag) from the checkpoint's
         for kept in rounds.kept:
             kept.restore(plan.restored.feedback)
@@ -135,26 +119,8 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
             kept=rounds.kept, membership=membership,
         ),
         stale=stale,
-        feedback=feedback,
         membership=membership,
-        local=local,
-        overlap=overlap,
     )
-
-
-def fragment_rounds(config, model, plan: FitPlan, transport, directory: str) -> Fragments:
-    """``sync_fragments > 1``: the fit's fragments (:mod:`.fragments`), checked against the model and the rule."""
-    from ...errors import ConfigurationError
-    from ...shared.model.modelspec import trainable_mask
-
-    if getattr(transport.settings, "tables", None):
-        raise ConfigurationError(
-            "The 'sync_fragments' parameter does not apply to models with embedding tables yet (their rounds send "
-            f"the tables' changed rows, not fragments). Got sync_fragments={config.sync_fragments}: pass 1.")
-    weights, mask = model.get_weights(), trainable_mask(model)
-    check_rule_state(plan.rule.init_state(weights, mask), weights, mask, plan.rule.name)
-    return Fragments.for_fit(config.sync_fragments, weights, mask, directory, plan.num_workers,
-                             host_local=plan.engine.sc is not None)
 
 
 def _membership(config, plan: FitPlan) -> Optional[Membership]:
@@ -212,7 +178,7 @@ class FitLoop:
                 logs = self._epoch(epoch, logs)
                 if self.model.stop_training:
                     break
-            if ctx.overlap is not None:  # the last round's average, pending until now
+            if ctx.rounds.settings.overlap:  # the last round's average, pending until now
                 apply_pending(self.model, ctx.rounds.rule_state)
             hooks.train_end(logs)
             on_trained()

@@ -28,10 +28,13 @@ rounds run one after another, with the same arithmetic.
 from __future__ import annotations
 
 import logging
-from typing import Dict
+from typing import Dict, Optional
 
+from ...executor.overlap import OwnTerms
+from ...shared.files.fs import join
 from ...shared.model.modelspec import get_state, set_state
 from ..algorithms.overlap import flush
+from ..transport.chains import kept_kind
 from ..transport.local_states import LocalStateLedger
 
 logger = logging.getLogger("sparkdl_avg")
@@ -40,12 +43,19 @@ OWN_TAG = "overlap-own"
 """The tag of the workers' own terms in a checkpoint's entries."""
 
 
+@kept_kind
 class OwnDeltaLedger(LocalStateLedger):
     """Each worker's own term ``δ_i/N`` over one fit's rounds (the files' book; see the module docstring)."""
 
     def __init__(self, directory: str, num_workers: int, host_local: bool = False) -> None:
-        super().__init__(directory, num_workers, host_local)
-        self.tag = OWN_TAG
+        super().__init__(directory, num_workers, host_local, tag=OWN_TAG, kind=OwnTerms)
+
+    @classmethod
+    def for_fit(cls, fit) -> Optional["OwnDeltaLedger"]:
+        """Under ``overlap_rounds``: kept as ``optimizer_state="local"``'s states are."""
+        if not fit.config.overlap_rounds:
+            return None
+        return cls(join(fit.exchange, "overlap"), fit.plan.num_workers, host_local=fit.plan.engine.sc is not None)
 
     def export(self) -> Dict[str, bytes]:
         """The newest complete round's own terms, if under the shared directory (else none, with a warning)."""

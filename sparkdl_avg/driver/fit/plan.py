@@ -146,7 +146,7 @@ def run_settings(config, model, train: StagedDataset, num_workers: int, rule, sc
         "update_rule": rule.describe(),
         "averaging_frequency": schedule.describe(),
         "shuffle": shuffle,
-        # what the examples are (issue 37); absent from older checkpoints, where they were all unset
+        # what the examples are; absent from older checkpoints, where they were all unset
         "preprocess": train.preprocess.name if train.preprocess is not None else None,
         "sample_weight_col": next((c.source for c in train.columns if c.role == "w"), train.weight_name),
         "class_weight": [list(pair) for pair in train.class_weight] if train.class_weight else None,

@@ -39,8 +39,7 @@ from ...shared.model.modelspec import (current_learning_rate, get_state, iterati
                                        trainable_mask)
 from ...shared.data.staged_dataset import StagedDataset
 from ...shared.wire.stats import RoundRecord, TrainingStats
-from ..transport.feedback import ResidualLedger
-from ..transport.local_states import LocalStateLedger
+from ..transport.chains import KeptKind
 from ..algorithms.overlap import preview
 from ..algorithms.rules import RuleState, UpdateRule
 from .update import round_state
@@ -48,11 +47,6 @@ from ..transport.base import NextRound, StateTransport
 from ..transport.link_rate import round_rate
 
 logger = logging.getLogger("sparkdl_avg")
-
-#: Whether ``overlap_rounds`` fits in a standing job announce each round while the one before it trains
-#: (:meth:`RoundRunner.pipelines`). ``False`` runs them one after another in the same job (for comparisons).
-PIPELINE = True
-
 
 
 @dataclass(frozen=True)
@@ -71,6 +65,7 @@ class RoundSettings:
     epochs: int
     epoch_steps: int
     compression: Optional[str] = None
+    overlap: bool = False  # overlap_rounds
 
 
 @dataclass
@@ -97,16 +92,12 @@ class RoundRunner:
         rule_state: The rule's state, updated in place each round.
         transport: How state and sums move (one per fit).
         stats: Where each round's record goes.
-        feedback: Under ``update_compression`` with error feedback, the fit's residual files.
-        local: Under ``optimizer_state="local"``, the workers' own optimizer states (files).
-        overlap: Under ``overlap_rounds``, the workers' own terms in flight (files, :mod:`.overlap`).
-        fragments: Under ``sync_fragments > 1``, the fit's :class:`~sparkdl_avg.driver.fit.fragments.Fragments`.
+        kept: What workers keep between rounds, one
+            :class:`~sparkdl_avg.driver.transport.chains.KeptKind` per kind that applies, in registration order.
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
-                 transport: StateTransport, stats: TrainingStats, feedback: Optional[ResidualLedger] = None,
-                 local: Optional[LocalStateLedger] = None, overlap: Optional[LocalStateLedger] = None,
-                 fragments=None) -> None:
+                 transport: StateTransport, stats: TrainingStats, kept: Sequence[KeptKind] = ()) -> None:
         self.engine = engine
         self.model = model
         self.settings = settings
@@ -114,21 +105,17 @@ class RoundRunner:
         self.rule_state = rule_state
         self.transport = transport
         self.stats = stats
-        self.feedback = feedback
-        self.local = local
-        self.overlap = overlap
-        self.fragments = fragments
         #: What workers keep between rounds, each walked alike (:mod:`sparkdl_avg.driver.transport.chains`).
-        self.kept = [k for k in (feedback, local, overlap, fragments) if k is not None]
+        self.kept = list(kept)
 
     def pipelines(self) -> bool:
         """Whether a round may be announced while the one before it trains (``overlap_rounds`` in a standing job).
 
         Only the protocol's arithmetic makes that possible (round ``t + 1``
-        starts from ``G_t``, known when round ``t`` starts); error feedback,
-        averaged optimizer states and fragments are not pipelined.
+        starts from ``G_t``, known when round ``t`` starts); averaged
+        optimizer states and kinds of kept state that are not ``pipelined`` (error feedback, fragments) are not.
         """
-        return (PIPELINE and self.overlap is not None and self.feedback is None and self.fragments is None
+        return (self.settings.overlap and all(k.pipelined for k in self.kept)
                 and not self.settings.average_optimizer and bool(getattr(self.transport, "standing", False)))
 
     def run(self, epoch: int, rnd: int, steps_before: int, steps: int, num_workers: Optional[int] = None,
@@ -156,7 +143,7 @@ class RoundRunner:
         # Wall-clock times (time.time) so they compare with the workers' own.
         t0 = time.time()
         # Read from the model on access, not copied: written to the round's state as they are read, and read
-        # again for the update (the model does not change during the round): no copy of its state held (issue 47).
+        # again for the update (the model does not change during the round): no copy of its state held.
         weights, opt_vars = state_of(self.model)
         mask = trainable_mask(self.model)
         learning_rate = current_learning_rate(self.model)
@@ -178,7 +165,7 @@ class RoundRunner:
             what = f"minibatches {steps_before + 1}-{steps_before + steps} of {s.epoch_steps}"
         else:
             what = f"examples {start + 1}-{start + n * steps * s.batch_size} of {s.dataset.num_examples}, {n} workers"
-        synced = self.fragments.synced() if self.fragments is not None else None
+        synced = next((r for r in (k.returned() for k in self.kept) if r is not None), None)
         self.transport.returned = synced  # the round's sums' layout: its fragment's (sync_fragments)
         try:
             result, t1 = self._job(
@@ -190,13 +177,13 @@ class RoundRunner:
             )
         finally:
             self.transport.returned = None
-        dropped = self.feedback.dropped(epoch, rnd) if self.feedback is not None else 0
+        dropped = sum(k.dropped(epoch, rnd) for k in self.kept)
         for kept in self.kept:
             kept.done(epoch, rnd, range(n), result.workers)
         t2, cpu2 = time.time(), time.process_time()
         self._check_finite(epoch, rnd, result)
         self.update(result, weights, sent, opt_vars, mask, learning_rate, steps, synced)
-        # The sums became the new state (divided in place): not kept into the next round, a state less (issue 47).
+        # The sums became the new state (divided in place): not kept into the next round, a state less.
         result.weight_sums = result.optimizer_sums = None
         del weights, sent, opt_vars
         t3, cpu3 = time.time(), time.process_time()
@@ -226,8 +213,8 @@ class RoundRunner:
             partial(self.task, epoch, rnd, steps_before, steps, slot=slot, workers=[part]),
             [part], f"Worker {part}'s chunk of round {rnd} of epoch {epoch}",
         )
-        if self.feedback is not None:
-            self.feedback.done(epoch, rnd, [part])
+        for kept in self.kept:
+            kept.done(epoch, rnd, [part], result.workers)
         return result, published, time.time()
 
     def _job(self, label: str, group: Optional[str], name: str, sent, optimizer, make_task, workers: Sequence[int],
@@ -296,7 +283,7 @@ class RoundRunner:
         record.aggregation, record.shards = self.transport.last_plan or ("", 0)
         record.compression = self.settings.compression or ""
         record.link_rate = round_rate(record)
-        record.overlapped = self.overlap is not None
+        record.overlapped = self.settings.overlap
         self.stats.add(record)
         return record
 
@@ -330,11 +317,7 @@ class RoundRunner:
             num_workers=s.num_workers if num_workers is None else num_workers,
             batch_size=s.batch_size, seed=s.seed, shuffle=s.shuffle, average_optimizer=s.average_optimizer,
             skip_nonfinite=s.on_nonfinite == "skip", slot=slot,
-            feedback=self.feedback.files(epoch, rnd, workers) if self.feedback is not None else None,
-            start=start,
-            local_state=self.local.files(epoch, rnd, workers, share, ahead) if self.local is not None else None,
-            overlap=self.overlap.files(epoch, rnd, workers, share, ahead) if self.overlap is not None else None,
-            fragments=self.fragments.task(epoch, rnd, workers, share) if self.fragments is not None else None,
+            start=start, kept=tuple(k.for_round(epoch, rnd, workers, share, ahead) for k in self.kept),
         )
 
     def _check_finite(self, epoch: int, rnd: int, result: PartialResult) -> None:

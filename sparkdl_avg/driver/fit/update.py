@@ -39,7 +39,7 @@ def replica_means(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.n
         in_place: Divide writable ``sums`` in place (the same bits as a new
             array) instead of into new arrays: a round's sums are not read
             after its update, and a copy of the model's state less on the
-            driver (issue 47). ``sums`` then holds the means.
+            driver. ``sums`` then holds the means.
     """
     if move:
         out = []
@@ -116,9 +116,9 @@ def means_as(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.ndarra
     ``float64(base) + Σ/n`` cast, here computed ``CHUNK`` elements at a time
     and written into the (float32) sums array it came from, where the whole
     expression made two float64 copies and a cast copy of each table: two
-    model states more on the driver at the round's end (issue 47). ``base``
-    is read one array at a time (a model's ``VariableArrays``: a fresh
-    array per item, dropped after its mean).
+    model states more on the driver at the round's end. ``base`` is read one
+    array at a time (a model's ``VariableArrays``: a fresh array per item,
+    dropped after its mean).
     """
     out = []
     bases = iter(base) if delta_sums else itertools.repeat(None)

@@ -314,9 +314,8 @@ def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optiona
     overlap then hides the rest. ``compute_s``, ``comm_s``: one round's
     seconds at averaging frequency ``k``. ``overlapping``: the fit already
     runs ``overlap_rounds``; only a larger ``k`` is then advised. The
-    overlapped round's ``max(compute, comm)`` is what was measured: within
-    1.15x of it on three hosts on 100 Mbit/s links (docs/benchmarks/overlap.md,
-    "Across hosts"), and 100% of the ideal on one host.
+    overlapped round's ``max(compute, comm)`` is what was measured, across
+    hosts and on one host (docs/benchmarks/overlap.md).
     """
     round_s = compute_s + comm_s
     if round_s <= 0 or comm_s < COMMUNICATION_SHARE * round_s:

@@ -19,10 +19,7 @@ A fit holds, above each process's level before it (measured in
 
 :func:`estimate` turns a model's state and the fit's options into those two
 numbers with the factors below, fitted on those measurements (README's ids
-model at 2^22 rows, Adam, 384 MiB of state, on 2026-12-05: the driver
-measured +645 MiB, estimated 656; a worker +852 MiB, estimated 960;
-at 2^24 + 4 rows, 1,536 MiB of state: the driver +2,585 MiB, estimated 2,576; a worker +3,132 MiB,
-estimated 3,552);
+model at two sizes, Adam: close to the driver's, above a worker's);
 :func:`check_memory` compares them with the memory there is (the machine's
 available memory for ``local[N]``, shared by the driver and its ``N``
 workers; ``spark.executor.pyspark.memory`` or else ``spark.executor.memory``
@@ -45,7 +42,7 @@ logger = logging.getLogger("sparkdl_avg")
 #: :data:`DRIVER_ARRAY_HEADROOM` of the largest array (the state it sends is read from the model as written).
 DRIVER_COPIES = 1.0
 #: A worker holds its replica (one copy of the state) and what training allocates, at most
-#: :data:`TRAINING_TEMPORARIES` of the state (Adam on an embedding table measured 0.87× in keras.Model.fit alone).
+#: :data:`TRAINING_TEMPORARIES` of the state (measured with Adam on an embedding table in keras.Model.fit alone).
 WORKER_COPIES = 1.0
 TRAINING_TEMPORARIES = 0.75
 #: Arrays read or assigned one at a time, and their temporaries: on a worker, and on the driver (which also
@@ -53,7 +50,7 @@ TRAINING_TEMPORARIES = 0.75
 ARRAY_HEADROOM = 1.5
 DRIVER_ARRAY_HEADROOM = 2.0
 #: Fixed bytes per process beyond the arrays (buffers, Python objects); small next to a large model. A worker's
-#: are more (its traced step function, the staged data's pages: +106 MiB at 12 MiB of state, measured).
+#: are more (its traced step function, the staged data's pages: measured on a small model, docs/benchmarks/memory.md).
 FIXED_BYTES = 16 << 20
 WORKER_FIXED_BYTES = 96 << 20
 

@@ -238,7 +238,7 @@ def _breakdown(fig, records: Sequence[dict], row: int) -> None:
                 y=totals,
                 base=list(below),
                 marker_color=color,
-                # a phase the timeline lists already is listed once (issue 48: the legend named two phases twice)
+                # a phase the timeline lists already is listed once (else the legend names it twice)
                 legendgroup=f"phase:{name}" if name in _DRIVER_NAMES else "breakdown",
                 showlegend=name not in _DRIVER_NAMES,
             ),

@@ -75,7 +75,7 @@ TASK_FAILURE_MESSAGES: Dict[str, Tuple[str, ...]] = {
     "org.apache.spark.util.Utils": (r"Aborting task",),
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": (r"Aborting job ", r"Job:? \S+ .*aborted"),
     # WARN "Assume no metadata directory. Error while looking for metadata directory in the path: ..." and a
-    # FileNotFoundException's stack (~90 lines), before reading a --data path that does not exist fails
+    # FileNotFoundException's stack, before reading a --data path that does not exist fails
     "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink": (r"Assume no metadata directory",),
     # ERROR "Error in TaskCompletionListener" with "Block broadcast_0 does not exist": a job that fails before
     # training stops its session while the background warm-up's task (warm_up) is still running
@@ -86,7 +86,7 @@ driver's console (in local mode the executor runs in the driver's JVM), by
 logger: the start of each message, a regular expression. A failed task
 reaches the caller as an exception, which sparkdl_avg turns into its own
 error with the task's message (:mod:`sparkdl_avg.shared.errors.remote_errors`); at
-the default log level these printed 40 to 120 lines of Java stack before a
+the default log level these printed a long Java stack before a
 job's one ``error:`` line. Only these messages are dropped: the loggers'
 other warnings and errors (a lost executor, an uncaught exception) still
 show. See :func:`quiet_task_failures`."""
@@ -326,7 +326,7 @@ class Engine:
             with self.labels("sparkdl_avg warm-up: executors import TensorFlow", group=WARM_UP_GROUP):
                 if self.sc is not None:
                     # An RDD job first: it starts the workers sooner than a SQL job, whose first run in an
-                    # application also compiles Spark's Arrow path (about 2 s on 2 cores), needed by predict
+                    # application also compiles Spark's Arrow path (docs/benchmarks/first_fit.md), needed by predict
                     # and staging but not by a fit on numpy arrays that may start meanwhile.
                     body = functools.partial(warm.warm_up_partition, replica=replica)
                     pids.update(self.sc.parallelize(range(n), n).mapPartitions(body).collect())
@@ -386,7 +386,7 @@ def _cancel_warm_ups() -> None:
 
     A script that ends (or fails on a typo a few lines after ``warm_up``) while the executors still
     import TensorFlow left Spark to kill the warm-up's tasks as the JVM went down: the console got
-    Spark's ERROR traces of a job nobody waits for (114 lines, issue 48), and the exit waited.
+    Spark's ERROR traces of a job nobody waits for, and the exit waited.
     Registered after PySpark's own exit hook (which kills the JVM), so it runs before it.
     """
     with _warm_lock:
@@ -417,13 +417,13 @@ def warm_up(spark=None, model=None) -> concurrent.futures.Future:
     Args:
         spark: The ``SparkSession``; default the active one.
         model: A compiled ``keras.Model`` the session will fit, or ``None``
-            (default). Given, the workers also build its replica and trace
-            its training step (about 1 to 3 s of a first fit on 2 cores,
-            docs/benchmarks/first_fit.md) for numpy arrays or array columns
-            of its input shapes, class indices as labels of a sparse loss;
-            other data are traced again by the fit. Nothing is trained; a
-            replica the fit cannot use costs the workers' memory until a
-            fit of another model evicts it.
+            (default). Given, the workers also build its replica and trace its
+            training step (work taken out of the first fit,
+            docs/benchmarks/first_fit.md) for numpy arrays or array columns of
+            its input shapes, class indices as labels of a sparse loss; other
+            data are traced again by the fit. Nothing is trained; a replica
+            the fit cannot use costs the workers' memory until a fit of
+            another model evicts it.
     """
     if spark is None:
         from pyspark.sql import SparkSession
@@ -480,9 +480,9 @@ def quiet_task_failures(spark) -> bool:
     (:func:`sparkdl_avg.driver.api.cli.spark_session`) and users' alike: a
     failed round, staging or prediction reaches the caller as an exception
     that holds the task's trace (a ``WorkerError`` chains it; a
-    ``DataError`` says which row), so the console's copy of it was noise
-    (61 to 138 lines per failure, issue 48). A user's own failing job
-    still raises its trace in Python; only the log's copy is dropped.
+    ``DataError`` says which row), so the console's copy of it was noise.
+    A user's own failing job still raises its trace in Python; only the
+    log's copy is dropped.
 
     Returns:
         Whether the filters are in place.

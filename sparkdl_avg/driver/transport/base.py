@@ -1,17 +1,17 @@
-"""The protocol every state transport follows, the registries that find transports and aggregation paths by name, and the settings they are built from.
+"""The protocol every state transport follows and the settings a fit's transport is built from.
 
 A *state transport* (``state_transport``: ``"spark"``, ``"files"``,
 ``"sql"``) moves one fit's model and each round's state out to the workers
 and brings their sums back; the Spark SQL round sums them along one of its
 *aggregation paths* (``aggregation``: ``"driver"``, ``"files"``,
 ``"shuffle"``, ``"storage"``, :mod:`.sql_paths`). Both are classes found by
-name in a :class:`Registry` (:data:`TRANSPORTS`, :data:`AGGREGATIONS`): a
+name in the registries the options declare
+(:data:`sparkdl_avg.driver.config.options.TRANSPORTS`, ``AGGREGATIONS``): a
 new one is a class in one module with ``@TRANSPORTS.register`` or
-``@AGGREGATIONS.register``, and its name in the option's values
-(:mod:`sparkdl_avg.driver.config.options`). ``"auto"`` is no class but a
-policy (:mod:`.policy`). What one fit's transport is built from is one
-:class:`TransportSettings`, made from the trainer's config in one place
-(:meth:`TransportSettings.of`).
+``@AGGREGATIONS.register``, and the options take its name from there.
+``"auto"`` is no class but a policy (:mod:`.policy`). What one fit's
+transport is built from is one :class:`TransportSettings`, made from the
+trainer's config in one place (:meth:`TransportSettings.of`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...errors import ConfigurationError, WorkerError
+from ...errors import WorkerError
 from ...executor import worker as worker_mod
 from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import remove_tree
@@ -38,61 +38,13 @@ from ...shared.wire.sparse_rows import SparseRowsLayout, table_groups
 logger = logging.getLogger("sparkdl_avg")
 
 
-class Registry:
-    """Classes found by their ``name``, for one option (``state_transport``, ``aggregation``).
-
-    Args:
-        option: The option whose values name the classes (in the error an unknown name raises).
-        what: What a class is, in words.
-    """
-
-    def __init__(self, option: str, what: str) -> None:
-        self.option, self.what = option, what
-        self._classes: Dict[str, type] = {}
-
-    def register(self, cls: type) -> type:
-        """Registers ``cls`` under ``cls.name`` (a class decorator); a name taken twice is an error."""
-        if not cls.name or self._classes.get(cls.name, cls) is not cls:
-            raise ValueError(f"{self.what} {cls.__name__} needs a name of its own; got {cls.name!r}")
-        self._classes[cls.name] = cls
-        return cls
-
-    def get(self, name: str) -> type:
-        """The class registered as ``name``.
-
-        Raises:
-            ConfigurationError: no such name; the message names the option and the names there are.
-        """
-        try:
-            return self._classes[name]
-        except (KeyError, TypeError):
-            raise ConfigurationError(
-                f"The '{self.option}' parameter names no {self.what}: it must be one of "
-                f"{', '.join(repr(n) for n in self.names())} (or 'auto'). Got {name!r} instead."
-            ) from None
-
-    def names(self) -> Tuple[str, ...]:
-        """The registered names, in registration order."""
-        return tuple(self._classes)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._classes
-
-
-#: The state transports by ``state_transport`` value (filled as :mod:`.spark`, :mod:`.files`, :mod:`.sql` load).
-TRANSPORTS = Registry("state_transport", "state transport")
-
-#: The Spark SQL round's aggregation paths by ``aggregation`` value (:mod:`.sql_paths`).
-AGGREGATIONS = Registry("aggregation", "aggregation path")
-
-
 @dataclass(frozen=True)
 class TransportSettings:
     """What one fit's (or evaluation's) transport is built from: the options that shape it, read once.
 
     Attributes:
-        mode: ``state_transport`` (``"auto"`` or a name in :data:`TRANSPORTS`).
-        aggregation: ``aggregation`` (``"auto"`` or a name in :data:`AGGREGATIONS`).
+        mode: ``state_transport`` (``"auto"`` or a name in ``TRANSPORTS``).
+        aggregation: ``aggregation`` (``"auto"`` or a name in ``AGGREGATIONS``).
         shards: ``aggregation_shards``; ``None``: :func:`.policy.plan_aggregation`'s.
         depth: ``aggregation_depth``: the ``treeAggregate``'s depth (Spark's tree, classic evaluations).
         network_rate: ``network_rate`` as given (``None``: :data:`.policy.DEFAULT_NETWORK_RATE`).
@@ -102,11 +54,14 @@ class TransportSettings:
         compression: ``update_compression`` (``None``: float32 sums).
         feedback: Per compressed segment, whether workers keep its residual (error feedback).
         moments: Positions of the optimizer's first moments among its variables.
-        standing: Whether Spark Connect's rounds may share one standing job (not with elastic probes).
+        standing: Whether rounds may share one standing job: not with ``standing_rounds="off"``, nor with
+            elastic probes (they would wait on the job's slots).
         overlap: ``overlap_rounds``: on a classic session rounds run in one standing job too, each announced a
             round ahead, through local files where the executors share the driver's host and a local staging
             directory, else through the driver's socket
             (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`).
+        standing_rounds: ``standing_rounds``: ``"socket"``, a classic session's standing job talks through the
+            driver's socket even where the executors share its host.
         tables: Per embedding table, its position and its averaged slots' among the state's arrays
             (:func:`~sparkdl_avg.shared.wire.sparse_rows.table_groups`): workers send only their changed rows.
     """
@@ -125,17 +80,24 @@ class TransportSettings:
     standing: bool = True
     tables: Tuple[Tuple[int, ...], ...] = ()
     overlap: bool = False
+    standing_rounds: str = "auto"
 
     @classmethod
     def of(cls, config, model, num_workers: int, standing: bool = True) -> "TransportSettings":
-        """The settings of a trainer's ``config`` for its compiled Keras ``model`` and ``num_workers`` workers."""
+        """The settings of a trainer's ``config`` for its compiled Keras ``model`` and ``num_workers`` workers.
+
+        ``standing``: whether this fit's rounds may share a standing job (``False``: elastic rounds' probes);
+        ``standing_rounds="off"`` rules it out too.
+        """
         weights, optimizer = state_of(model)  # the layout reads dtypes and shapes only
         settings = cls(config.state_transport, config.aggregation, config.aggregation_shards, config.aggregation_depth,
                        config.network_rate, num_workers, None, config.optimizer_state == "average",
                        config.update_compression, tuple(config.feedback), first_moments(model.optimizer.variables),
-                       standing, table_groups(model, config.optimizer_state == "average"))
+                       standing and config.standing_rounds != "off",
+                       table_groups(model, config.optimizer_state == "average"))
         return dataclasses.replace(settings, sums_bytes=settings.layout(weights, optimizer).nbytes,
-                                   overlap=bool(getattr(config, "overlap_rounds", False)))
+                                   overlap=bool(getattr(config, "overlap_rounds", False)),
+                                   standing_rounds=config.standing_rounds)
 
     def layout(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]):
         """The layout of the workers' sums of a round on this state.
@@ -207,7 +169,7 @@ def _equal(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
 class StateTransport:
     """One fit's way of moving the model and round state out to the workers and their sums back.
 
-    A transport is registered by its ``name`` (:data:`TRANSPORTS`) and built
+    A transport is registered by its ``name`` (``TRANSPORTS``) and built
     by :meth:`for_fit`. Subclasses implement :meth:`publish` and :meth:`run`.
 
     Attributes:

@@ -1,46 +1,123 @@
-"""The driver's book of files that chain each worker from one round to its next: which round reads which, and when files go.
+"""What a worker keeps between rounds, the driver's half: one protocol, one registry of kinds, the files' book.
 
-Two concerns keep such files (the executors' half is
-:class:`~sparkdl_avg.shared.wire.delta_sums.WorkerRoundFiles`): error
-feedback's residuals (:class:`~sparkdl_avg.driver.transport.feedback.ResidualLedger`)
-and ``optimizer_state="local"``'s optimizer states
-(:class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`). Both
-number the fit's rounds in the order they start (``g``) and tell each
-round's task which round's files to read: round ``g`` reads ``g - lag``'s
-and writes its own. A round's files are deleted once the round that reads
-them is complete; a checkpoint carries the newest ``lag`` complete rounds'
-files (:meth:`RoundChains.export`), which a resumed fit writes back
-(:meth:`RoundChains.restore`) to continue exactly. This module holds that
-bookkeeping once; the ledgers add what is theirs.
-
-What a worker keeps between rounds, whatever it is, is walked by the fit
-without being named (:attr:`sparkdl_avg.driver.fit.rounds.RoundRunner.kept`):
-``resize(num_workers)`` (elastic rounds), ``done(epoch, rnd, workers,
-records)`` (a round has ended), ``host_local`` and ``places(workers, live)``
-(where the next round's tasks should run), ``export()`` / ``restore(files)``
-(a checkpoint's entries, ``"<tag>/..."``: each kind names itself), and
-``close()`` (the fit's end). :class:`RoundChains` is that walk for files
-chained from round to round; the kinds: error feedback's residuals
+A *kind* of state a worker keeps from one round to its next is one
+:class:`KeptKind` subclass, registered in :data:`KEPT`, with its executors'
+half a :class:`~sparkdl_avg.shared.wire.kept.Kept`. The kinds (each reads
+and changes its own part of a worker's round, so their order does not
+matter): error feedback's residuals
 (:class:`~sparkdl_avg.driver.transport.feedback.ResidualLedger`),
 ``optimizer_state="local"``'s states
 (:class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`),
-``overlap_rounds``' own terms
-(:class:`~sparkdl_avg.driver.fit.overlap.OwnDeltaLedger`) and
-``sync_fragments``' own weights (:class:`~sparkdl_avg.driver.fit.fragments.Fragments`).
+``overlap_rounds``' own terms (:class:`~sparkdl_avg.driver.fit.overlap.OwnDeltaLedger`)
+and ``sync_fragments``' own weights (:class:`~sparkdl_avg.driver.fit.fragments.Fragments`).
+The fit makes each kind that applies (:meth:`KeptKind.for_fit`) and walks
+them without naming any: the round runner
+(:attr:`sparkdl_avg.driver.fit.rounds.RoundRunner.kept`) asks each for its
+half of a round's task (:meth:`KeptKind.for_round`), tells it the round is
+done, resizes it (elastic rounds), asks where tasks should run; the
+checkpoint carries each one's :meth:`KeptKind.export` (entries
+``"<tag>/..."``: each kind names itself) and a resumed fit restores them; the
+fit's end closes them.
+
+:class:`RoundChains` is the book of files chained from round to round that
+the residuals and the states keep: which round reads which, and when files
+go. Rounds are numbered in the order they start (``g``); round ``g`` reads
+``g - lag``'s files and writes its own. A round's files are deleted once
+the round that reads them is complete; a checkpoint carries the newest
+``lag`` complete rounds' files (:meth:`RoundChains.export`), which a resumed
+fit writes back (:meth:`RoundChains.restore`) to continue exactly.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Iterable, List, Set, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ...shared.files.fs import join, read_bytes, remove_tree, resolve, write_atomically
+from ...shared.wire.kept import Kept
 
 logger = logging.getLogger("sparkdl_avg")
 
 
-class RoundChains:
+@dataclass(frozen=True)
+class KeptFit:
+    """What a kind is made from (:meth:`KeptKind.for_fit`): the trainer's config, the driver's model, the fit's
+    :class:`~sparkdl_avg.driver.fit.planner.FitPlan`, its transport, and its directory under the staging root."""
+
+    config: Any
+    model: Any
+    plan: Any
+    transport: Any
+    exchange: str
+
+
+class KeptKind:
+    """One kind of state workers keep between rounds, over one fit (the driver's half; see the module docstring).
+
+    A subclass registers itself with :func:`kept_kind`; what is not overridden here is a kind that keeps nothing
+    on hosts, pipelines, and has nothing to export.
+
+    Attributes:
+        host_local: Whether it keeps files on the workers' hosts, where the next round's tasks are placed.
+        pipelined: Whether a round may be announced while the one before it trains (``overlap_rounds``).
+    """
+
+    host_local = False
+    pipelined = True
+
+    @classmethod
+    def for_fit(cls, fit) -> Optional["KeptKind"]:
+        """The kind for the fit (a :class:`KeptFit`), or ``None`` where it does not apply."""
+        raise NotImplementedError
+
+    def for_round(self, epoch: int, rnd: int, workers: Iterable[int], share: bool, ahead: bool) -> Kept:
+        """Its half of round ``rnd`` of ``epoch``'s tasks for ``workers`` (``share``, ``ahead``: see
+        :meth:`~sparkdl_avg.driver.fit.rounds.RoundRunner.run`)."""
+        raise NotImplementedError
+
+    def resize(self, num_workers: int) -> None:
+        """Elastic rounds: the rounds that start from now on have ``num_workers`` workers."""
+
+    def done(self, epoch: int, rnd: int, workers: Iterable[int], records=()) -> None:
+        """``workers`` of round ``rnd`` of ``epoch`` succeeded (``records``: their
+        :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord`, where they ran)."""
+
+    def places(self, workers: Sequence[int], live: Iterable[str]) -> Optional[List[Optional[str]]]:
+        """The host each of ``workers``' tasks should run on, among ``live`` ones; ``None``: anywhere."""
+        return None
+
+    def returned(self) -> Optional[Tuple[int, ...]]:
+        """The variables the next round's sums hold (indices into the model's weights); ``None``: all."""
+        return None
+
+    def dropped(self, epoch: int, rnd: int) -> int:
+        """What round ``rnd`` of ``epoch`` leaves unread of workers its elastic plan no longer has (recorded)."""
+        return 0
+
+    def export(self) -> Dict[str, bytes]:
+        """What a checkpoint carries of it: ``"<tag>/..." -> bytes``."""
+        return {}
+
+    def restore(self, files: Dict[str, bytes]) -> None:
+        """Takes its own entries (by its tag) of a checkpoint's :meth:`export`\\ s, before the fit's first round."""
+
+    def close(self) -> None:
+        """The fit's end: everything it kept goes."""
+
+
+KEPT: List[type] = []
+"""The registered kinds (:func:`kept_kind`), in registration order: the order their executors' halves run."""
+
+
+def kept_kind(cls: type) -> type:
+    """Registers a :class:`KeptKind` subclass (a class decorator)."""
+    KEPT.append(cls)
+    return cls
+
+
+class RoundChains(KeptKind):
     """The chained files of one fit's rounds (thread-safe: stale chunks start and end on several threads).
 
     Args:
@@ -60,7 +137,6 @@ class RoundChains:
         self._lock = threading.Lock()
 
     def resize(self, num_workers: int) -> None:
-        """Elastic rounds: the rounds that start from now on have ``num_workers`` workers."""
         with self._lock:
             self.num_workers = num_workers
 
@@ -86,8 +162,6 @@ class RoundChains:
                 have = have | set(workers)
             fresh = frozenset(w for w in workers if w not in have)
             return g, (name_of(g - self.lag) if have else None), fresh
-
-    host_local = False  # whether the files are on the workers' hosts (where the next round's tasks are placed)
 
     def done(self, epoch: int, rnd: int, workers: Iterable[int], records=()) -> None:
         """Records that ``workers`` of round ``rnd`` of ``epoch`` wrote their files (their tasks succeeded).

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from ...shared.files.fs import join
 from ...shared.wire.delta_sums import FeedbackFiles
-from .chains import RoundChains, name_of
+from .chains import RoundChains, kept_kind, name_of
 
 
+@kept_kind
 class ResidualLedger(RoundChains):
     """The residual files of one fit's rounds (thread-safe).
 
@@ -33,15 +35,28 @@ class ResidualLedger(RoundChains):
         compression: ``update_compression``: the residuals' format, named in what a checkpoint carries.
     """
 
+    pipelined = False  # a residual is read by the round after the one that wrote it, which must have ended
+
     def __init__(self, directory: str, num_workers: int, lag: int, compression: str) -> None:
         super().__init__(directory, num_workers, lag, compression)
+
+    @classmethod
+    def for_fit(cls, fit) -> Optional["ResidualLedger"]:
+        """Under ``update_compression`` with error feedback: residual files beside the transport's."""
+        config = fit.config
+        if not any(config.feedback):
+            return None
+        # under sync_fragments a residual is its fragment's: read again F rounds later, at the fragment's next turn
+        lag = config.sync_fragments if config.sync_fragments > 1 else lag_of(config.synchronization, config.staleness)
+        return cls(join(fit.exchange, "feedback"), fit.plan.num_workers, lag, config.update_compression)
 
     @property
     def compression(self) -> str:
         """The residuals' format (``update_compression``)."""
         return self.tag
 
-    def files(self, epoch: int, rnd: int, workers: Iterable[int]) -> FeedbackFiles:
+    def for_round(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False,
+                  ahead: bool = False) -> FeedbackFiles:
         """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write."""
         g, read, fresh = self._round(epoch, rnd, workers, shared=True)
         return FeedbackFiles(self.directory, read, name_of(g), fresh)

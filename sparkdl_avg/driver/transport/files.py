@@ -23,7 +23,8 @@ from ...shared.files.fs import join
 from ...shared.wire import exchange
 from ...shared.wire.aggregation import PartialResult, merge
 from ...shared.wire.delta_sums import sum_deltas
-from .base import TRANSPORTS, Published, StateTransport, TransportSettings, rdd_job, remove_quietly, unreadable
+from ..config.options import TRANSPORTS
+from .base import Published, StateTransport, TransportSettings, rdd_job, remove_quietly, unreadable
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -116,7 +117,7 @@ def _add_stored(stored: Sequence[exchange.StoredState]):
     sums = None
     try:
         for item in stored:
-            # One array at a time, not a memory map of the whole file: a model's state less on the driver (issue 47).
+            # One array at a time, not a memory map of the whole file: a model's state less on the driver.
             arrays = exchange.load_one_by_one(item.arrays)
             if sums is None:
                 sums = list(arrays)  # fresh arrays: the first worker's are the accumulator

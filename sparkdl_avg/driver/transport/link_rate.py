@@ -47,8 +47,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence
 
-from .base import AGGREGATIONS
-from ..config.options import parse_rate
+from ..config.options import AGGREGATIONS, parse_rate
 from .policy import DEFAULT_NETWORK_RATE, SHARDED_STAGE_S, SPARK_TREE_BYTES
 
 WINDOW = 5  #: the estimate is the median over at most this many of the latest steady rounds on the current path

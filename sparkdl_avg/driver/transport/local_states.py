@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ...shared.files.fs import join, write_atomically
 from ...shared.wire.local_state import FIT_ALIVE, LocalStateFiles
-from .chains import RoundChains, name_of
+from .chains import RoundChains, kept_kind, name_of
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -26,6 +26,7 @@ LOCAL_TAG = "local-optimizer"
 """The tag of ``optimizer_state="local"``'s files in a checkpoint (where error feedback's name their compression)."""
 
 
+@kept_kind
 class LocalStateLedger(RoundChains):
     """The workers' own optimizer states over one fit's rounds (thread-safe).
 
@@ -46,8 +47,16 @@ class LocalStateLedger(RoundChains):
         self._hosts: Dict[int, Tuple[str, ...]] = {}  # host_local: worker -> the names of the host it last ran on
         self._alive = False  # host_local: FIT_ALIVE written (before the first round's tasks)
 
-    def files(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False,
-              ahead: bool = False) -> LocalStateFiles:
+    @classmethod
+    def for_fit(cls, fit) -> Optional["LocalStateLedger"]:
+        """Under ``optimizer_state="local"``: each worker's own optimizer state, beside the transport's files, kept
+        on the workers' hosts where tasks can be placed there (classic sessions: a locality preference)."""
+        if fit.config.optimizer_state != "local":
+            return None
+        return cls(join(fit.exchange, "local"), fit.plan.num_workers, host_local=fit.plan.engine.sc is not None)
+
+    def for_round(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False,
+                  ahead: bool = False) -> LocalStateFiles:
         """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write.
 
         ``share``: with ``host_local``, the round also writes its files under the shared directory;

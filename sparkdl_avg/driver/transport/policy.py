@@ -3,7 +3,7 @@
 The rules and their constants come from measurements (docs/benchmarks.md,
 "Aggregation paths" and "On a shaped network"). :func:`choose` also builds
 the chosen transport, found by name in
-:data:`~sparkdl_avg.driver.transport.base.TRANSPORTS`.
+:data:`~sparkdl_avg.driver.config.options.TRANSPORTS`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 from ...errors import ConfigurationError
 from ...shared.files.fs import join
-from ..config.options import parse_rate
-from .base import AGGREGATIONS, TRANSPORTS, Site, StateTransport, TransportSettings
+from ..config.options import AGGREGATIONS, TRANSPORTS, parse_rate
+from .base import Site, StateTransport, TransportSettings
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -95,7 +95,7 @@ def auto_transport(settings: TransportSettings, site: Site) -> str:
         return "sql"
     if settings.overlap and settings.standing:
         # overlap_rounds: the Spark SQL round's standing job, where rounds are announced a round ahead (through
-        # local files on one host, else through the driver's socket)
+        # local files on one host, else through the driver's socket); standing_rounds="off" chooses as below
         return "sql"
     if site.local_fs and site.one_host:
         return "files"
@@ -105,6 +105,18 @@ def auto_transport(settings: TransportSettings, site: Site) -> str:
         if tree:
             return "spark"
     return "sql"
+
+
+def check_standing_rounds(standing_rounds: str, connect: bool) -> None:
+    """Refuses ``standing_rounds="socket"`` under Spark Connect; ``fit`` calls it once it knows the session.
+
+    Raises:
+        ConfigurationError: ``"socket"`` under Spark Connect, whose standing job waits on files the client writes.
+    """
+    if connect and standing_rounds == "socket":
+        raise ConfigurationError(
+            "The 'standing_rounds' parameter must be 'auto' or 'off' under Spark Connect (its standing job waits on "
+            "files that the client writes under the staging directory, not on a socket). Got 'socket' instead.")
 
 
 def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str) -> StateTransport:
@@ -118,7 +130,7 @@ def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str
     (``local[N]``, ``local-cluster``) and the staging directory is local;
     with ``overlap_rounds`` on a classic session, wherever it runs, the
     Spark SQL round's standing job (through the driver's socket on hosts of
-    their own). On hosts of their own (any other master) Spark's tree while
+    their own), unless ``standing_rounds="off"``. On hosts of their own (any other master) Spark's tree while
     :func:`driver_bound_pays` for ``settings.num_workers`` sums of
     ``settings.sums_bytes`` each through a link of ``settings.network_rate``
     (default :data:`DEFAULT_NETWORK_RATE`), else the Spark SQL round, which
@@ -143,8 +155,7 @@ def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str
     name = auto_transport(settings, site) if settings.mode == "auto" else settings.mode
     cls = TRANSPORTS.get(name)
     if site.connect and not cls.connect:
-        offered = " or ".join(repr(n) for n in ("auto",) + tuple(n for n in TRANSPORTS.names()
-                                                                  if TRANSPORTS.get(n).connect))
+        offered = " or ".join(repr(n) for n in ("auto", *(c.name for c in TRANSPORTS.entries() if c.connect)))
         raise ConfigurationError(
             f"The 'state_transport' parameter must be {offered} under Spark Connect (it has no "
             f"broadcasts or RDDs). Got {settings.mode!r} instead."

@@ -14,7 +14,8 @@ from ...shared.errors.remote_errors import run_job
 from ...shared.wire import exchange
 from ...shared.wire.aggregation import merge
 from ...shared.wire.delta_sums import sum_deltas
-from .base import TRANSPORTS, Published, StateTransport, rdd_job
+from ..config.options import TRANSPORTS
+from .base import Published, StateTransport, rdd_job
 
 
 @TRANSPORTS.register

@@ -26,12 +26,13 @@ from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import join, make_dir
 from ...shared.wire import exchange, round_rows
 from ...shared.wire.aggregation import PartialResult, merge
+from ..config.options import AGGREGATIONS, TRANSPORTS
 from ..runtime.session import struct_type
-from . import standing as standing_mod
-from .base import AGGREGATIONS, TRANSPORTS, NextRound, Published, StateTransport, TransportSettings, remove_quietly
+from .base import NextRound, Published, StateTransport, TransportSettings, remove_quietly
 from .murmur3 import shard_keys
 from .policy import plan_aggregation
 from .sql_paths import Aggregation, assemble, read_rows
+from .standing import STANDING_CLOSE_S, StandingRounds
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -61,10 +62,10 @@ class SqlTransport(StateTransport):
             A task that fails is retried by Spark as usual and joins at the round in progress; a failed job
             raises what the round's own job would have.
         network: The standing job's words and answers go through the driver's socket (``overlap_rounds``
-            on a classic session whose executors run on other hosts): a round's weights travel in its word
-            (the optimizer variables kept by the driver until a worker asks), and each worker's sums in its
-            answer (``"auto"`` takes the ``"driver"`` aggregation there), none of it through the staging
-            store. Rounds that run a job of their own publish as usual (files under the staging directory).
+            on a classic session whose executors run on other hosts, or ``standing_rounds="socket"``): a round's
+            weights travel in its word (the optimizer variables kept by the driver until a worker asks), and each
+            worker's sums in its answer (``"auto"`` takes the ``"driver"`` aggregation there), none of it through
+            the staging store. Rounds that run a job of their own publish as usual (files under the staging directory).
     """
 
     name = "sql"
@@ -81,7 +82,7 @@ class SqlTransport(StateTransport):
         self.network = network
         self._spec: Optional[exchange.StoredSpec] = None
         self.last_plan: Optional[Tuple[str, int]] = None  # (aggregation, shards) of the latest round
-        self._rounds = standing_mod.StandingRounds(engine, directory, network)
+        self._rounds = StandingRounds(engine, directory, network)
         self._ahead: Optional[Announced] = None  # overlap_rounds: the round announced ahead, until run_job takes it
         make_dir(directory)
 
@@ -89,15 +90,16 @@ class SqlTransport(StateTransport):
     def for_fit(cls, engine, directory, settings, site):
         if not site.connect:
             # overlap_rounds: rounds in a standing job, a round ahead; through local files on one host with a local
-            # staging directory, else through the driver's socket
-            overlap = settings.overlap and settings.standing and standing_mod.STANDING
-            files = overlap and site.local_fs and site.one_host and not standing_mod.NETWORK
+            # staging directory (unless standing_rounds="socket"), else through the driver's socket
+            overlap = settings.overlap and settings.standing
+            files = overlap and site.local_fs and site.one_host and settings.standing_rounds != "socket"
             return cls(engine, directory, settings, one_host_files=files, network_rate=site.rate, standing=overlap,
                        network=overlap and not files)
-        # One standing job where its tasks can wait on local files that the client writes (one host, local staging).
+        # One standing job where its tasks can wait on local files that the client writes (one host, local staging;
+        # standing_rounds="socket" is refused here before any job: trainer.fit, policy.check_standing_rounds).
         shared = site.local_fs and site.one_host
         return cls(engine, directory, settings, one_host_files=shared, network_rate=site.rate,
-                   standing=settings.standing and standing_mod.STANDING and shared)
+                   standing=settings.standing and shared)
 
     def ship_spec(self, spec):
         if self._spec is None or self._spec.fingerprint != spec.fingerprint:
@@ -292,7 +294,7 @@ class SqlTransport(StateTransport):
     def close(self) -> None:
         self._drop(self._ahead)
         self._ahead = None
-        self._rounds.stop(wait_s=standing_mod.STANDING_CLOSE_S)  # no job of the fit left running
+        self._rounds.stop(wait_s=STANDING_CLOSE_S)  # no job of the fit left running
         remove_quietly(self.directory)
 
 

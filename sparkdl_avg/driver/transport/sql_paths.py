@@ -1,7 +1,7 @@
 """The Spark SQL round's aggregation paths (``aggregation``): where its workers deliver their sums and how they come to one sum.
 
 One class per path, registered by its name in
-:data:`~sparkdl_avg.driver.transport.base.AGGREGATIONS`:
+:data:`~sparkdl_avg.driver.config.options.AGGREGATIONS`:
 
 * :class:`DriverSum` (``"driver"``): every worker's whole sums reach the
   driver as Arrow rows, and it adds them in worker order (``N`` models' bytes
@@ -35,7 +35,8 @@ from typing import Any, Dict, List, Tuple
 from ...errors import PathError
 from ...shared.wire import round_rows
 from ...shared.wire.aggregation import PartialResult, merge
-from .base import AGGREGATIONS, unreadable
+from ..config.options import AGGREGATIONS
+from .base import unreadable
 
 
 class Aggregation:

@@ -18,7 +18,7 @@ no round comes within :data:`STANDING_IDLE_S` of the last one's end (a
 callback's or an evaluation's job then finds the executor slots free), at
 an evaluation and at the fit's end; the next round starts a new one.
 :class:`~sparkdl_avg.driver.transport.sql.SqlTransport` decides which
-rounds may run in it.
+rounds may run in it (the trainer's ``standing_rounds``: ``"off"``, none).
 """
 
 from __future__ import annotations
@@ -37,17 +37,9 @@ from .base import remove_quietly
 
 logger = logging.getLogger("sparkdl_avg")
 
-#: Whether Spark Connect rounds run in one standing job where they can (:class:`StandingRounds`): with a
-#: local server and staging directory. ``False`` gives every round a job of its own (for comparisons).
-STANDING = True
-
-#: Tests and benchmarks: a classic session's standing jobs (``overlap_rounds``) talk through the driver's socket even
-#: where the executors share the driver's host and could read its files (what hosts of their own do).
-NETWORK = False
-
 #: Seconds the standing round job waits, once a round has ended, for the next one. Past that it is stopped and
 #: its tasks free their executor slots (a callback's or an evaluation's job may need them); the next round
-#: starts a new one, which costs one job's planning (tens of milliseconds) against the second the driver spent
+#: starts a new one, which costs one job's planning, little against the second the driver spent
 #: between the two rounds.
 STANDING_IDLE_S = 1.0
 

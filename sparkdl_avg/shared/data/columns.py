@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from .conversions import (IMAGE_FIELDS, exact_cast, image_pixels, is_image_struct, is_list, is_text,
                           list_matrix, raw_value, tensor_array)
-from .kinds import TEXT, ColumnKind, column_kind
+from .kinds import KINDS, TEXT, ColumnKind
 
 @dataclass(frozen=True)
 class Field:
@@ -62,7 +62,7 @@ class Column:
         name: The column's name in the file.
         source: The user's column (or array) it came from, for messages.
         kind: The name of its :class:`~sparkdl_avg.shared.data.kinds.ColumnKind`
-            (:func:`~sparkdl_avg.shared.data.kinds.column_kind`): ``"tensor"``
+            (:data:`~sparkdl_avg.shared.data.kinds.KINDS`): ``"tensor"``
             (numbers of a fixed shape, stored as a ``FixedSizeList`` of
             ``field.width`` values of ``field.dtype``), ``"text"`` (one
             ``binary`` or ``string`` value per row, as it came),
@@ -90,7 +90,7 @@ class Column:
     @property
     def handler(self) -> ColumnKind:
         """The column's :class:`~sparkdl_avg.shared.data.kinds.ColumnKind` (by its ``kind``)."""
-        return column_kind(self.kind)
+        return KINDS.get(self.kind)
 
 
 def stage_arrow(column: pa.Array, spec: Column, first_row: int = 0) -> pa.Array:

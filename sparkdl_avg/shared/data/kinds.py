@@ -2,8 +2,9 @@
 
 A staged column (:class:`~sparkdl_avg.shared.data.columns.Column`) names its
 kind (``Column.kind``); the kind is a :class:`ColumnKind` found by that name
-in this module's registry (:func:`column_kind`), and every question about a
-column's kind is put to it, on the driver and on the executors alike:
+in this module's registry (``KINDS.get(name)``, :data:`KINDS`), and every
+question about a column's kind is put to it, on the driver and on the
+executors alike:
 
 - ``"tensor"`` (:class:`TensorKind`): numbers of a fixed shape (numeric
   arrays, numbers, ``pyspark.ml`` Vectors, labels, sample weights, ids),
@@ -19,8 +20,8 @@ Which kind a model input's column is, is chosen here too, in one place per
 kind of data: :func:`kind_for_field` for data without a schema (numpy arrays,
 RDD elements), :func:`kind_for_spark` for a DataFrame column (the kinds are
 asked in registration order; the first that takes the column wins). A new
-kind is one class here, registered with :func:`register_column_kind`. The
-staged files' format is the kinds' business and stays as it is.
+kind is one class here, registered with ``@KINDS.register``. The staged
+files' format is the kinds' business and stays as it is.
 
 It runs on executors and on the driver and holds no state but the registry;
 the value-level conversions are :mod:`sparkdl_avg.shared.data.conversions`'.
@@ -29,13 +30,14 @@ the value-level conversions are :mod:`sparkdl_avg.shared.data.conversions`'.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import DataError
+from ..registry import Registry
 from .conversions import (exact_cast, image_pixels, is_image_struct, is_list, is_text, list_matrix, raw_value,
                           tensor_array)
 
@@ -124,48 +126,17 @@ class ColumnKind:
         return self.read(self.stage_arrow(array, spec), spec)
 
 
-_KINDS: Dict[str, ColumnKind] = {}
-
-
-def register_column_kind(cls: Type[ColumnKind]) -> Type[ColumnKind]:
-    """Registers a :class:`ColumnKind` subclass under its ``name`` (a class decorator); returns the class.
-
-    Kinds are asked to take a column in registration order, so a kind
-    registered later takes only what the earlier ones leave; registering a
-    name again replaces that kind in its place.
-
-    Raises:
-        TypeError: ``cls`` is not a ``ColumnKind`` subclass with a name.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, ColumnKind)) or not cls.name:
-        raise TypeError(f"A column kind must be a ColumnKind subclass with a name. Got {cls!r} instead.")
-    _KINDS[cls.name] = cls()
-    return cls
-
-
-def column_kind(name: str) -> ColumnKind:
-    """The registered kind called ``name`` (``Column.kind``).
-
-    Raises:
-        ValueError: no kind has that name; the message lists the kinds.
-    """
-    try:
-        return _KINDS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"Unknown column kind {name!r}; the column kinds are {sorted(_KINDS)}.") from None
-
-
-def kind_names() -> Tuple[str, ...]:
-    """The registered kinds' names, in the order they are asked."""
-    return tuple(_KINDS)
+#: The kinds by ``Column.kind`` name (one instance each), asked in registration order; staged files record the names.
+KINDS = Registry("kind", "column kind", instances=True, unknown=lambda name, names: ValueError(
+    f"Unknown column kind {name!r}; the column kinds are {sorted(names)}."))
 
 
 def kind_for_field(field) -> ColumnKind:
     """The kind of the column that feeds a model input of ``field`` from numpy arrays or RDD elements."""
-    for kind in _KINDS.values():
+    for kind in KINDS.entries():
         if kind.takes_field(field):
             return kind
-    raise ValueError(f"No column kind takes a model input of {field}; the column kinds are {sorted(_KINDS)}.")
+    raise ValueError(f"No column kind takes a model input of {field}; the column kinds are {sorted(KINDS.names())}.")
 
 
 def kind_for_spark(source, data_type, metadata: dict, field, name: str,
@@ -174,7 +145,7 @@ def kind_for_spark(source, data_type, metadata: dict, field, name: str,
 
     ``None`` when no kind takes it (the caller's message says what would).
     """
-    for kind in _KINDS.values():
+    for kind in KINDS.entries():
         expr = kind.spark_input(source, data_type, metadata, field, name, input_name)
         if expr is not None:
             return kind, expr
@@ -191,7 +162,7 @@ def _input_advice(spec) -> str:
             "dtype='int64') for ids), or cast the column yourself if rounding is what you want.")
 
 
-@register_column_kind
+@KINDS.register
 class TextKind(ColumnKind):
     """Bytes or text, one value per row, staged as they came (``binary``/``string``, ``large_*`` kept)."""
 
@@ -249,7 +220,7 @@ class TextKind(ColumnKind):
         return out.reshape((len(array), *spec.field.shape))
 
 
-@register_column_kind
+@KINDS.register
 class TensorKind(ColumnKind):
     """Numbers of a fixed shape, converted exactly to the model input's dtype (:func:`exact_cast`)."""
 
@@ -345,7 +316,7 @@ def _arrow_struct(struct_type) -> pa.DataType:
     return pa.struct([pa.field(f.name, pa.null()) for f in struct_type.fields])
 
 
-@register_column_kind
+@KINDS.register
 class ImageKind(ColumnKind):
     """Spark's image struct (``spark.read.format("image")``) as it came; read as RGB(A) arrays of ``field.dtype``."""
 
@@ -382,7 +353,7 @@ class ImageKind(ColumnKind):
         return image_pixels(array, spec.field.shape).astype(spec.field.dtype, copy=False)
 
 
-@register_column_kind
+@KINDS.register
 class RawKind(ColumnKind):
     """Any Arrow type, as it came: a column a preprocessing function reads (:func:`raw_value`)."""
 

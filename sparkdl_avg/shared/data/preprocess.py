@@ -75,8 +75,8 @@ def decode_images(contents, channels: int = 0) -> np.ndarray:
     For preprocessing functions: ``decode_images(batch["content"])`` decodes a
     minibatch of ``binaryFile`` bytes in one TensorFlow graph call (a
     ``tf.function`` of ``tf.map_fn`` over ``tf.io.decode_image``, traced once
-    per process), about a third faster than decoding image by image in
-    Python, and the images stay exactly what ``tf.io.decode_image`` gives.
+    per process), faster than decoding image by image in Python, and the
+    images stay exactly what ``tf.io.decode_image`` gives.
 
     Args:
         contents: The encoded images: an array or list of ``bytes``.
@@ -193,7 +193,7 @@ def _check_parameters(fn, parameters, others, param: str, usage: str) -> None:
     """Refuses parameters after the batch that would never be given: required ones, and misspellings of :data:`PASSED`.
 
     A misspelt ``seeds`` (``seed``, ``sed``, ``random_seed``) keeps its default in every call, so "repeatable"
-    augmentation silently is not (issue 48).
+    augmentation silently is not.
     """
     for p in parameters.values():
         if p.name in PASSED or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

@@ -50,8 +50,8 @@ def _file_cache_limit() -> int:
 
     A round reads examples from any file: data staged from many small
     partitions (``binaryFile`` over small images makes hundreds) re-opened
-    its files every round once they outnumbered the cache (256 before:
-    a 1,024-example round of 500 files read in 0.25 s instead of 0.06 s).
+    its files every round once they outnumbered the cache, several times
+    slower (docs/benchmarks/data_formats.md).
     """
     try:
         import resource

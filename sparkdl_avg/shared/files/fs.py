@@ -385,7 +385,7 @@ class OutputDir:
             if not keep_on_error or self._local is None:
                 raise
             kept, self._local = self._local, None
-            # Short, and the useful part first: a failed copytree's own text lists every file, ~1 kB.
+            # Short, and the useful part first: a failed copytree's own text lists every file.
             raise PathError(
                 f"Cannot write the {self.flag} {self.uri!r}: {write_failure(exc)}. Its files "
                 f"({', '.join(sorted(os.listdir(kept)))}) were saved to {kept} instead; copy them from there."

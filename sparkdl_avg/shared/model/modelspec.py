@@ -4,7 +4,7 @@
 weights (its ``config.json``: architecture and compile configuration; built
 with Keras' safe mode, no pickle; the round's state is assigned to the
 replica in place, so nothing the size of the model travels with the spec or
-is written to a temporary file, issue 47), the custom objects executors cannot import (those
+is written to a temporary file), the custom objects executors cannot import (those
 defined in ``__main__``: a notebook cell, the job script), pickled by value
 (see :mod:`sparkdl_avg.shared.model.custom_objects`), and a fingerprint of its
 architecture, compile settings and those objects, under which executors
@@ -246,7 +246,7 @@ def architecture(model) -> dict:
     Keras names layers by a process-wide counter (``dense``, ``dense_1``,
     ...), so each run of a notebook cell that builds "the same" model gave
     another config, another fingerprint, and executors built and kept one
-    more replica per fit (issue 28). Weights move by position, so a replica
+    more replica per fit. Weights move by position, so a replica
     of the same layers under other names trains the same. The names of a
     multi-output model's outputs stay: its metric names carry them.
     """
@@ -364,7 +364,7 @@ class VariableArrays(Sequence):
     (written array by array, :func:`~sparkdl_avg.shared.wire.exchange.store`)
     and reads it again for the update (the model does not change during a
     round), and a worker writes its sums from its replica's, so neither
-    holds a copy of the model's state beside the model (issue 47).
+    holds a copy of the model's state beside the model.
     :meth:`specs` gives the dtypes and shapes without reading any.
     """
 
@@ -417,7 +417,7 @@ def assign_state(model, weights, optimizer_variables) -> None:
     A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`);
     once an array is in the replica its pages leave this process's resident
     memory, so the worker's peak holds the replica and one array of the
-    received state, not two whole states (issue 47).
+    received state, not two whole states.
     """
     from ..wire.exchange import release_pages
 

@@ -97,7 +97,7 @@ installed, only for optional integrations: its scikit-learn wrappers
 ``keras.visualization``'s plots (matplotlib) and pandas DataFrames as ``fit``'s
 input (``array_slicing``; the executors give Keras arrays and ``tf.data``). Each
 import is guarded in Keras (``try: import sklearn except ImportError``), so Keras
-loads as where they are not installed. They were about 1.4 s of the 6 s of CPU an
+loads as where they are not installed. They were a large share of the CPU an
 executor spent importing TensorFlow and Keras (docs/benchmarks/first_fit.md), paid
 before a session's first round. Only during that import: a user's function may
 import them later as usual (only those Keras integrations stay unavailable in the

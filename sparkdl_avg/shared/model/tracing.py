@@ -4,11 +4,11 @@ A ``tf.function`` whose first trace creates variables is traced twice by
 TensorFlow (once creating them, once more without): a replica's first
 ``train_step`` created the compiled metrics' variables (the loss tracker,
 ``accuracy``'s totals), so the executors traced their step function twice,
-about 2 s of a small CNN's first round on 2 loaded cores instead of 1
-(docs/benchmarks/first_fit.md). Keras' own ``fit`` builds that state first,
-symbolically, from the first batch's shapes; :func:`build_training_state`
-does the same from the staged data's fields. It runs on executors and in
-the driver's tests, and holds no driver state.
+doubling a first round's tracing (docs/benchmarks/first_fit.md). Keras' own
+``fit`` builds that state first, symbolically, from the first batch's
+shapes; :func:`build_training_state` does the same from the staged data's
+fields. It runs on executors and in the driver's tests, and holds no driver
+state.
 
 It also owns what ``warm_up(spark, model)`` ships to the executors so that
 they build and trace a replica before the fit (:class:`WarmReplica`), with

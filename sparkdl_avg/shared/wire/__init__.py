@@ -12,6 +12,8 @@ Its modules:
   shards' sums, its residual.
 * :mod:`.fragments`: ``sync_fragments``: the executors' half of fragment rounds (Streaming DiLoCo): own
   weights, adoption, what returns.
+* :mod:`.kept`: what a worker keeps between rounds, the executors' half: one protocol around training, one view
+  of the worker's round, the files chained from round to round.
 * :mod:`.local_state`: ``optimizer_state="local"``: each worker's own optimizer variables between its rounds,
   as files.
 * :mod:`.round_rows`: the Spark SQL round's rows: what its tasks yield (:class:`ArrowSums`,

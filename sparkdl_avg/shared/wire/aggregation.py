@@ -119,8 +119,8 @@ def weighted_in_place(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
 
     For a worker's own fresh copies of its replica's state: scaling them in
     place instead of into new arrays saves one copy of the model's state
-    on the executor (issue 47). Other arrays (read-only views, counters of
-    another dtype) are copied as :func:`weighted` does.
+    on the executor. Other arrays (read-only views, counters of another
+    dtype) are copied as :func:`weighted` does.
     """
     out = []
     for a in arrays:
@@ -139,7 +139,7 @@ class WeightedArrays:
     (each item a fresh copy, scaled in place: the same bits as
     :func:`weighted`). A sink that writes the sums one array at a time (a
     file, :class:`~sparkdl_avg.shared.wire.exchange.StoreSums`) then holds
-    one array of them, not a copy of the model's state (issue 47).
+    one array of them, not a copy of the model's state.
     :meth:`specs` gives the sums' dtypes and shapes without reading any.
     """
 

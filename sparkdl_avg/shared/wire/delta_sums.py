@@ -58,6 +58,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .compression import BLOCK, Encoded, block_of, decode, encode, payload_count, payload_dtype, with_feedback
+from .kept import WorkerRound, WorkerRoundFiles
 
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
 COMPRESSIONS = ("bf16", "int8", "int4")
@@ -65,9 +66,9 @@ COMPRESSIONS = ("bf16", "int8", "int4")
 #: Codecs of the compressed segments per ``update_compression``: the float32 weights (``"w"``), the
 #: optimizer's float32 first moments (``"m"``: its variables named ``*_momentum``, signed like the
 #: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators). int8 on
-#: ``"m"`` matched float32 too (0.336× the bytes with Adam against 0.418×), but its residual doubled the
-#: residual files and made the rounds on the shaped-network cluster slower, so ``"m"`` stays in bf16
-#: (docs/benchmarks.md, "Compressed updates"). ``"int4"`` follows int8: only the weights in int4.
+#: ``"m"`` matched float32 too, in fewer bytes, but its residual doubled the residual files and made the
+#: rounds on the shaped-network cluster slower, so ``"m"`` stays in bf16 (docs/benchmarks.md, "Compressed
+#: updates"). ``"int4"`` follows int8: only the weights in int4.
 SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16"),
                   "int4": ("int4", "bf16", "bf16")}
 
@@ -386,63 +387,13 @@ class DeltaLayout:
 
 
 @dataclass(frozen=True)
-class WorkerRoundFiles:
-    """Files that chain each worker from one round to its next, under the fit's staging directory.
-
-    Worker ``i`` of a round reads ``<directory>/<read>-w<i>.bin`` (what it
-    wrote in the round ``read`` names) and writes ``<directory>/<write>-w<i>.bin``,
-    atomically, so a retried task reads and writes the same bytes. Error
-    feedback's residuals (:class:`FeedbackFiles`) and ``optimizer_state="local"``'s
-    optimizer states (:class:`~sparkdl_avg.shared.wire.local_state.LocalStateFiles`)
-    are such files; the driver's side is :class:`~sparkdl_avg.driver.transport.chains.RoundChains`.
-
-    Attributes:
-        directory: The fit's directory of such files.
-        read: The name of the round whose files this round's workers read (``None``: none yet).
-        write: This round's name.
-        fresh: Workers that have no file in ``read`` (none had one yet: they start from zero or the sent state).
-    """
-
-    directory: str
-    read: Optional[str]
-    write: str
-    fresh: frozenset = frozenset()
-
-    #: What the files hold, for the error a missing one raises.
-    what = "file"
-
-    def path(self, name: str, worker: int) -> str:
-        from ..files.fs import join
-
-        return join(self.directory, f"{name}-w{worker}.bin")
-
-    def read_bytes(self, worker: int) -> Optional[bytes]:
-        """Worker ``worker``'s file from the round ``read`` names (``None``: it has none)."""
-        from ..files.fs import read_bytes
-
-        if self.read is None or worker in self.fresh:
-            return None
-        uri = self.path(self.read, worker)
-        try:
-            return read_bytes(uri)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"worker {worker}'s {self.what} {uri!r} is missing: every executor must read and write the staging "
-                "directory (staging_dir), which holds it between rounds"
-            ) from None
-
-    def write_bytes(self, worker: int, data: bytes) -> None:
-        """Writes worker ``worker``'s file of this round (atomically: a retry rewrites the same bytes)."""
-        from ..files.fs import write_atomically
-
-        write_atomically(self.path(self.write, worker), data)
-
-
-@dataclass(frozen=True)
 class FeedbackFiles(WorkerRoundFiles):
     """Where a round's workers read and write their residuals (error feedback); ``fresh`` ones start from zero."""
 
     what = "error-feedback residual"
+
+    def begin(self, w: WorkerRound) -> None:
+        w.residuals = self  # read and written by the round's codec (pack_result)
 
     def load(self, layout: DeltaLayout, worker: int) -> Optional[List[np.ndarray]]:
         """Worker ``worker``'s residual to add this round (``None``: zero)."""

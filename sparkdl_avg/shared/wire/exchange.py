@@ -113,11 +113,11 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
 
     ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so
     a task that outlives its fit never makes the deleted staging root again (``FileNotFoundError``); such a root
-    had no owner marker and the sweep of dead drivers' roots never took it (issue 48).
+    had no owner marker and the sweep of dead drivers' roots never took it.
 
     ``specs``: ``(dtype, shape)`` per array (:func:`specs_of`), given when ``arrays`` is read on access
     (an iterator over a model's variables): the file's layout is known before any array is read, and
-    the arrays are then read and written one at a time, never all in memory at once (issue 47).
+    the arrays are then read and written one at a time, never all in memory at once.
     """
     if specs is None:
         arrays = [np.asarray(a) for a in arrays]
@@ -167,8 +167,8 @@ def release_pages(arrays) -> None:
     The data stay in the page cache and read back as they were if touched
     again (``MADV_DONTNEED`` on a shared file mapping); a worker that has
     copied the round's state into its replica releases each array so the
-    mapped file does not stay resident beside the replica (issue 47). Other
-    arrays are left alone.
+    mapped file does not stay resident beside the replica. Other arrays
+    are left alone.
     """
     import mmap
 
@@ -202,8 +202,8 @@ def load_one_by_one(stored: StoredArrays):
     For whoever consumes them one by one (the driver adding a worker's sums):
     at most one array is in memory beyond what the consumer keeps, where a
     memory map of the whole file (:func:`load`) stays resident until its
-    last view goes, a whole model's state more (issue 47). Remote files are
-    read whole (:func:`load`), then copied array by array.
+    last view goes, a whole model's state more. Remote files are read whole
+    (:func:`load`), then copied array by array.
     """
     fs, path = resolve(stored.uri)
     if not isinstance(fs, pafs.LocalFileSystem):

@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .kept import Kept, WorkerRound
 from .local_state import LocalStateFiles
 
 
@@ -37,7 +38,7 @@ class WeightFiles(LocalStateFiles):
 
 
 @dataclass(frozen=True)
-class FragmentRound:
+class FragmentRound(Kept):
     """What one fragment round's workers do with their own weights (see the module docstring).
 
     Attributes:
@@ -67,3 +68,16 @@ class FragmentRound:
     def pick(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
         """The synced variables of a full list of weights, in order."""
         return [arrays[j] for j in self.synced]
+
+    @property
+    def host_local(self) -> bool:
+        return self.files.host_local
+
+    def begin(self, w: WorkerRound) -> None:
+        w.start, lost = self.start(w.worker, w.sent)
+        w.restarted = w.restarted or lost
+
+    def end(self, w: WorkerRound, begun=None) -> None:
+        """Keeps the worker's own weights; it returns the synced part only (and its delta is from that part)."""
+        self.save(w.worker, w.end if w.finite else w.start)
+        w.end, w.sent = self.pick(w.end), self.pick(w.sent)

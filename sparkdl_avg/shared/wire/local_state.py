@@ -21,9 +21,9 @@ variables' raw bytes in ``optimizer.variables`` order, in one of two places:
   no locality): ``<directory>/<round>-w<i>.bin``, written atomically, so a
   retried task anywhere reads the same file and a lost executor loses nothing.
 
-Measured in docs/benchmarks.md ("The states on the workers' hosts"): on
-the shaped network the shared files cost 3.4 s a round (8 workers × 24 MB
-through the store), the hosts' files 0.7–0.9 s with 8 executors on 2 cores.
+Measured in docs/benchmarks/diloco.md ("The states on the workers' hosts"): on
+the shaped network the shared files cost several times the hosts' own, every
+worker's state going through the store each round.
 
 A worker that has no state yet (the fit's first round, or a worker index an
 elastic round adds) starts from the optimizer variables the driver sent: the
@@ -47,7 +47,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .delta_sums import WorkerRoundFiles
+from .kept import WorkerRound, WorkerRoundFiles
 
 
 def to_bytes(arrays: Sequence[np.ndarray]) -> bytes:
@@ -193,6 +193,16 @@ class LocalStateFiles(WorkerRoundFiles):
                 _write_file(os.path.join(here, FIT_MARK), self.directory.encode("utf-8"))
             _write_file(os.path.join(here, f"{self.write}-w{worker}.bin"), data)
             _prune(here, worker, self.read)
+
+    def begin(self, w: WorkerRound) -> None:
+        """The worker starts from its own optimizer variables, if it has them."""
+        own, restarted = self.load(w.worker, w.sent_optimizer)
+        w.start_optimizer = w.sent_optimizer if own is None else own
+        w.restarted = w.restarted or restarted
+
+    def end(self, w: WorkerRound, begun=None) -> None:
+        """Keeps the replica's optimizer variables (one that went non-finite keeps those it started from)."""
+        self.save(w.worker, w.end_optimizer if w.finite else w.start_optimizer)
 
     def _over(self, worker: int) -> bool:
         """Whether worker ``worker``'s round is over on this host: its file is here and the one it read is gone.

@@ -197,7 +197,7 @@ class SparseRowsLayout:
 
     def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int, residual):
         """A worker's :class:`RowsPacked` from the state it was sent, and its next residual (``None``: no feedback)."""
-        # indexed, not listed: a replica's VariableArrays are read one array at a time (issue 47)
+        # indexed, not listed: a replica's VariableArrays are read one array at a time
         new, old = _Joined(weights, optimizer), _Joined(sent_weights, sent_optimizer)
         if len(new) != len(self.flat.entries) or len(old) != len(self.flat.entries):
             raise ValueError(f"The state holds {len(new)} arrays; its layout has {len(self.flat.entries)}.")
@@ -414,8 +414,8 @@ def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[
     at a time (a replica's variables are read on access; the sent state is
     a memory map whose pages are released after each array): the worker
     holds one array of each beside its replica, not the table and its slots
-    twice (issue 47). Dense when the rows' indices and values would take as
-    many bytes as the whole table.
+    twice. Dense when the rows' indices and values would take as many
+    bytes as the whole table.
     """
     rows = int(np.shape(old[0])[0])  # the sent arrays' shape: reading a replica's array for it would copy it
     count = len(new)
@@ -449,8 +449,8 @@ def _moved(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     another NaN) is sent too, with a delta of ``±0.0`` (or NaN), which adds to
     the sums exactly what the dense sum adds. The comparison runs on whole
     words of the rows and folds a row's flags by viewing them as one integer:
-    numpy's ``.any(axis=1)`` over a float comparison took 4× longer on a
-    ``2**20 × 8`` table (114 ms against 28 ms on this machine, loaded).
+    numpy's ``.any(axis=1)`` over a float comparison was several times slower
+    (docs/benchmarks/sparse_rounds.md).
     """
     x, y = np.ascontiguousarray(a), np.ascontiguousarray(b)
     word = np.uint64 if x.shape[1] % 2 == 0 else np.uint32
