@@ -460,3 +460,9 @@ def test_a_fit_already_overlapping_is_advised_only_a_larger_k():
                          "of 54.7 ms, about 3.5x the throughput."), text
     assert overlapping([SimpleNamespace(overlapped=False), SimpleNamespace(overlapped=True)])
     assert not overlapping([SimpleNamespace(overlapped=False)])
+
+
+def test_the_slow_warning_has_nothing_to_compare_when_the_workers_have_no_minibatch_in_an_epoch():
+    # 1,437 examples over 64 workers of 32: no minibatch each, no epoch to time (it divided by zero)
+    assert slower_than_one_process([_record(4, 0.012, 0.001, 1.0)] * 3, num_examples=1437, num_workers=64,
+                                   batch_size=32) is None

@@ -390,3 +390,16 @@ def test_initial_epoch_with_checkpoints_and_resume(spark, tmp_path):
     with pytest.raises(ConfigurationError, match=r"is at epoch 1, before initial_epoch=2"):
         _trainer(fresh).fit(DATA, epochs=4, initial_epoch=2, verbose=0, checkpoint_dir=early, resume=True)
     assert_weights_close(fresh.get_weights(), before, atol=0)
+
+
+def test_the_slow_warning_of_an_elastic_fit_counts_the_workers_that_ran_not_max_workers(spark, caplog):
+    """max_workers=64 on local[2]: the slow-fit check compared the fit against 64 workers with no minibatch each
+    (a ZeroDivisionError ended the fit); it compares the 2 that ran."""
+    x, y = regression_data(192, seed=3)
+    trainer = ParameterAveragingTrainer(make_model(), num_workers=None, max_workers=64, batch_size=8,
+                                        averaging_frequency=1, seed=0)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer.fit((x, y), epochs=2, verbose=0)
+    assert {r.num_workers for r in trainer.stats.records} == {2}
+    slow = [r.getMessage() for r in caplog.records if r.getMessage().startswith("This fit is slower than one process")]
+    assert len(slow) == 1 and " on 2 workers " in slow[0]

@@ -226,7 +226,8 @@ class SlowFitWarnings(FitHook):
         if not last and sum(not is_cold(r) for r in records) < WARM_ROUNDS:
             return False
         settings = self.settings_of()
-        message = slower_than_one_process(records, settings.dataset.num_examples, settings.num_workers,
+        # the workers that ran its latest round: an elastic fit's settings hold the most it may have (max_workers)
+        message = slower_than_one_process(records, settings.dataset.num_examples, records[-1].num_workers,
                                           settings.batch_size)
         if message:
             logger.warning(message)

@@ -41,7 +41,6 @@ class FitContext:
     group: str  # the fit's Spark job group
     labels: Any  # the fit's job labels, a context manager (Engine.labels)
     epochs: int
-    epoch_steps: int
     schedule: AveragingSchedule
     callbacks: Any
     progress: Progress
@@ -50,6 +49,11 @@ class FitContext:
     membership: Optional[Membership] = None  # elastic rounds: each round's workers, planned for the live slots
     rounds_in_fit: int = 0
     retired: List[Any] = field(default_factory=list)  # transports "auto" switched away from, closed at the fit's end
+
+    @property
+    def epoch_steps(self) -> int:
+        """Minibatches per worker in an epoch (its rounds' settings': elastic epochs re-plan them)."""
+        return self.rounds.settings.epoch_steps
 
 
 def callback_list(model, plan: FitPlan, callbacks):
@@ -109,7 +113,6 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
         group=group,
         labels=labels,
         epochs=plan.epochs,
-        epoch_steps=plan.epoch_steps,
         schedule=plan.schedule,
         callbacks=callbacks,
         progress=Progress(plan.verbose, plan.epochs, plan.epoch_steps),

@@ -173,7 +173,6 @@ class RoundPlanner:
         s = ctx.rounds.settings
         epoch_steps = steps_per_epoch(s.dataset.num_examples, workers, s.batch_size)
         ctx.rounds.settings = dataclasses.replace(s, num_workers=workers, epoch_steps=epoch_steps)
-        ctx.epoch_steps = epoch_steps
         for kept in ctx.rounds.kept:
             kept.resize(workers)
         return change

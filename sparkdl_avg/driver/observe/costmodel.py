@@ -229,7 +229,8 @@ def slower_than_one_process(records, num_examples: int, num_workers: int, batch_
     credited with one worker's time per minibatch (it has at least one
     worker's cores), so the comparison errs towards distributing.
     """
-    if not records:
+    steps = num_examples // (num_workers * batch_size)
+    if not records or steps < 1:  # (no epoch of num_workers workers to compare)
         return None
     t_step, fixed, rounds = steady_costs(records)
     if not rounds:
@@ -240,7 +241,6 @@ def slower_than_one_process(records, num_examples: int, num_workers: int, batch_
     single = cost.single_epoch_s(num_examples, batch_size)
     if not epoch > single:
         return None
-    steps = num_examples // (num_workers * batch_size)
     per_epoch = math.ceil(steps / min(k, steps))
     overhead = f"{per_epoch} rounds'" if per_epoch != 1 else "1 round's"
     if k < steps:
