@@ -112,3 +112,27 @@ def test_a_rounds_bytes_per_worker_are_a_fragments_and_batchnorm_statistics_trav
     for F in (2, 4):
         assert max(sent[F]) <= 1.1 / F * sent[1][0] + moving, (F, sent[F], sent[1][0])
         assert min(sent[F]) >= moving
+
+
+def test_a_model_with_an_embedding_table_is_refused_before_a_round_and_a_small_embedding_trains(spark):
+    """Tables of MIN_TABLE_ROWS (1,024) rows or more send their changed rows, not fragments: refused, before any
+    round. A smaller embedding is a dense weight like any other: it trains."""
+    import keras
+
+    def ids_model(rows):
+        ids = keras.Input(shape=(2,), dtype="int32")
+        out = keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Embedding(rows, 4)(ids)))
+        model = keras.Model(ids, out)
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(64, 1)).astype("float32")
+    trainer = ParameterAveragingTrainer(ids_model(2048), num_workers=2, batch_size=8, sync_fragments=2)
+    with pytest.raises(ConfigurationError, match=r"'sync_fragments' parameter does not apply to models with "
+                                                 r"embedding tables .*Got sync_fragments=2: pass 1\."):
+        trainer.fit((rng.integers(0, 2048, size=(64, 2)).astype("int32"), y), verbose=0)
+    assert trainer.stats.records == []
+    small = ParameterAveragingTrainer(ids_model(16), num_workers=2, batch_size=8, sync_fragments=2)
+    small.fit((rng.integers(0, 16, size=(64, 2)).astype("int32"), y), verbose=0)
+    assert small.stats.records and all(r.num_workers == 2 for r in small.stats.records)  # dense: it trains

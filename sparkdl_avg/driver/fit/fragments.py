@@ -41,6 +41,7 @@ import numpy as np
 
 from ...errors import ConfigurationError
 from ...shared.wire.fragments import FragmentRound, WeightFiles
+from ...shared.wire.sparse_rows import MIN_TABLE_ROWS
 from ...shared.files.fs import join
 from ..transport.chains import KeptKind, kept_kind
 from ..transport.local_states import LocalStateLedger
@@ -106,8 +107,9 @@ class Fragments(KeptKind):
             return None
         if getattr(fit.transport.settings, "tables", None):
             raise ConfigurationError(
-                "The 'sync_fragments' parameter does not apply to models with embedding tables yet (their rounds "
-                f"send the tables' changed rows, not fragments). Got sync_fragments={count}: pass 1.")
+                "The 'sync_fragments' parameter does not apply to models with embedding tables (an Embedding of "
+                f"{MIN_TABLE_ROWS:,} rows or more) yet: their rounds send the tables' changed rows, not fragments. Got "
+                f"sync_fragments={count}: pass 1.")
         weights, mask = fit.model.get_weights(), trainable_mask(fit.model)
         check_rule_state(fit.plan.rule.init_state(weights, mask), weights, mask, fit.plan.rule.name)
         ledger = LocalStateLedger(join(fit.exchange, "fragments"), fit.plan.num_workers,
