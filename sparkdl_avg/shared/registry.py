@@ -2,7 +2,8 @@
 
 Update rules (:mod:`sparkdl_avg.driver.algorithms.registry`), state transports and aggregation paths (declared by
 :mod:`sparkdl_avg.driver.config.options`, filled by the transport modules), data adapters
-(:mod:`sparkdl_avg.driver.data.adapters`) and column kinds (:mod:`sparkdl_avg.shared.data.kinds`) each are one,
+(:mod:`sparkdl_avg.driver.data.adapters`), column kinds (:mod:`sparkdl_avg.shared.data.kinds`) and the kinds of
+state workers keep between rounds (:mod:`sparkdl_avg.driver.transport.chains`) each are one,
 joined with ``@REGISTRY.register``; what differs between them is an option of the class, not another idiom.
 """
 

@@ -97,6 +97,27 @@ def test_resume_refuses_another_configuration(spark, tmp):
         trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
 
 
+def test_checkpoint_dir_takes_a_path_and_a_tilde_and_resume_says_when_it_finds_nothing(spark, tmp, monkeypatch,
+                                                                                        caplog):
+    """'~/x' is the home's x (not a folder named '~'); a pathlib.Path is a path; resume=True in a directory with no
+    checkpoint (a first run, or a typo) says that the fit starts from the beginning."""
+    import logging
+    import pathlib
+
+    monkeypatch.setenv("HOME", os.path.join(tmp, "home"))
+    monkeypatch.chdir(tmp)
+    with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
+        trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir="~/ckpt", resume=True)
+    assert "resume=True found no checkpoint in " in caplog.text and "starts from the beginning" in caplog.text
+    assert not os.path.exists(os.path.join(tmp, "~"))
+    assert sorted(os.listdir(os.path.join(tmp, "home", "ckpt"))) == ["LATEST", "ckpt-000000"]
+    caplog.clear()
+    trainer = trainer_for(make_model())
+    trainer.fit(DATA, epochs=2, verbose=0, checkpoint_dir=pathlib.Path(tmp, "home", "ckpt"), resume=True)
+    assert "found no checkpoint" not in caplog.text
+    assert [r.epoch for r in trainer.stats.records] == [1] * 4  # only the second epoch ran
+
+
 def test_checkpoint_dir_holding_something_else_is_refused_and_kept(spark, tmp):
     (open(os.path.join(tmp, "notes.txt"), "w")).write("mine")
     with pytest.raises(ConfigurationError, match=r"'checkpoint_dir'.*holds \['notes.txt'\]"):

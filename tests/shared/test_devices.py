@@ -82,7 +82,7 @@ def test_configure_task_devices_binds_the_process_to_the_tasks_gpus(fresh_bindin
     env = {}
     binding = devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["1"])}), env)
     assert binding.action == "bind" and env["CUDA_VISIBLE_DEVICES"] == "1"
-    assert devices.bound_devices() == ("1",)
+    assert devices._BOUND == ("1",)
     assert devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["1"])}), env).action == "keep"
     with caplog.at_level("WARNING", logger="sparkdl_avg.shared.model.devices"):
         mismatch = devices.configure_task_devices(FakeContext({"gpu": FakeInfo("gpu", ["0"])}), env)
@@ -95,7 +95,7 @@ def test_configure_task_devices_outside_spark_changes_nothing(fresh_binding):
     env = {}
     assert devices.configure_task_devices(None, env).action == "none"  # TaskContext.get() is None here
     assert devices.configure_task_devices(FakeContext({}), env).action == "none"
-    assert env == {} and devices.bound_devices() is None
+    assert env == {} and devices._BOUND is None
 
 
 def test_worker_binds_gpus_before_it_looks_up_the_replica(fresh_binding, monkeypatch):
@@ -109,7 +109,7 @@ def test_worker_binds_gpus_before_it_looks_up_the_replica(fresh_binding, monkeyp
     assert worker.get_replica(None, "fake-fingerprint") == ("cached replica", False)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
     assert os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
-    assert devices.bound_devices() == ("7",)
+    assert devices._BOUND == ("7",)
 
 
 # ------------------------------------------------------------ custom objects

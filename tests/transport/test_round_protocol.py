@@ -57,8 +57,8 @@ class Store(MemoryStore):
 class Actor:
     """One generator of store operations (a driver, a task attempt, its reader or sender) and where it stands."""
 
-    def __init__(self, name, program, store) -> None:
-        self.name, self.program, self.store = name, program, store
+    def __init__(self, name, program, store, kind) -> None:
+        self.name, self.program, self.store, self.kind = name, program, store, kind  # kind: driver, task, reader, sender
         self.reply = None
         self.started = False
         self.done = False
@@ -117,7 +117,7 @@ class Model:
         self.announcing = False
         self.replan = False
         self.attempts = 0
-        self.driver = Actor("driver", self._driver(), self.store)
+        self.driver = Actor("driver", self._driver(), self.store, "driver")
         self.actors.append(self.driver)
         for task_ids in ids:
             self.start_attempt(task_ids, self.store)
@@ -177,7 +177,7 @@ class Model:
     def start_attempt(self, task_ids, store):
         """A new attempt of the task of workers ``task_ids`` in the job whose board is ``store``."""
         self.attempts += 1
-        actor = Actor(f"task{task_ids}#{self.attempts}", None, store)
+        actor = Actor(f"task{task_ids}#{self.attempts}", None, store, "task")
         actor.program = self._task(actor, task_ids)
         self.actors.append(actor)
         return actor
@@ -209,7 +209,8 @@ class Model:
                 word = yield from self._poll(lambda: protocol.word(seq))
             if word is None:
                 break
-            reader = self._child(me, f"{me.name}-read{seq + 1}", self._poll(lambda s=seq + 1: protocol.word(s)), store)
+            reader = self._child(me, f"{me.name}-read{seq + 1}", self._poll(lambda s=seq + 1: protocol.word(s)), store,
+                                 "reader")
             owes = word is not PASSED and (yield from protocol.owed(seq, task_ids))
             if not owes:
                 self._check_not_skipped(store, seq, task_ids, "skipped")
@@ -217,14 +218,15 @@ class Model:
                 answers = [trained(word, w) for w in task_ids]  # training: one step, no store operation
                 if sender is not None:
                     yield ("join", sender)
-                sender = self._child(me, f"{me.name}-send{seq}", self._send(seq, task_ids, answers), store)
+                sender = self._child(me, f"{me.name}-send{seq}", self._send(seq, task_ids, answers), store,
+                                     "sender")
                 sender.sending = (seq, task_ids)
             seq += 1
         if sender is not None:
             yield ("join", sender)
 
-    def _child(self, parent, name, program, store):
-        actor = Actor(name, program, store)
+    def _child(self, parent, name, program, store, kind):
+        actor = Actor(name, program, store, kind)
         parent.children.append(actor)
         self.actors.append(actor)
         return actor
@@ -280,22 +282,23 @@ class RoundProtocol(RuleBasedStateMachine):
         if runnable:
             self._others_run(runnable[pick % len(runnable)], steps)
 
-    @rule(pick=st.integers(0, 63))
-    def one_stalls_after_a_miss(self, pick):
-        """One actor runs on until a read of its finds nothing (a word not announced yet, an answer not posted) and
-        stalls right after it, while the others run in turn until they all wait: a thread descheduled for long between
-        a read and what it does with the read's answer, where the races of a miss live. Newest actors first (a reader
-        or a sender just started)."""
-        runnable = [a for a in self.model.actors if a.runnable()]
-        if not runnable:
-            return
-        stalled = runnable[-1 - pick % len(runnable)]
-        for _ in range(100):
-            stalled.step()
-            self.model.check()
-            if not stalled.runnable() or (stalled.last[0] == "read" and stalled.reply is None):
-                break
-        self._others_run(stalled, 1000)
+    @rule(kind=st.sampled_from(["reader", "driver", "task"]), steps=st.integers(1, 200))
+    def one_stalls_after_a_miss(self, kind, steps):
+        """Every actor runs in turn until one of ``kind`` reads an entry that is not there (a word not announced yet,
+        an answer not posted); that one stalls right after the read (a thread descheduled between a read and what it
+        does with its answer: where the races of a miss live) while the others take ``steps`` steps in turn, or
+        fewer once they all wait."""
+        model = self.model
+        for _ in range(steps):
+            runnable = [a for a in model.actors if a.runnable()]
+            if not runnable:
+                return
+            for actor in runnable:
+                actor.step()
+                model.check()
+                if actor.kind == kind and actor.last[0] == "read" and actor.reply is None and actor.runnable():
+                    self._others_run(actor, steps)
+                    return
 
     def _others_run(self, stalled, steps):
         for _ in range(steps):

@@ -81,7 +81,7 @@ def test_int8_sends_about_a_quarter_of_the_weights_bytes_int4_an_eighth_and_bf16
     sent_w, _ = _state(0)
     for codec, low, high in (("int8", 0.25, 0.27), ("int4", 0.125, 0.14), ("bf16", 0.5, 0.51)):
         layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False, False))
-        assert low * layout.float32_nbytes < layout.nbytes < high * layout.float32_nbytes + 64, codec
+        assert low * layout.flat.nbytes < layout.nbytes < high * layout.flat.nbytes + 64, codec
 
 
 def test_a_value_of_another_layout_is_refused():

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ...errors import ConfigurationError, DataError
+from ...errors import DataError
 from ..observe.costmodel import WARM_ROUNDS, CostModel, communication_advice, is_cold, predict, recommend, slower_than_one_process, steady_costs  # noqa: F401  (the cost model's public names, importable from here too)
 from ..config.options import Ints, must_be, require
 

@@ -27,6 +27,7 @@ from ...shared.data.preprocess import Preprocess
 from ...shared.data.staged_dataset import StagedDataset
 from ...shared.errors import interrupt
 from ...shared.files.fs import check_writable, join
+from ...shared.files.uris import user_path
 from ...shared.model.modelspec import (
     ModelSpec,
     check_model_loads,
@@ -298,6 +299,7 @@ class ParameterAveragingTrainer:
         """
         verbose = self._check_fit_args(epochs, initial_epoch, verbose, shuffle, checkpoint_dir, checkpoint_every, resume,
                                        sample_weight_col, class_weight)
+        checkpoint_dir, resume = user_path(checkpoint_dir), resume if isinstance(resume, bool) else user_path(resume)
         data = known_data(data, "training")  # a user's container converted once; pandas refused
         validation_data = None if validation_data is None else known_data(validation_data, "validation")
         engine = engine_for(data)
@@ -351,7 +353,7 @@ class ParameterAveragingTrainer:
         if class_weight is not None:
             check_classes(class_weight, staging.data_checks(self.model))
         if checkpoint_dir is not None:  # before any job: not after an epoch of training
-            check_writable(checkpoint_dir, "The 'checkpoint_dir' parameter")
+            check_writable(user_path(checkpoint_dir), "The 'checkpoint_dir' parameter")
         return verbose
 
     def _stage_fit_data(self, data, validation_data, features_col, label_col, sample_weight_col=None,

@@ -75,6 +75,9 @@ def locate(checkpoint_dir: Optional[str], resume: Any) -> Tuple[Optional[str], O
     listed = checkpoint.candidates(checkpoint_dir) if checkpoint_dir is not None else None
     uri = find(checkpoint_dir, resume, listed)
     if uri is None:
+        if resume is True:  # a first run of a resumable job, or a mistyped directory: either way, say so
+            logger.warning("resume=True found no checkpoint in %r: this fit starts from the beginning.",
+                           checkpoint_dir)
         return None, None
     if resume is not True:
         try:

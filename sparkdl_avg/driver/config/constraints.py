@@ -12,6 +12,8 @@ Param's string, into an option's value. This module knows no row: the table impo
 
 from __future__ import annotations
 
+import os
+
 import math
 import numbers
 from dataclasses import dataclass
@@ -118,6 +120,21 @@ class Text(Constraint):
 
 
 @dataclass(frozen=True)
+class PathText(Constraint):
+    """A local path or a ``pyarrow.fs`` URI: a non-empty ``str`` or an ``os.PathLike`` (``pathlib.Path``), or ``None``."""
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or _path_like(value)
+
+    def __str__(self) -> str:
+        return "a non-empty str or os.PathLike (a local path or a pyarrow.fs URI) or None"
+
+
+def _path_like(value: Any) -> bool:
+    return (isinstance(value, str) and value != "") or (isinstance(value, os.PathLike) and os.fspath(value) != "")
+
+
+@dataclass(frozen=True)
 class RoundsOrEpoch(Constraint):
     """``"epoch"`` or a number of rounds ≥ 1."""
 
@@ -133,7 +150,7 @@ class BoolOrPath(Constraint):
     """A bool, or the path of a checkpoint."""
 
     def accepts(self, value: Any) -> bool:
-        return isinstance(value, bool) or (isinstance(value, str) and value != "")
+        return isinstance(value, bool) or _path_like(value)
 
     def __str__(self) -> str:
         return "a bool or the path of a checkpoint"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from typing import Tuple
 
-from .constraints import (Bool, BoolOrPath, ClassWeights, Ints, OneOf, RoundsOrEpoch, Text, class_weight_option,
+from .constraints import (Bool, BoolOrPath, ClassWeights, Ints, OneOf, PathText, RoundsOrEpoch, Text, class_weight_option,
                           class_weight_text, parse_class_weight, rounds_or_epoch)
 from .rows import FIT, TRACKING, Flag, Option, SparkParam
 
@@ -63,7 +63,7 @@ FIT_OPTIONS: Tuple[Option, ...] = (
     Option(
         "checkpoint_dir", None, "Optional[str]", scope=FIT,
         help="write atomic checkpoints there (new or empty directory, or this run's checkpoints)",
-        check=Text("a local path or a pyarrow.fs URI"),
+        check=PathText(),
         cli=Flag(metavar="PATH_OR_URI"),
         param=SparkParam("checkpointDir", "toString"),
     ),

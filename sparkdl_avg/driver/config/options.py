@@ -54,7 +54,7 @@ from ...shared.wire.delta_sums import COMPRESSIONS
 from ..algorithms.rules import as_update_rule, flat_option, names_help
 from ..algorithms.schedules import as_schedule
 from .constraints import (  # noqa: F401 (API: the row types and constraints, importable from the table)
-    Bool, BoolOrPath, ClassWeights, Constraint, CrossCheck, Function, Ints, Joint, OneOf, Parsed, Requires,
+    Bool, BoolOrPath, ClassWeights, Constraint, CrossCheck, Function, Ints, Joint, OneOf, Parsed, PathText, Requires,
     RoundsOrEpoch, Seconds, Text, check_joints, import_function, must_be, on_off, parse_class_weight,
     parse_optional_rate, parse_rate, require, rounds_or_epoch)
 from .fit_options import FIT_OPTIONS, TRACKING_OPTIONS
@@ -203,7 +203,7 @@ OPTIONS: Tuple[Option, ...] = (
             "``staging_dir``, before anything is staged. "
             "The trainer writes into a new subdirectory and deletes it on :meth:`close` or when the "
             "trainer is garbage-collected.",
-        check=Text("a local path or a pyarrow.fs URI"),
+        check=PathText(),
         cli=Flag(metavar="PATH_OR_URI"),
         param=SparkParam("stagingDir", "toString"),
     ),

@@ -22,7 +22,6 @@ from ...shared.wire.delta_sums import segment_feedback
 from . import options
 from .codegen import document, trainer_entries
 from .constraints import check_joints
-from .options import NONFINITE_POLICIES, OPTIMIZER_STATE_POLICIES  # noqa: F401 (API)
 from ..algorithms.overlap import OneRoundLate
 from ..algorithms.rules import UpdateRule, as_update_rule
 from ..algorithms.schedules import AveragingSchedule, as_schedule

@@ -36,6 +36,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ...shared.files.fs import is_local, join, make_writable_dir, remove_tree, replace_atomically
+from ...shared.files.uris import user_path
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -66,6 +67,7 @@ class StagingRoot:
     @classmethod
     def new(cls, staging_dir: Optional[str], token: int) -> "StagingRoot":
         """A root named for now and ``token`` (a number unique among this process's live trainers: their ``id()``)."""
+        staging_dir = user_path(staging_dir)  # a pathlib.Path, a "~"
         base = staging_dir or tempfile.gettempdir()
         return cls(join(base, f"{ROOT_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{token:x}"), staging_dir)
 

@@ -43,7 +43,7 @@ from ...errors import ConfigurationError
 from ...shared.wire.fragments import FragmentRound, WeightFiles
 from ...shared.wire.sparse_rows import MIN_TABLE_ROWS
 from ...shared.files.fs import join
-from ..transport.chains import KeptKind, kept_kind
+from ..transport.chains import KEPT, KeptKind
 from ..transport.local_states import LocalStateLedger
 
 TAG = "sync-fragments"
@@ -73,7 +73,7 @@ def split(sizes: Sequence[int], fragments: int) -> List[int]:
     return out
 
 
-@kept_kind
+@KEPT.register
 class Fragments(KeptKind):
     """One fit's fragment rounds: the split, the fragment counter, the workers' own weights (files).
 
@@ -83,6 +83,8 @@ class Fragments(KeptKind):
         trainable: Per weight, whether it is trainable.
         ledger: The workers' own weights' files (a :class:`LocalStateLedger` of :class:`WeightFiles`).
     """
+
+    name = "fragments"
 
     def __init__(self, count: int, weights: Sequence[np.ndarray], trainable: Sequence[bool],
                  ledger: LocalStateLedger) -> None:

@@ -83,7 +83,7 @@ def start(config, model, plan: FitPlan, callbacks, *, stats, transport, rule_sta
     membership = _membership(config, plan)
     # what workers keep between rounds: each kind that applies (transport/chains.py), beside the transport's files
     fit = KeptFit(config, model, plan, transport, exchange)
-    kept = [k for k in (kind.for_fit(fit) for kind in KEPT) if k is not None]
+    kept = [k for k in (kind.for_fit(fit) for kind in KEPT.entries()) if k is not None]
     settings = RoundSettings(
         spec=transport.ship_spec(plan.spec),
         fingerprint=plan.spec.fingerprint,

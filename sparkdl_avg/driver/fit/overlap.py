@@ -34,7 +34,7 @@ from ...executor.overlap import OwnTerms
 from ...shared.files.fs import join
 from ...shared.model.modelspec import get_state, set_state
 from ..algorithms.overlap import flush
-from ..transport.chains import kept_kind
+from ..transport.chains import KEPT
 from ..transport.local_states import LocalStateLedger
 
 logger = logging.getLogger("sparkdl_avg")
@@ -43,9 +43,11 @@ OWN_TAG = "overlap-own"
 """The tag of the workers' own terms in a checkpoint's entries."""
 
 
-@kept_kind
+@KEPT.register
 class OwnDeltaLedger(LocalStateLedger):
     """Each worker's own term ``δ_i/N`` over one fit's rounds (the files' book; see the module docstring)."""
+
+    name = "overlap"
 
     def __init__(self, directory: str, num_workers: int, host_local: bool = False) -> None:
         super().__init__(directory, num_workers, host_local, tag=OWN_TAG, kind=OwnTerms)

@@ -10,7 +10,7 @@ matter): error feedback's residuals
 (:class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`),
 ``overlap_rounds``' own terms (:class:`~sparkdl_avg.driver.fit.overlap.OwnDeltaLedger`)
 and ``sync_fragments``' own weights (:class:`~sparkdl_avg.driver.fit.fragments.Fragments`).
-The fit makes each kind that applies (:meth:`KeptKind.for_fit`) and walks
+Each registers in :data:`KEPT`. The fit makes each kind that applies (:meth:`KeptKind.for_fit`) and walks
 them without naming any: the round runner
 (:attr:`sparkdl_avg.driver.fit.rounds.RoundRunner.kept`) asks each for its
 half of a round's task (:meth:`KeptKind.for_round`), tells it the round is
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ...shared.files.fs import join, read_bytes, remove_tree, resolve, write_atomically
+from ...shared.registry import Registry
 from ...shared.wire.kept import Kept
 
 logger = logging.getLogger("sparkdl_avg")
@@ -56,14 +57,16 @@ class KeptFit:
 class KeptKind:
     """One kind of state workers keep between rounds, over one fit (the driver's half; see the module docstring).
 
-    A subclass registers itself with :func:`kept_kind`; what is not overridden here is a kind that keeps nothing
+    A subclass registers itself with ``@KEPT.register``; what is not overridden here is a kind that keeps nothing
     on hosts, pipelines, and has nothing to export.
 
     Attributes:
+        name: The kind's name in :data:`KEPT`.
         host_local: Whether it keeps files on the workers' hosts, where the next round's tasks are placed.
         pipelined: Whether a round may be announced while the one before it trains (``overlap_rounds``).
     """
 
+    name = ""
     host_local = False
     pipelined = True
 
@@ -107,14 +110,8 @@ class KeptKind:
         """The fit's end: everything it kept goes."""
 
 
-KEPT: List[type] = []
-"""The registered kinds (:func:`kept_kind`), in registration order: the order their executors' halves run."""
-
-
-def kept_kind(cls: type) -> type:
-    """Registers a :class:`KeptKind` subclass (a class decorator)."""
-    KEPT.append(cls)
-    return cls
+KEPT = Registry("kept", "kind of kept state")
+"""The kinds, by ``name``, in registration order: the order their executors' halves run."""
 
 
 class RoundChains(KeptKind):

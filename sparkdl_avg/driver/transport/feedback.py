@@ -21,10 +21,10 @@ from typing import Iterable, Optional
 
 from ...shared.files.fs import join
 from ...shared.wire.delta_sums import FeedbackFiles
-from .chains import RoundChains, kept_kind, name_of
+from .chains import KEPT, RoundChains, name_of
 
 
-@kept_kind
+@KEPT.register
 class ResidualLedger(RoundChains):
     """The residual files of one fit's rounds (thread-safe).
 
@@ -34,6 +34,8 @@ class ResidualLedger(RoundChains):
         lag: Rounds between a residual's writer and its reader (:func:`lag_of`).
         compression: ``update_compression``: the residuals' format, named in what a checkpoint carries.
     """
+
+    name = "feedback"
 
     pipelined = False  # a residual is read by the round after the one that wrote it, which must have ended
 

@@ -94,13 +94,12 @@ def round_rate(record) -> Optional[float]:
     return record.sent_bytes / n / max(seconds - SHARDED_STAGE_S, _FLOOR_S)
 
 
-def estimate_rate(records: Sequence, steady: Callable[[object], bool] = lambda r: True,
-                  window: int = WINDOW) -> Optional[tuple]:
-    """``(rate, rounds)``: the median rate (bytes/s) of the latest ``window`` records that are ``steady`` and say one.
+def estimate_rate(records: Sequence, steady: Callable[[object], bool] = lambda r: True) -> Optional[tuple]:
+    """``(rate, rounds)``: the median rate (bytes/s) of the latest :data:`WINDOW` ``steady`` records that say one.
 
     ``None`` when no record does.
     """
-    rates = [rate for rate in (round_rate(r) for r in records if steady(r)) if rate is not None][-window:]
+    rates = [rate for rate in (round_rate(r) for r in records if steady(r)) if rate is not None][-WINDOW:]
     if not rates:
         return None
     return statistics.median(rates), len(rates)

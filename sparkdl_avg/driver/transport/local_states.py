@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ...shared.files.fs import join, write_atomically
 from ...shared.wire.local_state import FIT_ALIVE, LocalStateFiles
-from .chains import RoundChains, kept_kind, name_of
+from .chains import KEPT, RoundChains, name_of
 
 logger = logging.getLogger("sparkdl_avg")
 
@@ -26,7 +26,7 @@ LOCAL_TAG = "local-optimizer"
 """The tag of ``optimizer_state="local"``'s files in a checkpoint (where error feedback's name their compression)."""
 
 
-@kept_kind
+@KEPT.register
 class LocalStateLedger(RoundChains):
     """The workers' own optimizer states over one fit's rounds (thread-safe).
 
@@ -38,6 +38,8 @@ class LocalStateLedger(RoundChains):
         tag, kind: The checkpoint entries' tag and the files' class; ``sync_fragments`` keeps each worker's own
             weights with this ledger (:mod:`sparkdl_avg.driver.fit.fragments`).
     """
+
+    name = "local"
 
     def __init__(self, directory: str, num_workers: int, host_local: bool = False, tag: str = LOCAL_TAG,
                  kind: type = LocalStateFiles) -> None:

@@ -23,6 +23,15 @@ from ...errors import PathError
 _OBJECT_STORES = ("S3FileSystem", "GcsFileSystem", "AzureFileSystem")
 
 
+def user_path(path):
+    """A path as the user gave it (``str`` or ``os.PathLike``) as the ``str`` the library works with: a local
+    path's ``~`` expanded, as a shell would; a URI as it is; ``None`` as it is."""
+    if path is None:
+        return None
+    path = os.fspath(path)
+    return os.path.expanduser(path) if "://" not in path else path
+
+
 def is_local(uri: str) -> bool:
     """Whether ``uri`` is a local path or a ``file://`` URI (else a remote filesystem's URI)."""
     return "://" not in uri or uri.startswith("file://")

@@ -150,8 +150,3 @@ def configure_task_devices(task_context: Any = None, environ: Optional[MutableMa
                 ",".join(binding.bound or ()),
             )
     return binding
-
-
-def bound_devices() -> Optional[Tuple[str, ...]]:
-    """The GPUs this process is bound to, or ``None``."""
-    return _BOUND

@@ -169,11 +169,6 @@ class DeltaLayout:
         """Bytes of one worker's whole delta on the wire (what a round's plan sizes)."""
         return sum(self._blob_sizes(0, 1))
 
-    @property
-    def float32_nbytes(self) -> int:
-        """Bytes of the same sums uncompressed (:attr:`FlatLayout.nbytes`)."""
-        return self.flat.nbytes
-
     # -------------------------------------------------------------- worker side
 
     def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int,

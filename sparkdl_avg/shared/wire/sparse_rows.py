@@ -42,13 +42,13 @@ length and bytes, then per table the rows any worker sent, in the same form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .delta_sums import DeltaLayout, Packed
+from .delta_sums import DeltaLayout
 from .exchange import FlatLayout, release_pages
 
 _I64 = 8
@@ -174,10 +174,6 @@ class SparseRowsLayout:
         """Bytes of one worker's delta at most (every table dense): what a round's plan sizes."""
         inner = self.inner.nbytes if self.inner is not None else self.rest_flat.nbytes
         return 2 * _I64 + inner + sum(_I64 + 4 * r * k * w for r, k, w in self.shapes)
-
-    @property
-    def float32_nbytes(self) -> int:
-        return self.flat.nbytes
 
     @property
     def keeps_residuals(self) -> bool:

@@ -15,7 +15,7 @@ The job's board is a directory (a local path) whose files are the
 protocol's entries (:mod:`sparkdl_avg.shared.wire.board`: ``round-<seq>``,
 the driver's word, a pickled ``(entry, task)`` made by :func:`go`;
 ``done-<seq>-<worker>``, a worker's answer as Arrow IPC
-:data:`~sparkdl_avg.shared.wire.exchange.ROUND_SCHEMA` rows; ``stop``), each
+:data:`~sparkdl_avg.shared.wire.round_rows.ROUND_SCHEMA` rows; ``stop``), each
 written atomically. This module runs the board's step programs on that
 directory: the driver's side (:class:`FilePost`) and a task's
 (:class:`FileBoard`, which polls for a word until its deadline: a task that
@@ -35,8 +35,7 @@ from typing import Any, List, Optional, Sequence
 from . import board as protocol
 from .board import PASSED, WAIT, DirectoryStore, perform
 
-__all__ = ["PASSED", "FileBoard", "FilePost", "announce", "answer", "board_of", "collect", "first_round",
-           "go", "ipc_batches", "ipc_bytes", "owed", "stop", "word"]
+__all__ = ["PASSED", "FileBoard", "FilePost", "announce", "board_of", "go", "ipc_batches", "ipc_bytes"]
 
 _POLL_FIRST_S = 0.0002
 _POLL_MAX_S = 0.002  # a stat costs microseconds; the wait is the round's latency once the file appears
@@ -69,40 +68,6 @@ def go(entry, task) -> bytes:
     return cloudpickle.dumps((entry, task))
 
 
-def stop(directory: str) -> None:
-    """Driver: tells the tasks to end, whichever round they wait for."""
-    perform(protocol.stop(), DirectoryStore(directory))
-
-
-def first_round(directory: str, deadline_s: float) -> Optional[int]:
-    """Task: the round in progress (the lowest announced: where a task joins).
-
-    ``None``: told to stop, or none within ``deadline_s``.
-    """
-    return _wait(protocol.first_round, directory, deadline_s)
-
-
-def word(directory: str, seq: int, deadline_s: float) -> Optional[tuple]:
-    """Task: the driver's word for round ``seq``, unpickled, or :data:`PASSED` if the driver has moved past it.
-
-    ``None``: told to stop, or no word within ``deadline_s``.
-    """
-    reply = _wait(lambda: protocol.word(seq), directory, deadline_s)
-    return reply if reply is None or reply is PASSED else pickle.loads(reply)
-
-
-def owed(directory: str, seq: int, workers: Sequence[int]) -> bool:
-    """Task: whether round ``seq`` still waits for ``workers``' answers (see :func:`~sparkdl_avg.shared.wire.board.owed`)."""
-    return bool(perform(protocol.owed(seq, [int(w) for w in workers]), DirectoryStore(directory)))
-
-
-def answer(directory: str, seq: int, batches: Sequence[Any]) -> None:
-    """Task: writes each worker's rows of round ``seq`` (one Arrow batch per worker, its ``worker`` column)."""
-    store = DirectoryStore(directory)
-    for batch in batches:
-        perform(protocol.answer(seq, batch.column("worker")[0].as_py(), ipc_bytes(batch)), store)
-
-
 def ipc_bytes(batch) -> bytes:
     """One worker's answer (an Arrow batch) as Arrow IPC stream bytes."""
     import pyarrow as pa
@@ -118,16 +83,6 @@ def ipc_batches(data) -> List[Any]:
     import pyarrow as pa
 
     return list(pa.ipc.open_stream(data))
-
-
-def collect(directory: str, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
-    """Driver: the rows of round ``seq`` once all ``workers`` have answered, else ``None``.
-
-    The files stay until the next round is announced: a retried task that
-    joins meanwhile finds the round answered.
-    """
-    found = perform(protocol.collect(seq, [int(w) for w in workers]), DirectoryStore(directory))
-    return None if found is None else [batch for data in found for batch in ipc_batches(data)]
 
 
 class FileBoard:
@@ -146,20 +101,29 @@ class FileBoard:
         self.directory = directory
 
     def first_round(self, deadline_s: float) -> Optional[int]:
-        """See :func:`first_round`."""
-        return first_round(self.directory, deadline_s)
+        """The round in progress (the lowest announced: where a task joins).
+
+        ``None``: told to stop, or none within ``deadline_s``.
+        """
+        return _wait(protocol.first_round, self.directory, deadline_s)
 
     def word(self, seq: int, deadline_s: float) -> Optional[tuple]:
-        """See :func:`word`."""
-        return word(self.directory, seq, deadline_s)
+        """The driver's word for round ``seq``, unpickled, or :data:`PASSED` if the driver has moved past it.
+
+        ``None``: told to stop, or no word within ``deadline_s``.
+        """
+        reply = _wait(lambda: protocol.word(seq), self.directory, deadline_s)
+        return reply if reply is None or reply is PASSED else pickle.loads(reply)
 
     def owed(self, seq: int, workers: Sequence[int]) -> bool:
-        """See :func:`owed`."""
-        return owed(self.directory, seq, workers)
+        """Whether round ``seq`` still waits for ``workers``' answers (see :func:`~sparkdl_avg.shared.wire.board.owed`)."""
+        return bool(perform(protocol.owed(seq, [int(w) for w in workers]), DirectoryStore(self.directory)))
 
     def answer(self, seq: int, batches: Sequence[Any]) -> None:
-        """See :func:`answer`."""
-        answer(self.directory, seq, batches)
+        """Writes each worker's rows of round ``seq`` (one Arrow batch per worker, its ``worker`` column)."""
+        store = DirectoryStore(self.directory)
+        for batch in batches:
+            perform(protocol.answer(seq, batch.column("worker")[0].as_py(), ipc_bytes(batch)), store)
 
     def close(self) -> None:
         """Nothing to close: the files stay for the driver."""
@@ -185,12 +149,17 @@ class FilePost:
         announce(self.path, seq, word, keep_from)
 
     def stop(self) -> None:
-        """See :func:`stop`."""
-        stop(self.path)
+        """Tells the tasks to end, whichever round they wait for."""
+        perform(protocol.stop(), DirectoryStore(self.path))
 
     def collect(self, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
-        """See :func:`collect`."""
-        return collect(self.path, seq, workers)
+        """The rows of round ``seq`` once all ``workers`` have answered, else ``None``.
+
+        The files stay until the next round is announced: a retried task that
+        joins meanwhile finds the round answered.
+        """
+        found = perform(protocol.collect(seq, [int(w) for w in workers]), DirectoryStore(self.path))
+        return None if found is None else [batch for data in found for batch in ipc_batches(data)]
 
     def reached(self) -> bool:
         """Always: the tasks read the files where they run (the driver's host)."""
