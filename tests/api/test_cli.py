@@ -11,6 +11,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from conftest import file_mode as _mode
@@ -276,6 +277,22 @@ def _error_line(proc) -> str:
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and proc.stderr.rstrip("\n").endswith(lines[0]), proc.stderr[-2000:]
     return lines[0]
+
+
+def test_seed_repeats_a_model_builder_without_a_seed_parameter(tmp_path, monkeypatch):
+    """--seed seeds the builder even when it takes no seed: the same flags build the same initial weights."""
+    (tmp_path / "unseeded_builder.py").write_text(
+        "import keras\n"
+        "def build():\n"
+        "    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])\n"
+        "    model.compile(optimizer='sgd', loss='mse')\n"
+        "    return model\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first, again = (cli.load_model(builder="unseeded_builder:build", seed=7).get_weights() for _ in range(2))
+    other = cli.load_model(builder="unseeded_builder:build", seed=8).get_weights()
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], other[0])
 
 
 def test_train_job_help_documents_every_trainer_option():

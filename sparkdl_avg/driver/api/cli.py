@@ -469,8 +469,10 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
         if not callable(fn):
             raise UsageError(f"Module {module_name!r} has no function {func_name!r} (--model-builder {builder})")
         kwargs = {}
-        if seed is not None and "seed" in inspect.signature(fn).parameters:
-            kwargs["seed"] = seed
+        if seed is not None:  # initializers without a seed of their own draw from Keras' global generators
+            keras.utils.set_random_seed(seed)
+            if "seed" in inspect.signature(fn).parameters:
+                kwargs["seed"] = seed
         model = fn(**kwargs)
         if not isinstance(model, keras.Model):
             raise UsageError(f"--model-builder {builder} returned {type(model).__name__}; expected a keras.Model")
