@@ -3,6 +3,7 @@
 - ``index.md`` is README.md (one source), its links rewritten for the site: ``docs/X`` → ``X``,
   and links to other files of the repository (jobs, notebooks) kept as their path in code.
 - ``reference/options.md`` is generated from the option table (``options_page.render``).
+- A link without a target (``[text]()``) fails the build.
 - Every page under ``docs/benchmarks/`` joins the nav's "Benchmarks" section, after the pages the
   nav names, in the order of their titles: a new study needs no edit of mkdocs.yml.
 """
@@ -47,6 +48,14 @@ def _title(path: Path) -> str:
         if line.startswith("# "):
             return line[2:].strip()
     return path.stem
+
+
+def on_page_markdown(markdown, page, **kwargs):
+    """Refuses a link without a target (``[text]()``), which MkDocs' link validation lets through."""
+    empty = re.findall(r"\[[^\]]*\]\(\s*\)", markdown)
+    if empty:
+        raise ValueError(f"{page.file.src_path}: links without a target: {', '.join(empty)}")
+    return markdown
 
 
 def on_config(config, **kwargs):

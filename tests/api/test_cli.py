@@ -316,6 +316,14 @@ def test_train_job_help_documents_every_trainer_option():
         assert flag in proc.stdout, flag
 
 
+def test_the_cluster_guide_lists_every_flag_of_the_option_table():
+    from sparkdl_avg.driver.config.messages import flag_names
+
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guides", "cluster.md"),
+                 encoding="utf-8").read()
+    assert sorted(f for f in set(flag_names().values()) if f"`{f}" not in guide) == []
+
+
 def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_path):
     common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet")]
     out = ["--output-dir", str(tmp_path / "out")]

@@ -69,6 +69,20 @@ def test_readme_and_pages_are_short():
     assert not long, f"pages over {PAGE_MAX_LINES} lines: {long}"
 
 
+def test_a_link_without_a_target_fails_the_build():
+    """MkDocs' own validation lets ``[text]()`` through; the site's hook refuses it, naming the page and the link."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("docs_site_hooks", DOCS / "hooks" / "site.py")
+    hooks = importlib.util.module_from_spec(spec)  # (not "site": the standard library's is imported already)
+    spec.loader.exec_module(hooks)
+    page = types.SimpleNamespace(file=types.SimpleNamespace(src_path="guides/x.md"))
+    with pytest.raises(ValueError, match=r"^guides/x\.md: links without a target: \[docs/advisor\.md\]\(\)$"):
+        hooks.on_page_markdown("See [docs/advisor.md]() and [the guide](guide.md).", page)
+    assert hooks.on_page_markdown("See [the guide](guide.md).", page) == "See [the guide](guide.md)."
+
+
 # ----------------------------------------------------------------- the options page
 
 
