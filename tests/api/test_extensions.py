@@ -112,6 +112,47 @@ def test_the_spec_is_the_optimizer_and_bad_specs_say_what_was_expected():
         OuterOptimizer("sgd")
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: keras.optimizers.SGD(-0.7), r"^The 'learning_rate' parameter of OuterOptimizer\(SGD\) must be a float "
+                                          r"in the range \(0\.0, inf\)\. Got -0\.7 instead\.$"),
+    (lambda: keras.optimizers.SGD(0.0), r"'learning_rate' parameter of OuterOptimizer\(SGD\).*Got 0\.0 instead"),
+    (lambda: keras.optimizers.Adam(float("nan")), r"'learning_rate' parameter of OuterOptimizer\(Adam\).*Got nan"),
+    (lambda: keras.optimizers.Adam(beta_1=1.5), r"^The 'beta_1' parameter of OuterOptimizer\(Adam\) must be a float "
+                                                 r"in the range \[0\.0, 1\.0\)\. Got 1\.5 instead\.$"),
+    (lambda: keras.optimizers.RMSprop(rho=-0.1), r"'rho' parameter of OuterOptimizer\(RMSprop\).*Got -0\.1"),
+    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.7)),
+     r"a LossScaleOptimizer scales a loss, which the outer step does not have\. Pass its inner_optimizer instead"),
+    (lambda: keras.optimizers.SGD(lambda: 0.1),
+     r"must be a Keras optimizer that its get_config\(\) rebuilds \(a learning rate that is a number or a "
+     r"keras\.optimizers\.schedules\.LearningRateSchedule, not a function\); SGD's does not"),
+])
+def test_an_outer_optimizer_that_cannot_train_is_refused_where_it_is_made(make, message):
+    with pytest.raises(ConfigurationError, match=message):
+        OuterOptimizer(make())
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("outer:adam:lr=-0.001", r"'learning_rate' parameter of OuterOptimizer\(Adam\).*Got -0\.001 instead"),
+    ("outer:sgd:lr=0.7,learning_rate=0.5", r"^The 'update_rule' parameter gives the learning rate twice \(lr stands "
+                                           r"for learning_rate\): give it once\. Got 'outer:sgd:lr=0\.7,learning_rate"),
+    ("outer:sgd:lr=0.7,nesterov=maybe", r"^The 'update_rule' parameter must be a rule spec whose nesterov is true or "
+                                        r"false\. Got 'outer:sgd:lr=0\.7,nesterov=maybe' instead\.$"),
+    ("outer:sgd:lr=0.7,nesterov=yes", r"whose nesterov is true or false\. Got 'outer:sgd:lr=0\.7,nesterov=yes'"),
+    ("outer:sgd:lr=fast", r"whose lr is a float\. Got 'outer:sgd:lr=fast' instead"),
+])
+def test_an_outer_spec_is_refused_rather_than_read_another_way(spec, message):
+    with pytest.raises(ConfigurationError, match=message):
+        ParameterAveragingTrainer(_model(), update_rule=spec)
+
+
+def test_an_outer_schedule_and_flags_spelled_as_keras_takes_them_are_accepted():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.7, 10, 0.9)
+    assert OuterOptimizer(keras.optimizers.SGD(schedule)).optimizer.get_config()["learning_rate"]["config"][
+        "initial_learning_rate"] == 0.7
+    assert TrainerConfig(update_rule="outer:sgd:lr=0.7,nesterov=true").rule(2) == TrainerConfig(
+        update_rule="outer:sgd:lr=0.7,nesterov").rule(2)
+
+
 # ------------------------------------------------------------- through fit
 
 

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ...errors import ConfigurationError
-from .rules import State, UpdateRule, parse_arguments
+from .rules import State, UpdateRule, _check_float, parse_arguments
 
 
 def _keras():
@@ -58,6 +58,14 @@ def _json(value: Any, what: str) -> Any:
             f"The 'optimizer' parameter of OuterOptimizer must be a Keras optimizer whose get_config() is JSON "
             f"(numbers, strings, serialized schedules). {what}'s is not: {e}."
         ) from None
+
+
+def _not_rebuilt(optimizer: Any, error: Exception) -> ConfigurationError:
+    return ConfigurationError(
+        "The 'optimizer' parameter of OuterOptimizer must be a Keras optimizer that its get_config() rebuilds "
+        "(a learning rate that is a number or a keras.optimizers.schedules.LearningRateSchedule, not a function); "
+        f"{type(optimizer).__name__}'s does not: {type(error).__name__}: {error}"
+    )
 
 
 def _learning_rate(value: Any) -> Any:
@@ -94,11 +102,31 @@ class OuterOptimizer(UpdateRule):
                 "The 'optimizer' parameter of OuterOptimizer must be a Keras optimizer such as "
                 f"keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True). Got {optimizer!r} instead."
             )
+        what = f"OuterOptimizer({type(optimizer).__name__})"
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):  # it would scale a loss the outer step has not
+            raise ConfigurationError(
+                f"The 'optimizer' parameter of OuterOptimizer must be a Keras optimizer that steps the outer gradient "
+                "as it is; a LossScaleOptimizer scales a loss, which the outer step does not have. Pass its "
+                f"inner_optimizer instead. Got {optimizer!r}."
+            )
         self._class = type(optimizer)
-        config = {k: v for k, v in optimizer.get_config().items() if k != "name"}  # "sgd_1": a counter, no setting
+        try:
+            config = {k: v for k, v in optimizer.get_config().items() if k != "name"}  # "sgd_1": a counter
+        except Exception as e:
+            raise _not_rebuilt(optimizer, e) from None
         if "learning_rate" in config:
             config["learning_rate"] = _learning_rate(config["learning_rate"])
+            if not isinstance(config["learning_rate"], dict):  # (a schedule's config is a dict)
+                _check_float(what, "learning_rate", config["learning_rate"], 0.0, float("inf"), high_open=True,
+                             low_open=True)
+        for key in ("momentum", "beta_1", "beta_2", "rho"):  # decay rates of the optimizers' averages
+            if config.get(key) is not None:
+                _check_float(what, key, config[key], 0.0, 1.0, high_open=True)
         self._config = _json(config, type(optimizer).__name__)
+        try:  # what each round does: a new optimizer from the configuration
+            self.optimizer
+        except Exception as e:
+            raise _not_rebuilt(optimizer, e) from None
         self._built: Optional[Tuple[Any, Any, List[Any]]] = None  # (shapes, optimizer, variables): a cache
 
     @classmethod
@@ -115,20 +143,22 @@ class OuterOptimizer(UpdateRule):
                 "The 'update_rule' parameter must be 'outer:<optimizer>:<key>=<value>,...' with a Keras optimizer's "
                 f"name (sgd, adam, adamw, rmsprop, ...) as <optimizer>. Got {spec!r} instead."
             )
-        kwargs = parse_arguments(arguments, spec)
-        if "lr" in kwargs:
-            kwargs["learning_rate"] = kwargs.pop("lr")
         signature = inspect.signature(type(made).__init__).parameters
         takes = [p for p in signature if p not in ("self", "kwargs", "name")]
-        unknown = [k for k in kwargs if k not in takes]
+        unknown = [k for k in parse_arguments(arguments, spec) if k not in ("lr", *takes)]
         if unknown:
             raise ConfigurationError(
                 f"The 'update_rule' parameter must be an 'outer' spec with {type(made).__name__}'s arguments "
                 f"(lr, {', '.join(takes)}); {unknown[0]} is none of them. Got {spec!r} instead."
             )
-        for key, value in kwargs.items():  # Keras wants floats where its defaults are ("momentum=0")
-            if isinstance(signature[key].default, float) and type(value) is int:
-                kwargs[key] = float(value)
+        # each value as its default's type: a bool is true or false ("nesterov=yes" is refused), "momentum=0" a float
+        types = {k: type(signature[k].default) if type(signature[k].default) in (bool, float) else Any for k in takes}
+        kwargs = parse_arguments(arguments, spec, {"lr": float, **types})
+        if "lr" in kwargs:
+            if "learning_rate" in kwargs:
+                raise ConfigurationError(f"The 'update_rule' parameter gives the learning rate twice (lr stands for "
+                                         f"learning_rate): give it once. Got {spec!r} instead.")
+            kwargs["learning_rate"] = kwargs.pop("lr")
         try:
             optimizer = type(made)(**kwargs)
         except (ValueError, TypeError) as e:

@@ -89,6 +89,7 @@ def _buffers(weights, trainable) -> List[np.ndarray]:
     """A rule's float64 state: zeros shaped as each trainable weight."""
     return [np.zeros(np.shape(w), np.float64) for w, t in zip(weights, trainable) if t]
 
+
 class UpdateRule:
     """Base class of update rules: the contract a rule of your own meets.
 
