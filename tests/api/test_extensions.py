@@ -223,6 +223,58 @@ class Extrapolate(UpdateRule):
         return {"name": self.name, "alpha": self.alpha}
 
 
+class _Broken(UpdateRule):
+    """A user's rule that breaks one promise of the contract, chosen by ``how``."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def init_state(self, weights, trainable):
+        return {"note": [np.array(["text"], object)]} if self.how == "object state" else {}
+
+    def to_send(self, weights, state, trainable):
+        return list(weights)[:-1] if self.how == "to_send short" else list(weights)
+
+    def apply(self, weights, sent, average, state, trainable, learning_rate):
+        if self.how == "apply short":
+            return list(average)[:1]
+        if self.how == "apply None":
+            return None
+        if self.how == "apply shape":
+            return [np.zeros(3)] + [np.asarray(a) for a in average[1:]]
+        return [np.asarray(a) * np.nan for a in average] if self.how == "apply nan" else list(average)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("apply short", r"^The update rule 'average' \(_Broken\)'s apply\(\) must return one array per weight of the "
+                    r"model: 4\. Got 1\.$"),
+    ("apply None", r"_Broken\)'s apply\(\) must return a list of arrays, one per weight of the model \(4\)\. "
+                   r"Got NoneType instead\."),
+    ("apply shape", r"apply\(\) must return arrays shaped as the weights: weight 0 is \(64, 16\)\. Got \(3,\)"),
+    ("apply nan", r"apply\(\) returned NaN or Inf for weight 0, from finite inputs: check its arithmetic and its "
+                  r"numbers \(a learning rate of NaN or Inf\)\. The model keeps its weights from before this round"),
+    ("to_send short", r"_Broken\)'s to_send\(\) must return one array per weight of the model: 4\. Got 3\."),
+    ("object state", r"init_state\(\) must keep the rule's state as numeric arrays \(checkpoints store them\)\. "
+                     r"Got an array of dtype object in 'note'\."),
+])
+def test_a_users_rule_that_breaks_the_contract_is_named_with_the_promise(how, message):
+    model, rule = _model(), _Broken(how)
+    weights, mask = model.get_weights(), [True] * 4
+    with pytest.raises(ConfigurationError, match=message):
+        state = rule.init_state(weights, mask)
+        sent = rule.to_send(weights, state, mask)
+        rule.apply(weights, sent, [w + 0.5 for w in weights], state, mask, 0.1)
+
+
+def test_a_users_rule_returning_nan_in_a_fit_is_blamed_not_the_workers(spark):
+    model = _model()
+    before = model.get_weights()
+    with pytest.raises(ConfigurationError, match=r"_Broken\)'s apply\(\) returned NaN or Inf for weight 0"):
+        _fit(_Broken("apply nan"), epochs=1, model=model)
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_rule_of_ones_own_through_fit_sync_and_stale(spark):
     plain, _, _ = _fit(None, epochs=1)
     mine, trainer, _ = _fit(Extrapolate(1.0), epochs=1)

@@ -6,6 +6,7 @@ Pure numerics and their parameters: imports only the shared side, :mod:`sparkdl_
 
 Its other modules:
 
+* :mod:`.contract`: a user's update rule held to the rules' contract at each call (what its methods return).
 * :mod:`.overlap`: ``overlap_rounds``' driver arithmetic: plain averaging applied one round late (eager
   updates).
 """

@@ -57,6 +57,7 @@ import numpy as np
 
 from ...errors import ConfigurationError
 from ...shared.model.modelspec import trainable_mask
+from .contract import hold
 from .registry import (  # noqa: F401  (RuleParam, parse_arguments, flat_option, names_help, RULES: re-exported)
     RULES, Parameter, RuleParam, as_text, flat_option, names_help, parse_arguments,
 )
@@ -133,6 +134,7 @@ class UpdateRule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        hold(cls)  # a user's rule: what its methods return is checked at each call (contract.py)
         if cls.__dict__.get("names"):
             RULES.register(cls)  # refuses names that are not a tuple of strings ("qastr": five rules)
             if "name" not in cls.__dict__:
