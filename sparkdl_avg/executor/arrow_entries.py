@@ -1,12 +1,9 @@
 """The ``mapInArrow`` entry points that need no model replica: a task's ids, the standing round job's loop, the staging probe.
 
-Executor side. The Spark SQL round's and the warm-up's bodies in
-:mod:`sparkdl_avg.executor.worker` read their ids with :func:`task_ids`; the
-standing job's task (:func:`run_standing_rounds`) runs round after round the
-bodies the driver announces (:mod:`sparkdl_avg.shared.wire.standing`); the
-staging check's task (:func:`probe_path_batches`) says whether this executor
-sees the driver's files. All three are importable from
-:mod:`sparkdl_avg.executor.worker` too, where they were.
+Executor side. The Spark SQL round's and the warm-up's bodies in :mod:`sparkdl_avg.executor.worker` read their ids
+with :func:`task_ids`; the standing job's task (:func:`run_standing_rounds`) runs round after round the bodies the
+driver announces (:mod:`sparkdl_avg.shared.wire.standing`); the staging check's task (:func:`probe_path_batches`) says
+whether this executor sees the driver's files. All three are importable from :mod:`sparkdl_avg.executor.worker` too.
 """
 
 from __future__ import annotations
@@ -27,21 +24,16 @@ def task_ids(batches) -> list:
 def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
     """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
 
-    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`:
-    the driver's word for each round and the answers, through ``directory``,
-    a local path, or a board such as
-    :class:`~sparkdl_avg.shared.wire.standing_net.NetBoard`). Each round runs
-    the announced entry (the body a per-round job would run,
-    :func:`run_round_partition` or a test's wrapper) on the announced
-    :class:`RoundTask`, and its rows go to the round's answer instead of the
-    job's result; the job itself yields nothing. A retried attempt joins at
-    the round in progress and skips the rounds its worker has answered and
-    those the driver has moved past. A task whose next word does not come
-    within ``deadline_s`` seconds ends. A round's answer is sent by a sender
-    thread while the task goes on to the next round (announced ahead under
-    ``overlap_rounds``), and where the board says so (``prefetch``: the
-    driver's socket) the next round's word is read while this one trains;
-    the task ends once its last answer is sent.
+    One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`: the driver's word for each round
+    and the answers, through ``directory``, a local path, or a board such as
+    :class:`~sparkdl_avg.shared.wire.standing_net.NetBoard`). Each round runs the announced entry (the body a per-round
+    job would run, :func:`run_round_partition` or a test's wrapper) on the announced :class:`RoundTask`, and its rows
+    go to the round's answer instead of the job's result; the job itself yields nothing. A retried attempt joins at the
+    round in progress and skips the rounds its worker has answered and those the driver has moved past. A task whose
+    next word does not come within ``deadline_s`` seconds ends. A round's answer is sent by a sender thread while the
+    task goes on to the next round (announced ahead under ``overlap_rounds``), and where the board says so
+    (``prefetch``: the driver's socket) the next round's word is read while this one trains; the task ends once its
+    last answer is sent.
     """
     board = standing.board_of(directory)
     ids = task_ids(batches)
@@ -110,9 +102,8 @@ class _Reader:
 class _Sender:
     """Writes a standing task's answers in a thread of its own, one at a time and in order.
 
-    Each :meth:`send` first waits for the answer before it (and raises what
-    writing it raised), so answers are written in their rounds' order and
-    at most one is in flight; :meth:`close` waits for the last.
+    Each :meth:`send` first waits for the answer before it (and raises what writing it raised), so answers are written
+    in their rounds' order and at most one is in flight; :meth:`close` waits for the last.
     """
 
     def __init__(self) -> None:
@@ -143,9 +134,8 @@ class _Sender:
 def probe_path_batches(marker: str, batches) -> Iterator:
     """``mapInArrow`` body of the staging check: one row saying whether this executor sees the file ``marker``.
 
-    The driver wrote ``marker`` (a local path) just before the job; an
-    executor on another host, whose ``/tmp`` is its own, does not see it
-    (:func:`sparkdl_avg.driver.data.staging.check_shared_root`).
+    The driver wrote ``marker`` (a local path) just before the job; an executor on another host, whose ``/tmp`` is its
+    own, does not see it (:func:`sparkdl_avg.driver.data.staging.check_shared_root`).
     """
     import pyarrow as pa
 

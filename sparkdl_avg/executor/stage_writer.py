@@ -1,19 +1,15 @@
 """Executor side of staging: the Spark bodies that write a DataFrame's or an RDD's partitions as staged files.
 
 This module owns the two task bodies :mod:`sparkdl_avg.driver.data.staging` hands to Spark:
-:func:`export_arrow_batches` (``mapInArrow`` over a DataFrame) and
-:func:`export_pairs` (``mapPartitionsWithIndex`` over an RDD of ``(x, y)``
-pairs). Each turns one partition into one file of the format of
-:mod:`sparkdl_avg.shared.data.staged_dataset`, one column per
-:class:`~sparkdl_avg.shared.data.columns.Column` (numbers converted exactly to the
-model input's dtype, bytes, text and images kept as they came), checking the
-values on the way (:mod:`sparkdl_avg.shared.data.value_checks`), and yields one
-small row describing it; data the checks refuse is reported in that row, not
-by failing the task, and the driver raises it as ``DataError``
-(:func:`sparkdl_avg.shared.errors.remote_errors.reported`); so is a write to a full
-filesystem (:func:`sparkdl_avg.shared.errors.remote_errors.reported_full`), which the
-driver raises as a ``PathError`` naming ``staging_dir``. A task holds one
-partition at a time. Nothing here touches driver state, and both bodies run
+:func:`export_arrow_batches` (``mapInArrow`` over a DataFrame) and :func:`export_pairs` (``mapPartitionsWithIndex``
+over an RDD of ``(x, y)`` pairs). Each turns one partition into one file of the format of
+:mod:`sparkdl_avg.shared.data.staged_dataset`, one column per :class:`~sparkdl_avg.shared.data.columns.Column`
+(numbers converted exactly to the model input's dtype, bytes, text and images kept as they came), checking the values
+on the way (:mod:`sparkdl_avg.shared.data.value_checks`), and yields one small row describing it; data the checks
+refuse is reported in that row, not by failing the task, and the driver raises it as ``DataError``
+(:func:`sparkdl_avg.shared.errors.remote_errors.reported`); so is a write to a full filesystem
+(:func:`sparkdl_avg.shared.errors.remote_errors.reported_full`), which the driver raises as a ``PathError`` naming
+``staging_dir``. A task holds one partition at a time. Nothing here touches driver state, and both bodies run
 in-process on plain iterators.
 """
 
@@ -65,9 +61,8 @@ class _Full(Exception):
 def _write(uri: str, arrays) -> int:
     """:func:`write_columns`; a full filesystem raises :class:`_Full`, reported in the task's row.
 
-    Reported rather than failing the task: a failed task makes Spark log its
-    stack traces and, on a cluster, retry it onto the same full disk. Other
-    write errors fail the task as before (a retry may get past them).
+    Reported rather than failing the task: a failed task makes Spark log its stack traces and, on a cluster, retry it
+    onto the same full disk. Other write errors fail the task (a retry may get past them).
     """
     try:
         return write_columns(uri, arrays)
@@ -88,26 +83,19 @@ def export_arrow_batches(
     """``mapInArrow`` body that stages one DataFrame partition as one file.
 
     Args:
-        batches: The partition's Arrow record batches, one column per
-            :class:`Column` (named by its ``name``).
+        batches: The partition's Arrow record batches, one column per :class:`Column` (named by its ``name``).
         directory: Where to write the file (local path or URI).
-        columns: The staged columns.
         checks: Value checks (NaN/Inf, label range, ids); ``None``: none.
-        preprocess: The preprocessing function the rounds will call on this
-            data: unpickled first, so that a module the executors lack is
-            reported before any row is read, not at round 0.
+        preprocess: The preprocessing function the rounds will call on this data: unpickled first, so that a module
+            the executors lack is reported before any row is read, not at round 0.
 
-    Yields one row ``(uri, rows, label_widths, bytes, error, warning, weighted)``: a label's
-    width is its values per row (0 for one number), per label column in
-    order; ``weighted`` counts the rows whose sample weight is above 0 (the
-    driver refuses data where no row weighs anything); empty partitions write
-    no file and yield ``rows = 0``; a
-    partition whose data is refused yields its ``DataError``'s message as
-    ``error`` (:func:`sparkdl_avg.shared.errors.remote_errors.reported`),
-    a function that cannot be loaded its ``ConfigurationError``'s
-    (:func:`~sparkdl_avg.shared.errors.remote_errors.reported_configuration`,
-    without reading the partition); ``warning`` is the first warning of the
-    checks (negative ids), for the driver to show.
+    Yields one row ``(uri, rows, label_widths, bytes, error, warning, weighted)``: a label's width is its values per
+    row (0 for one number), per label column in order; ``weighted`` counts the rows whose sample weight is above 0 (the
+    driver refuses data where no row weighs anything); empty partitions write no file and yield ``rows = 0``; a
+    partition whose data is refused yields its ``DataError``'s message as ``error``
+    (:func:`sparkdl_avg.shared.errors.remote_errors.reported`), a function that cannot be loaded its
+    ``ConfigurationError``'s (:func:`~sparkdl_avg.shared.errors.remote_errors.reported_configuration`, without reading
+    the partition); ``warning`` is the first warning of the checks (negative ids), for the driver to show.
     """
     from pyspark import TaskContext
 
@@ -200,18 +188,14 @@ def export_pairs(
 ) -> Iterator[Tuple[str, int, Tuple[Tuple[int, ...], ...], int, Optional[str]]]:
     """``mapPartitionsWithIndex`` body that stages an RDD partition of ``(x, y)`` pairs.
 
-    ``x`` is an array (a tuple of arrays for a model with several inputs;
-    bytes or a string for a string input) and ``y`` a number or array (a
-    tuple for several outputs). Yields one ``(uri, rows, label_shapes, bytes,
-    error)``; empty partitions yield ``("", 0, (), 0, None)``; a refused
-    partition its ``DataError``'s message as ``error``.
+    ``x`` is an array (a tuple of arrays for a model with several inputs; bytes or a string for a string input) and
+    ``y`` a number or array (a tuple for several outputs). Yields one ``(uri, rows, label_shapes, bytes, error)``;
+    empty partitions yield ``("", 0, (), 0, None)``; a refused partition its ``DataError``'s message as ``error``.
 
     Args:
         index: The partition's index (names the file and the errors).
-        pairs: The partition's elements.
         directory: Where to write the file (local path or URI).
         inputs: The staged column of each model input (``x0``, ``x1``, ...).
-        num_outputs: The model's number of outputs.
         y_dtype: numpy dtype name of the staged labels.
         checks: Value checks (NaN/Inf, label range); ``None``: none.
     """

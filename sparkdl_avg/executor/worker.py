@@ -1,20 +1,16 @@
 """Executor-side code: train or evaluate a cached replica on staged examples.
 
-Nothing here touches driver state. A task receives a small picklable
-description (:class:`RoundTask` or :class:`EvalTask`) holding handles to the
-model and state (broadcasts or files, :mod:`sparkdl_avg.shared.wire.exchange`), and
-yields what its result sink makes of its
-:class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` (the RDD entry points) or
-Arrow rows (the ``mapInArrow`` entry points of the Spark SQL round; the
-standing job's task, :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`, trains round after round
-as the driver announces them in files). Every function also runs in-process
-with plain values in place of broadcasts, which is how the unit tests call it.
+Nothing here touches driver state. A task receives a small picklable description (:class:`RoundTask` or
+:class:`EvalTask`) holding handles to the model and state (broadcasts or files,
+:mod:`sparkdl_avg.shared.wire.exchange`), and yields what its result sink makes of its
+:class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` (the RDD entry points) or Arrow rows (the ``mapInArrow``
+entry points of the Spark SQL round; the standing job's task,
+:func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`, trains round after round as the driver announces
+them). Every function also runs in-process with plain values in place of broadcasts, as the unit tests call it.
 
-The compiled replica is built once per Python worker process and kept in the
-module-level ``_REPLICAS`` cache, keyed by the model's fingerprint, so later
-rounds and later fits of the same model only assign weights. The Spark entry
-points (:func:`run_round_partition`, :func:`run_eval_partition`) consume
-their whole input iterator, which PySpark requires to reuse the worker.
+The compiled replica is built once per Python worker process and kept in the ``_REPLICAS`` cache, keyed by the model's
+fingerprint, so later rounds and fits of the same model only assign weights. The Spark entry points consume their whole
+input iterator, which PySpark requires to reuse the worker.
 """
 
 from __future__ import annotations
@@ -52,11 +48,9 @@ from .arrow_entries import task_ids as _task_ids
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MAX_REPLICAS = 2
-"""Compiled replicas a Python worker keeps (the most recently used). A
-notebook that re-runs its model cell builds a new model, a new fingerprint,
-each time; kept forever, each grew the worker's memory every fit
-(docs/benchmarks.md, "Executor memory over many fits in one session").
-Two let a session alternate between two models without rebuilding."""
+"""Compiled replicas a Python worker keeps (the most recently used). A notebook that re-runs its model cell builds a
+new model, a new fingerprint, each time: kept forever, each would grow the worker's memory every fit
+(docs/benchmarks/fit_memory.md). Two let a session alternate between two models without rebuilding."""
 
 _REPLICAS: "OrderedDict[str, Any]" = OrderedDict()
 _STEP_FUNCTIONS: Dict[tuple, Any] = {}
@@ -78,8 +72,7 @@ def _value(handle):
 def configure_threads() -> None:
     """Sizes TensorFlow's thread pools to the task's CPUs (``spark.task.cpus``).
 
-    Must run before TensorFlow starts its runtime; afterwards TensorFlow
-    refuses and the pools keep their size, which is harmless.
+    Must run before TensorFlow starts its runtime; afterwards TensorFlow refuses and the pools keep their size.
     """
     global _THREADS_CONFIGURED
     if _THREADS_CONFIGURED:
@@ -103,8 +96,7 @@ def configure_threads() -> None:
 def get_replica(spec_handle, fingerprint: str):
     """Returns ``(model, built_now)``, building and caching the replica on first use.
 
-    Keeps the :data:`MAX_REPLICAS` most recently used replicas; building
-    another first frees the least recently used one (:func:`_evict`).
+    Keeps the :data:`MAX_REPLICAS` most recently used; building another first frees the least recently used one.
     """
     global BUILD_COUNT
     with _LOCK:
@@ -123,10 +115,8 @@ def get_replica(spec_handle, fingerprint: str):
             model = spec.build()  # registers those from the driver's __main__ (shipped in the spec) first
         _REPLICAS[fingerprint] = model
         BUILD_COUNT += 1
-        # A reused PySpark worker runs gc.collect() after every task; with
-        # TensorFlow loaded that full collection is slow and delays the next
-        # round's task. Freezing the long-lived objects (modules, the replica)
-        # keeps those collections cheap.
+        # A reused PySpark worker runs gc.collect() after every task, slow with TensorFlow loaded: freezing the
+        # long-lived objects (modules, the replica) keeps those collections cheap.
         gc.freeze()
         return model, True
 
@@ -134,10 +124,9 @@ def get_replica(spec_handle, fingerprint: str):
 def _evict(fingerprint: str) -> None:
     """Frees a cached replica and its compiled step functions (under ``_LOCK``).
 
-    The replica was frozen out of the collector's reach (:func:`get_replica`),
-    and a Keras model is full of reference cycles: only unfreezing before a
-    collection frees it. (Not ``keras.backend.clear_session``: it also
-    resets the global settings the other cached replica was built under.)
+    The replica was frozen out of the collector's reach (:func:`get_replica`), and a Keras model is full of reference
+    cycles: only unfreezing before a collection frees it. (Not ``keras.backend.clear_session``: it also resets the
+    global settings the other cached replica was built under.)
     """
     del _REPLICAS[fingerprint]
     for key in [k for k in _STEP_FUNCTIONS if k[0] == fingerprint]:
@@ -150,14 +139,11 @@ def _evict(fingerprint: str) -> None:
 def _forget_custom_gradients() -> None:
     """Drops the gradient functions ``tf.custom_gradient`` registered while tracing, and the graphs they hold.
 
-    Each trace of a ``tf.custom_gradient`` op (Keras' losses use them)
-    registers a gradient function under a new name in TensorFlow's global
-    gradient registry and never removes it; its closure holds the traced
-    graph, so a worker that trained a new architecture each fit grew with
-    every fit (``benchmarks/fit_memory.py --vary``). The registry is read
-    only while a function is traced, and none is traced between tasks, so
-    dropping them all is safe: a later trace registers its own. Private
-    TensorFlow state: where it is not there, nothing is dropped.
+    Each trace of a ``tf.custom_gradient`` op (Keras' losses use them) registers a gradient function under a new name
+    in TensorFlow's global gradient registry and never removes it; its closure holds the traced graph, so a worker that
+    trains a new architecture each fit would grow with every fit (``benchmarks/fit_memory.py --vary``). The registry
+    is read only while a function is traced, and none is traced between tasks, so dropping them all is safe: a later
+    trace registers its own. Private TensorFlow state: where it is not there, nothing is dropped.
     """
     try:
         from tensorflow.python.framework import ops
@@ -177,14 +163,11 @@ def _step_key(fingerprint: str, dataset: StagedDataset) -> tuple:
 def _steps_function(model, fingerprint: str, dataset: StagedDataset):
     """A compiled function that trains ``steps`` minibatches in one call.
 
-    It runs the model's own ``train_step`` (what ``model.fit`` runs, custom
-    overrides included) in a graph loop, which saves the per-minibatch Python
-    dispatch of ``train_on_batch`` (a large share of a small CNN's step time:
-    docs/benchmarks.md, "CNN on 20,000 synthetic 28×28 images").
-    It takes one tensor per model input and per output, in the dtype each
-    takes, and the sample weights (a tensor, empty when the data has none);
-    cached per replica and data signature, with the number of examples left
-    open, so shorter rounds do not retrace.
+    It runs the model's own ``train_step`` (what ``model.fit`` runs, custom overrides included) in a graph loop, which
+    saves the per-minibatch Python dispatch of ``train_on_batch`` (a large share of a small CNN's step time:
+    docs/benchmarks/cnn.md). It takes one tensor per model input and per output, in the dtype each takes, and the
+    sample weights (a tensor, empty when the data has none); cached per replica and data signature, with the number of
+    examples left open, so shorter rounds do not retrace.
     """
     import tensorflow as tf
 
@@ -224,9 +207,8 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
             logs = one_step(minibatch(i * batch))
         return logs
 
-    # TensorFlow's retracing warning counts traces per code object, across
-    # the closures of every replica this process built: one trace each, by
-    # design, which after five models read as a retracing bug.
+    # TensorFlow's retracing warning counts traces per code object, across every replica's closure: one trace each,
+    # by design, which after five models reads as a retracing bug.
     train_steps._omit_frequent_tracing_warning = True
     _STEP_FUNCTIONS[key] = train_steps
     return train_steps
@@ -236,11 +218,9 @@ def _steps_function(model, fingerprint: str, dataset: StagedDataset):
 def naming_failing_rows(model, dataset: StagedDataset, examples, indices: np.ndarray, what: str):
     """Turns a failure of the model on string inputs (bytes a layer cannot decode) into a ``DataError`` naming the row.
 
-    Only for models with a string input, where a layer of the model decodes
-    the data (``tf.io.decode_png``, a tokenizer): on an error, each example
-    is run through the model alone until one fails, and the error names its
-    input, column and row (its index in the staged data). Other failures
-    pass through unchanged.
+    Only for models with a string input, where a layer of the model decodes the data (``tf.io.decode_png``, a
+    tokenizer): on an error, each example is run through the model alone until one fails, and the error names its
+    input, column and row (its index in the staged data). Other failures pass through unchanged.
     """
     from ..errors import DataError
     from ..shared.data.columns import TEXT
@@ -274,17 +254,15 @@ class RoundTask:
     """What every worker of one round needs (pickled into the round's closure).
 
     Attributes:
-        spec: The :class:`ModelSpec`: a broadcast, a
-            :class:`~sparkdl_avg.shared.wire.exchange.StoredSpec` or the spec itself.
-        fingerprint: ``spec.fingerprint``, to find a cached replica without
-            reading the spec.
-        state: Where the round's ``(weights, optimizer_variables)`` are: a
-            state source of :mod:`sparkdl_avg.shared.wire.exchange` (its ``load()``).
-        results: How the worker hands back its sums: a result sink of
-            :mod:`sparkdl_avg.shared.wire.exchange` (its ``deliver()``).
+        spec: The :class:`ModelSpec`: a broadcast, a :class:`~sparkdl_avg.shared.wire.exchange.StoredSpec` or the spec.
+        fingerprint: ``spec.fingerprint``, to find a cached replica without reading the spec.
+        state: Where the round's ``(weights, optimizer_variables)`` are: a state source of
+            :mod:`sparkdl_avg.shared.wire.exchange` (its ``load()``).
+        results: How the worker hands back its sums: a result sink of :mod:`sparkdl_avg.shared.wire.exchange`
+            (its ``deliver()``).
         dataset: The staged training data.
-        epoch: 0-based epoch index.
-        round: 0-based round index within the epoch.
+        epoch: 0-based.
+        round: 0-based, within the epoch.
         steps_before: Minibatches per worker in this epoch's earlier rounds.
         steps: Minibatches each worker trains this round (``k``).
         num_workers: Workers in the round (``N``).
@@ -292,16 +270,14 @@ class RoundTask:
         seed: The run's seed (data order).
         shuffle: Whether the epoch visits examples in shuffled order.
         average_optimizer: Whether to return the optimizer variables for averaging.
-        skip_nonfinite: A worker whose loss or weights are not finite leaves
-            itself out of the average (returns no examples) instead of
-            returning NaN sums; either way its record says ``finite: False``.
-        slot: In the stale-synchronous and asynchronous modes
-            (:mod:`sparkdl_avg.driver.fit.stale_async`), the driver's worker that runs this
-            chunk (its data is worker ``i``'s of round ``round``); ``None``
-            in synchronous rounds, where the two are the same.
-        start: Elastic rounds: the epoch position of the round's first
-            example (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`);
-            ``None``: from ``steps_before``, every round of the epoch having had ``num_workers``.
+        skip_nonfinite: A worker whose loss or weights are not finite leaves itself out of the average (returns no
+            examples) instead of returning NaN sums; either way its record says ``finite: False``.
+        slot: In the stale-synchronous and asynchronous modes (:mod:`sparkdl_avg.driver.fit.stale_async`), the
+            driver's worker that runs this chunk (its data is worker ``i``'s of round ``round``); ``None`` in
+            synchronous rounds, where the two are the same.
+        start: Elastic rounds: the epoch position of the round's first example
+            (:func:`~sparkdl_avg.shared.data.example_order.worker_positions`); ``None``: from ``steps_before``, every
+            round of the epoch having had ``num_workers``.
         kept: What each worker keeps between rounds, one :class:`~sparkdl_avg.shared.wire.kept.Kept` per kind
             (error feedback's residuals, ``optimizer_state="local"``'s states, ``overlap_rounds``' own terms,
             ``sync_fragments``' own weights), in the kinds' order; empty: none.
@@ -330,9 +306,8 @@ class RoundTask:
 def seed_replica(model, seed: int, epoch: int, round: int, worker: int) -> None:  # noqa: A002
     """Sets the state of the replica's random generators (dropout, noise layers) for one task.
 
-    The state follows from ``(seed, epoch, round, worker)`` alone, not from
-    what the cached replica trained before, so a task Spark retries on
-    another Python worker draws the same numbers.
+    The state follows from ``(seed, epoch, round, worker)`` alone, not from what the cached replica trained before,
+    so a task Spark retries on another Python worker draws the same numbers.
     """
     from ..shared.data.example_order import epoch_key
 
@@ -350,8 +325,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     """Trains the replica of ``worker`` for ``task.steps`` minibatches.
 
     Returns:
-        The worker's example-weighted weights, optimizer variables (when
-        averaged) and per-minibatch metric sums, with a timing record.
+        The worker's example-weighted weights, optimizer variables (when averaged) and metric sums, with its record.
     """
     start = time.time()
     memory = PeakMemory()  # this task's peak, whatever earlier fits' tasks in this Python worker reached
@@ -392,8 +366,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
             np.int32(task.batch_size),
         )
     n = len(examples)
-    # After reset_metrics() the logs are running means over the round's
-    # minibatches (example-weighted), so n · mean is the round's sum.
+    # After reset_metrics() the logs are example-weighted running means over the round, so n · mean is its sum.
     sums = {name: float(value) * n for name, value in logs.items()}
     computed = time.time()
 

@@ -1,20 +1,15 @@
 """Should this model be distributed? :func:`advise` measures the user's model, data and cluster, and predicts.
 
-This module owns the measurement and the answer: :func:`advise` measures,
-on the user's own session and data and within a time budget, one process's
-time per minibatch and, by short fits of copies of the model at a few worker
-counts, one worker's time per minibatch and a round's fixed cost; it feeds
-them to the cost model (:mod:`sparkdl_avg.driver.observe.costmodel`, which ``fit``'s slow
-warning shares) and returns the answer in words, as a table and as a figure
-(:class:`Advice`). It measures through the trainer's public API only: one
-:class:`~sparkdl_avg.ParameterAveragingTrainer` per worker count, its
-``fit`` and ``trainer.stats``. What it measures and how close its
-predictions come to real fits: docs/advisor.md.
+This module owns the measurement and the answer: :func:`advise` measures, on the user's own session and data and within
+a time budget, one process's time per minibatch and, by short fits of copies of the model at a few worker counts, one
+worker's time per minibatch and a round's fixed cost; it feeds them to the cost model
+(:mod:`sparkdl_avg.driver.observe.costmodel`, which ``fit``'s slow warning shares) and returns the answer in words, as a
+table and as a figure (:class:`Advice`). It measures through the trainer's public API only: one
+:class:`~sparkdl_avg.ParameterAveragingTrainer` per worker count, its ``fit`` and ``trainer.stats``. What it measures
+and how close its predictions come to real fits: docs/guides/advise.md.
 
-The cost model's names (:class:`CostModel`, :func:`predict`,
-:func:`recommend`, :func:`is_cold`, :func:`steady_costs`,
-:func:`slower_than_one_process`, :data:`WARM_ROUNDS`) are importable from
-here too.
+The cost model's names (:class:`CostModel`, :func:`predict`, :func:`recommend`, :func:`is_cold`, :func:`steady_costs`,
+:func:`slower_than_one_process`, :data:`WARM_ROUNDS`) are importable from here too.
 """
 
 from __future__ import annotations
@@ -42,20 +37,15 @@ class Advice:
 
     Attributes:
         summary: The answer in words (also ``str(advice)``'s first line).
-        rows: One dict per (workers, averaging frequency): ``workers``,
-            ``averaging_frequency``, ``epoch_s``, ``total_s`` (the planned
-            epochs plus the one-off costs), ``speedup`` (one process's
-            total over this one's), ``efficiency`` (the workers' compute
-            share of the epoch) and ``extrapolated`` (more workers than
-            measured); the first row is one process (``workers=1``,
-            ``averaging_frequency=None``).
+        rows: One dict per (workers, averaging frequency): ``workers``, ``averaging_frequency``, ``epoch_s``,
+            ``total_s`` (the planned epochs plus the one-off costs), ``speedup`` (one process's total over this one's),
+            ``efficiency`` (the workers' compute share of the epoch) and ``extrapolated`` (more workers than measured);
+            the first row is one process (``workers=1``, ``averaging_frequency=None``).
         cost: The :class:`CostModel` the predictions come from.
-        measurements: What was measured, in seconds and bytes: ``t_single``,
-            ``t_step``, ``fixed``, ``staging_s`` (the measured sample) and
-            ``staging_full_s`` (scaled to all the data), ``first_round_extra_s``
-            (building replicas, starting Python workers), ``state_bytes``
-            per round, ``num_examples``, ``parallelism``, ``elapsed_s``,
-            ``budget_s``.
+        measurements: What was measured, in seconds and bytes: ``t_single``, ``t_step``, ``fixed``, ``staging_s`` (the
+            measured sample) and ``staging_full_s`` (scaled to all the data), ``first_round_extra_s`` (building
+            replicas, starting Python workers), ``state_bytes`` per round, ``num_examples``, ``parallelism``,
+            ``elapsed_s``, ``budget_s``.
         best: The recommended row (the one-process row when staying is faster).
     """
 
@@ -164,37 +154,33 @@ def advise(
 ) -> Advice:
     """Measures whether training ``model`` on ``data`` by parameter averaging pays, within ``budget_s``.
 
-    On the session that holds ``data`` (classic or Connect), it measures:
-    one process's ``keras.Model.fit`` throughput on the driver (plain and
-    with ``steps_per_execution``) on examples of ``data``; one worker's time
-    per minibatch and a round's fixed cost by a few short fits at 2 workers
-    and at the session's parallelism (and 1 when that is 2), with the
-    transport ``fit`` would use, from the rounds where no worker built its
-    replica or traced its step function; the one-off costs (staging the
-    data, those rounds' excess). Then it predicts, with
-    :class:`CostModel`, the epoch time, efficiency and speed-up over one
-    process for worker counts up to the parallelism (and, extrapolated, up
-    to ``max_workers``) and for averaging frequencies, and the total for
-    ``epochs``. ``model`` itself is not trained (copies are).
+    On the session that holds ``data`` (classic or Connect), it measures: one process's ``keras.Model.fit`` throughput
+    on the driver (plain and with ``steps_per_execution``) on examples of ``data``; one worker's time per minibatch and
+    a round's fixed cost by a few short fits at 2 workers and at the session's parallelism (and 1 when that is 2), with
+    the transport ``fit`` would use, from the rounds where no worker built its replica or traced its step function; the
+    one-off costs (staging the data, those rounds' excess). Then it predicts, with :class:`CostModel`, the epoch time,
+    efficiency and speed-up over one process for worker counts up to the parallelism (and, extrapolated, up to
+    ``max_workers``) and for averaging frequencies, and the total for ``epochs``. ``model`` itself is not trained
+    (copies are).
 
     Args:
         model: The compiled ``keras.Model`` you plan to train.
         data: Spark DataFrame, RDD of ``(x, y)`` or ``(x, y)`` numpy arrays, as for ``fit``.
         epochs: The epochs you plan to train. Default 10.
         batch_size: Examples per minibatch, per worker (and of one process). Default 32.
-        averaging_frequency: The ``k`` you plan to use; compared with 1, 4,
-            16, 64 and 256. Default ``None``: those alone.
+        averaging_frequency: The ``k`` you plan to use; compared with 1, 4, 16, 64 and 256. Default ``None``: those
+            alone.
         features_col, label_col: As in ``fit``.
-        budget_s: Seconds the measurement may take, roughly (the first
-            Python workers' start counts too). At least 10. Default 60.
-        max_workers: The largest worker count to predict (extrapolated
-            beyond the parallelism). Default ``None``: 8 × the parallelism.
+        budget_s: Seconds the measurement may take, roughly (the first Python workers' start counts too). At least 10.
+            Default 60.
+        max_workers: The largest worker count to predict (extrapolated beyond the parallelism). Default ``None``: 8 ×
+            the parallelism.
         staging_dir: As the trainer's option; where the sample is staged.
         state_transport: As the trainer's option. Default ``"auto"``.
 
     Returns:
-        An :class:`Advice`: ``str(advice)`` is the answer and the table,
-        ``advice.figure()`` a plotly figure, ``advice.rows`` the numbers.
+        An :class:`Advice`: ``str(advice)`` is the answer and the table, ``advice.figure()`` a plotly figure,
+        ``advice.rows`` the numbers.
 
     Raises:
         ConfigurationError: a bad argument or model, or a budget below 10 s.
@@ -320,10 +306,9 @@ def _single_process_step(model, spec, head, features_col, label_col, batch_size:
                          staging_dir: Optional[str], engine) -> float:
     """One process's seconds per minibatch: ``keras.Model.fit`` on ``head`` (examples of the data), best of two ways.
 
-    ``head`` is staged as ``fit`` stages data (:func:`sparkdl_avg.driver.data.staging.stage`:
-    the same checks, dtypes and layout; one small Spark job for a DataFrame or
-    an RDD) under a root of its own in ``staging_dir``, read back on the
-    driver, and the root removed.
+    ``head`` is staged as ``fit`` stages data (:func:`sparkdl_avg.driver.data.staging.stage`: the same checks, dtypes
+    and layout; one small Spark job for a DataFrame or an RDD) under a root of its own in ``staging_dir``, read back on
+    the driver, and the root removed.
     """
     import numpy as np
 

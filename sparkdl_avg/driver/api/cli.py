@@ -1,17 +1,14 @@
 """Plumbing shared by the spark-submit jobs in ``jobs/``: flags, models, data, output directories.
 
-The jobs (``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py``) stay
-thin: they declare their flags with the ``add_*`` helpers here, read data
-with :func:`read_data`, get the model from :func:`load_model`, and write
-results through :class:`sparkdl_avg.shared.files.fs.OutputDir`, which never leaves a
-half-written directory behind. :func:`run` turns the errors a user can fix
-(bad flags, bad paths, bad data, executors without the package) into one
-line on stderr and exit status 2.
+The jobs (``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py``) stay thin: they declare their flags with the
+``add_*`` helpers here, read data with :func:`read_data`, get the model from :func:`load_model`, and write results
+through :class:`sparkdl_avg.shared.files.fs.OutputDir`, which never leaves a half-written directory behind. :func:`run`
+turns the errors a user can fix (bad flags, bad paths, bad data, executors without the package) into one line on stderr
+and exit status 2.
 
-Paths may be local or URIs: data is read by Spark (anything its readers
-accept: ``hdfs://``, ``s3a://``, ``abfss://``, ...), model files and the
-output directory go through :mod:`sparkdl_avg.shared.files.fs` (local, ``hdfs://``,
-``s3://``, ``gs://``; ``s3a://`` is read as ``s3://``).
+Paths may be local or URIs: data is read by Spark (anything its readers accept: ``hdfs://``, ``s3a://``, ``abfss://``,
+...), model files and the output directory go through :mod:`sparkdl_avg.shared.files.fs` (local, ``hdfs://``, ``s3://``,
+``gs://``; ``s3a://`` is read as ``s3://``).
 """
 
 from __future__ import annotations
@@ -88,11 +85,9 @@ def add_data_args(p: argparse.ArgumentParser, label: bool = True) -> None:
 def needed_columns(args: argparse.Namespace, *columns, what: str = "training") -> List[str]:
     """The columns :func:`read_data` must find: those given (lists or names) and ``--sample-weight-col``.
 
-    With ``--preprocess`` the features and labels name the function's
-    output, which its dry run checks (naming what is missing), so none is required here.
-    ``what="validation"`` leaves ``--sample-weight-col`` out: validation data
-    is weighted only when it has the column, as in the API
-    (:func:`sparkdl_avg.driver.data.staging.validation_weight_col`).
+    With ``--preprocess`` the features and labels name the function's output, which its dry run checks (naming what is
+    missing), so none is required here. ``what="validation"`` leaves ``--sample-weight-col`` out: validation data is
+    weighted only when it has the column, as in the API (:func:`sparkdl_avg.driver.data.staging.validation_weight_col`).
     """
     if getattr(args, "preprocess", None) is not None:
         return []
@@ -175,8 +170,8 @@ def trainer_options(args: argparse.Namespace) -> Dict[str, Any]:
 def check_fit_flags(args: argparse.Namespace) -> Dict[str, Any]:
     """Runs the checks of the ``fit`` options given by flags, before Spark starts; returns those options.
 
-    Errors name the option as the trainer does (``'epochs'``); :func:`run`
-    names the flag (``--epochs``) when it prints them.
+    Errors name the option as the trainer does (``'epochs'``); :func:`run` names the flag (``--epochs``) when it prints
+    them.
     """
     values = {row.name: flag_value(args, row) for row in table.of(table.FIT) if row.cli is not None}
     check_fit_args(getattr(args, "synchronization", "sync"), **values)
@@ -187,8 +182,8 @@ def flag_message(message: str) -> str:
     """Names the flag (``--batch-size``) where the trainer's message names its option (``'batch_size'``).
 
     Applies to every option with a flag (:func:`sparkdl_avg.driver.config.messages.flag_names`);
-    ``The '<option>' parameter`` reads ``The <flag> flag``, and the API's
-    ``fit(resume=True)``/``Pass resume=True`` read ``--resume``.
+    ``The '<option>' parameter`` reads ``The <flag> flag``, and the API's ``fit(resume=True)``/``Pass resume=True`` read
+    ``--resume``.
     """
     names = messages.flag_names()
     message = re.sub(r"\bfit\(resume=True\)|\bresume=True\b", "--resume", message)
@@ -224,18 +219,15 @@ def read_options(pairs: Sequence[str]) -> Dict[str, str]:
 def run(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> int:
     """Runs a job's ``main``; errors the user can fix become one line on stderr and exit status 2.
 
-    A ``WorkerError`` (a task that failed on the cluster for a reason
-    outside the data: a lost executor, a crashed Python worker) becomes one
-    such line too, with exit status 1; Spark's own traces of it are kept off
-    the console (:func:`spark_session`). A Ctrl-C (``KeyboardInterrupt``)
-    ends the job with ``error: interrupted (Ctrl-C)`` and exit status 130,
-    without the traceback of where the driver was.
+    A ``WorkerError`` (a task that failed on the cluster for a reason outside the data: a lost executor, a crashed
+    Python worker) becomes one such line too, with exit status 1; Spark's own traces of it are kept off the console
+    (:func:`spark_session`). A Ctrl-C (``KeyboardInterrupt``) ends the job with ``error: interrupted (Ctrl-C)`` and exit
+    status 130, without the traceback of where the driver was.
 
-    Options in the messages are named by their flags (:func:`flag_message`).
-    Under spark-submit, ``sys.stderr`` is pointed at spark-submit's own
-    stderr before anything else (:func:`stderr_past_spark_submit`). Then
-    TensorFlow is imported, with its start-up notices filtered
-    (:mod:`sparkdl_avg.shared.model.quiet`), so a job's output starts with its own lines.
+    Options in the messages are named by their flags (:func:`flag_message`). Under spark-submit, ``sys.stderr`` is
+    pointed at spark-submit's own stderr before anything else (:func:`stderr_past_spark_submit`). Then TensorFlow is
+    imported, with its start-up notices filtered (:mod:`sparkdl_avg.shared.model.quiet`), so a job's output starts with
+    its own lines.
     """
     from ...shared.model.quiet import import_tensorflow
 
@@ -262,8 +254,8 @@ def _print_error(exc: Exception) -> None:
 class _JvmStderr(io.TextIOBase):
     """A text stream written to a Java ``PrintStream`` (the JVM's ``System.err``) through py4j.
 
-    Writes that cannot go there (the gateway is gone, or a write from inside
-    a py4j call: its own logging) go to ``fallback``, the previous stderr.
+    Writes that cannot go there (the gateway is gone, or a write from inside a py4j call: its own logging) go to
+    ``fallback``, the previous stderr.
     """
 
     encoding = "utf-8"
@@ -302,16 +294,12 @@ class _JvmStderr(io.TextIOBase):
 def stderr_past_spark_submit() -> None:
     """Under spark-submit, makes ``sys.stderr`` reach spark-submit's stderr rather than its stdout.
 
-    spark-submit starts a Python application with the process's stderr
-    merged into its stdout (Spark's ``PythonRunner`` sets
-    ``redirectErrorStream``), so a job's ``error: ...`` line, argparse's
-    usage errors and tracebacks landed on stdout. The JVM that started this
-    process still has its own stderr, ``System.err``, reached through the py4j
-    gateway it opened for us (``PYSPARK_GATEWAY_PORT``); Python's writes to
-    ``sys.stderr`` go there from now on, between Spark's own log lines.
-    Native writes to file descriptor 2 (TensorFlow's C++ logging) still
-    reach stdout. Does nothing elsewhere (``python job.py``, where stderr is
-    its own) or when the gateway cannot be reached.
+    spark-submit starts a Python application with the process's stderr merged into its stdout (Spark's ``PythonRunner``
+    sets ``redirectErrorStream``), so a job's ``error: ...`` line, argparse's usage errors and tracebacks would land on
+    stdout. The JVM that started this process still has its own stderr, ``System.err``, reached through the py4j gateway
+    it opened for us (``PYSPARK_GATEWAY_PORT``); Python's writes to ``sys.stderr`` go there from now on, between Spark's
+    own log lines. Native writes to file descriptor 2 (TensorFlow's C++ logging) still reach stdout. Does nothing
+    elsewhere (``python job.py``, where stderr is its own) or when the gateway cannot be reached.
     """
     if "PYSPARK_GATEWAY_PORT" not in os.environ or isinstance(sys.stderr, _JvmStderr):
         return
@@ -330,9 +318,8 @@ def stderr_past_spark_submit() -> None:
 def spark_session(app_name: str):
     """The job's session, with the recommended settings (:func:`recommended_settings`), warming up in the background.
 
-    A failed task's stack traces stay off the console at the default log
-    level (:func:`sparkdl_avg.driver.runtime.session.quiet_task_failures`): the job's
-    ``error:`` line says what failed.
+    A failed task's stack traces stay off the console at the default log level
+    (:func:`sparkdl_avg.driver.runtime.session.quiet_task_failures`): the job's ``error:`` line says what failed.
     """
     from pyspark.sql import SparkSession
 
@@ -347,8 +334,7 @@ def spark_session(app_name: str):
 def recommended_settings() -> Dict[str, str]:
     """Which of :data:`~sparkdl_avg.driver.runtime.session.RECOMMENDED_CONF` a job should set: those it has not set itself.
 
-    The daemon is also left out when the job ships sparkdl_avg with
-    ``--py-files`` (see :func:`daemon_applies`).
+    The daemon is also left out when the job ships sparkdl_avg with ``--py-files`` (see :func:`daemon_applies`).
     """
     from pyspark import SparkConf, SparkContext
 
@@ -372,8 +358,8 @@ def daemon_applies(configured: Optional[str], py_files: str) -> bool:
 def check_executors(spark, enabled: bool = True, preprocess=None) -> List[dict]:
     """The executors' Python descriptions (see :mod:`sparkdl_avg.driver.runtime.preflight`), or ``[]`` when disabled.
 
-    With ``preprocess`` (``--preprocess``'s function) the executors also load
-    it, so that a module they lack is named before any data is staged.
+    With ``preprocess`` (``--preprocess``'s function) the executors also load it, so that a module they lack is named
+    before any data is staged.
     """
     if not enabled:
         return []
@@ -389,7 +375,6 @@ def read_data(spark, path: str, fmt: str, options: Dict[str, str], needed: Seque
     """Reads a DataFrame with Spark and checks that the ``needed`` columns exist.
 
     Args:
-        spark: The job's session.
         path: What ``flag`` gave: a local path or any URI Spark reads.
         fmt: The Spark data source (``--format``).
         options: The reader's options (``--read-option``).
@@ -397,9 +382,8 @@ def read_data(spark, path: str, fmt: str, options: Dict[str, str], needed: Seque
         flag: The flag that gave ``path``, for the messages. Default ``"--data"``.
 
     Raises:
-        UsageError: Spark cannot read ``path``; names the cause (the
-            innermost Java exception, not the call that failed) and, for a
-            filesystem Spark lacks, the package that brings it.
+        UsageError: Spark cannot read ``path``; names the cause (the innermost Java exception, not the call that failed)
+            and, for a filesystem Spark lacks, the package that brings it.
         DataError: a ``needed`` column is missing.
     """
     from ...shared.errors.remote_errors import root_cause
@@ -418,10 +402,9 @@ def read_data(spark, path: str, fmt: str, options: Dict[str, str], needed: Seque
 def _missing_filesystem_hint(spark, cause: str) -> str:
     """What to add when ``cause`` says Spark has no Hadoop filesystem for S3 (else ``""``).
 
-    Spark reads S3 as ``s3a://`` through hadoop-aws, which pyspark does not
-    ship, and open-source Hadoop has no ``s3://`` at all. hadoop-aws's
-    version must be the Hadoop version Spark runs on (asked of the driver's
-    JVM; unknown under Spark Connect, whose client has none).
+    Spark reads S3 as ``s3a://`` through hadoop-aws, which pyspark does not ship, and open-source Hadoop has no
+    ``s3://`` at all. hadoop-aws's version must be the Hadoop version Spark runs on (asked of the driver's JVM; unknown
+    under Spark Connect, whose client has none).
     """
     if "S3AFileSystem" not in cause and 'scheme "s3"' not in cause:
         return ""
@@ -448,8 +431,7 @@ def load_model(path: Optional[str] = None, builder: Optional[str] = None, seed: 
     """The model from a ``.keras`` file or a ``module:function`` builder.
 
     Raises:
-        UsageError: the file or function cannot be loaded, or (``compiled``)
-            the model is not compiled.
+        UsageError: the file or function cannot be loaded, or (``compiled``) the model is not compiled.
         PathError: no file at ``path``, or no filesystem opens it.
     """
     import keras

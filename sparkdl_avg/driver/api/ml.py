@@ -1,16 +1,13 @@
 """Spark ML layer: the trainer as an ``Estimator`` and the trained model as a ``Model``.
 
-``KerasAveragingEstimator`` is one more stage of a ``pyspark.ml.Pipeline``
-(after ``VectorAssembler``, ``StandardScaler``, ``StringIndexer``, ...); its
-``fit`` trains a fresh copy of the given Keras model with
-:class:`~sparkdl_avg.ParameterAveragingTrainer` — whose validator checks every
-parameter, on the driver, before any Spark job — and returns a
-``KerasAveragingModel`` whose ``transform`` adds predictions on the executors.
+``KerasAveragingEstimator`` is one more stage of a ``pyspark.ml.Pipeline`` (after ``VectorAssembler``,
+``StandardScaler``, ``StringIndexer``, ...); its ``fit`` trains a fresh copy of the given Keras model with
+:class:`~sparkdl_avg.ParameterAveragingTrainer` — whose validator checks every parameter, on the driver, before any
+Spark job — and returns a ``KerasAveragingModel`` whose ``transform`` adds predictions on the executors.
 
-Both stages are ``MLWritable``/``MLReadable``: the params as Spark ML's JSON
-metadata, the Keras model as ``model.keras`` in the stage's directory (loaded
-in Keras' safe mode), on any filesystem Spark's own writers accept. A fitted
-``PipelineModel`` containing them saves and loads like any other.
+Both stages are ``MLWritable``/``MLReadable``: the params as Spark ML's JSON metadata, the Keras model as
+``model.keras`` in the stage's directory (loaded in Keras' safe mode), on any filesystem Spark's own writers accept. A
+fitted ``PipelineModel`` containing them saves and loads like any other.
 """
 
 from __future__ import annotations
@@ -210,9 +207,8 @@ def _write_file_task(path: str, data: bytes, batches):
 def _write_keras_file(spark, path: str, data: bytes) -> None:
     """Writes a stage's ``.keras`` file: through Hadoop's FileSystem (classic) or from an executor (Connect).
 
-    Under Spark Connect the client may not see the cluster's filesystem, so,
-    like the metadata Spark writes there, the file is written on the cluster
-    (one task, :mod:`sparkdl_avg.shared.files.fs`: local paths and ``pyarrow.fs`` URIs).
+    Under Spark Connect the client may not see the cluster's filesystem, so, like the metadata Spark writes there, the
+    file is written on the cluster (one task, :mod:`sparkdl_avg.shared.files.fs`: local paths and ``pyarrow.fs`` URIs).
     """
     if not is_connect(spark):
         fs.hadoop_write_bytes(spark.sparkContext, path, data)
@@ -278,10 +274,9 @@ def _capitalized(name: str) -> str:
 def _from_table(cls):
     """Adds the table's options to the estimator: Params, setters, getters, ``__init__`` keywords, docs.
 
-    Params declared by a ``pyspark.ml.param.shared`` mixin the estimator
-    inherits (``seed``, ``featuresCol``, ``labelCol``) keep that declaration
-    and its getter; the rest become class attributes here, before any
-    instance copies them (``Params._copy_params``).
+    Params declared by a ``pyspark.ml.param.shared`` mixin the estimator inherits (``seed``, ``featuresCol``,
+    ``labelCol``) keep that declaration and its getter; the rest become class attributes here, before any instance
+    copies them (``Params._copy_params``).
     """
 
     def setter(name):
@@ -336,17 +331,13 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
     (listed after the stage's own below), each with a ``set*``/``get*`` pair.
 
     Args (keyword-only, Spark style):
-        kerasModel: A compiled ``keras.Model`` or the path of a ``.keras``
-            file (any filesystem Spark reads). Each ``fit`` trains a fresh
-            copy of it, so the estimator can be fitted again or tuned.
-        featuresCols: One features column per model input, for models with
-            several inputs (overrides featuresCol).
-        labelCols: One label column per model output, for models with
-            several outputs (overrides labelCol).
-        preprocess: A function run on the executors that maps a minibatch
-            of raw columns to the model's inputs and labels (the trainer's
-            ``preprocess``); the fitted model applies it in ``transform``
-            and both stages save it (``preprocess.pkl``). Default ``None``.
+        kerasModel: A compiled ``keras.Model`` or the path of a ``.keras`` file (any filesystem Spark reads). Each
+            ``fit`` trains a fresh copy of it, so the estimator can be fitted again or tuned.
+        featuresCols: One features column per model input, for models with several inputs (overrides featuresCol).
+        labelCols: One label column per model output, for models with several outputs (overrides labelCol).
+        preprocess: A function run on the executors that maps a minibatch of raw columns to the model's inputs and
+            labels (the trainer's ``preprocess``); the fitted model applies it in ``transform`` and both stages save it
+            (``preprocess.pkl``). Default ``None``.
         predictionCol: Output column of the fitted model. Default "prediction".
         probabilityCol: Output column of class probabilities. Default "probability".
         inferenceBatchSize: Examples per predict call in transform. Default 1024.
@@ -463,17 +454,15 @@ def _camel_case_message(message: str) -> str:
 class KerasAveragingModel(_KerasStage, Model, _KerasParams, MLWritable, MLReadable):
     """A trained Keras model as a Spark ML ``Model``: ``transform`` adds its predictions.
 
-    ``transform`` keeps every input column and adds ``predictionCol`` (class
-    index as a double for models compiled with a cross-entropy loss, else the
-    value or values) and, for classifiers, ``probabilityCol`` (a
-    ``DenseVector``), computed on the executors in Arrow batches.
+    ``transform`` keeps every input column and adds ``predictionCol`` (class index as a double for models compiled
+    with a cross-entropy loss, else the value or values) and, for classifiers, ``probabilityCol`` (a ``DenseVector``),
+    computed on the executors in Arrow batches.
 
     Attributes:
-        history: The ``keras.callbacks.History`` of the fit that produced the
-            model, as ``trainer.fit`` returns it: ``history.history["loss"]``
-            has one value per epoch (not persisted).
-        stats: The trainer's round records of that fit, a
-            :class:`~sparkdl_avg.shared.wire.stats.TrainingStats` (not persisted).
+        history: The ``keras.callbacks.History`` of the fit that produced the model, as ``trainer.fit`` returns it:
+            ``history.history["loss"]`` has one value per epoch (not persisted).
+        stats: The trainer's round records of that fit, a :class:`~sparkdl_avg.shared.wire.stats.TrainingStats` (not
+            persisted).
     """
 
     @keyword_only

@@ -1,14 +1,10 @@
 """The public API of the library: ``ParameterAveragingTrainer``.
 
-This module owns what a user calls — ``fit``, ``evaluate``, ``predict``,
-``write_report`` — and ``fit``'s steps before its first round: the checks,
-the data staged (once per trainer and data), the checkpoint to resume from.
-The epochs are :mod:`sparkdl_avg.driver.fit.loop`'s (a planner yields the
-rounds, built-in behaviours are hooks); one round is
-:mod:`sparkdl_avg.driver.fit.rounds`'s; how state moves is
-:mod:`sparkdl_avg.driver.transport`'s; checkpoint policy is
-:mod:`sparkdl_avg.driver.checkpoint.policy`'s; what executors run is
-:mod:`sparkdl_avg.executor.worker`'s.
+This module owns what a user calls — ``fit``, ``evaluate``, ``predict``, ``write_report`` — and ``fit``'s steps before
+its first round: the checks, the data staged (once per trainer and data), the checkpoint to resume from. The epochs are
+:mod:`sparkdl_avg.driver.fit.loop`'s; one round is :mod:`sparkdl_avg.driver.fit.rounds`'s; how state moves is
+:mod:`sparkdl_avg.driver.transport`'s; checkpoint policy is :mod:`sparkdl_avg.driver.checkpoint.policy`'s; what
+executors run is :mod:`sparkdl_avg.executor.worker`'s.
 """
 
 from __future__ import annotations
@@ -60,9 +56,8 @@ logger = logging.getLogger("sparkdl_avg")
 class ParameterAveragingTrainer:
     """Trains a compiled Keras model on Spark by synchronous parameter averaging.
 
-    The options after ``model`` are the rows of the options table
-    (``sparkdl_avg.driver.config.options``, the fields of ``TrainerConfig``),
-    taken by keyword or, in this order, by position.
+    The options after ``model`` are the rows of the options table (``sparkdl_avg.driver.config.options``, the fields of
+    ``TrainerConfig``), taken by keyword or, in this order, by position.
 
     Args:
         model: A compiled ``keras.Model`` with one input and one output and a
@@ -126,17 +121,13 @@ class ParameterAveragingTrainer:
     def _make_staging_root(self, engine) -> None:
         """Creates this trainer's staging root (private when local and the master is local) and checks it is shared.
 
-        With ``local[N]`` or ``local-cluster`` every executor runs as this
-        user on this host, so nobody else needs the staged data or the
-        exchanged weights under it. On other masters a local path (a shared
-        mount) keeps the umask's modes: executors may run as another user
-        (YARN's, a standalone worker's) and would be locked out. URIs keep
-        their filesystem's permissions. See docs/reliability.md. On such
-        masters a local root must be one the executors see
-        (:func:`sparkdl_avg.driver.data.staging.check_shared_root`): a fit on hosts whose
-        ``/tmp`` differ otherwise failed late, reading staged data that was
-        written on another host. Making a local root also removes the roots
-        that killed drivers left beside it (:mod:`sparkdl_avg.driver.data.staging_roots`).
+        With ``local[N]`` or ``local-cluster`` every executor runs as this user on this host, so nobody else needs the
+        staged data or the exchanged weights under it. On other masters a local path (a shared mount) keeps the umask's
+        modes: executors may run as another user (YARN's, a standalone worker's) and would be locked out. URIs keep
+        their filesystem's permissions. See docs/reliability.md. On such masters a local root must be one the executors
+        see (:func:`sparkdl_avg.driver.data.staging.check_shared_root`), or a fit on hosts whose ``/tmp`` differ fails
+        late, reading staged data written on another host. Making a local root also removes the roots that killed
+        drivers left beside it (:mod:`sparkdl_avg.driver.data.staging_roots`).
         """
         self._root.make(private=engine.one_host)
         if not engine.one_host and engine.key not in self._shared_checked:
@@ -293,9 +284,8 @@ class ParameterAveragingTrainer:
               sample_weight_col: Optional[str] = None, class_weight: Optional[dict] = None) -> FitPlan:
         """``fit``'s steps before its first round; returns the :class:`~sparkdl_avg.driver.fit.plan.FitPlan`.
 
-        In this order: the checks (before any Spark job), the checkpoint to
-        resume from located, the data staged, the settings, and the
-        checkpoint restored into the model.
+        In this order: the checks (before any Spark job), the checkpoint to resume from located, the data staged, the
+        settings, and the checkpoint restored into the model.
         """
         verbose = self._check_fit_args(epochs, initial_epoch, verbose, shuffle, checkpoint_dir, checkpoint_every, resume,
                                        sample_weight_col, class_weight)
@@ -360,9 +350,8 @@ class ParameterAveragingTrainer:
                         class_weight=None) -> Tuple[StagedDataset, Optional[StagedDataset], float]:
         """Stages the training and validation data; returns them and the seconds it took (``TrainingStats.staging_s``).
 
-        The validation data is weighted by ``sample_weight_col`` when it has
-        the column (as Keras weighs ``validation_data`` given with weights);
-        ``class_weight`` applies to the training data only, as in Keras.
+        The validation data is weighted by ``sample_weight_col`` when it has the column (as Keras weighs
+        ``validation_data`` given with weights); ``class_weight`` applies to the training data only, as in Keras.
         """
         staging_started = time.perf_counter()
         train = self._stage(data, features_col, label_col, "training", sample_weight_col)
@@ -442,24 +431,21 @@ class ParameterAveragingTrainer:
     ):
         """Computes the compiled loss and metrics on the cluster.
 
-        Each of ``num_workers`` tasks evaluates a contiguous part of the staged
-        data; results are example-weighted, so mean-type metrics (loss,
-        accuracy, MAE, ...) equal ``model.evaluate`` on the same data.
+        Each of ``num_workers`` tasks evaluates a contiguous part of the staged data; results are example-weighted, so
+        mean-type metrics (loss, accuracy, MAE, ...) equal ``model.evaluate`` on the same data.
 
         Args:
             data: Same kinds as in :meth:`fit`.
             features_col: DataFrame features column. Default ``"features"``.
             label_col: DataFrame label column. Default ``"label"``.
-            batch_size: Examples per evaluation minibatch. Default: the
-                trainer's ``batch_size``.
+            batch_size: Examples per evaluation minibatch. Default: the trainer's ``batch_size``.
             return_dict: Return ``{name: value}`` instead of a list.
-            sample_weight_col: DataFrame column of each example's weight, as
-                Keras' ``sample_weight`` (numpy data: pass ``(x, y,
-                sample_weight)``). Default ``None``.
+            sample_weight_col: DataFrame column of each example's weight, as Keras' ``sample_weight`` (numpy data: pass
+                ``(x, y, sample_weight)``). Default ``None``.
 
         Returns:
-            Like ``keras.Model.evaluate``: the loss alone when the model has no
-            metrics, else ``[loss, metric, ...]`` (or a dict).
+            Like ``keras.Model.evaluate``: the loss alone when the model has no metrics, else ``[loss, metric, ...]``
+            (or a dict).
         """
         check_loss(self.model, "evaluate")
         if not isinstance(return_dict, bool):  # "False" would be truthy
@@ -494,11 +480,9 @@ class ParameterAveragingTrainer:
     ):
         """Adds the model's predictions to a DataFrame, computed on the executors.
 
-        DataFrame in, DataFrame out (lazily, like any transformation): every
-        input column is kept and ``prediction_col`` (the class index as a
-        double for a model compiled with a cross-entropy loss, else the
-        output value(s)) and, for classifiers, ``probability_col`` (a
-        ``DenseVector`` of class probabilities) are added. See
+        DataFrame in, DataFrame out (lazily, like any transformation): every input column is kept and ``prediction_col``
+        (the class index as a double for a model compiled with a cross-entropy loss, else the output value(s)) and, for
+        classifiers, ``probability_col`` (a ``DenseVector`` of class probabilities) are added. See
         :func:`sparkdl_avg.driver.data.inference.add_predictions`.
 
         Args:
@@ -542,8 +526,8 @@ class ParameterAveragingTrainer:
 def _keras_log_order(model, logs: Dict[str, float]) -> List[str]:
     """The names in ``logs`` in ``keras.Model.evaluate``'s list order.
 
-    The loss first, then the compiled metrics in the order given to
-    ``compile``, then anything else alphabetically (Keras' own rule).
+    The loss first, then the compiled metrics in the order given to ``compile``, then anything else alphabetically
+    (Keras' own rule).
     """
     import keras
 

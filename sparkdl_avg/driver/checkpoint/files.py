@@ -1,48 +1,35 @@
 """Checkpoints of a fit: everything needed to continue it exactly, written atomically.
 
-A checkpoint directory (``fit(checkpoint_dir=...)``, a local path or any
-``pyarrow.fs`` URI: HDFS, S3, ...) holds complete checkpoints in
-subdirectories ``ckpt-<sequence>`` and a ``LATEST`` file naming the newest
-(a name of that form only: a pointer that would lead elsewhere, such as
-``../../etc``, is ignored). A checkpoint is two files:
+A checkpoint directory (``fit(checkpoint_dir=...)``, a local path or any ``pyarrow.fs`` URI: HDFS, S3, ...) holds
+complete checkpoints in subdirectories ``ckpt-<sequence>`` and a ``LATEST`` file naming the newest (a name of that form
+only: a pointer that would lead elsewhere, such as ``../../etc``, is ignored). A checkpoint is two files:
 
-- ``arrays.npz``: the global weights, the optimizer's variables and the
-  update rule's state (e.g. BMUF's ``Δ``), read with ``allow_pickle=False``;
-- ``meta.json``: format version, position (epoch, rounds and minibatches
-  done in it), the partial epoch's metric sums, the history of finished
-  epochs, the seed, the configuration, the update rule and schedule (with
-  AdaComm's state), the model's fingerprint, the number of examples and the
-  SHA-256 of ``arrays.npz``.
+- ``arrays.npz``: the global weights, the optimizer's variables and the update rule's state (e.g. BMUF's ``Δ``), read
+  with ``allow_pickle=False``;
+- ``meta.json``: format version, position (epoch, rounds and minibatches done in it), the partial epoch's metric sums,
+  the history of finished epochs, the seed, the configuration, the update rule and schedule (with AdaComm's state), the
+  model's fingerprint, the number of examples and the SHA-256 of ``arrays.npz``.
 
-Reading: :func:`load` verifies a checkpoint (the checksum, the JSON, every
-array the meta names) and raises :class:`~sparkdl_avg.errors.CheckpointError`
-naming it and the remedy when it is damaged; :func:`candidates` lists the
-complete checkpoints newest first, for a resume to fall back to the previous
-one (:mod:`sparkdl_avg.driver.checkpoint.policy` keeps two: the latest and the newest earlier
-one that verifies).
+Reading: :func:`load` verifies a checkpoint (the checksum, the JSON, every array the meta names) and raises
+:class:`~sparkdl_avg.errors.CheckpointError` naming it and the remedy when it is damaged; :func:`candidates` lists the
+complete checkpoints newest first, for a resume to fall back to the previous one
+(:mod:`sparkdl_avg.driver.checkpoint.policy` keeps two: the latest and the newest earlier one that verifies).
 
-Writing: the new checkpoint is written completely under its own name and
-read back (:func:`load`: a checkpoint that does not verify raises
-:class:`~sparkdl_avg.errors.CheckpointError`, and nothing else changes), then
-``LATEST`` is replaced (every file is written with
-:func:`sparkdl_avg.shared.files.fs.write_atomically`: to a temporary name, then moved; on
-object stores such as S3 in one upload, which appears whole, and ``LATEST``
-still only after the checkpoint is complete), and only then are older
-checkpoints deleted. A crash at any moment leaves ``LATEST`` naming a complete
-checkpoint, except on HDFS, where replacing a file is delete + rename: a crash
-in between leaves no ``LATEST``, and :func:`latest` then takes the newest
-checkpoint whose ``meta.json`` (written last) exists. No pickle anywhere.
+Writing: the new checkpoint is written completely under its own name and read back (:func:`load`: a checkpoint that
+does not verify raises :class:`~sparkdl_avg.errors.CheckpointError`, and nothing else changes), then ``LATEST`` is
+replaced (every file is written with :func:`sparkdl_avg.shared.files.fs.write_atomically`: to a temporary name, then
+moved; on object stores such as S3 in one upload, which appears whole, and ``LATEST`` still only after the checkpoint
+is complete), and only then are older checkpoints deleted. A crash at any moment leaves ``LATEST`` naming a complete
+checkpoint, except on HDFS, where replacing a file is delete + rename: a crash in between leaves no ``LATEST``, and
+:func:`latest` then takes the newest checkpoint whose ``meta.json`` (written last) exists. No pickle anywhere.
 
-Pruning (``save(..., keep=k)``) keeps the new checkpoint and the newest
-``k - 1`` earlier ones *that verify* (:func:`load`), not merely the newest
-by name: after a resume that skipped a damaged checkpoint, the good one it
-resumed from is kept, never the damaged one in its place. Deleted: older
-checkpoints, incomplete ones a crash left (no ``meta.json``), and the
-damaged ones newer than the kept ones, each with a warning. When fewer than
-``k - 1`` earlier checkpoints verify, no complete checkpoint is deleted (one
-whose read failed for a moment may still be the only fallback); the next
-save with a verified predecessor removes them. With ``k > 1`` this reads
-each kept checkpoint back (the new one and usually one more) at every save.
+Pruning (``save(..., keep=k)``) keeps the new checkpoint and the newest ``k - 1`` earlier ones *that verify*
+(:func:`load`), not merely the newest by name: after a resume that skipped a damaged checkpoint, the good one it resumed
+from is kept, never the damaged one in its place. Deleted: older checkpoints, incomplete ones a crash left (no
+``meta.json``), and the damaged ones newer than the kept ones, each with a warning. When fewer than ``k - 1`` earlier
+checkpoints verify, no complete checkpoint is deleted (one whose read failed for a moment may still be the only
+fallback); the next save with a verified predecessor removes them. With ``k > 1`` this reads each kept checkpoint back
+(the new one and usually one more) at every save.
 """
 
 from __future__ import annotations
@@ -81,15 +68,14 @@ class RunMeta:
 
     Attributes:
         seed: The run's seed (data order).
-        run: The settings a resumed run must match (model signature, data
-            size, workers, batch size, optimizer state, update rule,
-            schedule, shuffle); see :func:`check_compatible`.
+        run: The settings a resumed run must match (model signature, data size, workers, batch size, optimizer state,
+            update rule, schedule, shuffle); see :func:`check_compatible`.
         schedule_state: The averaging schedule's state (AdaComm's).
         epoch_examples: Examples trained in the partial epoch (0 at an epoch's start).
         epoch_metric_sums: Example-weighted metric sums of the partial epoch.
         history: The finished epochs' logs, name → one value per epoch.
-        tracking: What the fit's trackers need to continue after a resume
-            (JSON-able; :class:`sparkdl_avg.driver.observe.tracking.MlflowLogger` keeps its run id there).
+        tracking: What the fit's trackers need to continue after a resume (JSON-able;
+            :class:`sparkdl_avg.driver.observe.tracking.MlflowLogger` keeps its run id there).
         position: Elastic rounds: the examples of the partial epoch its rounds took (all workers; 0 otherwise).
         membership: Elastic rounds: the fit's changes of workers so far
             (:class:`sparkdl_avg.driver.elastic.membership.Change`, as JSON), which a resumed fit continues.
@@ -118,9 +104,9 @@ class Checkpoint:
         optimizer: Optimizer variables (``optimizer.variables`` order).
         rule_state: The update rule's state, name → arrays.
         meta: The run's seed, settings, schedule state, partial epoch and history.
-        feedback: Under error feedback (``update_compression``), the workers'
-            residual files, ``"<rounds back>/<worker>"`` → their bytes
-            (:meth:`sparkdl_avg.driver.transport.chains.RoundChains.export`); empty otherwise.
+        feedback: Under error feedback (``update_compression``), the workers' residual files,
+            ``"<rounds back>/<worker>"`` → their bytes (:meth:`sparkdl_avg.driver.transport.chains.RoundChains.export`);
+            empty otherwise.
     """
 
     epoch: int
@@ -173,12 +159,12 @@ def _pointer(directory: str) -> Optional[str]:
 def candidates(directory: str) -> List[str]:
     """The URIs of the complete checkpoints in ``directory``, newest first (``LATEST``'s first).
 
-    Complete: its ``meta.json`` (written last) exists. Whether it reads back
-    is :func:`load`'s to say; a resume takes the first that does.
+    Complete: its ``meta.json`` (written last) exists. Whether it reads back is :func:`load`'s to say; a resume takes
+    the first that does.
 
     Raises:
-        ConfigurationError: ``directory`` is a file, or holds files that are
-            not checkpoints (so it is not ours to write into).
+        ConfigurationError: ``directory`` is a file, or holds files that are not checkpoints (so it is not ours to write
+            into).
     """
     names = _entries(directory)
     if not names:
@@ -206,12 +192,11 @@ def candidates(directory: str) -> List[str]:
 def latest(directory: str) -> Optional[str]:
     """The URI of the newest complete checkpoint in ``directory``, or ``None`` if it holds none.
 
-    ``LATEST``'s checkpoint; without a usable ``LATEST`` (missing, or holding
-    anything but a checkpoint's name), the newest whose ``meta.json`` exists.
+    ``LATEST``'s checkpoint; without a usable ``LATEST`` (missing, or holding anything but a checkpoint's name), the
+    newest whose ``meta.json`` exists.
 
     Raises:
-        ConfigurationError: ``directory`` is a file, or holds files that are
-            not checkpoints (so it is not ours to write into).
+        ConfigurationError: as :func:`candidates`.
     """
     found = candidates(directory)
     return found[0] if found else None
@@ -222,17 +207,14 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
 
     Args:
         directory: Checkpoint directory (local path or ``pyarrow.fs`` URI).
-        checkpoint: What to write.
-        keep: Complete checkpoints to keep, the new one included: the new one
-            and the newest ``keep - 1`` earlier ones that verify (see the
-            module's "Pruning"); the others, and incomplete ones a crash left,
-            are deleted once ``LATEST`` names the new one. Default 1.
+        keep: Complete checkpoints to keep, the new one included: the new one and the newest ``keep - 1`` earlier ones
+            that verify (see the module's "Pruning"); the others, and incomplete ones a crash left, are deleted once
+            ``LATEST`` names the new one. Default 1.
 
     Raises:
-        CheckpointError: the new checkpoint does not read back as written;
-            ``LATEST`` still names the previous one and nothing was deleted.
-            Or writing failed (a full disk: the message says so, naming the
-            ``checkpoint_dir``); then also nothing of the new checkpoint is left.
+        CheckpointError: the new checkpoint does not read back as written; ``LATEST`` still names the previous one and
+            nothing was deleted. Or writing failed (a full disk: the message says so, naming the ``checkpoint_dir``);
+            then also nothing of the new checkpoint is left.
     """
     existing = _names(_entries(directory))
     sequence = int(existing[-1][len(PREFIX) :]) + 1 if existing else 0
@@ -294,14 +276,13 @@ def save(directory: str, checkpoint: Checkpoint, keep: int = 1) -> str:
 def _not_written(directory: str, target: str, exc: OSError, keep: int, nbytes: int) -> CheckpointError:
     """The error of a checkpoint that could not be written (``exc``), once its partial files are removed.
 
-    ``keep`` and ``nbytes`` (the checkpoint's arrays) size the room the
-    message asks for: ``keep`` checkpoints stay and one more is being written.
+    ``keep`` and ``nbytes`` (the checkpoint's arrays) size the room the message asks for: ``keep`` checkpoints stay and
+    one more is being written.
 
-    What is left is what it was before :func:`save`: ``LATEST`` (replaced
-    atomically, or not at all) names the last complete checkpoint, and no
-    incomplete one remains for a resume to consider, nor takes the space.
-    The message names the ``checkpoint_dir``, the cause (a full disk, most
-    often: :func:`sparkdl_avg.shared.files.fs.write_failure`), and what is intact.
+    What is left is what it was before :func:`save`: ``LATEST`` (replaced atomically, or not at all) names the last
+    complete checkpoint, and no incomplete one remains for a resume to consider, nor takes the space. The message names
+    the ``checkpoint_dir``, the cause (a full disk, most often: :func:`sparkdl_avg.shared.files.fs.write_failure`), and
+    what is intact.
     """
     with contextlib.suppress(Exception):
         fs.remove_tree(target)
@@ -333,11 +314,8 @@ def _verify(uri: str) -> Optional[Exception]:
 def _to_prune(directory: str, existing: List[str], keep: int) -> List[str]:
     """Which of ``existing`` (the checkpoints before the new one, oldest first) to delete, keeping ``keep`` in all.
 
-    Kept: the newest ``keep - 1`` that verify. Deleted: the others, incomplete
-    ones, and the damaged ones newer than the oldest kept, with a warning;
-    when fewer than ``keep - 1`` verify, the complete ones that do not are
-    kept too (a read may have failed for a moment; the next save removes them
-    once it has a verified predecessor).
+    The module's "Pruning" rule: kept, the newest ``keep - 1`` that verify; when fewer verify, the complete ones that do
+    not are kept too.
     """
     wanted = keep - 1
     complete = [n for n in existing if fs.exists(join(join(directory, n), META))]
@@ -396,9 +374,8 @@ def load(uri: str) -> Checkpoint:
     """Reads and verifies the checkpoint at ``uri`` (a ``ckpt-*`` directory, as :func:`latest` returns).
 
     Raises:
-        CheckpointError: a file is missing, ``meta.json`` is not a
-            checkpoint's, or ``arrays.npz`` does not match its checksum or
-            lacks an array (truncated, emptied, altered).
+        CheckpointError: a file is missing, ``meta.json`` is not a checkpoint's, or ``arrays.npz`` does not match its
+            checksum or lacks an array (truncated, emptied, altered).
         ConfigurationError: another format version.
     """
     try:

@@ -1,15 +1,12 @@
 """When a fit writes checkpoints, which one it resumes from, and what restoring one sets.
 
-This module owns the checkpoint *policy* of ``fit(checkpoint_dir=...,
-checkpoint_every=..., resume=...)``: refusing to write over another run's
-checkpoints (:func:`find`), checking that a checkpoint belongs to this run and
-putting its state back into the model, the update rule and the schedule
-(:func:`restore`), and saving after the rounds or epochs the user asked for
-(:class:`Checkpointing`), keeping the newest earlier checkpoint that verifies
-too (:data:`KEEP`), so that ``resume=True`` can fall back to it when the
-latest does not read back (:func:`locate`), also after a resume that skipped a
-damaged one (see :mod:`sparkdl_avg.driver.checkpoint.files`'s "Pruning"). The files
-themselves (format, atomic writes) are :mod:`sparkdl_avg.driver.checkpoint.files`'s.
+This module owns the checkpoint *policy* of ``fit(checkpoint_dir=..., checkpoint_every=..., resume=...)``: refusing to
+write over another run's checkpoints (:func:`find`), checking that a checkpoint belongs to this run and putting its
+state back into the model, the update rule and the schedule (:func:`restore`), and saving after the rounds or epochs the
+user asked for (:class:`Checkpointing`), keeping the newest earlier checkpoint that verifies too (:data:`KEEP`), so that
+``resume=True`` can fall back to it when the latest does not read back (:func:`locate`), also after a resume that
+skipped a damaged one (see :mod:`sparkdl_avg.driver.checkpoint.files`'s "Pruning"). The files themselves (format, atomic
+writes) are :mod:`sparkdl_avg.driver.checkpoint.files`'s.
 """
 
 from __future__ import annotations
@@ -34,9 +31,9 @@ KEEP = 2  # checkpoints a fit keeps: the latest and the newest earlier one that 
 def find(checkpoint_dir: Optional[str], resume: Any, listed: Optional[list] = None) -> Optional[str]:
     """The checkpoint to resume from, if any; refuses to write over another run's checkpoints.
 
-    With ``resume=True`` that is the latest; :func:`locate` also checks that it reads back.
-    ``listed``: ``checkpoint.candidates(checkpoint_dir)`` when the caller has
-    them already (listing again would repeat its warnings about ``LATEST``).
+    With ``resume=True`` that is the latest; :func:`locate` also checks that it reads back. ``listed``:
+    ``checkpoint.candidates(checkpoint_dir)`` when the caller has them already (listing again would repeat its warnings
+    about ``LATEST``).
     """
     if checkpoint_dir is None:
         return resume if isinstance(resume, str) else None
@@ -62,14 +59,13 @@ def find(checkpoint_dir: Optional[str], resume: Any, listed: Optional[list] = No
 def locate(checkpoint_dir: Optional[str], resume: Any) -> Tuple[Optional[str], Optional[checkpoint.Checkpoint]]:
     """The checkpoint to resume from and its contents, read and verified; ``(None, None)`` for none.
 
-    As :func:`find`, but with ``resume=True`` the newest checkpoint in
-    ``checkpoint_dir`` that reads back (:func:`checkpoint.load`): a damaged
-    latest one is skipped with a warning naming it, for the previous one
-    (a fit keeps :data:`KEEP`).
+    As :func:`find`, but with ``resume=True`` the newest checkpoint in ``checkpoint_dir`` that reads back
+    (:func:`checkpoint.load`): a damaged latest one is skipped with a warning naming it, for the previous one (a fit
+    keeps :data:`KEEP`).
 
     Raises:
-        CheckpointError: the checkpoint asked for (``resume=<path>``) is
-            damaged, or, with ``resume=True``, none in the directory reads back.
+        CheckpointError: the checkpoint asked for (``resume=<path>``) is damaged, or, with ``resume=True``, none in the
+            directory reads back.
         ConfigurationError: as :func:`find`.
     """
     listed = checkpoint.candidates(checkpoint_dir) if checkpoint_dir is not None else None
@@ -110,13 +106,12 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
 
     Args:
         saved: The checkpoint's contents if already read (:func:`locate`); else it is read from ``uri``.
-        seed: The trainer's own ``seed`` option (``None``: not given; the
-            checkpoint's seed is taken without comparing).
+        seed: The trainer's own ``seed`` option (``None``: not given; the checkpoint's seed is taken without comparing).
         initial_epoch: ``fit``'s; the checkpoint must not be of an earlier epoch.
 
     Raises:
-        ConfigurationError: the checkpoint is of another run, model or trainable weights, or
-            of an epoch before ``initial_epoch``; the model is not touched then.
+        ConfigurationError: the checkpoint is of another run, model or trainable weights, or of an epoch before
+            ``initial_epoch``; the model is not touched then.
     """
     saved = saved if saved is not None else checkpoint.load(uri)
     if saved.epoch < initial_epoch:
@@ -150,12 +145,10 @@ def restore(uri: str, model, run_settings: Dict[str, Any], seed: Optional[int], 
 def warn_dropped_residuals(uri: str, saved: checkpoint.Checkpoint, compression: Optional[str], keeps: bool) -> int:
     """Warns when this fit drops the error-feedback residuals the checkpoint carries; returns how many.
 
-    A checkpoint of an ``update_compression`` fit with error feedback holds
-    each worker's residual (what its codec rounded off and its next delta
-    adds back). A fit resumed with another ``update_compression``, or with
-    error feedback off, starts those chains from zero: the weights lose one
-    round's rounding at most, which is why this warns rather than refuses,
-    and says how to keep them.
+    A checkpoint of an ``update_compression`` fit with error feedback holds each worker's residual (what its codec
+    rounded off and its next delta adds back). A fit resumed with another ``update_compression``, or with error feedback
+    off, starts those chains from zero: the weights lose one round's rounding at most, which is why this warns rather
+    than refuses, and says how to keep them.
 
     Args:
         compression: This fit's ``update_compression``.
@@ -182,9 +175,8 @@ def warn_dropped_residuals(uri: str, saved: checkpoint.Checkpoint, compression: 
 class Checkpointing:
     """Saves one fit's checkpoints after every ``every`` rounds or after every epoch (and at its end).
 
-    The new checkpoint (read back before ``LATEST`` names it) and the newest
-    earlier one that verifies stay in ``directory`` (:data:`KEEP`); damaged
-    ones newer than that are deleted with a warning.
+    The new checkpoint (read back before ``LATEST`` names it) and the newest earlier one that verifies stay in
+    ``directory`` (:data:`KEEP`); damaged ones newer than that are deleted with a warning.
 
     Args:
         directory: ``fit``'s ``checkpoint_dir``, or ``None``: never saves.
@@ -216,9 +208,9 @@ class Checkpointing:
     def may_save_after(self, rounds_in_fit: int, epoch_may_end: bool) -> bool:
         """Whether a checkpoint may be saved after the fit's ``rounds_in_fit``-th round.
 
-        ``epoch_may_end``: the round may be its epoch's last (a checkpoint
-        follows every epoch, or the last one). A callback's ``stop_training``
-        mid-epoch is not foreseen (see :meth:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger.export`).
+        ``epoch_may_end``: the round may be its epoch's last (a checkpoint follows every epoch, or the last one). A
+        callback's ``stop_training`` mid-epoch is not foreseen (see
+        :meth:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger.export`).
         """
         if self.directory is None:
             return False

@@ -1,13 +1,12 @@
 """What an option's value must be: the constraint types of the table's rows, the parsers of its flags, and the checks across options.
 
-A row of :data:`sparkdl_avg.driver.config.options.OPTIONS` declares its ``check`` as a
-:class:`Constraint` (:class:`Ints`, :class:`OneOf`, :class:`Parsed`, ...), which renders the
-one message style (:func:`must_be`). A check that joins several options is declared in the
-table too, right after its rows (:data:`~sparkdl_avg.driver.config.options.JOINTS`): a
-:class:`Requires` ("A, when set, needs B to be one of S") or a :class:`Joint` (A, when set, and
-any other predicate of the values), run in their declared order by :func:`check_joints`. The parsers
-(:func:`parse_rate`, :func:`import_function`, :func:`on_off`, ...) turn the jobs' flag text, or a
-Param's string, into an option's value. This module knows no row: the table imports it.
+A row of :data:`sparkdl_avg.driver.config.options.OPTIONS` declares its ``check`` as a :class:`Constraint`
+(:class:`Ints`, :class:`OneOf`, :class:`Parsed`, ...), which renders the one message style (:func:`must_be`). A check
+that joins several options is declared in the table too, right after its rows
+(:data:`~sparkdl_avg.driver.config.options.JOINTS`): a :class:`Requires` ("A, when set, needs B to be one of S") or a
+:class:`Joint` (A, when set, and any other predicate of the values), run in their declared order by
+:func:`check_joints`. The parsers (:func:`parse_rate`, :func:`import_function`, :func:`on_off`, ...) turn the jobs' flag
+text, or a Param's string, into an option's value. This module knows no row: the table imports it.
 """
 
 from __future__ import annotations
@@ -29,12 +28,10 @@ def must_be(name: str, what: str, value: Any) -> ConfigurationError:
 class Constraint:
     """What an option's value must be: a row's ``check``, called as ``check(name, value)``.
 
-    A constraint says what it accepts (``str(c)``: "an int in the range [1,
-    inf)") and refuses anything else with :func:`must_be`'s message, so every
-    option's error reads the same; the CLI and the estimator rename the
-    option in it (:func:`rename`). Subclasses define :meth:`accepts` and
-    ``__str__``, or override :meth:`__call__` where a parser raises its own,
-    more specific message (the update rule, the schedule, the link rate).
+    A constraint says what it accepts (``str(c)``: "an int in the range [1, inf)") and refuses anything else with
+    :func:`must_be`'s message, so every option's error reads the same; the CLI and the estimator rename the option in it
+    (:func:`rename`). Subclasses define :meth:`accepts` and ``__str__``, or override :meth:`__call__` where a parser
+    raises its own, more specific message (the update rule, the schedule, the link rate).
     """
 
     def accepts(self, value: Any) -> bool:
@@ -261,8 +258,8 @@ def import_function(text: str) -> Any:
 def parse_class_weight(text: str) -> Dict[int, float]:
     """``--class-weight``'s ``CLASS=WEIGHT,...`` (``0=1,1=5``) as a dict.
 
-    Raises ``argparse.ArgumentTypeError``, whose message argparse prints as the flag's error; the
-    weights' range is checked by :class:`ClassWeights`.
+    Raises ``argparse.ArgumentTypeError``, whose message argparse prints as the flag's error; the weights' range is
+    checked by :class:`ClassWeights`.
     """
     import argparse
 
@@ -283,9 +280,9 @@ def parse_class_weight(text: str) -> Dict[int, float]:
 def class_weight_text(value: Any) -> str:
     """The estimator's ``classWeight`` Param: a dict ``{class: weight}`` or ``CLASS=WEIGHT,...`` text as ``"0=1.0,1=5.0"``.
 
-    Text, so that a saved stage's JSON metadata keeps the int classes (JSON keys are strings); the
-    weights' range is checked when the estimator fits (:class:`ClassWeights`). Raises ``TypeError``
-    (the Param's converter: the estimator names the Param and what it takes).
+    Text, so that a saved stage's JSON metadata keeps the int classes (JSON keys are strings); the weights' range is
+    checked when the estimator fits (:class:`ClassWeights`). Raises ``TypeError`` (the Param's converter: the estimator
+    names the Param and what it takes).
     """
     if isinstance(value, str):
         try:
@@ -363,10 +360,10 @@ def require(name: str, value: Any, constraint: Constraint) -> None:
 class CrossCheck:
     """A check of several options together, declared in the table after their rows (``JOINTS``).
 
-    It concerns option ``name`` when that is set: its value is one of ``when``, or, with
-    ``when=None``, not its row's default; then :meth:`refused` says whether the other options'
-    values refuse it. The error's text is ``message``: a template formatted with the values by
-    name (``{synchronization!r}``) and ``default`` (``name``'s default), or a function of the values.
+    It concerns option ``name`` when that is set: its value is one of ``when``, or, with ``when=None``, not its row's
+    default; then :meth:`refused` says whether the other options' values refuse it. The error's text is ``message``: a
+    template formatted with the values by name (``{synchronization!r}``) and ``default`` (``name``'s default), or a
+    function of the values.
     """
 
     name: str

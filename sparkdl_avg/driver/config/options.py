@@ -1,48 +1,39 @@
 """The one table of trainer options, :data:`OPTIONS`: every entry point derives its options from it.
 
-Each :class:`~.rows.Option` row declares an option once: its snake_case name,
-default, type, documentation, check, how the jobs' command line spells it
-(:class:`~.rows.Flag`) and which Spark ML Param carries it (:class:`~.rows.SparkParam`);
-:data:`JOINTS` (:mod:`.joints`) declares the checks that join several of them. The trainer's rows are here, ``fit``'s and MLflow's in
-:mod:`.fit_options`; the machinery is apart: the row types in :mod:`.rows`,
-the constraints and parsers in :mod:`.constraints`, the code generation in
-:mod:`.codegen`, the renaming of messages in :mod:`.messages`. From the rows derive:
+Each :class:`~.rows.Option` row declares an option once: its snake_case name, default, type, documentation, check,
+how the jobs' command line spells it (:class:`~.rows.Flag`) and which Spark ML Param carries it
+(:class:`~.rows.SparkParam`); :data:`JOINTS` (:mod:`.joints`) declares the checks that join several of them. The
+trainer's rows are here, ``fit``'s and MLflow's in :mod:`.fit_options`; the machinery is apart: the row types in
+:mod:`.rows`, the constraints and parsers in :mod:`.constraints`, the code generation in :mod:`.codegen`, the renaming
+of messages in :mod:`.messages`. From the rows derive:
 
-- :class:`~sparkdl_avg.driver.config.trainer_config.TrainerConfig` (the :data:`TRAINER` rows: its
-  fields, defaults, docstring and the checks ``__post_init__`` runs);
-- ``ParameterAveragingTrainer.__init__``'s signature, its unknown-keyword
-  error and its docstring's Args (:func:`~.codegen.constructor`, :func:`~.codegen.document`);
-- the jobs' flags (``sparkdl_avg.driver.api.cli.add_trainer_args``, ``add_data_args``)
-  and ``cli.trainer_options``;
-- ``KerasAveragingEstimator``'s Params, keyword arguments, defaults,
-  setters, getters, ``_trainer_options`` and the snake_case → camelCase map
-  of its error messages (``sparkdl_avg.driver.api.ml``);
-- :class:`~sparkdl_avg.driver.observe.tracking.MlflowLogger`'s signature and Args (the
-  :data:`TRACKING` rows but the ``mlflow`` switch), the jobs' ``--mlflow-*``
-  flags and the estimator's ``mlflow*`` Params, made into one logger by
+- :class:`~sparkdl_avg.driver.config.trainer_config.TrainerConfig` (the :data:`TRAINER` rows: its fields, defaults,
+  docstring and the checks ``__post_init__`` runs);
+- ``ParameterAveragingTrainer.__init__``'s signature, its unknown-keyword error and its docstring's Args
+  (:func:`~.codegen.constructor`, :func:`~.codegen.document`);
+- the jobs' flags (``sparkdl_avg.driver.api.cli.add_trainer_args``, ``add_data_args``) and ``cli.trainer_options``;
+- ``KerasAveragingEstimator``'s Params, keyword arguments, defaults, setters, getters, ``_trainer_options`` and the
+  snake_case → camelCase map of its error messages (``sparkdl_avg.driver.api.ml``);
+- :class:`~sparkdl_avg.driver.observe.tracking.MlflowLogger`'s signature and Args (the :data:`TRACKING` rows but the
+  ``mlflow`` switch), the jobs' ``--mlflow-*`` flags and the estimator's ``mlflow*`` Params, made into one logger by
   :func:`sparkdl_avg.driver.observe.tracking.from_options`;
-- the site's options page (docs/hooks/options_page.py, checked by tests/docs/test_site.py)
-  and tests/config/test_options.py (every row reaches all three entry points with
-  the same default and the same error).
+- the site's options page (docs/hooks/options_page.py, checked by tests/docs/test_site.py) and
+  tests/config/test_options.py (every row reaches all three entry points with the same default and the same error).
 
-Where an entry point gives an option another default or form, the row says
-so: the CLI and the estimator name the update rule (``update_rule="average"``,
-or a spec) and give its numbers flat (the :data:`RULE` rows ``block_momentum``
-and ``block_lr``, whose help derives from the rules' declared parameters,
-combined by :func:`from_flat`); the CLI prints one line per epoch
-(``verbose=2``), the estimator is silent (``verbose=0``). Values that name
-classes are read from their registries (the rules', :data:`TRANSPORTS`, :data:`AGGREGATIONS`).
+Where an entry point gives an option another default or form, the row says so: the CLI and the estimator name the
+update rule (``update_rule="average"``, or a spec) and give its numbers flat (the :data:`RULE` rows ``block_momentum``
+and ``block_lr``, whose help derives from the rules' declared parameters, combined by :func:`from_flat`); the CLI
+prints one line per epoch (``verbose=2``), the estimator is silent (``verbose=0``). Values that name classes are read
+from their registries (the rules', :data:`TRANSPORTS`, :data:`AGGREGATIONS`).
 
-Every row's ``check`` is a :class:`~.constraints.Constraint`, which renders the one message
-style (:func:`~.constraints.must_be`). The trainer's rows are checked by ``TrainerConfig``
-(with the checks across options, :data:`JOINTS`), the :data:`FIT` rows by
-:func:`sparkdl_avg.driver.config.trainer_config.check_fit_args`, which ``fit`` and, before
-Spark starts, the jobs (``sparkdl_avg.driver.api.cli.check_fit_flags``) call. Whatever the check, the
-CLI's message names the flag (``--batch-size``, :func:`~.messages.flag_names`) and the
-estimator's the Param (``batchSize``) where the trainer's names the option.
-Besides its row, an option's name appears only where it is used, in
-messages and in other callables' own options such as ``evaluate``'s
-``batch_size`` (``grep -rn "batch_size\\|batchSize\\|batch-size" sparkdl_avg/``).
+Every row's ``check`` is a :class:`~.constraints.Constraint`, which renders the one message style
+(:func:`~.constraints.must_be`). The trainer's rows are checked by ``TrainerConfig`` (with the checks across options,
+:data:`JOINTS`), the :data:`FIT` rows by :func:`sparkdl_avg.driver.config.trainer_config.check_fit_args`, which ``fit``
+and, before Spark starts, the jobs (``sparkdl_avg.driver.api.cli.check_fit_flags``) call. Whatever the check, the CLI's
+message names the flag (``--batch-size``, :func:`~.messages.flag_names`) and the estimator's the Param (``batchSize``)
+where the trainer's names the option. Besides its row, an option's name appears only where it is used, in messages and
+in other callables' own options such as ``evaluate``'s ``batch_size``
+(``grep -rn "batch_size\\|batchSize\\|batch-size" sparkdl_avg/``).
 """
 
 from __future__ import annotations
@@ -544,9 +535,8 @@ def check(name: str, value: Any) -> None:
 def from_flat(values: Mapping[str, Any]) -> Dict[str, Any]:
     """The trainer's options from the CLI's or the estimator's flat values.
 
-    ``values`` holds the :data:`TRAINER` and :data:`RULE` options by name;
-    ``update_rule`` is a rule name or spec, made a rule with the :data:`RULE`
-    options by :func:`~sparkdl_avg.driver.algorithms.rules.as_update_rule`.
+    ``values`` holds the :data:`TRAINER` and :data:`RULE` options by name; ``update_rule`` is a rule name or spec, made
+    a rule with the :data:`RULE` options by :func:`~sparkdl_avg.driver.algorithms.rules.as_update_rule`.
     """
     out = {o.name: values[o.name] for o in of(TRAINER) if o.name in values}
     out["update_rule"] = as_update_rule(values["update_rule"], {o.name: values[o.name] for o in of(RULE)})

@@ -1,25 +1,20 @@
 """Data adapters: one class per container a user can pass as data, behind one protocol, found in one registry.
 
-As Keras' ``DataAdapter`` and ``get_data_adapter``: every question the driver
-asks of the user's data (whose Spark session runs it, whether it has a
-column, under which key its staged files are reused, how it is staged, how
-many examples it has and its first few for ``advise``, the DataFrame
-``predict`` adds its outputs to) is put to the data's adapter, and one lookup
-(:func:`find_data_adapter`, in :data:`ADAPTERS`) chooses the adapter. The
-built-in adapters:
+As Keras' ``DataAdapter`` and ``get_data_adapter``: every question the driver asks of the user's data (whose Spark
+session runs it, whether it has a column, under which key its staged files are reused, how it is staged, how many
+examples it has and its first few for ``advise``, the DataFrame ``predict`` adds its outputs to) is put to the data's
+adapter, and one lookup (:func:`find_data_adapter`, in :data:`ADAPTERS`) chooses the adapter. The built-in adapters:
 
 - :class:`DataFrameAdapter`: a Spark DataFrame, classic or Spark Connect;
 - :class:`RDDAdapter`: an RDD of ``(x, y)`` pairs (classic sessions only);
 - :class:`ArrayAdapter`: ``(x, y)`` or ``(x, y, sample_weight)`` numpy arrays;
 - :class:`PandasAdapter`: a pandas DataFrame, refused with how to convert it.
 
-A user's own container joins through :func:`register_data_adapter` with a
-:class:`DataAdapter` subclass that converts it to one of the above (see the
-class's docstring); the lookup asks the user's adapters first, the latest
-registered first. Every question goes to a built-in adapter:
-:func:`get_data_adapter` converts a user's container first. A new built-in
-container is one class here (and, when it stages in its own way, the module
-that stages it: :mod:`.frames` and :mod:`.arrays` are the built-ins').
+A user's own container joins through :func:`register_data_adapter` with a :class:`DataAdapter` subclass that converts it
+to one of the above (see the class's docstring); the lookup asks the user's adapters first, the latest registered first.
+Every question goes to a built-in adapter: :func:`get_data_adapter` converts a user's container first. A new built-in
+container is one class here (and, when it stages in its own way, the module that stages it: :mod:`.frames` and
+:mod:`.arrays` are the built-ins').
 """
 
 from __future__ import annotations
@@ -56,27 +51,21 @@ class StageRequest:
 class DataAdapter:
     """Makes a container of data usable by ``fit``, ``evaluate``, ``predict`` and ``advise``.
 
-    To pass a container the library does not know, subclass this class,
-    implement the two methods below and register the class with
-    :func:`sparkdl_avg.register_data_adapter`:
+    To pass a container the library does not know, subclass this class, implement the two methods below and register the
+    class with :func:`sparkdl_avg.register_data_adapter`:
 
-    - ``can_handle(cls, data) -> bool`` (a classmethod): whether ``data`` is
-      your container. It must be cheap and must not raise.
-    - ``convert(self) -> data``: ``self.data`` (your container) as data the
-      library takes: a Spark DataFrame (with the columns ``features_col``,
-      ``label_col`` and ``sample_weight_col`` name), an RDD of ``(x, y)``
-      pairs, or a tuple ``(x, y)`` / ``(x, y, sample_weight)`` of numpy
-      arrays. ``self.what`` names the data in messages (``"training"``,
-      ``"validation"``, ``"evaluation"``, ...).
+    - ``can_handle(cls, data) -> bool`` (a classmethod): whether ``data`` is your container. It must be cheap and must
+      not raise.
+    - ``convert(self) -> data``: ``self.data`` (your container) as data the library takes: a Spark DataFrame (with the
+      columns ``features_col``, ``label_col`` and ``sample_weight_col`` name), an RDD of ``(x, y)`` pairs, or a tuple
+      ``(x, y)`` / ``(x, y, sample_weight)`` of numpy arrays. ``self.what`` names the data in messages
+      (``"training"``, ``"validation"``, ``"evaluation"``, ...).
 
-    Each call of ``fit``, ``evaluate``, ``predict`` or ``advise`` converts
-    your container once, then treats the result as if you had passed it:
-    the same checks, messages and staging. ``predict`` returns a DataFrame
-    with the predictions added, so it takes containers that convert to a
-    DataFrame (as it takes DataFrames, not numpy arrays). Data staged from a
-    converted DataFrame or RDD is not reused by a later call (each call
-    converts again, into a new DataFrame); converted numpy arrays are reused
-    when their contents are the same, as numpy arrays always are.
+    Each call of ``fit``, ``evaluate``, ``predict`` or ``advise`` converts your container once, then treats the result
+    as if you had passed it: the same checks, messages and staging. ``predict`` returns a DataFrame with the predictions
+    added, so it takes containers that convert to a DataFrame (as it takes DataFrames, not numpy arrays). Data staged
+    from a converted DataFrame or RDD is not reused by a later call (each call converts again, into a new DataFrame);
+    converted numpy arrays are reused when their contents are the same, as numpy arrays always are.
 
     Example::
 
@@ -91,9 +80,8 @@ class DataAdapter:
         sparkdl_avg.register_data_adapter(ColumnsAdapter)
         trainer.fit(MyColumns(...))
 
-    The driver's other questions go to the library's adapter of the data
-    your container converts to (:meth:`known`); a user's adapter need not
-    implement them.
+    The driver's other questions go to the library's adapter of the data your container converts to (:meth:`known`); a
+    user's adapter need not implement them.
 
     Args:
         data: The container.
@@ -244,8 +232,7 @@ class RDDAdapter(_BuiltIn):
 class ArrayAdapter(_BuiltIn):
     """``(x, y)`` or ``(x, y, sample_weight)`` numpy arrays (lists of arrays for several inputs or outputs).
 
-    Staged on the driver, without a Spark job (:mod:`.arrays`); run by the
-    active session.
+    Staged on the driver, without a Spark job (:mod:`.arrays`); run by the active session.
     """
 
     @classmethod
@@ -293,14 +280,13 @@ class PandasAdapter(_BuiltIn):
 def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
     """Registers a :class:`DataAdapter` subclass, so that its container can be passed as data.
 
-    As data to ``fit`` (and its ``validation_data``), ``evaluate``,
-    ``predict`` and ``advise``. Adapters registered later are asked first, before the library's own;
-    registering a class again (or a class defined again) moves it first. Returns the class, so it can
-    be used as a class decorator.
+    As data to ``fit`` (and its ``validation_data``), ``evaluate``, ``predict`` and ``advise``. Adapters registered
+    later are asked first, before the library's own; registering a class again (or a class defined again) moves it
+    first. Returns the class, so it can be used as a class decorator.
 
     Raises:
-        ConfigurationError: ``adapter_cls`` is not a ``DataAdapter`` subclass
-            that implements ``can_handle`` and ``convert``.
+        ConfigurationError: ``adapter_cls`` is not a ``DataAdapter`` subclass that implements ``can_handle`` and
+            ``convert``.
     """
     user = isinstance(adapter_cls, type) and issubclass(adapter_cls, DataAdapter) and not issubclass(adapter_cls,
                                                                                                      _BuiltIn)
@@ -353,8 +339,8 @@ def engine_for(data: Any, what: str = "training") -> Engine:
     """The :class:`Engine` of the session that owns ``data``, or of the active session for numpy arrays.
 
     Raises:
-        DataError: no adapter takes ``data``; an RDD under Spark Connect (which
-            has no RDDs); numpy arrays without an active session (``SessionError``).
+        DataError: no adapter takes ``data``; an RDD under Spark Connect (which has no RDDs); numpy arrays without an
+            active session (``SessionError``).
     """
     return get_data_adapter(data, what).engine()
 

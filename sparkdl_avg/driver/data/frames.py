@@ -1,16 +1,12 @@
 """How a Spark DataFrame is staged: its columns checked against the model, chosen by kind, written by one Spark job.
 
-This module owns the DataFrame side of staging, which
-:class:`~sparkdl_avg.driver.data.adapters.DataFrameAdapter` (classic and
-Spark Connect DataFrames) hands its data to: the columns named by
-``features_col``, ``label_col`` and ``sample_weight_col`` checked against
-the schema (:func:`input_column`: each model input's column kind chosen by
-:func:`sparkdl_avg.shared.data.kinds.kind_for_spark`), one ``mapInArrow`` job
-whose task bodies are :mod:`sparkdl_avg.executor.stage_writer`'s, and, with a
-preprocessing function, its dry run on a few rows (:func:`dry_run`) and the
-raw columns it reads. :mod:`sparkdl_avg.driver.data.inference` uses the same
-column checks for ``predict``. The driver only ever receives one small row
-per partition, never the data.
+This module owns the DataFrame side of staging, which :class:`~sparkdl_avg.driver.data.adapters.DataFrameAdapter`
+(classic and Spark Connect DataFrames) hands its data to: the columns named by ``features_col``, ``label_col`` and
+``sample_weight_col`` checked against the schema (:func:`input_column`: each model input's column kind chosen by
+:func:`sparkdl_avg.shared.data.kinds.kind_for_spark`), one ``mapInArrow`` job whose task bodies are
+:mod:`sparkdl_avg.executor.stage_writer`'s, and, with a preprocessing function, its dry run on a few rows
+(:func:`dry_run`) and the raw columns it reads. :mod:`sparkdl_avg.driver.data.inference` uses the same column checks for
+``predict``. The driver only ever receives one small row per partition, never the data.
 """
 
 from __future__ import annotations
@@ -78,12 +74,10 @@ def quoted(name: str):
 def input_column(df, name: str, k: int, count: int, field: Field, what: str = "training"):
     """``(expression, Column)``: how DataFrame column ``name`` feeds model input ``k`` (of ``count``) of ``field``.
 
-    The column kinds are asked in turn (:func:`~sparkdl_avg.shared.data.kinds.kind_for_spark`):
-    ``binary`` and ``string`` columns feed string inputs; numeric arrays,
-    numeric scalars (inputs of one value) and ``pyspark.ml`` Vectors feed
-    numeric inputs (a Vector size known from the schema's ML metadata, which
-    ``VectorAssembler`` writes, is checked here); Spark's image struct feeds
-    an input of shape ``(height, width, channels)``.
+    The column kinds are asked in turn (:func:`~sparkdl_avg.shared.data.kinds.kind_for_spark`): ``binary`` and
+    ``string`` columns feed string inputs; numeric arrays, numeric scalars (inputs of one value) and ``pyspark.ml``
+    Vectors feed numeric inputs (a Vector size known from the schema's ML metadata, which ``VectorAssembler`` writes, is
+    checked here); Spark's image struct feeds an input of shape ``(height, width, channels)``.
 
     Raises:
         DataError: the column is missing, of a type the input cannot take, or of the wrong size.
@@ -142,8 +136,8 @@ def _run_staging(selected, columns, directory, checks, what, renamed,
                  preprocess: Optional[Preprocess] = None) -> Tuple[Tuple[StagedFile, ...], list]:
     """The staging job over ``selected`` (one column per :class:`Column`); returns the files and the label widths.
 
-    With ``preprocess``, each task first loads the function as the rounds
-    will: a module the executors lack stops the fit here, before the data is read.
+    With ``preprocess``, each task first loads the function as the rounds will: a module the executors lack stops the
+    fit here, before the data is read.
     """
     body = partial(export_arrow_batches, directory=directory, columns=columns, checks=checks, preprocess=preprocess)
     rows = run_job(
@@ -217,19 +211,15 @@ def dry_run(df, preprocess: Preprocess, x_names: Sequence[str], x_fields: Sequen
             what: str) -> Tuple[Preprocess, List[str], Tuple[Field, ...]]:
     """Runs ``preprocess`` on the first :data:`DRY_RUN_ROWS` rows of ``df`` on the driver, before anything is staged.
 
-    Its output must give every model input in the shape and dtype the model
-    takes, and labels the loss accepts (:func:`check_label_shape`, and the
-    ``check_data`` value checks: finite inputs, labels and weights, ids in
-    an Embedding's range). Training data is run with ``training=True`` and,
-    when the function takes ``training``, with ``training=False`` too, as
-    validation, ``evaluate`` and ``predict`` will call it. Costs one small Spark job.
+    Its output must give every model input in the shape and dtype the model takes, and labels the loss accepts
+    (:func:`check_label_shape`, and the ``check_data`` value checks: finite inputs, labels and weights, ids in an
+    Embedding's range). Training data is run with ``training=True`` and, when the function takes ``training``, with
+    ``training=False`` too, as validation, ``evaluate`` and ``predict`` will call it. Costs one small Spark job.
 
     Returns:
-        The function with the columns it read, the DataFrame columns to
-        stage (those it read, the names it does not return that the batch
-        passes through, and a string ``path`` column, which names a row
-        the function fails on in a round), and the labels' fields (shape from the
-        output; integers as int32, else ``label_float``).
+        The function with the columns it read, the DataFrame columns to stage (those it read, the names it does not
+        return that the batch passes through, and a string ``path`` column, which names a row the function fails on in
+        a round), and the labels' fields (shape from the output; integers as int32, else ``label_float``).
 
     Raises:
         DataError: the function failed, or its output does not fit the model.

@@ -1,12 +1,10 @@
 """Driver side of distributed inference: add a model's outputs to a DataFrame.
 
-The columns the model's inputs come from (or the raw columns a preprocessing
-function reads) go through an iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``,
-Spark ≥ 4.1) whose body, :func:`sparkdl_avg.executor.predict.predict_batches`, runs on
-executors with the replica cached per Python worker and sees each Arrow
-batch's numeric columns as numpy arrays (no pandas, no per-row objects).
-Every other column of the DataFrame passes through untouched (Vectors
-included, also from a columnar source such as Parquet: see
+The columns the model's inputs come from (or the raw columns a preprocessing function reads) go through an iterator
+Arrow UDF (``pyspark.sql.functions.arrow_udf``, Spark ≥ 4.1) whose body,
+:func:`sparkdl_avg.executor.predict.predict_batches`, runs on executors with the replica cached per Python worker and
+sees each Arrow batch's numeric columns as numpy arrays (no pandas, no per-row objects). Every other column of the
+DataFrame passes through untouched (Vectors included, also from a columnar source such as Parquet: see
 :func:`_udf_input`).
 """
 
@@ -31,9 +29,8 @@ BINARY_LOSSES = ("binarycrossentropy", "binaryfocalcrossentropy")
 def output_kind(model) -> str:
     """``"multiclass"``, ``"binary"`` or ``"regression"``, from the compiled loss.
 
-    Categorical cross-entropies (sparse or not) make a multi-class classifier,
-    binary cross-entropies with one output a binary classifier, anything else
-    a regressor; so does a model with several outputs.
+    Categorical cross-entropies (sparse or not) make a multi-class classifier, binary cross-entropies with one output a
+    binary classifier, anything else a regressor; so does a model with several outputs.
     """
     loss = model.loss
     if isinstance(loss, (list, tuple, dict)) or len(model.outputs) > 1:
@@ -65,16 +62,13 @@ def _holds_udt(data_type) -> bool:
 def _udf_input(df, arguments):
     """``(DataFrame, arguments)`` to call the prediction UDF on: ``arguments`` and the first one again.
 
-    Spark ≥ 4.2 hands an Arrow UDF whose child is a columnar scan (Parquet,
-    ORC) the scan's column batches and converts the columns it passes
-    through with a converter that has no user-defined types, so any Vector
-    column next to the features fails with ``UNSUPPORTED_DATATYPE``. When
-    the schema holds one, array arguments are computed in a projection of
-    their own (``transform`` keeps it from being trivial) and the first is
-    referenced twice, which Spark's optimizer does not merge into the UDF: a
-    row-based operator then sits between the scan and the UDF, the path that
-    carries every type. Otherwise the UDF stays directly on the source (Spark
-    deduplicates the two identical arguments; Python sees them once each).
+    Spark ≥ 4.2 hands an Arrow UDF whose child is a columnar scan (Parquet, ORC) the scan's column batches and converts
+    the columns it passes through with a converter that has no user-defined types, so any Vector column next to the
+    features fails with ``UNSUPPORTED_DATATYPE``. When the schema holds one, array arguments are computed in a
+    projection of their own (``transform`` keeps it from being trivial) and the first is referenced twice, which Spark's
+    optimizer does not merge into the UDF: a row-based operator then sits between the scan and the UDF, the path that
+    carries every type. Otherwise the UDF stays directly on the source (Spark deduplicates the two identical arguments;
+    Python sees them once each).
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -95,11 +89,9 @@ def _udf_input(df, arguments):
 def udf_inputs(df, model, features_col, preprocess=None, what: str = "input"):
     """How ``df`` feeds ``model``: ``(expressions, StagedDataset without files)`` for :class:`PredictTask`.
 
-    Without ``preprocess``, one expression per model input
-    (:func:`sparkdl_avg.driver.data.frames.input_column`); with it, the raw
-    columns the function reads, found by its dry run on a few rows
-    (:func:`sparkdl_avg.driver.data.frames.dry_run`); its NaN/Inf inputs are refused there and on
-    the executors.
+    Without ``preprocess``, one expression per model input (:func:`sparkdl_avg.driver.data.frames.input_column`); with
+    it, the raw columns the function reads, found by its dry run on a few rows
+    (:func:`sparkdl_avg.driver.data.frames.dry_run`); its NaN/Inf inputs are refused there and on the executors.
     """
     from ...shared.data.columns import Column, Field
     from ...shared.data.kinds import RawKind
@@ -127,12 +119,10 @@ def udf_inputs(df, model, features_col, preprocess=None, what: str = "input"):
 class PredictCache:
     """What a caller's repeated ``predict`` calls can share: the model's spec and weights as shipped.
 
-    Describing the model (:meth:`ModelSpec.from_model`: its ``.keras``
-    archive) and broadcasting it was paid on every call, a noticeable share
-    of a prediction (docs/benchmarks/data_formats.md). They are kept
-    while the model object, its compile settings and the Spark application
-    stay the same; the weights while their bytes do (a fit in between
-    changes them, and they are shipped again).
+    Describing the model (:meth:`ModelSpec.from_model`: its ``.keras`` archive) and broadcasting it is a noticeable
+    share of a prediction (docs/benchmarks/data_formats.md). They are kept while the model object, its compile settings
+    and the Spark application stay the same; the weights while their bytes do (a fit in between changes them, and they
+    are shipped again).
     """
 
     def __init__(self) -> None:
@@ -178,35 +168,30 @@ def add_predictions(
     """Returns ``df`` with the model's outputs added (lazily, like any transformation).
 
     Args:
-        df: Spark DataFrame with a features column (or a container a
-            registered :class:`~sparkdl_avg.driver.data.adapters.DataAdapter`
-            converts to one).
+        df: Spark DataFrame with a features column (or a container a registered
+            :class:`~sparkdl_avg.driver.data.adapters.DataAdapter` converts to one).
         model: A compiled (or loaded) ``keras.Model``; its current weights are used.
-        features_col: Column of ``array<float|double>``, numbers, ``pyspark.ml``
-            Vectors, bytes or strings (string inputs) or Spark images; a list
-            of columns, one per input, for a model with several inputs; with
+        features_col: Column of ``array<float|double>``, numbers, ``pyspark.ml`` Vectors, bytes or strings (string
+            inputs) or Spark images; a list of columns, one per input, for a model with several inputs; with
             ``preprocess``, the names of its outputs.
-        prediction_col: Output column: the class index (double) for
-            classifiers; the value (double) or values (``array<double>``) for
-            regression. A model with several outputs counts as regression;
-            its outputs are flattened and concatenated in output order.
-        probability_col: Output column of class probabilities (a
-            ``pyspark.ml`` ``DenseVector``) for classifiers; ``None`` or ``""``
-            leaves it out. Ignored for regression.
+        prediction_col: Output column: the class index (double) for classifiers; the value (double) or values
+            (``array<double>``) for regression. A model with several outputs counts as regression; its outputs are
+            flattened and concatenated in output order.
+        probability_col: Output column of class probabilities (a ``pyspark.ml`` ``DenseVector``) for classifiers;
+            ``None`` or ``""`` leaves it out. Ignored for regression.
         batch_size: Examples per ``predict_on_batch`` call on the executors.
         spec: The model's :class:`ModelSpec` if already made.
         preprocess: The preprocessing function training applied
-            (:class:`~sparkdl_avg.shared.data.preprocess.Preprocess` or a function), or ``None``;
-            it runs on the executors with ``training=False``.
+            (:class:`~sparkdl_avg.shared.data.preprocess.Preprocess` or a function), or ``None``; it runs on the
+            executors with ``training=False``.
         cache: A :class:`PredictCache` the caller keeps between calls, or ``None``.
 
     Raises:
         ConfigurationError: an output column name that is empty, or the same for both.
-        DataError: a missing or mistyped features column, or an output column
-            that already exists; with ``preprocess``, its failure or misfit on
-            the first rows (one small Spark job); from the action that computes the
-            predictions (``collect()``, ...), a row of the wrong width or a
-            null one (see :func:`sparkdl_avg.shared.errors.remote_errors.decode_user_actions`).
+        DataError: a missing or mistyped features column, or an output column that already exists; with
+            ``preprocess``, its failure or misfit on the first rows (one small Spark job); from the action that
+            computes the predictions (``collect()``, ...), a row of the wrong width or a null one (see
+            :func:`sparkdl_avg.shared.errors.remote_errors.decode_user_actions`).
     """
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F

@@ -1,26 +1,19 @@
 """The trainers' staging roots: their names, their owners, their creation and deletion, and the clean-up of dead ones.
 
-A trainer stages its data (and, with some transports, each round's state)
-under a root of its own, ``<staging_dir>/sparkdl_avg-<time>-<id>``
-(:class:`StagingRoot`), made on first use and deleted by ``close()`` or the
-trainer's finalizer at exit. A driver killed before either runs (``kill -9``,
-the OOM killer, a lost container) leaves its root behind: a whole copy of the
-training data per crash. So a local root gets an owner marker (:data:`MARKER`:
-the host, the process id and when that process started), and the first time a
-trainer makes its root in a directory it removes the roots there whose owner
-is no longer running (:func:`remove_orphans`), logging each with its size.
+A trainer stages its data (and, with some transports, each round's state) under a root of its own,
+``<staging_dir>/sparkdl_avg-<time>-<id>`` (:class:`StagingRoot`), made on first use and deleted by ``close()`` or the
+trainer's finalizer at exit. A driver killed before either runs (``kill -9``, the OOM killer, a lost container) leaves
+its root behind: a whole copy of the training data per crash. So a local root gets an owner marker (:data:`MARKER`: the
+host, the process id and when that process started), and the first time a trainer makes its root in a directory it
+removes the roots there whose owner is no longer running (:func:`remove_orphans`), logging each with its size.
 
-Only what is surely a dead driver's is removed: a directory of this naming
-pattern, owned by this user, holding a marker for itself; the owner on this
-host (same host name, boot and PID namespace) and not running, or running but
-started at another time (its pid reused). A root from before a reboot counts
-as another host's and stays (another machine of the same name sharing the
-directory cannot be told from it); so does every root on a remote filesystem
-(``hdfs://``, ``s3://``, ``gs://``): hosts share those, host names there do
-not prove one machine, and listing an object store before every fit costs
-requests. Expire those with the store's own means (an S3 lifecycle rule on
-the prefix, say). The sweep is POSIX only (Linux fully; elsewhere a reused
-pid reads as the owner, so its root stays).
+Only what is surely a dead driver's is removed: a directory of this naming pattern, owned by this user, holding a marker
+for itself; the owner on this host (same host name, boot and PID namespace) and not running, or running but started at
+another time (its pid reused). A root from before a reboot counts as another host's and stays (another machine of the
+same name sharing the directory cannot be told from it); so does every root on a remote filesystem (``hdfs://``,
+``s3://``, ``gs://``): hosts share those, host names there do not prove one machine, and listing an object store before
+every fit costs requests. Expire those with the store's own means (an S3 lifecycle rule on the prefix, say). The sweep
+is POSIX only (Linux fully; elsewhere a reused pid reads as the owner, so its root stays).
 """
 
 from __future__ import annotations
@@ -50,9 +43,8 @@ MARKER = ".sparkdl_avg-owner.json"
 class StagingRoot:
     """A trainer's own directory under ``staging_dir``: made on first use, deleted only if it was made.
 
-    :meth:`remove` runs from ``close()`` and from the trainer's finalizer at
-    exit; a root that was never made (its ``staging_dir`` unwritable or
-    unreachable) is not touched, so neither raises the fit's error again.
+    :meth:`remove` runs from ``close()`` and from the trainer's finalizer at exit; a root that was never made (its
+    ``staging_dir`` unwritable or unreachable) is not touched, so neither raises the fit's error again.
 
     Args:
         uri: The root (``<staging_dir>/sparkdl_avg-<time>-<id>``, see :meth:`new`).
@@ -74,8 +66,8 @@ class StagingRoot:
     def make(self, private: bool) -> None:
         """Creates the root (see :func:`sparkdl_avg.shared.files.fs.make_dir`); once made, a local one is marked and swept beside.
 
-        The first call after the root was (re)made writes its owner marker
-        and removes the dead drivers' roots next to it (:func:`remove_orphans`).
+        The first call after the root was (re)made writes its owner marker and removes the dead drivers' roots next to
+        it (:func:`remove_orphans`).
 
         Raises:
             PathError: naming ``staging_dir`` and why it cannot hold the root.
@@ -150,9 +142,8 @@ def _process_start(pid: int) -> Optional[int]:
 def owner_record(pid: Optional[int] = None) -> dict:
     """The marker's content for a root of process ``pid`` (default: this one): JSON-able.
 
-    Keys: ``library``, the host's (:func:`this_host`), ``pid``, ``started``
-    (:func:`_process_start`: tells a reused pid from the owner) and
-    ``written`` (seconds since the epoch, for people reading it).
+    Keys: ``library``, the host's (:func:`this_host`), ``pid``, ``started`` (:func:`_process_start`: tells a reused pid
+    from the owner) and ``written`` (seconds since the epoch, for people reading it).
     """
     pid = os.getpid() if pid is None else pid
     return {"library": "sparkdl_avg", **this_host(), "pid": pid, "started": _process_start(pid),
@@ -228,9 +219,8 @@ def _tree_size(root: str) -> Tuple[int, int]:
 def remove_orphans(parent: str) -> List[Tuple[str, int]]:
     """Removes the staging roots in the local directory ``parent`` that drivers no longer running left behind.
 
-    Which ones: :func:`dead_owner`. Each is logged at warning level, with
-    its size; one that cannot be removed whole is logged and left. Never
-    raises for what it finds: a trainer's fit does not depend on it.
+    Which ones: :func:`dead_owner`. Each is logged at warning level, with its size; one that cannot be removed whole is
+    logged and left. Never raises for what it finds: a trainer's fit does not depend on it.
 
     Returns:
         The roots removed and their sizes in bytes.

@@ -1,39 +1,29 @@
 """Elastic rounds' membership, on the driver: how many workers each round has, and why.
 
-With ``min_workers`` or ``max_workers`` set (``TrainerConfig.elastic``) the
-trainer asks :class:`Membership` before every round how many workers to plan.
-It reads the task slots Spark has live, from Spark's own status and no
-service of ours:
+With ``min_workers`` or ``max_workers`` set (``TrainerConfig.elastic``) the trainer asks :class:`Membership` before
+every round how many workers to plan. It reads the task slots Spark has live, from Spark's own status and no service of
+ours:
 
-* a classic session: the status store's executors that are active and their
-  task slots (``maxTasks``: cores over ``spark.task.cpus``), as the Spark UI
-  lists them; a read of the driver's memory, milliseconds;
-* Spark Connect, which has no SparkContext: with a ``local[N]`` master,
-  ``N``; otherwise a probe job of one short task per slot wanted, which
-  counts the Python workers its tasks ran in (a slot runs its tasks one
-  after another in one reused worker, so ``P`` tasks on ``S < P`` slots run
-  in ``S`` workers). It runs every :data:`PROBE_EVERY_S` seconds, and at
-  once after a round whose tasks shared a worker (a slot was lost).
+* a classic session: the status store's executors that are active and their task slots (``maxTasks``: cores over
+  ``spark.task.cpus``), as the Spark UI lists them; a read of the driver's memory, milliseconds;
+* Spark Connect, which has no SparkContext: with a ``local[N]`` master, ``N``; otherwise a probe job of one short task
+  per slot wanted, which counts the Python workers its tasks ran in (a slot runs its tasks one after another in one
+  reused worker, so ``P`` tasks on ``S < P`` slots run in ``S`` workers). It runs every :data:`PROBE_EVERY_S` seconds,
+  and at once after a round whose tasks shared a worker (a slot was lost).
 
-A round then has ``min(max_workers, slots)`` workers. Under dynamic
-allocation (``spark.dynamicAllocation.enabled``, a classic session) fewer
-slots than ``max_workers`` also ask Spark for the executors missing
-(``SparkContext.requestExecutors``, at most every :data:`REQUEST_EVERY_S`):
-Spark's own policy adds executors only for tasks that wait, and elastic
-rounds never make tasks wait. Executors that dynamic allocation releases
-(idle past ``executorIdleTimeout``, e.g. while a callback runs) leave the
-plan like lost ones. While fewer than
-``min_workers`` slots are live the fit waits, polling every
-:data:`WAIT_POLL_S`, and fails after ``elastic_timeout_s`` with a
-``WorkerError`` that says what it saw. Which examples the workers train
-follows from the count alone (:mod:`sparkdl_avg.shared.data.example_order`: a
-round of ``n`` workers takes the next ``n·k·B`` positions of the epoch), so
-a lost worker's examples go to the workers of the next rounds and a fit that
-replays the same counts trains bitwise the same weights.
+A round then has ``min(max_workers, slots)`` workers. Under dynamic allocation (``spark.dynamicAllocation.enabled``, a
+classic session) fewer slots than ``max_workers`` also ask Spark for the executors missing
+(``SparkContext.requestExecutors``, at most every :data:`REQUEST_EVERY_S`): Spark's own policy adds executors only for
+tasks that wait, and elastic rounds never make tasks wait. Executors that dynamic allocation releases (idle past
+``executorIdleTimeout``, e.g. while a callback runs) leave the plan like lost ones. While fewer than ``min_workers``
+slots are live the fit waits, polling every :data:`WAIT_POLL_S`, and fails after ``elastic_timeout_s`` with a
+``WorkerError`` that says what it saw. Which examples the workers train follows from the count alone
+(:mod:`sparkdl_avg.shared.data.example_order`: a round of ``n`` workers takes the next ``n·k·B`` positions of the
+epoch), so a lost worker's examples go to the workers of the next rounds and a fit that replays the same counts trains
+bitwise the same weights.
 
-Each change is kept as a :class:`Change` (epoch, round, workers, hosts,
-why): in the round's record (``RoundRecord.membership``), in
-``trainer.stats.membership`` and in every checkpoint.
+Each change is kept as a :class:`Change` (epoch, round, workers, hosts, why): in the round's record
+(``RoundRecord.membership``), in ``trainer.stats.membership`` and in every checkpoint.
 """
 
 from __future__ import annotations
@@ -187,13 +177,10 @@ _source_override: List[SlotSource] = []  # ScriptedSlots in effect, innermost la
 class ScriptedSlots:
     """Task slots as a script says instead of Spark's, for tests and for replaying a fit's membership.
 
-    Inside ``with ScriptedSlots(changes):`` every elastic fit sees, for the
-    round of ``(epoch, round)``, the slots of the last change at or before
-    it (the first change's before that). The rounds' tasks still run on
-    Spark's real slots. A fit replayed with its own history
-    (:meth:`replay`, from ``trainer.stats.membership`` or a checkpoint's)
-    plans the same workers for every round, so it trains bitwise the same
-    weights.
+    Inside ``with ScriptedSlots(changes):`` every elastic fit sees, for the round of ``(epoch, round)``, the slots of
+    the last change at or before it (the first change's before that). The rounds' tasks still run on Spark's real slots.
+    A fit replayed with its own history (:meth:`replay`, from ``trainer.stats.membership`` or a checkpoint's) plans the
+    same workers for every round, so it trains bitwise the same weights.
 
     Args:
         changes: ``(epoch, round, slots)`` triples.
@@ -237,13 +224,12 @@ class Membership:
 
     Args:
         slots: Reads the live slots (:func:`slot_source`).
-        min_workers: The fewest workers a round may have.
-        max_workers: The most workers a round may have.
+        min_workers, max_workers: The fewest and the most workers a round may have.
         timeout_s: How long to wait for ``min_workers`` slots before failing.
         history: Changes so far (a resumed fit's, from its checkpoint).
         resumed: The fit continues a checkpoint: its first round records a change (``"resumed"``) whatever its workers.
-        checkpointed: The fit writes checkpoints (``checkpoint_dir``): the timeout's advice is to resume from
-            them; without, to run the fit again.
+        checkpointed: The fit writes checkpoints (``checkpoint_dir``): the timeout's advice is to resume from them;
+            without, to run the fit again.
     """
 
     slots: SlotSource
@@ -263,8 +249,8 @@ class Membership:
     def plan(self, epoch: int, rnd: int) -> Tuple[int, Optional[Change]]:
         """The workers for round ``rnd`` of ``epoch`` and the :class:`Change` it would make (``None``: the same as before).
 
-        The change counts once the round runs (:meth:`commit`): the epoch's
-        end may come first, when what it has left is less than a minibatch each.
+        The change counts once the round runs (:meth:`commit`): the epoch's end may come first, when what it has left is
+        less than a minibatch each.
         """
         live = self._wait(epoch, rnd)
         workers = min(self.max_workers, live.count)

@@ -1,21 +1,16 @@
 """The fit loop's built-in behaviours, each a :class:`FitHook`: Keras callbacks, progress, checkpoints, elastic bookkeeping, ``"auto"``'s re-choice of its path from the link's measured rate, tracking observers and the slow and cold-start warnings.
 
-The loop (:mod:`.loop`) says what happened — an epoch began, a round was
-done, an epoch ended — through :class:`Hooks`, which calls every hook's method
-of that name in the hooks' order. A behaviour is one class here, not lines
-woven into the loop. The events, in the order one epoch emits them:
+The loop (:mod:`.loop`) says what happened — an epoch began, a round was done, an epoch ended — through
+:class:`Hooks`, which calls every hook's method of that name in the hooks' order. A behaviour is one class here, not
+lines woven into the loop. The events, in the order one epoch emits them:
 
-``epoch_begin(epoch)``; per round ``batch_begin(index)``, ``round_done(planned,
-state, record)`` (bookkeeping: checkpoints, elastic membership),
-``round_reported(record, logs, steps)`` (progress), ``batch_end(index, logs)``
-(Keras' batch hooks); ``epoch_trained(epoch)`` (after its rounds, before
-validation); ``epoch_end(epoch, logs, rounds_run, resumed_after)``;
-``epoch_saved(epoch, last)`` (after the callbacks had their say, so a
-callback's ``stop_training`` makes the checkpoint the fit's last). Around the
-epochs: ``fit_begin(info)``, ``train_begin()``, ``train_end(logs)`` and
-``fit_end(info, error)``, the last also when the fit fails.
-Stale and asynchronous epochs emit ``round_reported`` per chunk and the batch
-events per block of chunks (:mod:`.stale_async`).
+``epoch_begin(epoch)``; per round ``batch_begin(index)``, ``round_done(planned, state, record)`` (bookkeeping:
+checkpoints, elastic membership), ``round_reported(record, logs, steps)`` (progress), ``batch_end(index, logs)``
+(Keras' batch hooks); ``epoch_trained(epoch)`` (after its rounds, before validation); ``epoch_end(epoch, logs,
+rounds_run, resumed_after)``; ``epoch_saved(epoch, last)`` (after the callbacks had their say, so a callback's
+``stop_training`` makes the checkpoint the fit's last). Around the epochs: ``fit_begin(info)``, ``train_begin()``,
+``train_end(logs)`` and ``fit_end(info, error)``, the last also when the fit fails. Stale and asynchronous epochs emit
+``round_reported`` per chunk and the batch events per block of chunks (:mod:`.stale_async`).
 """
 
 from __future__ import annotations
@@ -30,8 +25,8 @@ from ..transport.link_rate import LinkChoice
 logger = logging.getLogger("sparkdl_avg")
 
 COLD_START_NOTE_S = 0.5
-"""The seconds of TensorFlow imports in one new executor Python worker from which
-a fit says what would remove them (:class:`SlowFitWarnings`)."""
+"""The seconds of TensorFlow imports in one new executor Python worker from which a fit says what would remove them
+(:class:`SlowFitWarnings`)."""
 
 _cold_start_noted: set = set()  # the Spark applications (Engine.key) told already
 
@@ -146,14 +141,11 @@ class ElasticBookkeeping(FitHook):
 class TransportChoice(FitHook):
     """``state_transport="auto"`` on hosts of their own: re-chooses the path between rounds from the link's measured rate.
 
-    After each synchronous round, :class:`~sparkdl_avg.driver.transport.link_rate.LinkChoice`
-    reads the rounds' records; when it decides to switch, the next round runs on
-    a transport built by ``build(name, rate)`` (the trainer's, with the
-    measured rate as ``network_rate``), the model's spec shipped through it, and
-    one INFO line says what was measured and chosen. The transport it
-    replaces is kept until the fit ends (``ctx.retired``: its files may hold
-    the fit's other files), then closed. Never during a round: rounds are
-    run one at a time and this runs between them.
+    After each synchronous round, :class:`~sparkdl_avg.driver.transport.link_rate.LinkChoice` reads the rounds' records;
+    when it decides to switch, the next round runs on a transport built by ``build(name, rate)`` (the trainer's, with
+    the measured rate as ``network_rate``), the model's spec shipped through it, and one INFO line says what was
+    measured and chosen. The transport it replaces is kept until the fit ends (``ctx.retired``: its files may hold the
+    fit's other files), then closed. Never during a round: rounds are run one at a time and this runs between them.
 
     Args:
         ctx: The fit's :class:`~.loop.FitContext` (its transport and round runner are replaced).
@@ -200,11 +192,10 @@ class TrackingObservers(FitHook):
 class SlowFitWarnings(FitHook):
     """``slow_warning``: says once what cold executors cost, and whether the fit is slower than one process.
 
-    The cold-start note comes after the fit's first epoch (:func:`note_cold_start`);
-    the slow warning decides after the first epoch that brings the fit's steady
-    rounds (no replica build, no first trace: :func:`~sparkdl_avg.driver.observe.costmodel.is_cold`)
-    to :data:`~sparkdl_avg.driver.observe.costmodel.WARM_ROUNDS`, or after the last
-    epoch with what there is (no steady round: no warning).
+    The cold-start note comes after the fit's first epoch (:func:`note_cold_start`); the slow warning decides after the
+    first epoch that brings the fit's steady rounds (no replica build, no first trace:
+    :func:`~sparkdl_avg.driver.observe.costmodel.is_cold`) to :data:`~sparkdl_avg.driver.observe.costmodel.WARM_ROUNDS`,
+    or after the last epoch with what there is (no steady round: no warning).
     """
 
     def __init__(self, engine, stats, settings_of, start_epoch: int, last_epoch: int, slow: bool) -> None:
@@ -243,11 +234,9 @@ class SlowFitWarnings(FitHook):
 def note_cold_start(engine, records) -> None:
     """Says once per application what the fit's new Python workers spent importing TensorFlow, and what removes it.
 
-    On a session without :data:`~sparkdl_avg.driver.runtime.session.RECOMMENDED_CONF` (a
-    notebook attached to a cluster someone else configured) every new
-    worker imports TensorFlow itself before its first task: seconds the
-    first fit waits, measured by the workers (``WorkerRecord.import_s``).
-    Workers forked from :mod:`sparkdl_avg.daemon` report 0.
+    On a session without :data:`~sparkdl_avg.driver.runtime.session.RECOMMENDED_CONF` (a notebook attached to a cluster
+    someone else configured) every new worker imports TensorFlow itself before its first task: seconds the first fit
+    waits, measured by the workers (``WorkerRecord.import_s``). Workers forked from :mod:`sparkdl_avg.daemon` report 0.
     """
     seconds = [w.import_s for r in records for w in r.workers if w.import_s > 0]
     if not seconds or max(seconds) < COLD_START_NOTE_S or engine.key in _cold_start_noted:

@@ -1,11 +1,9 @@
 """One fit's epochs on the driver: :func:`start` builds what they share, :class:`FitLoop` runs them.
 
-The loop is short on purpose: for each epoch it asks the planner
-(:class:`~.planner.RoundPlanner`) for the next round, runs it
-(:class:`~.rounds.RoundRunner`) and tells the hooks (:mod:`.hooks`) what
-happened; stale and asynchronous epochs run as chunks (:mod:`.stale_async`)
-with the same hooks. Validation after each epoch and closing the transport
-however the fit ends are the loop's own.
+The loop is short on purpose: for each epoch it asks the planner (:class:`~.planner.RoundPlanner`) for the next round,
+runs it (:class:`~.rounds.RoundRunner`) and tells the hooks (:mod:`.hooks`) what happened; stale and asynchronous epochs
+run as chunks (:mod:`.stale_async`) with the same hooks. Validation after each epoch and closing the transport however
+the fit ends are the loop's own.
 """
 
 from __future__ import annotations
@@ -148,8 +146,8 @@ class FitLoop:
         evaluate: ``(staged data) -> logs``: the validation data's metrics on the model's weights now.
         slow_warning: The ``slow_warning`` option: say what a cold start cost and whether the fit is slow.
         retransport: Where ``state_transport="auto"`` learns the link's rate
-            (:func:`~sparkdl_avg.driver.transport.link_rate.learns`), ``(name, rate) -> StateTransport``
-            and the rate the first choice assumed, in words (:class:`~.hooks.TransportChoice`); else ``None``.
+            (:func:`~sparkdl_avg.driver.transport.link_rate.learns`), ``(name, rate) -> StateTransport`` and the rate
+            the first choice assumed, in words (:class:`~.hooks.TransportChoice`); else ``None``.
     """
 
     def __init__(self, model, plan: FitPlan, ctx: FitContext, observers: List[Any], evaluate,

@@ -1,23 +1,18 @@
 """One round of parameter averaging, on the driver: state out, the Spark job, sums back, the update.
 
-This module owns a round from the driver's side. :class:`RoundRunner` is
-made once per ``fit`` with everything its rounds share; each
-:meth:`RoundRunner.run` reads the model's state, has the update rule say what
-to send, sends it through the fit's state transport
-(:mod:`sparkdl_avg.driver.transport`), runs one Spark job in which each of
-``num_workers`` tasks trains its replica (:func:`sparkdl_avg.executor.worker.run_round_partition`;
-under a local Spark Connect server, one round of a job that runs many),
-gets the example-weighted sums back, stops on non-finite replicas, applies
-the update rule, sets the new state on the model and records the round's
-:class:`~sparkdl_avg.shared.wire.stats.RoundRecord`. :class:`~sparkdl_avg.driver.algorithms.rules.RuleState` keeps the update
-rule's state (BMUF's ``Δ``) between rounds and fits. The stale-synchronous
-and asynchronous scheduler (:mod:`sparkdl_avg.driver.fit.stale_async`) asks the same runner
-for one worker's chunk at a time (:meth:`RoundRunner.run_chunk`) and has it
-record the chunks it applies (:meth:`RoundRunner.record_chunk`).
+This module owns a round from the driver's side. :class:`RoundRunner` is made once per ``fit`` with everything its
+rounds share; each :meth:`RoundRunner.run` reads the model's state, has the update rule say what to send, sends it
+through the fit's state transport (:mod:`sparkdl_avg.driver.transport`), runs one Spark job in which each of
+``num_workers`` tasks trains its replica (:func:`sparkdl_avg.executor.worker.run_round_partition`; under a local Spark
+Connect server, one round of a job that runs many), gets the example-weighted sums back, stops on non-finite replicas,
+applies the update rule, sets the new state on the model and records the round's
+:class:`~sparkdl_avg.shared.wire.stats.RoundRecord`. :class:`~sparkdl_avg.driver.algorithms.rules.RuleState` keeps the
+update rule's state (BMUF's ``Δ``) between rounds and fits. The stale-synchronous and asynchronous scheduler
+(:mod:`sparkdl_avg.driver.fit.stale_async`) asks the same runner for one worker's chunk at a time
+(:meth:`RoundRunner.run_chunk`) and has it record the chunks it applies (:meth:`RoundRunner.record_chunk`).
 
-The executor entry point is looked up as ``worker.run_round_partition`` at
-each round, so a test can wrap it to inject executor faults (a failed first
-attempt, a killed Python worker) without reaching into this module.
+The executor entry point is looked up as ``worker.run_round_partition`` at each round, so a test can wrap it to inject
+executor faults (a failed first attempt, a killed Python worker) without reaching into this module.
 """
 
 from __future__ import annotations
@@ -87,13 +82,12 @@ class RoundRunner:
     Args:
         engine: The session's :class:`~sparkdl_avg.driver.runtime.session.Engine`.
         model: The driver's compiled model; holds the global state.
-        settings: The fit's shared settings.
         rule: The update rule, resolved for ``settings.num_workers``.
         rule_state: The rule's state, updated in place each round.
         transport: How state and sums move (one per fit).
         stats: Where each round's record goes.
-        kept: What workers keep between rounds, one
-            :class:`~sparkdl_avg.driver.transport.chains.KeptKind` per kind that applies, in registration order.
+        kept: What workers keep between rounds, one :class:`~sparkdl_avg.driver.transport.chains.KeptKind` per kind
+            that applies, in registration order.
     """
 
     def __init__(self, engine, model, settings: RoundSettings, rule: UpdateRule, rule_state: RuleState,
@@ -111,9 +105,9 @@ class RoundRunner:
     def pipelines(self) -> bool:
         """Whether a round may be announced while the one before it trains (``overlap_rounds`` in a standing job).
 
-        Only the protocol's arithmetic makes that possible (round ``t + 1``
-        starts from ``G_t``, known when round ``t`` starts); averaged
-        optimizer states and kinds of kept state that are not ``pipelined`` (error feedback, fragments) are not.
+        Only the protocol's arithmetic makes that possible (round ``t + 1`` starts from ``G_t``, known when round ``t``
+        starts); averaged optimizer states and kinds of kept state that are not ``pipelined`` (error feedback,
+        fragments) are not.
         """
         return (self.settings.overlap and all(k.pipelined for k in self.kept)
                 and not self.settings.average_optimizer and bool(getattr(self.transport, "standing", False)))
@@ -123,18 +117,14 @@ class RoundRunner:
             share: bool = False, ahead: Optional[Tuple[int, int, int, int, bool]] = None) -> PartialResult:
         """Trains round ``rnd`` of ``epoch``: ``steps`` minibatches per worker after ``steps_before``.
 
-        Elastic rounds (:mod:`sparkdl_avg.driver.elastic.membership`) give the round's
-        ``num_workers`` (default: the fit's), ``start`` (the epoch position of
-        its first example, see :func:`~sparkdl_avg.shared.data.example_order.worker_positions`)
-        and the ``membership`` change it makes, recorded with it. ``share``:
-        a checkpoint may be saved after the round, so ``optimizer_state="local"``
-        states kept on the hosts are also written where it reads them.
-        ``ahead``: the fit's next round, ``(epoch, round, steps_before, steps, share)``,
-        which :meth:`pipelines` fits announce with this one's state
-        update already applied (``overlap_rounds``: its tasks go on to it as
-        soon as they have answered this one). A round asked for later is
-        checked, bitwise, against what was announced; one that differs
-        runs as announced now.
+        Elastic rounds (:mod:`sparkdl_avg.driver.elastic.membership`) give the round's ``num_workers`` (default: the
+        fit's), ``start`` (the epoch position of its first example, see
+        :func:`~sparkdl_avg.shared.data.example_order.worker_positions`) and the ``membership`` change it makes,
+        recorded with it. ``share``: a checkpoint may be saved after the round, so ``optimizer_state="local"`` states
+        kept on the hosts are also written where it reads them. ``ahead``: the fit's next round, ``(epoch, round,
+        steps_before, steps, share)``, which :meth:`pipelines` fits announce with this one's state update already
+        applied (``overlap_rounds``: its tasks go on to it as soon as they have answered this one). A round asked for
+        later is checked, bitwise, against what was announced; one that differs runs as announced now.
         """
         s = self.settings
         n = s.num_workers if num_workers is None else num_workers
@@ -231,10 +221,9 @@ class RoundRunner:
     def _announce(self, ahead, weights, opt_vars, mask, steps: int, n: int) -> Optional[NextRound]:
         """The next round for the transport to announce (see :meth:`run`).
 
-        Its state is what :meth:`update` will set after this round: the
-        weights with the pending average (:func:`~sparkdl_avg.driver.algorithms.overlap.preview`)
-        and the optimizer's variables with the iteration counter ``steps`` on.
-        ``None`` where that is not known in advance.
+        Its state is what :meth:`update` will set after this round: the weights with the pending average
+        (:func:`~sparkdl_avg.driver.algorithms.overlap.preview`) and the optimizer's variables with the iteration
+        counter ``steps`` on. ``None`` where that is not known in advance.
         """
         epoch, rnd, steps_before, next_steps, share = ahead
         new_weights = preview(weights, self.rule_state.state)
@@ -291,11 +280,10 @@ class RoundRunner:
                synced=None) -> None:
         """Sets the model's state from a round's sums: the update rule on the averaged weights, the optimizer's average.
 
-        ``weights``/``opt_vars``: the state the round started from; ``sent``:
-        what the workers started from (:meth:`UpdateRule.to_send`); the
-        optimizer's iteration counter advances by ``steps``. Sums of deltas
-        (``update_compression``) are from ``sent`` and ``opt_vars``. The
-        arithmetic is :func:`~sparkdl_avg.driver.fit.update.round_state`'s; ``synced``: a fragment round's.
+        ``weights``/``opt_vars``: the state the round started from; ``sent``: what the workers started from
+        (:meth:`UpdateRule.to_send`); the optimizer's iteration counter advances by ``steps``. Sums of deltas
+        (``update_compression``) are from ``sent`` and ``opt_vars``. The arithmetic is
+        :func:`~sparkdl_avg.driver.fit.update.round_state`'s; ``synced``: a fragment round's.
         """
         new_weights, new_opt = round_state(result, weights, sent, opt_vars, self.rule, self.rule_state.state, mask,
                                            learning_rate, self.settings.average_optimizer,
@@ -331,9 +319,8 @@ class RoundRunner:
 def check_finite(result: PartialResult, where: str, policy: str, whole: bool) -> None:
     """Raises ``WorkerError`` for NaN/Inf replicas in ``result`` under ``policy="raise"``, else warns.
 
-    ``whole``: ``result`` is a whole round, and a round whose every replica is
-    bad raises even under ``"skip"`` (nothing would be left to average). An
-    asynchronous chunk is one replica: skipping it leaves the others' updates.
+    ``whole``: ``result`` is a whole round, and a round whose every replica is bad raises even under ``"skip"`` (nothing
+    would be left to average). An asynchronous chunk is one replica: skipping it leaves the others' updates.
     """
     bad = sorted((w for w in result.workers if not w.finite), key=lambda w: w.worker)
     if not bad:
@@ -355,11 +342,9 @@ def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: Par
                  t0: float, t1: float, t2: float, t3: float) -> RoundRecord:
     """The stats record of one round (see :mod:`sparkdl_avg.shared.wire.stats` for the fields).
 
-    ``t0``..``t3`` are driver wall-clock times: round start, state sent,
-    summed result received, driver update done. The job's time splits into
-    scheduling (until the first worker starts), the workers' span (first
-    start to last end, by the workers' clocks) and aggregation (the rest:
-    serialising results, their sum and the transfer to the driver). On a
+    ``t0``..``t3`` are driver wall-clock times: round start, state sent, summed result received, driver update done. The
+    job's time splits into scheduling (until the first worker starts), the workers' span (first start to last end, by
+    the workers' clocks) and aggregation (the rest: serialising results, their sum and the transfer to the driver). On a
     multi-host cluster clock skew blurs that split a little.
     """
     workers = sorted(result.workers, key=lambda w: w.worker)

@@ -1,66 +1,46 @@
 """Stale-synchronous and asynchronous training: an epoch as chunks each worker trains without waiting.
 
-This module owns ``synchronization="stale"`` and ``"async"`` on the driver.
-An epoch keeps the rounds of synchronous training (the same ``k`` per round,
-the same examples, the same seeds): chunk ``j = r·N + i`` is worker ``i``'s
-part of round ``r``. ``N`` driver threads ("slots") each run one chunk at a
-time as a one-task Spark job (:meth:`~sparkdl_avg.driver.fit.rounds.RoundRunner.run_chunk`:
-Spark runs concurrent jobs); the main thread gives a free slot the next
-chunk as soon as the bound allows and applies each chunk's update when it
-returns, so a fast worker gets the current weights and its next chunk at
-once instead of waiting for the round's slowest worker. The communication
-is the fit's transport (task results, broadcasts or the staging directory;
-the Spark SQL round under Connect): no socket, no server.
+This module owns ``synchronization="stale"`` and ``"async"`` on the driver. An epoch keeps the rounds of synchronous
+training (the same ``k`` per round, the same examples, the same seeds): chunk ``j = r·N + i`` is worker ``i``'s part of
+round ``r``. ``N`` driver threads ("slots") each run one chunk at a time as a one-task Spark job
+(:meth:`~sparkdl_avg.driver.fit.rounds.RoundRunner.run_chunk`: Spark runs concurrent jobs); the main thread gives a free
+slot the next chunk as soon as the bound allows and applies each chunk's update when it returns, so a fast worker gets
+the current weights and its next chunk at once instead of waiting for the round's slowest worker. The communication is
+the fit's transport (task results, broadcasts or the staging directory; the Spark SQL round under Connect): no socket,
+no server.
 
-**Bound.** A chunk of round ``r`` starts only when every round before
-``r - s`` is applied (``s``: the ``staleness`` option; ``"async"`` has no
-bound). So a worker is at most ``s`` rounds ahead of the oldest chunk not yet
-applied, and the weights a chunk reads lack at most ``s`` rounds (its
-record's ``staleness``). With ``s = 0`` every chunk of round ``r`` reads the
-weights after round ``r - 1``: synchronous training, up to the order of
-floating-point additions (except under ``on_nonfinite="skip"``: a skipped
-replica's share is left out, where a synchronous round averages the others).
+**Bound.** A chunk of round ``r`` starts only when every round before ``r - s`` is applied (``s``: the ``staleness``
+option; ``"async"`` has no bound). So a worker is at most ``s`` rounds ahead of the oldest chunk not yet applied, and
+the weights a chunk reads lack at most ``s`` rounds (its record's ``staleness``). With ``s = 0`` every chunk of round
+``r`` reads the weights after round ``r - 1``: synchronous training, up to the order of floating-point additions
+(except under ``on_nonfinite="skip"``: a skipped replica's share is left out, where a synchronous round averages the
+others).
 
-**Update.** Worker ``i`` read ``w_read`` (what the update rule sends) and
-returns ``w_i``; the driver applies ``w ← w + g(τ)/N · (w_i − w_read)`` at
-once, and likewise the optimizer's variables (Adam's moments) with
-``optimizer_state="average"``. ``τ`` (the record's ``delay``) is the number of
-updates applied between the read and this one, over ``N``: about one round
-for a worker as fast as the others. With ``staleness_aware`` (Zhang et al.,
-IJCAI 2016) ``g(τ) = 1/max(1, τ)``, else 1; updates of a synchronous round
-have ``τ < 1``, so either way ``s = 0`` is synchronous averaging. The
-optimizer's iteration counter follows the global step: minibatches applied
-over ``N``. Block-momentum rules (BMUF, SlowMo) act once per ``N`` applied
-updates (a "block", the asynchronous round): the block's summed updates are
-their block gradient ``G``, and the rule's step replaces the plain one.
+**Update.** Worker ``i`` read ``w_read`` (what the update rule sends) and returns ``w_i``; the driver applies
+``w ← w + g(τ)/N · (w_i − w_read)`` at once, and likewise the optimizer's variables (Adam's moments) with
+``optimizer_state="average"``. ``τ`` (the record's ``delay``) is the number of updates applied between the read and
+this one, over ``N``: about one round for a worker as fast as the others. With ``staleness_aware`` (Zhang et al., IJCAI
+2016) ``g(τ) = 1/max(1, τ)``, else 1; updates of a synchronous round have ``τ < 1``, so either way ``s = 0`` is
+synchronous averaging. The optimizer's iteration counter follows the global step: minibatches applied over ``N``.
+Block-momentum rules (BMUF, SlowMo) act once per ``N`` applied updates (a "block", the asynchronous round): the block's
+summed updates are their block gradient ``G``, and the rule's step replaces the plain one.
 
-**What differs between runs.** Which slot trains which chunk, and when each
-update is applied relative to the others, follow the workers' timing, so two
-asynchronous runs (``s > 0``) differ in the last bits and, with real
-stragglers, in the weights each chunk starts from. Each chunk itself is
-deterministic: its examples, its dropout seeds and the state it reads are
-fixed when it starts, so a chunk Spark retries gives the same update.
-``reproducible=True`` (with ``"stale"``) removes the timing: updates are
-applied in chunk order (a chunk that returns early waits for those before
-it) and a chunk of round ``r`` reads the state after exactly the rounds
-before ``r - s`` (a snapshot kept for it; a schedule asked for round
-``r``'s ``k`` sees that state's logs), so its staleness is always ``s``
-(fewer in an epoch's first rounds) and two runs give bitwise the same
-weights. The workers still
-run ahead as far as the bound lets them; what it costs is freshness: every
-chunk reads weights ``s`` rounds old, even when newer ones exist.
+**What differs between runs.** Which slot trains which chunk, and when each update is applied relative to the others,
+follow the workers' timing, so two asynchronous runs (``s > 0``) differ in the last bits and, with real stragglers, in
+the weights each chunk starts from. Each chunk itself is deterministic: its examples, its dropout seeds and the state it
+reads are fixed when it starts, so a chunk Spark retries gives the same update. ``reproducible=True`` (with
+``"stale"``) removes the timing: updates are applied in chunk order (a chunk that returns early waits for those before
+it) and a chunk of round ``r`` reads the state after exactly the rounds before ``r - s`` (a snapshot kept for it; a
+schedule asked for round ``r``'s ``k`` sees that state's logs), so its staleness is always ``s`` (fewer in an epoch's
+first rounds) and two runs give bitwise the same weights. The workers still run ahead as far as the bound lets them;
+what it costs is freshness: every chunk reads weights ``s`` rounds old, even when newer ones exist.
 
-Epochs still end together: validation, ``on_epoch_end``, checkpoints and the
-next epoch see every chunk of the epoch applied; after a callback sets
-``stop_training`` at a block's end, the chunks still running are waited
-for and dropped, as a synchronous fit stops after that round. So that a slow worker does
-not hold an epoch's end back, a free slot takes the next chunk only if the
-other slots, at the pace each has measured, would not train every chunk left
-in the epoch before it trained that one (:meth:`StaleRunner._worth_starting`:
-each slot's latest chunk that built no replica; a slot passed over is
-tried again as its estimate decays; not with ``staleness=0``, whose chunks
-must all read the state after their previous round); free slots take chunks
-fastest first. Keras' batch hooks run once per block.
+Epochs still end together: validation, ``on_epoch_end``, checkpoints and the next epoch see every chunk of the epoch
+applied; after a callback sets ``stop_training`` at a block's end, the chunks still running are waited for and dropped,
+as a synchronous fit stops after that round. So that a slow worker does not hold an epoch's end back, a free slot takes
+the next chunk only if the other slots, at their measured pace, would not train every chunk left in the epoch before it
+trained that one (:meth:`StaleRunner._worth_starting`); free slots take chunks fastest first. Keras' batch hooks run
+once per block.
 """
 
 from __future__ import annotations
@@ -88,8 +68,8 @@ def _is_float(a: np.ndarray) -> bool:
 class StaleUpdater:
     """The global state under asynchronous updates: float64 copies, the counters, the rule's blocks.
 
-    Pure numpy (no Spark, no model), so the update arithmetic is tested on
-    its own. See the module docstring for the formulas.
+    Pure numpy (no Spark, no model), so the update arithmetic is tested on its own. See the module docstring for the
+    formulas.
 
     Args:
         weights: The model's weights at the epoch's start.
@@ -139,8 +119,7 @@ class StaleUpdater:
               steps: int) -> Tuple[float, float]:
         """Applies one chunk's ``result`` read at ``version`` from ``sent``/``opt_read``; returns ``(scale, delay)``.
 
-        A chunk with no examples (a non-finite replica under
-        ``on_nonfinite="skip"``) moves nothing but still counts.
+        A chunk with no examples (a non-finite replica under ``on_nonfinite="skip"``) moves nothing but still counts.
         """
         delay = (self.applied - version) / self.n
         scale = (1.0 / max(1.0, delay) if self.aware else 1.0) / self.n
@@ -217,13 +196,13 @@ class StaleRunner:
     """Runs the epochs of one fit as chunks, stale-synchronously (``bound`` rounds) or asynchronously.
 
     Args:
-        rounds: The fit's :class:`~sparkdl_avg.driver.fit.rounds.RoundRunner`: its settings, the
-            chunks' jobs, their records and the model's state.
+        rounds: The fit's :class:`~sparkdl_avg.driver.fit.rounds.RoundRunner`: its settings, the chunks' jobs, their
+            records and the model's state.
         bound: The staleness bound ``s``; ``None``: asynchronous.
         aware: Scale updates by their delay (``staleness_aware``).
         group: The fit's Spark job group, given to every chunk's job.
-        reproducible: Apply updates in chunk order, each chunk reading the state after exactly
-            the rounds before ``r - bound`` (needs a bound).
+        reproducible: Apply updates in chunk order, each chunk reading the state after exactly the rounds before
+            ``r - bound`` (needs a bound).
     """
 
     def __init__(self, rounds: RoundRunner, bound: Optional[int], aware: bool, group: Optional[str],
@@ -246,9 +225,10 @@ class StaleRunner:
     def _worth_starting(self, slot: int, left: int) -> bool:
         """Whether ``slot`` should take the next chunk, with ``left`` chunks to go in the epoch.
 
-        At an epoch's end a slow slot that takes one of the last chunks holds
-        the whole epoch back: it does not when the other slots, at their
-        measured pace, would train every chunk left before it trained its one.
+        At an epoch's end a slow slot that takes one of the last chunks holds the whole epoch back: it does not when the
+        other slots, at their measured pace, would train every chunk left before it trained its one. The pace is each
+        slot's latest chunk that built no replica; a slot passed over is tried again as its estimate decays. Not with
+        ``staleness=0``, whose chunks must all read the state after their previous round.
         """
         took = self._took.get(slot)
         others = [self._took.get(o) for o in range(self.rounds.settings.num_workers) if o != slot]
@@ -282,11 +262,9 @@ class StaleRunner:
 class _ChunkScheduler:
     """One epoch of chunks (:meth:`StaleRunner.run_epoch`): which chunk a free slot takes, and the updates.
 
-    :meth:`run` repeats three steps until no chunk is left to start or
-    running: :meth:`start_chunks` gives free slots the next chunks as far as
-    the bound, the epoch and the slots' pace allow; :meth:`collect` takes the
-    chunks that returned; :meth:`apply_arrived` applies their updates
-    (:meth:`apply`: the update, the record, a block's end).
+    :meth:`run` repeats three steps until no chunk is left to start or running: :meth:`start_chunks` gives free slots
+    the next chunks as far as the bound, the epoch and the slots' pace allow; :meth:`collect` takes the chunks that
+    returned; :meth:`apply_arrived` applies their updates (:meth:`apply`: the update, the record, a block's end).
     """
 
     def __init__(self, runner: StaleRunner, epoch: int, logs: Dict[str, float], rounds_done: int, steps_before: int,

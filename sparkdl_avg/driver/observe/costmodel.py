@@ -1,36 +1,26 @@
 """The cost model of an epoch: whether parameter averaging beats one process, from measured constants.
 
-This module owns the arithmetic and none of the measuring: pure functions of
-numbers and round records (no Spark, no Keras, no trainer), shared by
-:func:`sparkdl_avg.advise` and ``fit``'s slow warning.
+This module owns the arithmetic and none of the measuring: pure functions of numbers and round records (no Spark, no
+Keras, no trainer), shared by :func:`sparkdl_avg.advise` and ``fit``'s slow warning.
 
-* :class:`CostModel`: an epoch's time with ``W`` workers and averaging
-  frequency ``k``, and one process's, from one worker's time per minibatch
-  and a round's fixed cost, interpolated between measured worker counts
-  (extrapolated beyond, marked so).
-* :func:`predict` and :func:`recommend`: the rows of a prediction table and
-  the answer in words (within the cluster's task slots), for
-  :func:`sparkdl_avg.advise` (:mod:`sparkdl_avg.driver.api.advisor` measures the constants).
-* :func:`is_cold` and :func:`steady_costs`: which round records are steady
-  state, and the constants read from them.
-* :func:`slower_than_one_process` and :data:`WARM_ROUNDS`: ``fit``'s warning
-  (``slow_warning``) that a fit is slower than one process would be, from the
-  fit's own rounds.
+* :class:`CostModel`: an epoch's time with ``W`` workers and averaging frequency ``k``, and one process's, from one
+  worker's time per minibatch and a round's fixed cost, interpolated between measured worker counts (extrapolated
+  beyond, marked so).
+* :func:`predict` and :func:`recommend`: the rows of a prediction table and the answer in words (within the cluster's
+  task slots), for :func:`sparkdl_avg.advise` (:mod:`sparkdl_avg.driver.api.advisor` measures the constants).
+* :func:`is_cold` and :func:`steady_costs`: which round records are steady state, and the constants read from them.
+* :func:`slower_than_one_process` and :data:`WARM_ROUNDS`: ``fit``'s warning (``slow_warning``) that a fit is slower
+  than one process would be, from the fit's own rounds.
 
-With ``W`` workers, batch ``B``, averaging frequency ``k`` and ``D``
-examples, each worker trains ``S = D // (W·B)`` minibatches an epoch in
-``R = ⌈S/k⌉`` rounds, and
+With ``W`` workers, batch ``B``, averaging frequency ``k`` and ``D`` examples, each worker trains ``S = D // (W·B)``
+minibatches an epoch in ``R = ⌈S/k⌉`` rounds, and
 
     epoch(W, k) = S · t_step(W) + R · fixed(W)
     one process = (D / B) · t_single
 
-``t_step`` is one worker's compute and loading per minibatch, ``fixed`` the
-rest of a round (launching the job, moving the state, aggregating, the
-update). Both are read from steady rounds only: a round where a worker built
-its replica or traced its step function pays one-off seconds that a median
-over a few rounds would take for compute. The derivation is in
-docs/scaling.md; how well it predicts real fits, in docs/advisor.md and
-docs/benchmarks.md.
+``t_step`` is one worker's compute and loading per minibatch, ``fixed`` the rest of a round (launching the job, moving
+the state, aggregating, the update). Both are read from steady rounds only (:func:`is_cold`). The derivation, and how
+well it predicts real fits, are in docs/guides/advise.md and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -50,15 +40,12 @@ class CostModel:
     """Epoch time of parameter averaging and of one process, from measured constants.
 
     Attributes:
-        t_single: One process's time per minibatch of ``batch_size`` (s):
-            ``keras.Model.fit`` on the driver, the best of plain and
-            ``steps_per_execution``.
+        t_single: One process's time per minibatch of ``batch_size`` (s): ``keras.Model.fit`` on the driver, the best
+            of plain and ``steps_per_execution``.
         t_step: Worker count → one worker's compute and loading time per minibatch (s).
-        fixed: Worker count → a round's time besides the slowest worker's
-            compute and loading (s): the job, the state out and the sums
-            back, the update.
-        measured_workers: The largest worker count measured; beyond it the
-            prediction is an extrapolation.
+        fixed: Worker count → a round's time besides the slowest worker's compute and loading (s): the job, the state
+            out and the sums back, the update.
+        measured_workers: The largest worker count measured; beyond it the prediction is an extrapolation.
     """
 
     t_single: float
@@ -126,13 +113,11 @@ def recommend(rows: List[Dict[str, Any]], one_off_s: float, epochs: int,
               slots: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
     """The advice in words and the recommended row, from the prediction rows.
 
-    Among the measured worker counts within ``slots`` (the cluster's task
-    slots, its default parallelism; ``None``: no limit), the fastest total
-    wins; its averaging frequency is the smallest within 10% of that worker
-    count's fastest (more frequent averaging trains closer to one process).
-    When no such row beats one process, the answer is to stay, with the
-    extrapolated row that might pay if there is one: beyond ``slots``, said
-    to be a projection for a bigger cluster.
+    Among the measured worker counts within ``slots`` (the cluster's task slots, its default parallelism; ``None``: no
+    limit), the fastest total wins; its averaging frequency is the smallest within 10% of that worker count's fastest
+    (more frequent averaging trains closer to one process). When no such row beats one process, the answer is to stay,
+    with the extrapolated row that might pay if there is one: beyond ``slots``, said to be a projection for a bigger
+    cluster.
     """
     single = rows[0]
     measured = [r for r in rows[1:] if not r["extrapolated"] and (slots is None or r["workers"] <= slots)]
@@ -182,10 +167,9 @@ def _s(seconds: float) -> str:
 def is_cold(record) -> bool:
     """Whether a round record includes one-off work: a worker built its replica or traced its step function.
 
-    Such a round is not steady state: the build lands in the fixed cost,
-    the trace and the traced function's first run (several times a later
-    run) in the compute. A fit's first round is cold, and often its second
-    too, where Spark hands the round to another pair of Python workers.
+    Such a round is not steady state: the build lands in the fixed cost, the trace and the traced function's first run
+    (several times a later run) in the compute, seconds that a median over a few rounds would take for compute. A fit's
+    first round is cold, and often its second too, where Spark hands the round to another pair of Python workers.
     """
     if getattr(record, "replicas_built", 0):
         return True
@@ -196,11 +180,9 @@ def is_cold(record) -> bool:
 def steady_costs(records) -> Tuple[float, float, int]:
     """``(t_step, fixed, rounds)``: one worker's seconds per minibatch and a round's fixed cost, from ``records``.
 
-    Medians over the steady rounds (not :func:`is_cold`): ``t_step`` of
-    (slowest worker's compute + loading) / k, ``fixed`` of (wall time −
-    that); ``rounds`` is how many. With none, over the cold rounds with the
-    measured build and trace seconds taken out (``rounds`` 0): an upper
-    bound, as the traced function's first run and a new Python worker's
+    Medians over the steady rounds (not :func:`is_cold`): ``t_step`` of (slowest worker's compute + loading) / k,
+    ``fixed`` of (wall time − that); ``rounds`` is how many. With none, over the cold rounds with the measured build and
+    trace seconds taken out (``rounds`` 0): an upper bound, as the traced function's first run and a new Python worker's
     start remain in it.
     """
     if not records:
@@ -224,10 +206,9 @@ def steady_costs(records) -> Tuple[float, float, int]:
 def slower_than_one_process(records, num_examples: int, num_workers: int, batch_size: int) -> Optional[str]:
     """The warning ``fit`` gives when one process would have been faster, else ``None``.
 
-    ``records``: the fit's round records so far. Only steady rounds count
-    (:func:`steady_costs`): without one, no warning. One process is
-    credited with one worker's time per minibatch (it has at least one
-    worker's cores), so the comparison errs towards distributing.
+    ``records``: the fit's round records so far. Only steady rounds count (:func:`steady_costs`): without one, no
+    warning. One process is credited with one worker's time per minibatch (it has at least one worker's cores), so the
+    comparison errs towards distributing.
     """
     steps = num_examples // (num_workers * batch_size)
     if not records or steps < 1:  # (no epoch of num_workers workers to compare)
@@ -277,11 +258,10 @@ LARGER_K_BELOW = 0.5
 def round_split(records) -> Optional[Tuple[float, float, int, int]]:
     """``(compute_s, communication_s, k, rounds)`` of a synchronous round, medians over the steady ones.
 
-    ``compute_s``: the slowest worker's compute and loading; ``communication_s``:
-    the rest of the round's wall time (the state going out, the job's start,
-    the sums' way back and their reduction, the update), what overlapped
-    rounds hide behind the next round's compute. ``None`` without a steady
-    round (:func:`is_cold`) or with chunk records (stale/async rounds overlap already).
+    ``compute_s``: the slowest worker's compute and loading; ``communication_s``: the rest of the round's wall time (the
+    state going out, the job's start, the sums' way back and their reduction, the update), what overlapped rounds hide
+    behind the next round's compute. ``None`` without a steady round (:func:`is_cold`) or with chunk records
+    (stale/async rounds overlap already).
     """
     warm = [r for r in records if not is_cold(r) and getattr(r, "chunk", None) is None]
     if not warm:
@@ -302,20 +282,15 @@ def communication_advice(compute_s: float, comm_s: float, k: int, max_k: Optiona
                          overlapping: bool = False) -> Optional[str]:
     """When overlapped rounds (``overlap_rounds=True``) or a larger ``k`` would pay, in words with the gain; else ``None``.
 
-    The rule (reasoning in docs/benchmarks/network_auto.md): a round costs
-    ``compute + comm``; an overlapped one ``max(compute, comm)``, as the
-    sums of round t travel while round t+1 computes. Nothing is advised while
-    ``comm`` is under :data:`COMMUNICATION_SHARE` of the round. With
-    ``compute >= LARGER_K_BELOW · comm`` overlap is advised, with the gain
-    ``(compute + comm) / max(compute, comm)``. With less compute than that
-    a larger ``k`` is advised first: ``k · ⌈comm / compute⌉`` (at most
-    ``max_k``, a worker's minibatches in an epoch) brings compute up to the
-    communication, cutting the communication per minibatch by that factor;
-    overlap then hides the rest. ``compute_s``, ``comm_s``: one round's
-    seconds at averaging frequency ``k``. ``overlapping``: the fit already
-    runs ``overlap_rounds``; only a larger ``k`` is then advised. The
-    overlapped round's ``max(compute, comm)`` is what was measured, across
-    hosts and on one host (docs/benchmarks/overlap.md).
+    The rule (reasoning in docs/benchmarks/network_auto.md): a round costs ``compute + comm``; an overlapped one
+    ``max(compute, comm)``, as the sums of round t travel while round t+1 computes. Nothing is advised while ``comm`` is
+    under :data:`COMMUNICATION_SHARE` of the round. With ``compute >= LARGER_K_BELOW · comm`` overlap is advised, with
+    the gain ``(compute + comm) / max(compute, comm)``. With less compute than that a larger ``k`` is advised first:
+    ``k · ⌈comm / compute⌉`` (at most ``max_k``, a worker's minibatches in an epoch) brings compute up to the
+    communication, cutting the communication per minibatch by that factor; overlap then hides the rest. ``compute_s``,
+    ``comm_s``: one round's seconds at averaging frequency ``k``. ``overlapping``: the fit already runs
+    ``overlap_rounds``; only a larger ``k`` is then advised. The overlapped round's ``max(compute, comm)`` is what was
+    measured, across hosts and on one host (docs/benchmarks/overlap.md).
     """
     round_s = compute_s + comm_s
     if round_s <= 0 or comm_s < COMMUNICATION_SHARE * round_s:

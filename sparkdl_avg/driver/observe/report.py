@@ -1,15 +1,12 @@
 """The training report: one self-contained HTML file describing a fit.
 
-It shows (1) a timeline of every worker's activity per round — replica setup,
-data loading and compute — under the driver's phases (broadcast, scheduling,
-aggregation, update), zoomable so hundreds of rounds stay readable; (2) the
-loss and metric curves per epoch (train and validation) and the loss per
-round; for an elastic fit (``min_workers``/``max_workers``, see
-:mod:`sparkdl_avg.driver.elastic.membership`), each round's workers and examples per
-second, on the curves' epoch axis, with every change of workers marked by its
-reason ("slots lost: 3 → 2"); (3) where the time went, per epoch and in total.
-Plotly draws it; its JavaScript is embedded in the file, so the report opens
-offline.
+It shows (1) a timeline of every worker's activity per round — replica setup, data loading and compute — under the
+driver's phases (broadcast, scheduling, aggregation, update), zoomable so hundreds of rounds stay readable; (2) the loss
+and metric curves per epoch (train and validation) and the loss per round; for an elastic fit
+(``min_workers``/``max_workers``, see :mod:`sparkdl_avg.driver.elastic.membership`), each round's workers and examples
+per second, on the curves' epoch axis, with every change of workers marked by its reason ("slots lost: 3 → 2"); (3)
+where the time went, per epoch and in total. Plotly draws it; its JavaScript is embedded in the file, so the report
+opens offline.
 """
 
 from __future__ import annotations
@@ -273,8 +270,8 @@ def write_report(path: str, records: Sequence[dict], history: Optional[Dict[str,
     """Writes the HTML report of ``records`` (``trainer.stats.records``) to ``path``.
 
     Args:
-        path: Output file; written to a temporary file and renamed, so an
-            existing report is replaced only by a complete one.
+        path: Output file; written to a temporary file and renamed, so an existing report is replaced only by a
+            complete one.
         records: Round records of :class:`~sparkdl_avg.shared.wire.stats.TrainingStats`.
         history: ``History.history`` of the fit (per-epoch logs), optional.
         title: Page title.

@@ -1,25 +1,20 @@
 """Experiment tracking of fits in MLflow: :class:`MlflowLogger`, a callback of ``fit``.
 
-This module owns what a fit logs to MLflow and when: which run it logs into
-(the active run, a run continued after a resume, or a new run of an
-experiment), the fit's settings as params, one step of metrics per epoch,
-and at the end the trained model (Keras flavour, with a tensor signature),
-``stats.json`` and ``report.html``. The options come from the
-:data:`~sparkdl_avg.driver.config.options.TRACKING` rows of :data:`sparkdl_avg.driver.config.options.OPTIONS`,
-so the jobs (``--mlflow-experiment``, ...) and the estimator
-(``mlflowExperiment``, ...) make the same logger (:func:`from_options`).
+This module owns what a fit logs to MLflow and when: which run it logs into (the active run, a run continued after a
+resume, or a new run of an experiment), the fit's settings as params, one step of metrics per epoch, and at the end the
+trained model (Keras flavour, with a tensor signature), ``stats.json`` and ``report.html``. The options come from the
+:data:`~sparkdl_avg.driver.config.options.TRACKING` rows of :data:`sparkdl_avg.driver.config.options.OPTIONS`, so the
+jobs (``--mlflow-experiment``, ...) and the estimator (``mlflowExperiment``, ...) make the same logger
+(:func:`from_options`).
 
-It talks to the tracking store through an ``MlflowClient`` of its own and
-leaves MLflow's global state alone (tracking URI, active run). MLflow is an
-optional dependency (``pip install 'sparkdl_avg[mlflow]'``): the rest of the
-library never imports it, and this module only when a logger is made.
+It talks to the tracking store through an ``MlflowClient`` of its own and leaves MLflow's global state alone (tracking
+URI, active run). MLflow is an optional dependency (``pip install 'sparkdl_avg[mlflow]'``): the rest of the library
+never imports it, and this module only when a logger is made.
 
-Tracking never costs the training: a failing call (an unreachable server, a
-full disk) gives one :class:`TrackingWarning`, nothing more is sent to MLflow
-in that fit, training goes on, and the fit's end says what was not logged.
-MLflow's HTTP retries are bounded meanwhile (2 retries, 30 s per request)
-unless the user set ``MLFLOW_HTTP_REQUEST_*`` themselves, so an unreachable
-server costs seconds, not MLflow's default minutes.
+Tracking never costs the training: a failing call (an unreachable server, a full disk) gives one
+:class:`TrackingWarning`, nothing more is sent to MLflow in that fit, training goes on, and the fit's end says what was
+not logged. MLflow's HTTP retries are bounded meanwhile (2 retries, 30 s per request) unless the user set
+``MLFLOW_HTTP_REQUEST_*`` themselves, so an unreachable server costs seconds, not MLflow's default minutes.
 """
 
 from __future__ import annotations
@@ -110,30 +105,23 @@ class _Guard:
 class MlflowLogger(keras.callbacks.Callback):
     """Logs a ``ParameterAveragingTrainer.fit`` to MLflow: pass it in ``fit(callbacks=[...])``.
 
-    Which run: the run this fit's checkpoint was logged into when the fit
-    resumes (``fit(resume=True)`` continues that run, without logging an
-    epoch twice); else MLflow's active run (``with mlflow.start_run():``, a
-    pipeline's run, ``mlflow.pyspark.ml.autolog()``'s), or a run nested in it
-    when another fit already logged into it (tuning several models in one
-    run); else a new run in ``experiment``. A run the logger started it also
-    ends (``FINISHED``, or ``FAILED`` when the fit fails); the active run
-    stays the user's.
+    Which run: the run this fit's checkpoint was logged into when the fit resumes (``fit(resume=True)`` continues that
+    run, without logging an epoch twice); else MLflow's active run (``with mlflow.start_run():``, a pipeline's run,
+    ``mlflow.pyspark.ml.autolog()``'s), or a run nested in it when another fit already logged into it (tuning several
+    models in one run); else a new run in ``experiment``. A run the logger started it also ends (``FINISHED``, or
+    ``FAILED`` when the fit fails); the active run stays the user's.
 
-    What: at the start, the fit's settings as params (the trainer's options,
-    ``fit``'s, the workers, examples, transport, master and versions:
-    ``FitInfo.params``); after every epoch, at step = the epoch, the epoch's
-    logs (``loss``, compiled metrics, ``val_*``) and its ``epoch_time_s``
-    (rounds' wall time), ``examples_per_s``, ``compute_share`` (the slowest
-    worker's compute over wall time) and ``overhead_share`` (the rest:
-    launching, moving state, aggregating); at the end, with ``log_model``,
-    the trained model, ``stats.json`` and ``report.html``.
+    What: at the start, the fit's settings as params (the trainer's options, ``fit``'s, the workers, examples,
+    transport, master and versions: ``FitInfo.params``); after every epoch, at step = the epoch, the epoch's logs
+    (``loss``, compiled metrics, ``val_*``) and its ``epoch_time_s`` (rounds' wall time), ``examples_per_s``,
+    ``compute_share`` (the slowest worker's compute over wall time) and ``overhead_share`` (the rest: launching, moving
+    state, aggregating); at the end, with ``log_model``, the trained model, ``stats.json`` and ``report.html``.
     :meth:`log_evaluation` adds a final evaluation.
 
     Args:
 
     Attributes:
-        run_id: The run the latest fit logged into (``None`` before a fit,
-            or when the run could not be created).
+        run_id: The run the latest fit logged into (``None`` before a fit, or when the run could not be created).
         not_logged: What the latest fit could not log (empty when all went well).
     """
 
@@ -207,9 +195,8 @@ class MlflowLogger(keras.callbacks.Callback):
     def log_evaluation(self, metrics: Mapping[str, float], prefix: str = "final_") -> None:
         """Logs ``metrics`` (``trainer.evaluate(..., return_dict=True)``) into the latest fit's run.
 
-        Each as ``prefix + name`` at the step of the fit's last epoch; the run
-        may have ended. Without a run (none yet, or it could not be
-        created) this warns and logs nothing.
+        Each as ``prefix + name`` at the step of the fit's last epoch; the run may have ended. Without a run (none yet,
+        or it could not be created) this warns and logs nothing.
         """
         if self.run_id is None or self._client is None:
             warnings.warn("MlflowLogger.log_evaluation: no run to log into (fit first).", TrackingWarning, stacklevel=2)
@@ -405,9 +392,8 @@ def _requirements() -> List[str]:
 def from_options(values: Mapping[str, Any]) -> Optional[MlflowLogger]:
     """The logger the jobs' flags or the estimator's Params ask for, or ``None`` when tracking is off.
 
-    ``values`` holds the :data:`~sparkdl_avg.driver.config.options.TRACKING` options by
-    name. Tracking is on when ``mlflow`` is true or an ``experiment``,
-    ``tracking_uri`` or ``run_name`` is given.
+    ``values`` holds the :data:`~sparkdl_avg.driver.config.options.TRACKING` options by name. Tracking is on when
+    ``mlflow`` is true or an ``experiment``, ``tracking_uri`` or ``run_name`` is given.
     """
     values = dict(values)
     for name in _SWITCH:

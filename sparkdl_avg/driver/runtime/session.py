@@ -1,16 +1,12 @@
 """Which Spark a call runs on — a classic session or Spark Connect — and how its jobs are launched and labelled.
 
-This module owns the driver's view of Spark itself (as opposed to the data or
-the round). The data's adapter (:mod:`sparkdl_avg.driver.data.adapters`) finds
-the session that owns the data a user passes, or :func:`active_engine` the
-session of data that names none, and wraps it in an :class:`Engine`, the one object the rest of the
-driver asks for the master, the default parallelism, job labels and
-"``n`` tasks of this Arrow function" jobs. Only a classic engine has a
-``SparkContext`` (:attr:`Engine.sc`); under Spark Connect there is none, and
-everything a fit needs goes through DataFrame APIs
-(``spark.range(n, numPartitions=n).mapInArrow(...)``), which run the same on both.
-It also keeps the stack traces Spark logs for a failed task off the jobs'
-console (:func:`quiet_task_failures`).
+This module owns the driver's view of Spark itself (as opposed to the data or the round). The data's adapter
+(:mod:`sparkdl_avg.driver.data.adapters`) finds the session that owns the data a user passes, or :func:`active_engine`
+the session of data that names none, and wraps it in an :class:`Engine`, the one object the rest of the driver asks for
+the master, the default parallelism, job labels and "``n`` tasks of this Arrow function" jobs. Only a classic engine has
+a ``SparkContext`` (:attr:`Engine.sc`); under Spark Connect everything a fit needs goes through DataFrame APIs
+(``spark.range(n, numPartitions=n).mapInArrow(...)``), which run the same on both. It also keeps the stack traces Spark
+logs for a failed task off the jobs' console (:func:`quiet_task_failures`).
 """
 
 from __future__ import annotations
@@ -30,37 +26,30 @@ _TAG = re.compile(r"[^A-Za-z0-9_.-]+")
 logger = logging.getLogger(__name__)
 
 DAEMON_MODULE = "sparkdl_avg.daemon"
-"""The value of ``spark.python.daemon.module`` that makes executors fork Python
-workers with TensorFlow already imported (:mod:`sparkdl_avg.daemon`). A static
-setting: give it to the session's builder or the cluster's Spark config."""
+"""The value of ``spark.python.daemon.module`` that makes executors fork Python workers with TensorFlow already
+imported (:mod:`sparkdl_avg.daemon`). Static: give it to the session's builder or the cluster's Spark config."""
 
 UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
-"""The Spark setting (Spark >= 4.1, static) that, set to ``"true"``, has each JVM
-talk to its Python processes (the executors' workers, the driver's result
-streams) over Unix domain sockets instead of loopback TCP. Over TCP each
-Python task waits for its input (the signature of Nagle's algorithm meeting
-delayed acknowledgements), once per round: a large share of a small round's
-overhead (measured in docs/benchmarks.md, "Unix domain sockets")."""
+"""The Spark setting (Spark >= 4.1, static) that, set to ``"true"``, has each JVM talk to its Python processes (the
+executors' workers, the driver's result streams) over Unix domain sockets instead of loopback TCP. Over TCP each Python
+task waits for its input (Nagle's algorithm meeting delayed acknowledgements), once per round: a large share of a small
+round's overhead (measured in docs/benchmarks.md, "Unix domain sockets")."""
 
 CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
-"""The Spark setting (static) for Spark's console progress bars. Its bars
-(``[Stage 7:>  (0 + 2) / 2]``) are redrawn on stderr over a fit's own
-progress bar and epoch lines, one per round's job; ``"false"`` leaves the
-fit's progress (:mod:`sparkdl_avg.driver.observe.progress`) alone on the console."""
+"""The Spark setting (static) for Spark's console progress bars. Its bars (``[Stage 7:>  (0 + 2) / 2]``) are redrawn
+on stderr over a fit's own progress bar and epoch lines, one per round's job; ``"false"`` leaves the fit's progress
+(:mod:`sparkdl_avg.driver.observe.progress`) alone on the console."""
 
 RECOMMENDED_CONF: Dict[str, str] = {
     "spark.python.daemon.module": DAEMON_MODULE,
     UNIX_SOCKETS: "true",
     CONSOLE_PROGRESS: "false",
 }
-"""The static Spark settings we recommend for sessions that train with
-sparkdl_avg, and that its jobs, notebooks and tests use: executors fork
-TensorFlow-ready workers (:data:`DAEMON_MODULE`), the JVMs talk to
-Python over Unix domain sockets (:data:`UNIX_SOCKETS`), and Spark's console
-progress bars stay off the fit's output (:data:`CONSOLE_PROGRESS`). Give them to the
-session's builder (``SparkSession.builder.config(map=RECOMMENDED_CONF)``),
-``spark-submit --conf`` or the cluster's Spark config; they cannot change
-once the session exists."""
+"""The static Spark settings we recommend for sessions that train with sparkdl_avg, and that its jobs, notebooks and
+tests use: executors fork TensorFlow-ready workers (:data:`DAEMON_MODULE`), the JVMs talk to Python over Unix domain
+sockets (:data:`UNIX_SOCKETS`), and Spark's console progress bars stay off the fit's output
+(:data:`CONSOLE_PROGRESS`). Give them to the session's builder (``SparkSession.builder.config(map=RECOMMENDED_CONF)``),
+``spark-submit --conf`` or the cluster's Spark config; they cannot change once the session exists."""
 
 TASK_FAILURE_MESSAGES: Dict[str, Tuple[str, ...]] = {
     # ERROR "Exception in task 0.0 in stage 1.0 (TID 2)" and the task's stack trace, its Python traceback included
@@ -81,19 +70,16 @@ TASK_FAILURE_MESSAGES: Dict[str, Tuple[str, ...]] = {
     # training stops its session while the background warm-up's task (warm_up) is still running
     "org.apache.spark.TaskContextImpl": (r"Error in TaskCompletionListener",),
 }
-"""Spark's log messages that repeat a failed task's stack trace on the
-driver's console (in local mode the executor runs in the driver's JVM), by
-logger: the start of each message, a regular expression. A failed task
-reaches the caller as an exception, which sparkdl_avg turns into its own
-error with the task's message (:mod:`sparkdl_avg.shared.errors.remote_errors`); at
-the default log level these printed a long Java stack before a
-job's one ``error:`` line. Only these messages are dropped: the loggers'
-other warnings and errors (a lost executor, an uncaught exception) still
-show. See :func:`quiet_task_failures`."""
+"""Spark's log messages that repeat a failed task's stack trace on the driver's console (in local mode the executor
+runs in the driver's JVM), by logger: the start of each message, a regular expression. A failed task reaches the caller
+as an exception, which sparkdl_avg turns into its own error with the task's message
+(:mod:`sparkdl_avg.shared.errors.remote_errors`); these messages would print a long Java stack before a job's one
+``error:`` line. Only they are dropped: the loggers' other warnings and errors (a lost executor, an uncaught exception)
+still show. See :func:`quiet_task_failures`."""
 
 WARM_UP_REUSE_S = 20.0
-"""A warm-up started less than this many seconds ago is not repeated: its
-workers are still in the pool (PySpark drops them after a minute idle)."""
+"""A warm-up started less than this many seconds ago is not repeated: its workers are still in the pool (PySpark drops
+them after a minute idle)."""
 
 WARM_UP_MODEL_BYTES = 64 * 2**20
 """The largest model archive ``warm_up(spark, model)`` ships in its tasks to build the replica ahead of the
@@ -150,10 +136,9 @@ class Engine:
     def default_parallelism(self) -> int:
         """The cluster's default parallelism (task slots), which ``num_workers=None`` means.
 
-        Connect has no ``defaultParallelism``: it is read from the master
-        (``local[N]``, ``local-cluster[W,C,M]``) or ``spark.default.parallelism``,
-        else measured once with a small job (the partitions of ``spark.range``,
-        which the server sizes by its default parallelism).
+        Connect has no ``defaultParallelism``: it is read from the master (``local[N]``, ``local-cluster[W,C,M]``) or
+        ``spark.default.parallelism``, else measured once with a small job (the partitions of ``spark.range``, which the
+        server sizes by its default parallelism).
         """
         if self._parallelism is None:
             self._parallelism = self._find_parallelism()
@@ -180,10 +165,9 @@ class Engine:
     def labels(self, description: str, group: Optional[str] = None):
         """Labels the Spark jobs started inside the block, restoring the caller's labels.
 
-        Classic: the job description and group the Spark UI shows. Connect
-        has neither; the jobs get tags instead (``spark.addTag``: the group,
-        and the description made tag-safe), which its UI lists and
-        ``spark.interruptTag`` can cancel.
+        Classic: the job description and group the Spark UI shows. Connect has neither; the jobs get tags instead
+        (``spark.addTag``: the group, and the description made tag-safe), which its UI lists and ``spark.interruptTag``
+        can cancel.
         """
         if self.sc is not None:
             with spark_job_labels(self.sc, description, group):
@@ -202,11 +186,9 @@ class Engine:
     def carried_labels(self, description: str) -> Callable[[], Any]:
         """A context manager factory: jobs started in another thread inside it are labelled as the calling thread's.
 
-        Job labels belong to a thread (classic: its local properties; Connect:
-        its tags). What this returns, entered in another thread, gives the
-        jobs started there the calling thread's group (and, under Connect,
-        its tags, e.g. the fit's, which a Ctrl-C interrupts) and
-        ``description`` as theirs (:meth:`labels`).
+        Job labels belong to a thread (classic: its local properties; Connect: its tags). What this returns, entered in
+        another thread, gives the jobs started there the calling thread's group (and, under Connect, its tags, e.g. the
+        fit's, which a Ctrl-C interrupts) and ``description`` as theirs (:meth:`labels`).
         """
         if self.sc is not None:
             group = self.sc.getLocalProperty("spark.jobGroup.id")
@@ -230,16 +212,13 @@ class Engine:
                   places: Optional[Sequence[Optional[str]]] = None):
         """Runs ``body`` (a ``mapInArrow`` function) in ``n`` tasks, task ``i`` getting the ids ``[start + i]``.
 
-        Returns the lazy DataFrame of what the tasks yield (``schema``, a
-        DDL string), for the caller to transform further or bring back with
-        ``toArrow()``. ``places`` (classic sessions): the host task ``i``
-        should run on, or ``None`` (see :meth:`located`).
+        Returns the lazy DataFrame of what the tasks yield (``schema``, a DDL string), for the caller to transform
+        further or bring back with ``toArrow()``. ``places`` (classic sessions): the host task ``i`` should run on, or
+        ``None`` (see :meth:`located`).
 
-        The ``spark.range`` DataFrame is made once per ``(start, n)`` and
-        reused: ``mapInArrow`` asks for its input's columns, which under
-        Spark Connect is an ``AnalyzePlan`` round trip per round (measured in
-        docs/benchmarks.md, "Spark Connect against a classic session") unless
-        the DataFrame already knows its schema.
+        The ``spark.range`` DataFrame is made once per ``(start, n)`` and reused: ``mapInArrow`` asks for its input's
+        columns, which under Spark Connect is an ``AnalyzePlan`` round trip per round (measured in docs/benchmarks.md,
+        "Spark Connect against a classic session") unless the DataFrame already knows its schema.
         """
         if self.sc is not None and places is not None and any(places):
             ids = self.spark.createDataFrame(self.located([(start + i,) for i in range(n)], places), "id long")
@@ -253,11 +232,9 @@ class Engine:
     def located(self, items: Sequence[Any], places: Sequence[Optional[str]]):
         """An RDD of ``items``, one a partition, partition ``i`` to run on host ``places[i]`` (classic sessions).
 
-        ``sc.parallelize`` sets no place; Spark's ``makeRDD`` takes one per
-        item (a host name as Spark knows its executors': a locality
-        preference, which the scheduler keeps for ``spark.locality.wait``,
-        3 s by default, while that host has no free slot; ``None``: anywhere).
-        Narrow transformations of the RDD keep the preference.
+        ``sc.parallelize`` sets no place; Spark's ``makeRDD`` takes one per item (a host name as Spark knows its
+        executors': a locality preference, which the scheduler keeps for ``spark.locality.wait``, 3 s by default, while
+        that host has no free slot; ``None``: anywhere). Narrow transformations of the RDD keep the preference.
         """
         from pyspark import RDD
         from pyspark.serializers import BatchedSerializer, CPickleSerializer
@@ -280,23 +257,17 @@ class Engine:
     def warm_up(self, model=None) -> concurrent.futures.Future:
         """Starts making the executors' Python workers ready to train, in the background; returns its future.
 
-        A new Python worker spends seconds importing TensorFlow before its
-        first task (docs/benchmarks.md, "Cold start"; with ``spark.python.daemon.module``
-        set to :data:`DAEMON_MODULE` the daemon imports it once and a worker
-        then costs a fork). Small jobs of ``default_parallelism`` tasks (an
-        RDD job, then a Spark SQL one unless other jobs, e.g. a fit's first
-        round, wait by then; under Connect only the SQL one) start
-        those workers while the caller goes on with driver-side work, and
-        leave them in the one pool that the fit's RDD rounds and Spark SQL
-        jobs take workers from (see :func:`_share_python_workers`). Given a
-        compiled ``model``, the first job's tasks also build its replica and
-        trace its step function for the data a fit most likely stages
-        (:class:`~sparkdl_avg.shared.model.tracing.WarmReplica`; a model whose
-        archive exceeds :data:`WARM_UP_MODEL_BYTES` is left to the fit).
-        The future's result is the workers' pids; a failure is logged at
-        DEBUG and left to the real jobs to report. Repeated within
-        :data:`WARM_UP_REUSE_S` seconds for the same model (or none), the
-        earlier warm-up's future is returned.
+        A new Python worker spends seconds importing TensorFlow before its first task (docs/benchmarks.md, "Cold
+        start"; with ``spark.python.daemon.module`` set to :data:`DAEMON_MODULE` the daemon imports it once and a worker
+        then costs a fork). Small jobs of ``default_parallelism`` tasks (an RDD job, then a Spark SQL one unless other
+        jobs, e.g. a fit's first round, wait by then; under Connect only the SQL one) start those workers while the
+        caller goes on with driver-side work, and leave them in the one pool that the fit's RDD rounds and Spark SQL
+        jobs take workers from (see :func:`_share_python_workers`). Given a compiled ``model``, the first job's tasks
+        also build its replica and trace its step function for the data a fit most likely stages
+        (:class:`~sparkdl_avg.shared.model.tracing.WarmReplica`; a model whose archive exceeds
+        :data:`WARM_UP_MODEL_BYTES` is left to the fit). The future's result is the workers' pids; a failure is logged
+        at DEBUG and left to the real jobs to report. Repeated within :data:`WARM_UP_REUSE_S` seconds for the same
+        model (or none), the earlier warm-up's future is returned.
         """
         replica = None
         if model is not None:
@@ -345,10 +316,9 @@ class Engine:
     def _others_running(self) -> bool:
         """Whether jobs other than the warm-up's run on this classic session (a fit's first round, the user's own).
 
-        The warm-up's SQL job then stays unsubmitted: its tasks would take
-        the slots from those jobs' later tasks (a fit's next rounds) for a
-        compilation of Spark's Arrow path that only a later ``predict`` or
-        staging of a DataFrame needs, and pays for itself.
+        The warm-up's SQL job then stays unsubmitted: its tasks would take the slots from those jobs' later tasks (a
+        fit's next rounds) for a compilation of Spark's Arrow path that only a later ``predict`` or staging of a
+        DataFrame needs, and pays for itself.
         """
         if self.sc is None:
             return False
@@ -384,10 +354,10 @@ def _cancel_at_exit() -> None:
 def _cancel_warm_ups() -> None:
     """At exit: cancels the warm-ups still running, quietly, and waits for them up to :data:`WARM_UP_EXIT_WAIT_S`.
 
-    A script that ends (or fails on a typo a few lines after ``warm_up``) while the executors still
-    import TensorFlow left Spark to kill the warm-up's tasks as the JVM went down: the console got
-    Spark's ERROR traces of a job nobody waits for, and the exit waited.
-    Registered after PySpark's own exit hook (which kills the JVM), so it runs before it.
+    Otherwise a script that ends (or fails on a typo a few lines after ``warm_up``) while the executors still import
+    TensorFlow leaves Spark to kill the warm-up's tasks as the JVM goes down: the console gets Spark's ERROR traces of a
+    job nobody waits for, and the exit waits. Registered after PySpark's own exit hook (which kills the JVM), so it runs
+    before it.
     """
     with _warm_lock:
         running = list(_warming.items())
@@ -408,22 +378,21 @@ def _cancel_warm_ups() -> None:
 def warm_up(spark=None, model=None) -> concurrent.futures.Future:
     """Starts warming the executors' Python workers of ``spark`` (default: the active session) in the background.
 
-    Call it right after creating the session: the seconds a new worker
-    spends importing TensorFlow then pass while the notebook's or job's
-    driver reads data, not in the first fit (a fit that starts before the
-    warm-up ends waits for it). See :meth:`Engine.warm_up`; returns its
-    future (the workers' pids).
+    Call it right after creating the session: the seconds a new worker spends importing TensorFlow then pass while the
+    notebook's or job's driver reads data, not in the first fit (a fit that starts before the warm-up ends waits for
+    it). See :meth:`Engine.warm_up`; returns its future (the workers' pids).
 
     Args:
-        spark: The ``SparkSession``; default the active one.
-        model: A compiled ``keras.Model`` the session will fit, or ``None``
-            (default). Given, the workers also build its replica and trace its
-            training step (work taken out of the first fit,
-            docs/benchmarks/first_fit.md) for numpy arrays or array columns of
-            its input shapes, class indices as labels of a sparse loss; other
-            data are traced again by the fit. Nothing is trained; a replica
-            the fit cannot use costs the workers' memory until a fit of
-            another model evicts it.
+        spark: Default the active session.
+        model: A compiled ``keras.Model`` the session will fit, or ``None`` (default). Given, the workers also build its
+            replica and trace its training step (work taken out of the first fit, docs/benchmarks/first_fit.md) for
+            numpy arrays or array columns of its input shapes, class indices as labels of a sparse loss; other data
+            are traced again by the fit. Nothing is trained; a replica the fit cannot use costs the workers' memory
+            until a fit of another model evicts it.
+
+    Raises:
+        SessionError: ``spark`` is ``None`` and no session is active.
+        ConfigurationError: ``model`` is not compiled.
     """
     if spark is None:
         from pyspark.sql import SparkSession
@@ -440,10 +409,9 @@ def warm_up(spark=None, model=None) -> concurrent.futures.Future:
 def _console_level(jvm):
     """The least severe level Spark's console shows: the more severe of its shell threshold (where set) and the root's.
 
-    A session started from Python (a script, a notebook, the pyspark shell)
-    keeps the root logger at ``INFO`` and shows ``WARN`` and above through
-    Spark's shell threshold ("Setting default log level to "WARN""); the
-    jobs' ``spark.log.level=WARN`` sets the root logger itself.
+    A session started from Python (a script, a notebook, the pyspark shell) keeps the root logger at ``INFO`` and shows
+    ``WARN`` and above through Spark's shell threshold ("Setting default log level to "WARN""); the jobs'
+    ``spark.log.level=WARN`` sets the root logger itself.
     """
     root = jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel()
     try:
@@ -467,22 +435,16 @@ def _quiet_once(spark) -> None:
 def quiet_task_failures(spark) -> bool:
     """Keeps failed tasks' stack traces off the console of ``spark``'s driver, unless its logging was turned up.
 
-    Adds a log4j2 filter to each logger of :data:`TASK_FAILURE_MESSAGES`, in
-    the driver's JVM (classic sessions), that drops those messages, when
-    Spark's console shows ``WARN`` or quieter (:func:`_console_level`: a
-    session's default, and ``spark.log.level=WARN``, the jobs' setting). With ``--conf spark.log.level=INFO`` (or ``DEBUG``:
-    spark-submit's own default is ``INFO``) everything is logged as before,
-    traces included. Under Spark Connect the server's logging is the
-    server's: nothing is changed. Calling it again changes nothing; a later
-    ``sc.setLogLevel("INFO")`` shows the loggers' other messages again but
-    not these (start the session with ``spark.log.level=INFO``). Every
-    session the trainer runs jobs on gets it (:class:`Engine`), the jobs'
-    (:func:`sparkdl_avg.driver.api.cli.spark_session`) and users' alike: a
-    failed round, staging or prediction reaches the caller as an exception
-    that holds the task's trace (a ``WorkerError`` chains it; a
-    ``DataError`` says which row), so the console's copy of it was noise.
-    A user's own failing job still raises its trace in Python; only the
-    log's copy is dropped.
+    Adds a log4j2 filter to each logger of :data:`TASK_FAILURE_MESSAGES`, in the driver's JVM (classic sessions), that
+    drops those messages, when Spark's console shows ``WARN`` or quieter (:func:`_console_level`: a session's default,
+    and ``spark.log.level=WARN``, the jobs' setting). With ``--conf spark.log.level=INFO`` (or ``DEBUG``: spark-submit's
+    own default is ``INFO``) everything is logged, traces included. Under Spark Connect the server's logging is the
+    server's: nothing is changed. Calling it again changes nothing; a later ``sc.setLogLevel("INFO")`` shows the
+    loggers' other messages again but not these (start the session with ``spark.log.level=INFO``). Every session the
+    trainer runs jobs on gets it (:class:`Engine`), the jobs' (:func:`sparkdl_avg.driver.api.cli.spark_session`) and
+    users' alike: a failed round, staging or prediction reaches the caller as an exception that holds the task's trace
+    (a ``WorkerError`` chains it; a ``DataError`` says which row), so the console's copy is noise. A user's own failing
+    job still raises its trace in Python; only the log's copy is dropped.
 
     Returns:
         Whether the filters are in place.
@@ -526,17 +488,13 @@ _SQL_WORKER_ENV = {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
 def _share_python_workers(spark) -> None:
     """Lets RDD jobs (the classic rounds) reuse the Python workers of SQL jobs (predict, staging), and back.
 
-    PySpark pools Python workers by their environment, and its SQL runner
-    adds ``SPARK_SIMPLIFIED_TRACEBACK=1`` (while
-    ``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on,
-    the default) where the RDD runner does not. So a fit's workers, with
-    TensorFlow imported, were of no use to the ``predict`` that follows: its
-    first call started and warmed new ones, and each pool had a daemon of
-    its own (docs/benchmarks.md, "Cold start"). Adding the variable to the
-    context's worker environment (``SparkContext.environment``, what every
-    Python function of the context ships with) makes the two pools one. The
-    only other effect: tracebacks of the context's RDD tasks leave out
-    PySpark's own frames, as its SQL tasks' do.
+    PySpark pools Python workers by their environment, and its SQL runner adds ``SPARK_SIMPLIFIED_TRACEBACK=1`` (while
+    ``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on, the default) where the RDD runner does not.
+    Two pools would leave a fit's workers, with TensorFlow imported, of no use to the ``predict`` that follows: its
+    first call would start and warm new ones, each pool with a daemon of its own (docs/benchmarks.md, "Cold start").
+    Adding the variable to the context's worker environment (``SparkContext.environment``, what every Python function of
+    the context ships with) makes the two pools one. The only other effect: tracebacks of the context's RDD tasks leave
+    out PySpark's own frames, as its SQL tasks' do.
     """
     sc = spark.sparkContext
     if spark.conf.get("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true").lower() != "true":
@@ -549,9 +507,8 @@ def _share_python_workers(spark) -> None:
 def struct_type(ddl: str):
     """The ``StructType`` of a DDL string, parsed once per process.
 
-    ``mapInArrow(f, "a int, ...")`` parses its string schema on every call,
-    and under Spark Connect that is a round trip to the server (an
-    ``AnalyzePlan`` request): once per round, before this cache.
+    ``mapInArrow(f, "a int, ...")`` parses its string schema on every call, and under Spark Connect that is a round trip
+    to the server (an ``AnalyzePlan`` request) per round without this cache.
     """
     from pyspark.sql.types import DataType
 

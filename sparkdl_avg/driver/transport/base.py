@@ -1,17 +1,12 @@
 """The protocol every state transport follows and the settings a fit's transport is built from.
 
-A *state transport* (``state_transport``: ``"spark"``, ``"files"``,
-``"sql"``) moves one fit's model and each round's state out to the workers
-and brings their sums back; the Spark SQL round sums them along one of its
-*aggregation paths* (``aggregation``: ``"driver"``, ``"files"``,
-``"shuffle"``, ``"storage"``, :mod:`.sql_paths`). Both are classes found by
-name in the registries the options declare
-(:data:`sparkdl_avg.driver.config.options.TRANSPORTS`, ``AGGREGATIONS``): a
-new one is a class in one module with ``@TRANSPORTS.register`` or
-``@AGGREGATIONS.register``, and the options take its name from there.
-``"auto"`` is no class but a policy (:mod:`.policy`). What one fit's
-transport is built from is one :class:`TransportSettings`, made from the
-trainer's config in one place (:meth:`TransportSettings.of`).
+A *state transport* (``state_transport``: ``"spark"``, ``"files"``, ``"sql"``) moves one fit's model and each round's
+state out to the workers and brings their sums back; the Spark SQL round sums them along one of its *aggregation paths*
+(``aggregation``: ``"driver"``, ``"files"``, ``"shuffle"``, ``"storage"``, :mod:`.sql_paths`). Both are classes found by
+name in the registries the options declare (:data:`sparkdl_avg.driver.config.options.TRANSPORTS`, ``AGGREGATIONS``): a
+new one is a class in one module with ``@TRANSPORTS.register`` or ``@AGGREGATIONS.register``, and the options take its
+name from there. ``"auto"`` is no class but a policy (:mod:`.policy`). What one fit's transport is built from is one
+:class:`TransportSettings`, made from the trainer's config in one place (:meth:`TransportSettings.of`).
 """
 
 from __future__ import annotations
@@ -56,10 +51,9 @@ class TransportSettings:
         moments: Positions of the optimizer's first moments among its variables.
         standing: Whether rounds may share one standing job: not with ``standing_rounds="off"``, nor with
             elastic probes (they would wait on the job's slots).
-        overlap: ``overlap_rounds``: on a classic session rounds run in one standing job too, each announced a
-            round ahead, through local files where the executors share the driver's host and a local staging
-            directory, else through the driver's socket
-            (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`).
+        overlap: ``overlap_rounds``: on a classic session rounds run in one standing job too, each announced a round
+            ahead, through local files where the executors share the driver's host and a local staging directory,
+            else through the driver's socket (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`).
         standing_rounds: ``standing_rounds``: ``"socket"``, a classic session's standing job talks through the
             driver's socket even where the executors share its host.
         tables: Per embedding table, its position and its averaged slots' among the state's arrays
@@ -134,12 +128,10 @@ class Site:
 class NextRound:
     """The fit's next round, which a transport running rounds in a standing job may announce while this one trains.
 
-    ``overlap_rounds``: round ``t + 1`` starts from what round ``t``'s update
-    will set, known when round ``t`` starts. The round runner gives it with
-    round ``t`` (:meth:`StateTransport.run_job`'s ``ahead``), and asks the
-    transport, when it runs round ``t + 1``, whether that is what was
-    announced (:meth:`StateTransport.take_ahead`): the transport alone keeps
-    what it announced.
+    ``overlap_rounds``: round ``t + 1`` starts from what round ``t``'s update will set, known when round ``t`` starts.
+    The round runner gives it with round ``t`` (:meth:`StateTransport.run_job`'s ``ahead``), and asks the transport,
+    when it runs round ``t + 1``, whether that is what was announced (:meth:`StateTransport.take_ahead`): the transport
+    alone keeps what it announced.
 
     Attributes:
         key: ``(epoch, round, steps_before, steps, share)``: the round as the fit plans it.
@@ -169,8 +161,8 @@ def _equal(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
 class StateTransport:
     """One fit's way of moving the model and round state out to the workers and their sums back.
 
-    A transport is registered by its ``name`` (``TRANSPORTS``) and built
-    by :meth:`for_fit`. Subclasses implement :meth:`publish` and :meth:`run`.
+    A transport is registered by its ``name`` (``TRANSPORTS``) and built by :meth:`for_fit`. Subclasses implement
+    :meth:`publish` and :meth:`run`.
 
     Attributes:
         name: The ``state_transport`` value naming it (what ``"auto"`` chose).
@@ -219,13 +211,12 @@ class StateTransport:
             published: "Published", places: Optional[Sequence[Optional[str]]] = None) -> PartialResult:
         """Runs one job whose tasks train the contiguous worker ids ``workers`` on ``published`` and sums their results.
 
-        The transport decides where the workers deliver their sums (the
-        result sink, :mod:`sparkdl_avg.shared.wire.exchange`); ``make_task(state, sink)``
-        gives the job's :class:`~sparkdl_avg.executor.worker.RoundTask` with it.
-        ``entry`` is the executor body, ``worker.run_round_partition`` (looked
-        up by the caller each round: the tests' fault-injection seam).
-        ``places``: the host each worker's task should run on (classic
-        sessions; :meth:`~sparkdl_avg.driver.runtime.session.Engine.located`), ``None``: anywhere.
+        The transport decides where the workers deliver their sums (the result sink,
+        :mod:`sparkdl_avg.shared.wire.exchange`); ``make_task(state, sink)`` gives the job's
+        :class:`~sparkdl_avg.executor.worker.RoundTask` with it. ``entry`` is the executor body,
+        ``worker.run_round_partition`` (looked up by the caller each round: the tests' fault-injection seam).
+        ``places``: the host each worker's task should run on (classic sessions;
+        :meth:`~sparkdl_avg.driver.runtime.session.Engine.located`), ``None``: anywhere.
 
         Raises:
             DataError, WorkerError: decoded from the failed job (:mod:`sparkdl_avg.shared.errors.remote_errors`).
@@ -237,16 +228,13 @@ class StateTransport:
                 places: Optional[Sequence[Optional[str]]] = None, ahead=None) -> Tuple[PartialResult, float]:
         """A round's or a chunk's job: publishes its state under ``name``, runs it (:meth:`run`), sums it; thread-safe.
 
-        What was published is released before this returns, however the job ends.
-        ``rounds_labels``: given by a caller that runs rounds one after
-        another on all its workers (not chunks from several threads), a
-        context manager factory that labels a Spark job started in another
-        thread (:meth:`~sparkdl_avg.driver.runtime.session.Engine.carried_labels`);
-        a transport that keeps one job for such rounds
-        (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`'s standing job) labels that job with it.
-        The others ignore it. ``places``: see :meth:`run`. ``ahead``: the next round
-        (:class:`NextRound`), that a standing job may announce before this one's sums are read
-        (``overlap_rounds``); the others ignore it.
+        What was published is released before this returns, however the job ends. ``rounds_labels``: given by a caller
+        that runs rounds one after another on all its workers (not chunks from several threads), a context manager
+        factory that labels a Spark job started in another thread
+        (:meth:`~sparkdl_avg.driver.runtime.session.Engine.carried_labels`); a transport that keeps one job for such
+        rounds (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`'s standing job) labels that job with it. The
+        others ignore it. ``places``: see :meth:`run`. ``ahead``: the next round (:class:`NextRound`), that a standing
+        job may announce before this one's sums are read (``overlap_rounds``); the others ignore it.
 
         Returns:
             The summed result and the wall-clock time (``time.time``) at which the state was published.
@@ -261,8 +249,8 @@ class StateTransport:
     def take_ahead(self, key: tuple, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> bool:
         """Whether round ``key``, asked for now with this state, runs as :meth:`run_job`'s ``ahead`` announced it.
 
-        A round announced ahead that differs is dropped (:meth:`drop_ahead`).
-        Transports that announce nothing ahead: ``False``.
+        A round announced ahead that differs is dropped (:meth:`drop_ahead`). Transports that announce nothing ahead:
+        ``False``.
         """
         return False
 

@@ -1,13 +1,10 @@
 """``state_transport="sql"``: the round as a DataFrame job; the only transport under Spark Connect.
 
-The model (once per fit) and each round's state go out as files under the
-fit's exchange directory (every executor reads the staging directory: it
-holds the staged data); each worker's sums come back through the round's
-aggregation path (:mod:`.sql_paths`: Arrow rows or files, summed by the
-driver or by reducer tasks), chosen per round by
-:func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`. Runs the same
-on a classic session and under Spark Connect, where consecutive rounds may
-share one standing job (:mod:`.standing`).
+The model (once per fit) and each round's state go out as files under the fit's exchange directory (every executor reads
+the staging directory: it holds the staged data); each worker's sums come back through the round's aggregation path
+(:mod:`.sql_paths`: Arrow rows or files, summed by the driver or by reducer tasks), chosen per round by
+:func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`. Runs the same on a classic session and under Spark
+Connect, where consecutive rounds may share one standing job (:mod:`.standing`).
 """
 
 from __future__ import annotations
@@ -41,31 +38,29 @@ logger = logging.getLogger("sparkdl_avg")
 class SqlTransport(StateTransport):
     """The round as a DataFrame job (``spark.range(N).mapInArrow``); works on classic sessions and under Spark Connect.
 
-    Every aggregation path adds the same numbers in the same order (worker
-    0, 1, ...), so all give bitwise the same sums as each other, as
-    ``state_transport="files"`` and as ``"spark"`` at
-    ``aggregation_depth=1`` (deeper trees add in another order).
+    Every aggregation path adds the same numbers in the same order (worker 0, 1, ...), so all give bitwise the same sums
+    as each other, as ``state_transport="files"`` and as ``"spark"`` at ``aggregation_depth=1`` (deeper trees add in
+    another order).
 
     Args:
         engine: The session's :class:`~sparkdl_avg.driver.runtime.session.Engine`.
         directory: The fit's exchange directory under the staging root.
         settings: Its :class:`~sparkdl_avg.driver.transport.base.TransportSettings` (``aggregation``, ``shards``).
         one_host_files: ``"auto"`` sums the workers' files on the driver (Connect, one host, local staging).
-        network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s
-            choice, :func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`); ``None`` when they share its host.
-        standing: Run consecutive rounds in one standing job (:mod:`.standing`); where the driver
-            and the executors share a host and the directory is local, or with ``network``. Rounds run through
-            :meth:`run_job` with ``rounds_labels`` (a fit's synchronous rounds) go to it when their
-            path allows (:attr:`~sparkdl_avg.driver.transport.sql_paths.Aggregation.standing`: ``"files"``,
-            what ``"auto"`` takes there; with ``network``, ``Aggregation.inline``: ``"driver"``) and they
-            have at most as many workers as the cluster has task slots (every task must hold a slot at once).
-            A task that fails is retried by Spark as usual and joins at the round in progress; a failed job
-            raises what the round's own job would have.
-        network: The standing job's words and answers go through the driver's socket (``overlap_rounds``
-            on a classic session whose executors run on other hosts, or ``standing_rounds="socket"``): a round's
-            weights travel in its word (the optimizer variables kept by the driver until a worker asks), and each
-            worker's sums in its answer (``"auto"`` takes the ``"driver"`` aggregation there), none of it through
-            the staging store. Rounds that run a job of their own publish as usual (files under the staging directory).
+        network_rate: The driver's link in bytes/s when executors run on other hosts (``"auto"``'s choice,
+            :func:`~sparkdl_avg.driver.transport.policy.plan_aggregation`); ``None`` when they share its host.
+        standing: Run consecutive rounds in one standing job (:mod:`.standing`); where the driver and the executors
+            share a host and the directory is local, or with ``network``. Rounds run through :meth:`run_job` with
+            ``rounds_labels`` (a fit's synchronous rounds) go to it when their path allows
+            (:attr:`~sparkdl_avg.driver.transport.sql_paths.Aggregation.standing`: ``"files"``, what ``"auto"`` takes
+            there; with ``network``, ``Aggregation.inline``: ``"driver"``) and they have at most as many workers as the
+            cluster has task slots (every task must hold a slot at once). A task that fails is retried by Spark as
+            usual and joins at the round in progress; a failed job raises what the round's own job would have.
+        network: The standing job's words and answers go through the driver's socket (``overlap_rounds`` on a classic
+            session whose executors run on other hosts, or ``standing_rounds="socket"``): a round's weights travel in
+            its word (the optimizer variables kept by the driver until a worker asks), and each worker's sums in its
+            answer (``"auto"`` takes the ``"driver"`` aggregation there), none of it through the staging store. Rounds
+            that run a job of their own publish as usual (files under the staging directory).
     """
 
     name = "sql"

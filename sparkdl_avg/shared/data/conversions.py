@@ -1,21 +1,16 @@
 """Exact conversions between a user's values (Arrow arrays, numpy arrays) and the numbers and objects a model takes.
 
-This module owns the value-level helpers every column kind
-(:mod:`sparkdl_avg.shared.data.kinds`) is built from:
+This module owns the value-level helpers every column kind (:mod:`sparkdl_avg.shared.data.kinds`) is built from:
 
-- :func:`exact_cast`: numbers into the dtype of the model input they feed,
-  refusing any integer conversion that would change a value (float32
-  holds integers exactly only up to 2^24);
-- Arrow helpers: :func:`is_text`, :func:`is_list`, :func:`list_matrix`
-  (a list column as a ``(rows, width)`` matrix), :func:`tensor_array`
-  (the staged ``FixedSizeList`` layout of numbers);
-- Spark's image struct: :func:`is_image_struct`, :func:`image_pixels`
-  (BGR(A) bytes as RGB(A) ``(n, height, width, channels)`` arrays);
-- :func:`raw_value`: any Arrow column as the closest numpy value (what a
-  preprocessing function reads).
+- :func:`exact_cast`: numbers into the dtype of the model input they feed, refusing any integer conversion that would
+  change a value (float32 holds integers exactly only up to 2^24);
+- Arrow helpers: :func:`is_text`, :func:`is_list`, :func:`list_matrix` (a list column as a ``(rows, width)`` matrix),
+  :func:`tensor_array` (the staged ``FixedSizeList`` layout of numbers);
+- Spark's image struct: :func:`is_image_struct`, :func:`image_pixels` (BGR(A) bytes as RGB(A)
+  ``(n, height, width, channels)`` arrays);
+- :func:`raw_value`: any Arrow column as the closest numpy value (what a preprocessing function reads).
 
-It runs on executors and on the driver and holds no state; it knows nothing
-of columns or kinds.
+It runs on executors and on the driver and holds no state; it knows nothing of columns or kinds.
 """
 
 from __future__ import annotations
@@ -41,12 +36,10 @@ def exact_cast(values: np.ndarray, dtype: str, name: str, advice: str = "", firs
                where: str = "of its partition") -> np.ndarray:
     """``values`` as ``dtype``, refusing any conversion that would change a value.
 
-    Integers stay exact: into a float type only while the float holds them
-    (float32: up to 2^24, float64: 2^53), into a narrower integer type only
-    within its range. Floats go into an integer type only when every value
-    is a whole number in range. Floats into a narrower float type are
-    rounded to it, as ``keras.Model.fit`` rounds float64 arrays to a
-    float32 input.
+    Integers stay exact: into a float type only while the float holds them (float32: up to 2^24, float64: 2^53), into
+    a narrower integer type only within its range. Floats go into an integer type only when every value is a whole
+    number in range. Floats into a narrower float type are rounded to it, as ``keras.Model.fit`` rounds float64 arrays
+    to a float32 input.
 
     Args:
         values: One row per example.
@@ -118,8 +111,7 @@ def is_list(data_type: pa.DataType) -> bool:
 def list_matrix(column: pa.Array, name: str, width: Optional[int], first_row: int = 0) -> np.ndarray:
     """An Arrow list column whose rows all hold ``width`` values, as a ``(rows, width)`` array of its value type.
 
-    ``width=None`` takes the first row's length (labels, whose width the
-    staging job finds).
+    ``width=None`` takes the first row's length (labels, whose width the staging job finds).
 
     Raises:
         DataError: a null row, a row of another length, or a null value inside a row.
@@ -164,9 +156,8 @@ def is_image_struct(data_type: pa.DataType) -> bool:
 def image_pixels(column: pa.Array, shape: Tuple[int, int, int]) -> np.ndarray:
     """Spark image structs of one shape as ``(n, height, width, channels)`` uint8 in RGB(A) order.
 
-    Spark's image source stores OpenCV's BGR(A); models trained on
-    ``tf.io.decode_png``/``decode_jpeg`` output see RGB, so the channels are
-    reversed once here.
+    Spark's image source stores OpenCV's BGR(A); models trained on ``tf.io.decode_png``/``decode_jpeg`` output see
+    RGB, so the channels are reversed once here.
     """
     data = column.field("data")
     raw = np.frombuffer(data.buffers()[2], dtype=np.uint8) if data.offset == 0 else None
@@ -187,11 +178,9 @@ def image_pixels(column: pa.Array, shape: Tuple[int, int, int]) -> np.ndarray:
 def raw_value(array: pa.Array) -> Any:
     """A raw column's rows as what a preprocessing function gets.
 
-    Numbers: a 1-D numpy array of their dtype; lists whose rows all have one
-    length: a 2-D array (``(rows, length)``), else an object array of 1-D
-    arrays; bytes and strings: an object array of ``bytes``/``str``; a
-    struct (Spark's image struct too): a dict of its fields, each converted
-    alike; timestamps: ``datetime64``.
+    Numbers: a 1-D numpy array of their dtype; lists whose rows all have one length: a 2-D array (``(rows, length)``),
+    else an object array of 1-D arrays; bytes and strings: an object array of ``bytes``/``str``; a struct (Spark's
+    image struct too): a dict of its fields, each converted alike; timestamps: ``datetime64``.
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()

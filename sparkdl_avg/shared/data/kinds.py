@@ -1,30 +1,23 @@
 """Column kinds: what each kind of staged column holds, and how it is chosen, staged, checked and read.
 
-A staged column (:class:`~sparkdl_avg.shared.data.columns.Column`) names its
-kind (``Column.kind``); the kind is a :class:`ColumnKind` found by that name
-in this module's registry (``KINDS.get(name)``, :data:`KINDS`), and every
-question about a column's kind is put to it, on the driver and on the
-executors alike:
+A staged column (:class:`~sparkdl_avg.shared.data.columns.Column`) names its kind (``Column.kind``); the kind is a
+:class:`ColumnKind` found by that name in this module's registry (``KINDS.get(name)``, :data:`KINDS`), and every
+question about a column's kind is put to it, on the driver and on the executors alike:
 
-- ``"tensor"`` (:class:`TensorKind`): numbers of a fixed shape (numeric
-  arrays, numbers, ``pyspark.ml`` Vectors, labels, sample weights, ids),
-  staged as a ``FixedSizeList`` of ``field.width`` values of ``field.dtype``;
-- ``"text"`` (:class:`TextKind`): one ``binary`` or ``string`` value per row,
-  as it came, for a string input;
-- ``"image"`` (:class:`ImageKind`): Spark's image struct as it came, read as
-  ``(height, width, channels)`` arrays in RGB(A) order;
-- ``"raw"`` (:class:`RawKind`): any Arrow type, as it came: the columns a
-  preprocessing function reads.
+- ``"tensor"`` (:class:`TensorKind`): numbers of a fixed shape (numeric arrays, numbers, ``pyspark.ml`` Vectors,
+  labels, sample weights, ids), staged as a ``FixedSizeList`` of ``field.width`` values of ``field.dtype``;
+- ``"text"`` (:class:`TextKind`): one ``binary`` or ``string`` value per row, as it came, for a string input;
+- ``"image"`` (:class:`ImageKind`): Spark's image struct as it came, read as ``(height, width, channels)`` arrays in
+  RGB(A) order;
+- ``"raw"`` (:class:`RawKind`): any Arrow type, as it came: the columns a preprocessing function reads.
 
-Which kind a model input's column is, is chosen here too, in one place per
-kind of data: :func:`kind_for_field` for data without a schema (numpy arrays,
-RDD elements), :func:`kind_for_spark` for a DataFrame column (the kinds are
-asked in registration order; the first that takes the column wins). A new
-kind is one class here, registered with ``@KINDS.register``. The staged
-files' format is the kinds' business and stays as it is.
+Which kind a model input's column is, is chosen here too, in one place per kind of data: :func:`kind_for_field` for
+data without a schema (numpy arrays, RDD elements), :func:`kind_for_spark` for a DataFrame column (the kinds are asked
+in registration order; the first that takes the column wins). A new kind is one class here, registered with
+``@KINDS.register``. The staged files' format is the kinds' business and stays as it is.
 
-It runs on executors and on the driver and holds no state but the registry;
-the value-level conversions are :mod:`sparkdl_avg.shared.data.conversions`'.
+It runs on executors and on the driver and holds no state but the registry; the value-level conversions are
+:mod:`sparkdl_avg.shared.data.conversions`'.
 """
 
 from __future__ import annotations
@@ -63,15 +56,14 @@ def _first_null(column: pa.Array, first_row: int) -> int:
 class ColumnKind:
     """One kind of staged column, behind the protocol every kind implements.
 
-    ``spec`` below is the :class:`~sparkdl_avg.shared.data.columns.Column` the
-    values belong to (its ``field``, ``source``, ``role`` and ``index``).
+    ``spec`` below is the :class:`~sparkdl_avg.shared.data.columns.Column` the values belong to (its ``field``,
+    ``source``, ``role`` and ``index``).
 
     Attributes:
-        name: The kind's name: ``Column.kind``, its key in the registry.
-        numeric: Whether the column is staged as a ``FixedSizeList`` of
-            numbers: read as zero-copy views of the mapped file, checked by
-            ``check_data`` (finite values, label ranges, weights), and a
-            label column whose width the staging job finds.
+        name: ``Column.kind``, its key in the registry.
+        numeric: Whether the column is staged as a ``FixedSizeList`` of numbers: read as zero-copy views of the mapped
+            file, checked by ``check_data`` (finite values, label ranges, weights), and a label column whose width the
+            staging job finds.
     """
 
     name: str = ""
@@ -86,8 +78,7 @@ class ColumnKind:
     def spark_input(self, source, data_type, metadata: dict, field, name: str, input_name: str):
         """How DataFrame column ``name`` (of Spark SQL ``data_type``, as ``source``) feeds ``input_name`` of ``field``.
 
-        Returns the expression to stage, or ``None`` when this kind does not
-        take the column (the next kind is asked).
+        Returns the expression to stage, or ``None`` when this kind does not take the column (the next kind is asked).
 
         Raises:
             DataError: the column is this kind's, but does not fit the input.

@@ -1,8 +1,7 @@
 """The user's preprocessing function: shipped to executors, called per minibatch, its output checked.
 
-A preprocessing function maps a minibatch of raw columns to the model's
-inputs and labels, as Ray Data's ``map_batches`` and Horovod's
-``transformation_fn`` do::
+A preprocessing function maps a minibatch of raw columns to the model's inputs and labels, as Ray Data's
+``map_batches`` and Horovod's ``transformation_fn`` do::
 
     def decode(batch, seeds=None, training=False):
         images = np.stack([tf.io.decode_png(b).numpy() for b in batch["content"]])
@@ -12,24 +11,19 @@ inputs and labels, as Ray Data's ``map_batches`` and Horovod's
         return {"image": images.astype("float32") / 255.0}
 
 ``batch`` is a dict of numpy arrays, one per column the function reads
-(:func:`sparkdl_avg.shared.data.columns.raw_value`: numbers, object arrays of
-``bytes``/``str``, dicts for structs such as Spark's image struct). It
-returns a dict of arrays with one row per example; ``features_col``,
-``label_col`` and ``sample_weight_col`` then name keys of that dict, and a
-name the function does not return is taken from ``batch`` (a label column
-passes through untouched). Two optional parameters, by name: ``seeds`` (one
-``int64`` per example, derived from the fit's seed, the epoch and the
-example, :func:`example_seeds`: random augmentation repeats bitwise in a
-retried task, a resumed fit and a re-run) and ``training`` (``True`` in
-``fit``'s rounds, ``False`` in ``evaluate``, validation and ``predict``).
+(:func:`sparkdl_avg.shared.data.columns.raw_value`: numbers, object arrays of ``bytes``/``str``, dicts for structs
+such as Spark's image struct). It returns a dict of arrays with one row per example; ``features_col``, ``label_col``
+and ``sample_weight_col`` then name keys of that dict, and a name the function does not return is taken from ``batch``
+(a label column passes through untouched). Two optional parameters, by name: ``seeds`` (one ``int64`` per example,
+derived from the fit's seed, the epoch and the example, :func:`example_seeds`: random augmentation repeats bitwise in
+a retried task, a resumed fit and a re-run) and ``training`` (``True`` in ``fit``'s rounds, ``False`` in
+``evaluate``, validation and ``predict``).
 
-This module owns :class:`Preprocess` (the function pickled with cloudpickle,
-by value when defined in ``__main__`` as PySpark ships a notebook's
-functions; by reference otherwise, so its module must be importable on the
-executors, like custom layers), :func:`example_seeds`, and :meth:`Preprocess.apply`,
-which calls it and turns a failure into a :class:`~sparkdl_avg.errors.DataError`
-naming the function, the columns and the first row that fails. What the
-output must be is checked by :func:`sparkdl_avg.shared.data.staged_dataset.model_arrays`.
+This module owns :class:`Preprocess` (the function pickled with cloudpickle, by value when defined in ``__main__`` as
+PySpark ships a notebook's functions; by reference otherwise, so its module must be importable on the executors, like
+custom layers), :func:`example_seeds`, and :meth:`Preprocess.apply`, which calls it and turns a failure into a
+:class:`~sparkdl_avg.errors.DataError` naming the function, the columns and the first row that fails. What the output
+must be is checked by :func:`sparkdl_avg.shared.data.staged_dataset.model_arrays`.
 """
 
 from __future__ import annotations
@@ -55,9 +49,8 @@ ORIGIN_COLUMNS = ("path", "origin")
 def example_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
     """One non-negative ``int64`` seed per example, from ``(seed, epoch, example index)`` alone.
 
-    The same example in the same epoch gets the same seed whichever worker,
-    round, task attempt or fit trains it; use it to key a numpy generator
-    (``np.random.default_rng(s)``) or a stateless TensorFlow op
+    The same example in the same epoch gets the same seed whichever worker, round, task attempt or fit trains it; use
+    it to key a numpy generator (``np.random.default_rng(s)``) or a stateless TensorFlow op
     (``tf.random.stateless_uniform(shape, seed=[s, 0])``).
     """
     key = np.uint64(epoch_key(seed, epoch))
@@ -72,20 +65,17 @@ _DECODERS: Dict[int, Callable] = {}  # decode_images' compiled decoders of this 
 def decode_images(contents, channels: int = 0) -> np.ndarray:
     """Encoded images (PNG, JPEG, GIF, BMP) as one ``uint8`` array ``(n, height, width, channels)``.
 
-    For preprocessing functions: ``decode_images(batch["content"])`` decodes a
-    minibatch of ``binaryFile`` bytes in one TensorFlow graph call (a
-    ``tf.function`` of ``tf.map_fn`` over ``tf.io.decode_image``, traced once
-    per process), faster than decoding image by image in Python, and the
-    images stay exactly what ``tf.io.decode_image`` gives.
+    For preprocessing functions: ``decode_images(batch["content"])`` decodes a minibatch of ``binaryFile`` bytes in one
+    TensorFlow graph call (a ``tf.function`` of ``tf.map_fn`` over ``tf.io.decode_image``, traced once per process),
+    faster than decoding image by image in Python, and the images stay exactly what ``tf.io.decode_image`` gives.
 
     Args:
         contents: The encoded images: an array or list of ``bytes``.
-        channels: Channels to decode to (1 gray, 3 RGB, 4 RGBA); 0 (default)
-            keeps each file's own, which must then be the same for all.
+        channels: Channels to decode to (1 gray, 3 RGB, 4 RGBA); 0 (default) keeps each file's own, which must then be
+            the same for all.
 
     Raises:
-        DataError: the images do not all have one size (resize them in the
-            function first), or one does not decode.
+        DataError: the images do not all have one size (resize them in the function first), or one does not decode.
     """
     import tensorflow as tf
 
@@ -222,8 +212,8 @@ class Preprocess:
         digest: SHA-256 of ``payload`` (staged data and cached functions are keyed by it).
         takes_seeds: Whether it accepts ``seeds``.
         takes_training: Whether it accepts ``training``.
-        columns: The raw columns it reads, found by its dry run on the
-            driver (:func:`sparkdl_avg.driver.data.staging.dry_run`); staged with the data.
+        columns: The raw columns it reads, found by its dry run on the driver
+            (:func:`sparkdl_avg.driver.data.staging.dry_run`); staged with the data.
     """
 
     name: str
@@ -284,8 +274,8 @@ class Preprocess:
         """The function, unpickled once per process.
 
         Raises:
-            ConfigurationError: it cannot be unpickled here, most often because
-                its module is not importable on the executors.
+            ConfigurationError: it cannot be unpickled here, most often because its module is not importable on the
+                executors.
         """
         with _LOCK:
             fn = _FUNCTIONS.get(self.digest)
@@ -322,8 +312,7 @@ class Preprocess:
             training: Whether the batch is trained on.
             what: The data, for the message ("training data").
             first: The index of the batch's first example, for the message.
-            row_ids: The examples' indices in the staged data (messages name
-                the row by it); default ``first, first + 1, ...``.
+            row_ids: The examples' indices in the staged data (messages name the row by it); default ``first, ...``.
 
         Raises:
             DataError: the function raised, or returned something that is not a dict.
@@ -360,8 +349,7 @@ class Preprocess:
     def dry_run(self, batch: Dict[str, Any], training: bool, what: str) -> Tuple[Mapping, Tuple[str, ...]]:
         """Runs the function on a few rows on the driver; returns its output and the columns it read.
 
-        All the batch's columns count as read when the function iterates over
-        the batch (``batch.items()``, ``dict(batch)``).
+        All the batch's columns count as read when the function iterates over the batch (``batch.items()``).
         """
         recorder = _Recorder(batch)
         seeds = example_seeds(0, 0, np.arange(_rows(batch))) if self.takes_seeds else None
@@ -373,9 +361,8 @@ class Preprocess:
 def describe_row(batch: Mapping, i: int, what: str, first: int = 0, row_ids: Optional[np.ndarray] = None) -> str:
     """Row ``i`` of ``batch`` for a message: "row 12 of the training data; path '.../3.png'".
 
-    The row's number is its index in the staged data (``row_ids[i]``, else
-    ``first + i``); where the batch holds :data:`ORIGIN_COLUMNS` (or an image
-    struct's ``origin``) the row's origin is named too.
+    The row's number is its index in the staged data (``row_ids[i]``, else ``first + i``); where the batch holds
+    :data:`ORIGIN_COLUMNS` (or an image struct's ``origin``) the row's origin is named too.
     """
     row = int(row_ids[i]) if row_ids is not None else first + i
     origin = next((f"; {c} {_take(batch[c], i)[0]!r}" for c in ORIGIN_COLUMNS

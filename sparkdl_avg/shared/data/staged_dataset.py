@@ -1,23 +1,17 @@
 """The staged dataset: its description, its on-disk format (Arrow IPC files written once per fit) and its reading.
 
-This module owns :class:`StagedDataset` (what executors are told about the
-staged data and how it becomes the model's arrays), the file format and
-:func:`read_examples`, the one way staged examples are read: by the workers
-of a round, the evaluation tasks and the driver's checks. Each file holds
-one record batch with one column per :class:`~sparkdl_avg.shared.data.columns.Column`:
-numbers as ``FixedSizeList`` columns of the dtype of the model input they
-feed (so int64 ids stay exact), bytes and text as they came, Spark's image
-struct as it came. Files are read by memory-mapping them, so a round's task
-touches only the pages of the examples it trains on; files on a remote
-filesystem (HDFS, S3, ...) are first copied once per Python worker into a
-local cache directory.
+This module owns :class:`StagedDataset` (what executors are told about the staged data and how it becomes the model's
+arrays), the file format and :func:`read_examples`, the one way staged examples are read: by the workers of a round,
+the evaluation tasks and the driver's checks. Each file holds one record batch with one column per
+:class:`~sparkdl_avg.shared.data.columns.Column`: numbers as ``FixedSizeList`` columns of the dtype of the model input
+they feed (so int64 ids stay exact), bytes and text as they came, Spark's image struct as it came. Files are read by
+memory-mapping them, so a round's task touches only the pages of the examples it trains on; files on a remote
+filesystem (HDFS, S3, ...) are first copied once per Python worker into a local cache directory.
 
-Reading ends in :func:`model_arrays`: the model's inputs, labels and sample
-weights by name, from the staged columns directly or, with a preprocessing
-function (:mod:`sparkdl_avg.shared.data.preprocess`), from its output per
-minibatch, each checked against the shape and dtype the model takes.
-It runs on executors and on the driver and holds no driver state; what is
-staged belongs to :mod:`sparkdl_avg.driver.data.staging` (driver) and
+Reading ends in :func:`model_arrays`: the model's inputs, labels and sample weights by name, from the staged columns
+directly or, with a preprocessing function (:mod:`sparkdl_avg.shared.data.preprocess`), from its output per minibatch,
+each checked against the shape and dtype the model takes. It runs on executors and on the driver and holds no driver
+state; what is staged belongs to :mod:`sparkdl_avg.driver.data.staging` (driver) and
 :mod:`sparkdl_avg.executor.stage_writer` (executors).
 """
 
@@ -48,10 +42,9 @@ from .value_checks import DataChecks, check_values
 def _file_cache_limit() -> int:
     """Mapped files a Python worker keeps open: 4096, or half its open-file limit where that is lower.
 
-    A round reads examples from any file: data staged from many small
-    partitions (``binaryFile`` over small images makes hundreds) re-opened
-    its files every round once they outnumbered the cache, several times
-    slower (docs/benchmarks/data_formats.md).
+    A round reads examples from any file: data staged from many small partitions (``binaryFile`` over small images
+    makes hundreds) would re-open its files every round once they outnumber the cache, several times slower
+    (docs/benchmarks/data_formats.md).
     """
     try:
         import resource
@@ -81,19 +74,17 @@ class StagedDataset:
     Attributes:
         files: The staged files, in data order.
         columns: The columns every file holds.
-        x_names: Per model input, the name of the array it gets: a staged
-            column, or a key of the preprocessing function's output.
+        x_names: Per model input, the name of the array it gets: a staged column, or a key of the preprocessing
+            function's output.
         x_fields: Per model input, the shape and dtype it takes.
         y_names: Per model output, the name of its labels (as ``x_names``).
-        y_fields: Per model output, one example's label shape (``()`` for
-            one number) and dtype.
+        y_fields: Per model output, one example's label shape (``()`` for one number) and dtype.
         weight_name: The sample weights' name (as ``x_names``), or ``None``.
         preprocess: The preprocessing function, or ``None``.
-        class_weight: ``((class, weight), ...)``: each example's weight is
-            multiplied by its class's (Keras' ``class_weight``), or ``None``.
-        checks: With ``preprocess``, the value checks of its output
-            (NaN/Inf, label ranges, Embedding ids), made per minibatch where
-            it runs (:func:`model_arrays`); ``None``: none.
+        class_weight: ``((class, weight), ...)``: each example's weight is multiplied by its class's (Keras'
+            ``class_weight``), or ``None``.
+        checks: With ``preprocess``, the value checks of its output (NaN/Inf, label ranges, Embedding ids), made per
+            minibatch where it runs (:func:`model_arrays`); ``None``: none.
     """
 
     files: Tuple[StagedFile, ...]
@@ -147,11 +138,10 @@ def structure(parts: List):
 def write_columns(uri: str, arrays: Mapping[str, pa.Array]) -> int:
     """Writes one staged file of ``arrays`` (one staged array per column, by name), atomically; returns its bytes.
 
-    The file appears whole or not at all (:func:`sparkdl_avg.shared.files.fs.open_atomically`),
-    so a retried task never leaves a half-written file behind. Its directory
-    must exist (the driver makes it, :func:`sparkdl_avg.driver.data.staging.stage`): a task
-    still running after its staging was given up and removed cannot
-    recreate it.
+    The file appears whole or not at all (:func:`sparkdl_avg.shared.files.fs.open_atomically`), so a retried task
+    never leaves a half-written file behind. Its directory must exist (the driver makes it,
+    :func:`sparkdl_avg.driver.data.staging.stage`): a task still running after its staging was given up and removed
+    cannot recreate it.
     """
     arrays = {name: a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for name, a in arrays.items()}
     batch = pa.record_batch(list(arrays.values()), names=list(arrays))
@@ -211,9 +201,8 @@ _FILES = _FileCache()
 def read_columns(dataset: StagedDataset, indices: np.ndarray) -> Dict[str, Any]:
     """The staged columns of the examples at ``indices`` (global example indices), in that order.
 
-    Tensor columns come back as ``(len(indices), *shape)`` arrays of their
-    dtype, copied out of the mapped files; the others as
-    :func:`sparkdl_avg.shared.data.columns.read_column` makes them.
+    Tensor columns come back as ``(len(indices), *shape)`` arrays of their dtype, copied out of the mapped files; the
+    others as :func:`sparkdl_avg.shared.data.columns.read_column` makes them.
     """
     indices = np.asarray(indices, dtype=np.int64)
     offsets = dataset.offsets()
@@ -277,8 +266,7 @@ class Examples:
 def as_rows(value: Any, name: str, n: int, source: str, dtype: Any = None) -> np.ndarray:
     """An output of the preprocessing function as an array of one row per example, or a ``DataError`` naming it.
 
-    A ragged list, a scalar or a generator is refused with the function and
-    the key named, not numpy's or ``len()``'s own error.
+    A ragged list, a scalar or a generator is refused with the function and the key named, not numpy's own error.
     """
     if isinstance(value, np.ndarray) and (dtype is None or value.dtype == dtype):
         array = value
@@ -335,7 +323,6 @@ def model_arrays(dataset: StagedDataset, columns: Mapping[str, Any], *, labels: 
     """The model's arrays for a batch of staged columns (:func:`read_columns`), preprocessed if the data is.
 
     Args:
-        dataset: The staged dataset.
         columns: The batch's staged columns, by name.
         labels: Whether to produce labels and weights (not for ``predict``).
         seeds: Per example seeds for the preprocessing (training only).
@@ -404,10 +391,9 @@ def read_examples(dataset: StagedDataset, indices: np.ndarray, *, labels: bool =
                   what: str = "training data") -> Examples:
     """The model's arrays for the examples at ``indices`` (global example indices), in that order.
 
-    With a preprocessing function it runs per minibatch of ``batch_size``
-    examples (default: all at once), with the examples' seeds
-    (:func:`~sparkdl_avg.shared.data.preprocess.example_seeds` of ``seed``,
-    ``epoch``) when ``seed`` is given.
+    With a preprocessing function it runs per minibatch of ``batch_size`` examples (default: all at once), with the
+    examples' seeds (:func:`~sparkdl_avg.shared.data.preprocess.example_seeds` of ``seed``, ``epoch``) when ``seed``
+    is given.
     """
     indices = np.asarray(indices, dtype=np.int64)
     columns = read_columns(dataset, indices)

@@ -1,14 +1,12 @@
 """The value checks of staged data: what ``check_data`` checks and the messages that name the culprit.
 
-This module owns :class:`DataChecks` (which checks to make), :func:`check_values`
-(finite values, label ranges, ids an ``Embedding`` can look up) and :func:`check_label_shape` (labels shaped as
-their loss needs: class indices or vectors the output's size). They
-raise :class:`~sparkdl_avg.errors.DataError` wherever they run: on the driver
-for numpy data (:mod:`sparkdl_avg.driver.data.staging`), and on executors inside the staging
-and prediction bodies (:mod:`sparkdl_avg.executor.stage_writer`,
-:mod:`sparkdl_avg.executor.predict`), which hand the error to the driver
-through :mod:`sparkdl_avg.shared.errors.remote_errors`. Which checks a model needs follows from
-its losses (:func:`sparkdl_avg.driver.data.staging.data_checks`).
+This module owns :class:`DataChecks` (which checks to make), :func:`check_values` (finite values, label ranges, ids
+an ``Embedding`` can look up) and :func:`check_label_shape` (labels shaped as their loss needs: class indices or
+vectors the output's size). They raise :class:`~sparkdl_avg.errors.DataError` wherever they run: on the driver for
+numpy data (:mod:`sparkdl_avg.driver.data.staging`), and on executors inside the staging and prediction bodies
+(:mod:`sparkdl_avg.executor.stage_writer`, :mod:`sparkdl_avg.executor.predict`), which hand the error to the driver
+through :mod:`sparkdl_avg.shared.errors.remote_errors`. Which checks a model needs follows from its losses
+(:func:`sparkdl_avg.driver.data.staging.data_checks`).
 """
 
 from __future__ import annotations
@@ -29,11 +27,9 @@ class LabelShape:
     Attributes:
         loss: The loss as the user gave it (``"sparse_categorical_crossentropy"``,
             ``"SparseCategoricalCrossentropy"``), for the message.
-        kind: ``"sparse"`` (one integer class index per row),
-            ``"categorical"`` (a vector of ``units`` class probabilities per
-            row), ``"binary"`` (``units`` values in [0, 1] per row) or
-            ``"elementwise"`` (a regression or hinge loss comparing label and
-            output value by value: ``units`` values per row).
+        kind: ``"sparse"`` (one integer class index per row), ``"categorical"`` (a vector of ``units`` class
+            probabilities per row), ``"binary"`` (``units`` values in [0, 1] per row) or ``"elementwise"`` (a
+            regression or hinge loss comparing label and output value by value: ``units`` values per row).
         units: The output's last dimension.
     """
 
@@ -48,18 +44,13 @@ class DataChecks:
 
     Attributes:
         finite: Features and labels must be finite (no NaN/Inf).
-        label_ranges: Per model output, ``(low, high, integer, what)``: labels
-            must lie in ``[low, high]`` (and be whole numbers if ``integer``);
-            ``what`` describes the range in the error. ``None``: no check.
-        label_shapes: Per model output, the :class:`LabelShape` its loss
-            accepts; ``None``: no check.
-        id_ranges: Per model input, ``(input_dim, layer name)`` of the
-            ``Embedding`` layer it feeds directly, else ``None``: ids must lie
-            in ``[0, input_dim)`` (TensorFlow fails on larger ones at round 0,
-            naming neither column nor layer); negative ones, which Keras
-            trains on silently, are warned of.
-        advice: What a NaN/Inf message advises (``predict`` has no
-            ``check_data`` to turn the check off).
+        label_ranges: Per model output, ``(low, high, integer, what)``: labels must lie in ``[low, high]`` (and be
+            whole numbers if ``integer``); ``what`` describes the range in the error. ``None``: no check.
+        label_shapes: Per model output, the :class:`LabelShape` its loss accepts; ``None``: no check.
+        id_ranges: Per model input, ``(input_dim, layer name)`` of the ``Embedding`` layer it feeds directly, else
+            ``None``: ids must lie in ``[0, input_dim)`` (TensorFlow fails on larger ones at round 0, naming neither
+            column nor layer); negative ones, which Keras trains on silently, are warned of.
+        advice: What a NaN/Inf message advises (``predict`` has no ``check_data`` to turn the check off).
     """
 
     finite: bool = True
@@ -85,17 +76,14 @@ def check_values(
     Args:
         values: The staged values, one row per example.
         name: How the error names them, e.g. ``"Column 'label'"``.
-        checks: The checks; ``None`` checks nothing.
+        checks: ``None`` checks nothing.
         output: For labels, the model output they belong to.
-        first_row: Row number of ``values[0]`` in its partition (or array),
-            for the message. Default 0.
-        partition: Whether ``values`` are rows of a Spark partition (the
-            message says "row 5 of its partition") or of a whole array
-            ("row 5"). Default ``True``.
+        first_row: Row number of ``values[0]`` in its partition (or array), for the message. Default 0.
+        partition: Whether ``values`` are rows of a Spark partition (the message says "row 5 of its partition") or of a
+            whole array ("row 5"). Default ``True``.
         input: For features, the model input they feed (its ``id_ranges`` check).
-        where: The message's description of row ``i`` of ``values``
-            (e.g. "row 12 of the training data; path '...'"); default from
-            ``first_row`` and ``partition``.
+        where: The message's description of row ``i`` of ``values`` (e.g. "row 12 of the training data; path
+            '...'"); default from ``first_row`` and ``partition``.
         warn: Where a warning goes (negative ids); default :func:`warnings.warn`.
     """
     if checks is None or values.size == 0:
@@ -154,14 +142,14 @@ def _units(n: int) -> str:
 def check_label_shape(shape: Optional[Tuple[int, ...]], name: str, checks: Optional[DataChecks], output: int) -> None:
     """Raises ``DataError`` if labels of ``shape`` (one row's) do not fit the loss of model output ``output``.
 
-    Keras would otherwise fail in the first round with a message about the
-    rank of ``target`` and ``output``, from inside a worker.
+    Keras would otherwise fail in the first round with a message about the rank of ``target`` and ``output``, from
+    inside a worker.
 
     Args:
-        shape: One example's label shape (``()`` for one number per row);
-            ``None`` when not known yet (an array column before staging).
+        shape: One example's label shape (``()`` for one number per row); ``None`` when not known yet (an array column
+            before staging).
         name: How the message names the labels, e.g. ``"label column 'label'"``.
-        checks: The checks; ``None`` checks nothing.
+        checks: ``None`` checks nothing.
         output: The model output the labels belong to.
     """
     if checks is None or shape is None or output >= len(checks.label_shapes):

@@ -1,37 +1,26 @@
 """Ctrl-C during a fit: always a ``KeyboardInterrupt``, the fit's Spark jobs cancelled, no py4j noise.
 
-A classic PySpark driver talks to its JVM over py4j sockets, one per Python
-thread, in request/answer pairs. A ``KeyboardInterrupt`` raised while the
-main thread waits for an answer (a round's Spark job runs for most of a
-fit) breaks that pair: py4j logs ``KeyboardInterrupt while sending
-command`` with tracebacks at ``ERROR`` and shuts the connection down, and
-PySpark's own SIGINT handler (``SparkContext``'s ``signal_handler``) calls
-``cancelAllJobs`` on the very connection that is waiting, which fails
-(``reentrant call``), so the job is not cancelled and keeps the executors
-busy after the interrupt; sometimes the broken connection surfaces as a
-``Py4JError`` (``Gateway must be connected to send cancel cmd``) that the
-round then reported as a ``WorkerError``.
+A classic PySpark driver talks to its JVM over py4j sockets, one per Python thread, in request/answer pairs. A
+``KeyboardInterrupt`` raised while the main thread waits for an answer (a round's Spark job runs for most of a fit)
+breaks that pair: py4j logs ``KeyboardInterrupt while sending command`` with tracebacks at ``ERROR`` and shuts the
+connection down, and PySpark's own SIGINT handler (``SparkContext``'s ``signal_handler``) calls ``cancelAllJobs`` on
+the very connection that is waiting, which fails (``reentrant call``), so the job is not cancelled and keeps the
+executors busy after the interrupt; sometimes the broken connection surfaces as a ``Py4JError`` (``Gateway must be
+connected to send cancel cmd``) that would read as a ``WorkerError``.
 
-:func:`guarded` (on ``fit``) and :func:`cancelling` (around its rounds,
-with the fit's job group) guard a fit on the main thread while the SIGINT
-handler is Python's default or PySpark's. The guard's handler never calls
-py4j. Interrupted outside a Spark call it raises ``KeyboardInterrupt`` as
-usual. Interrupted inside one (any py4j call; a job under
-:func:`spark_call` once the group is known) it lets the call return
-instead, and the interrupt is raised as ``KeyboardInterrupt`` then (by
-:func:`spark_call`, or, for another py4j call, as soon as the main thread
-has left py4j). Meanwhile a thread of its own gives the fit's jobs
-:data:`GRACE_S` to end by themselves (a round that ends keeps its Python
-workers and their replicas), then cancels them (classic: the job group,
-``SparkContext.cancelJobGroup``; Spark Connect: the tag,
-``SparkSession.interruptTag``; a classic call before the fit knows its
-group: every job, as PySpark's handler does), which makes the waiting
-call fail at once. A second Ctrl-C, or a call still running
-:data:`FORCE_AFTER_S` seconds after the cancel, raises at once. Whatever
-the block raises while an interrupt is pending, or an error caused by a
-``KeyboardInterrupt`` (a ``Py4JError`` raised while py4j handled one),
-leaves it as ``KeyboardInterrupt``. The executors' side of a cancel
-(killed tasks' workers) is :func:`sparkdl_avg.daemon.quiet_when_killed`.
+:func:`guarded` (on ``fit``) and :func:`cancelling` (around its rounds, with the fit's job group) guard a fit on the
+main thread while the SIGINT handler is Python's default or PySpark's. The guard's handler never calls py4j.
+Interrupted outside a Spark call it raises ``KeyboardInterrupt`` as usual. Interrupted inside one (any py4j call; a
+job under :func:`spark_call` once the group is known) it lets the call return instead, and the interrupt is raised as
+``KeyboardInterrupt`` then (by :func:`spark_call`, or, for another py4j call, as soon as the main thread has left
+py4j). Meanwhile a thread of its own gives the fit's jobs :data:`GRACE_S` to end by themselves (a round that ends
+keeps its Python workers and their replicas), then cancels them (classic: the job group,
+``SparkContext.cancelJobGroup``; Spark Connect: the tag, ``SparkSession.interruptTag``; a classic call before the fit
+knows its group: every job, as PySpark's handler does), which makes the waiting call fail at once. A second Ctrl-C,
+or a call still running :data:`FORCE_AFTER_S` seconds after the cancel, raises at once. Whatever the block raises
+while an interrupt is pending, or an error caused by a ``KeyboardInterrupt`` (a ``Py4JError`` raised while py4j
+handled one), leaves it as ``KeyboardInterrupt``. The executors' side of a cancel (killed tasks' workers) is
+:func:`sparkdl_avg.daemon.quiet_when_killed`.
 """
 
 from __future__ import annotations
@@ -53,9 +42,8 @@ logger = logging.getLogger("sparkdl_avg")
 GRACE_S = 1.0
 """How long a job that a Ctrl-C interrupted may run on before it is cancelled.
 
-A round that ends by then keeps its Python workers: a cancelled job's
-running tasks are killed, their workers with them, and the next fit builds
-those replicas again (about a second each on a 2-core host)."""
+A round that ends by then keeps its Python workers: a cancelled job's running tasks are killed, their workers with
+them, and the next fit builds those replicas again (about a second each on a 2-core host)."""
 
 FORCE_AFTER_S = 5.0
 """How long an interrupted Spark call may go on after its jobs were cancelled before the interrupt is raised in it."""
@@ -79,8 +67,7 @@ def caused_by_interrupt(exc: Optional[BaseException]) -> bool:
 def cancel(engine, group: Optional[str], everything: bool = False) -> None:
     """Cancels the Spark jobs of ``group`` (classic: job group; Connect: tag); never raises.
 
-    Without an engine or a group, only with ``everything``: every job of the
-    classic SparkContext (what PySpark's own SIGINT handler does).
+    Without an engine or a group, only with ``everything``: every job of the classic SparkContext (as PySpark does).
     """
     try:
         if engine is not None and group is not None:
@@ -132,10 +119,9 @@ class _Guard:
     def in_spark_call(self, frame) -> bool:
         """Whether the main thread (at ``frame``) waits in a call that an exception would break.
 
-        Any py4j call; a job (:func:`spark_call`) once its group is known,
-        so that cancelling it ends the wait. Not yet (a Connect session's
-        call, or a classic one outside py4j), the interrupt is raised in it:
-        Spark Connect's client then interrupts its operation itself.
+        Any py4j call; a job (:func:`spark_call`) once its group is known, so that cancelling it ends the wait. Not
+        yet (a Connect session's call, or a classic one outside py4j), the interrupt is raised in it: Spark Connect's
+        client then interrupts its operation itself.
         """
         return _in_py4j(frame) or (self.calls > 0 and self.group is not None)
 
@@ -158,11 +144,9 @@ class _Guard:
     def watch(self, engine, group: Optional[str]) -> None:
         """Cancels the fit's jobs and sees that a pending interrupt is raised once the main thread's call returns.
 
-        The jobs have :data:`GRACE_S` to end by themselves (or until the
-        guard closes). Then a call the main thread still waits in has its
-        jobs cancelled (before the fit knows its group: every job, as
-        PySpark's handler does), and the pending interrupt is raised as
-        soon as the main thread has left its call, or :data:`FORCE_AFTER_S`
+        The jobs have :data:`GRACE_S` to end by themselves (or until the guard closes). Then a call the main thread
+        still waits in has its jobs cancelled (before the fit knows its group: every job, as PySpark's handler does),
+        and the pending interrupt is raised as soon as the main thread has left its call, or :data:`FORCE_AFTER_S`
         after the cancel, in the call.
         """
         try:
@@ -221,13 +205,10 @@ def _leave(exc: BaseException, guard: Optional[_Guard], engine, group: Optional[
 def cancelling(engine=None, group: Optional[str] = None) -> Iterator[None]:
     """Inside the block, a Ctrl-C cancels the Spark jobs of ``group`` and always raises ``KeyboardInterrupt``.
 
-    See the module's doc. ``engine`` (:class:`~sparkdl_avg.driver.runtime.session.Engine`)
-    and ``group`` may come later: a block nested in a guarded one (on the
-    main thread) aims the outer guard at its own for its duration. On
-    another thread than the main one, or while SIGINT has a handler of the
-    user's (or none), only the last part holds: the block's errors that a
-    ``KeyboardInterrupt`` caused leave it as one, and the group's jobs are
-    cancelled then.
+    See the module's doc. ``engine`` (:class:`~sparkdl_avg.driver.runtime.session.Engine`) and ``group`` may come
+    later: a block nested in a guarded one (on the main thread) aims the outer guard at its own for its duration. On
+    another thread than the main one, or while SIGINT has a handler of the user's (or none), only the last part holds:
+    the block's errors that a ``KeyboardInterrupt`` caused leave it as one, and the group's jobs are cancelled then.
     """
     global _guard
     main = threading.current_thread() is threading.main_thread()
@@ -277,10 +258,8 @@ def guarded(method: Callable[..., T]) -> Callable[..., T]:
 def spark_call() -> Iterator[None]:
     """Marks a blocking Spark call (a job) of the main thread: an interrupt in it is raised when it returns.
 
-    The call returns (or fails, its jobs cancelled) and the block leaves with
-    ``KeyboardInterrupt`` instead of its result or error. Elsewhere (another
-    thread, no guarded fit) only errors caused by a ``KeyboardInterrupt``
-    become one.
+    The call returns (or fails, its jobs cancelled) and the block leaves with ``KeyboardInterrupt`` instead of its
+    result or error. Elsewhere (another thread, no guarded fit) only errors a ``KeyboardInterrupt`` caused become one.
     """
     guard = _guard if threading.current_thread() is threading.main_thread() else None
     if guard is not None:

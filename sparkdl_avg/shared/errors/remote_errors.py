@@ -1,23 +1,16 @@
 """Errors raised on executors and re-raised on the driver: the protocol between the two.
 
-Executors cannot raise the package's exception types through Spark: a
-failed task reaches the driver as a ``Py4JJavaError`` or ``PythonException``
-whose text holds the executor's traceback. This module owns both ends of
-carrying a typed error across anyway. On executors, :func:`failure` makes the
-exception to raise (its text starts with a marker naming the type) and
-:func:`reporting_data_errors` turns a ``DataError`` raised inside a Spark
-body into one; :func:`one_line` flattens a message such as TensorFlow's,
-and :func:`root_cause` finds the innermost cause of a failed driver-side
-Spark call (a read) under its Java stack trace.
-On the driver, :func:`run_job` runs a Spark action and :func:`decode` turns
-its failure back into the typed error with the executor's message, or, for
-a failure that carries no marker (a lost executor, a crashed Python worker,
-an executor that cannot import the package), into a ``WorkerError`` that
-says which job failed and quotes the failure's last line. Actions the user
-runs (``trainer.predict(df).collect()``) do not pass through
-:func:`run_job`: :func:`decode_user_actions` makes PySpark raise a marked
-``DataError`` from them as a ``DataError`` too. The markers are private to
-this module.
+Executors cannot raise the package's exception types through Spark: a failed task reaches the driver as a
+``Py4JJavaError`` or ``PythonException`` whose text holds the executor's traceback. This module owns both ends of
+carrying a typed error across anyway. On executors, :func:`failure` makes the exception to raise (its text starts with
+a marker naming the type) and :func:`reporting_data_errors` turns a ``DataError`` raised inside a Spark body into one;
+:func:`one_line` flattens a message such as TensorFlow's, and :func:`root_cause` finds the innermost cause of a failed
+driver-side Spark call (a read) under its Java stack trace. On the driver, :func:`run_job` runs a Spark action and
+:func:`decode` turns its failure back into the typed error with the executor's message, or, for a failure that carries
+no marker (a lost executor, a crashed Python worker, an executor that cannot import the package), into a
+``WorkerError`` that says which job failed and quotes the failure's last line. Actions the user runs
+(``trainer.predict(df).collect()``) do not pass through :func:`run_job`: :func:`decode_user_actions` makes PySpark
+raise a marked ``DataError`` from them as a ``DataError`` too. The markers are private to this module.
 """
 
 from __future__ import annotations
@@ -52,10 +45,8 @@ def failure(kind: Type[Exception], message: str) -> Exception:
     """Executor side: the exception to raise so that the driver re-raises ``kind(message)``.
 
     Args:
-        kind: :class:`~sparkdl_avg.errors.DataError` or
-            :class:`~sparkdl_avg.errors.WorkerError`.
-        message: One line (see :func:`one_line`); the driver keeps only the
-            first line.
+        kind: :class:`~sparkdl_avg.errors.DataError` or :class:`~sparkdl_avg.errors.WorkerError`.
+        message: One line (see :func:`one_line`); the driver keeps only the first line.
     """
     return kind(_MARKERS[kind] + message)
 
@@ -64,9 +55,8 @@ def failure(kind: Type[Exception], message: str) -> Exception:
 def reporting_data_errors() -> Iterator[None]:
     """Executor side: a ``DataError`` raised in the block leaves it as :func:`failure` ``(DataError, ...)``.
 
-    Wraps the body of a Spark task (also a generator's body: the block may
-    ``yield``), so the checks it calls raise plain ``DataError`` wherever
-    they run, on the driver too.
+    Wraps the body of a Spark task (also a generator's body: the block may ``yield``), so the checks it calls raise
+    plain ``DataError`` wherever they run, on the driver too.
     """
     try:
         yield
@@ -79,11 +69,9 @@ def reporting_data_errors() -> Iterator[None]:
 def reported(exc: DataError, rest: Iterable) -> str:
     """Executor side: a staging task's ``DataError`` as a message for its result row, instead of a failed task.
 
-    A failed task makes Spark log an executor-side ``ERROR`` block with a
-    Java stack trace for what is the user's data, and throws the Python
-    worker away; a result row does neither. Consumes ``rest`` (the task's
-    remaining input) so PySpark reuses the worker. The driver raises it with
-    :func:`raise_reported`.
+    A failed task makes Spark log an executor-side ``ERROR`` block with a Java stack trace for what is the user's
+    data, and throws the Python worker away; a result row does neither. Consumes ``rest`` (the task's remaining input)
+    so PySpark reuses the worker. The driver raises it with :func:`raise_reported`.
     """
     for _ in rest:
         pass
@@ -93,11 +81,9 @@ def reported(exc: DataError, rest: Iterable) -> str:
 def reported_full(exc: OSError, uri: str, rest: Iterable) -> str:
     """Executor side: a staging task's failed write to a full filesystem as a message for its result row.
 
-    As :func:`reported`, for an ``OSError`` that
-    :func:`sparkdl_avg.shared.files.fs.is_full` recognises, writing ``uri``: Spark
-    would log the task's failure with two stack traces (and retry it on a
-    cluster, to fill the disk again); the driver raises it as an ``OSError``
-    with the ``errno`` of a full disk, naming ``uri``
+    As :func:`reported`, for an ``OSError`` that :func:`sparkdl_avg.shared.files.fs.is_full` recognises, writing
+    ``uri``: Spark would log the task's failure with two stack traces (and retry it on a cluster, to fill the disk
+    again); the driver raises it as an ``OSError`` with the ``errno`` of a full disk, naming ``uri``
     (:func:`raise_reported`), for the caller to name its parameter.
     """
     for _ in rest:
@@ -108,8 +94,7 @@ def reported_full(exc: OSError, uri: str, rest: Iterable) -> str:
 def reported_configuration(exc: Exception) -> str:
     """Executor side: a staging task's ``ConfigurationError`` (a preprocessing function it cannot load) for its row.
 
-    The task's input is not consumed: reading the partition would be in
-    vain, and the fit stops anyway.
+    The task's input is not consumed: reading the partition would be in vain, and the fit stops anyway.
     """
     return _CONFIGURATION + str(exc)
 
@@ -117,10 +102,8 @@ def reported_configuration(exc: Exception) -> str:
 def raise_reported(messages: Iterable[Optional[str]], columns: Optional[Mapping[str, str]] = None) -> None:
     """Driver side: raises the first error staging tasks reported, if any.
 
-    A ``DataError`` (:func:`reported`), a ``ConfigurationError``
-    (:func:`reported_configuration`), or the ``OSError`` of a full
-    filesystem (:func:`reported_full`: ``errno``, ``strerror`` and the
-    file's URI as ``filename``).
+    A ``DataError`` (:func:`reported`), a ``ConfigurationError`` (:func:`reported_configuration`), or the ``OSError``
+    of a full filesystem (:func:`reported_full`: ``errno``, ``strerror`` and the file's URI as ``filename``).
     """
     from ...errors import ConfigurationError
 
@@ -156,8 +139,7 @@ def one_line(message: str) -> str:
 def last_line(text: str, containing: str = "") -> Optional[str]:
     """The last non-empty line of ``text`` that contains ``containing``, else its last non-empty line.
 
-    ``None`` when ``text`` has no non-empty line. For failures without a
-    marker, whose text is all the driver has.
+    ``None`` when ``text`` has no non-empty line. For failures without a marker, whose text is all the driver has.
     """
     lines = [line for line in text.strip().splitlines() if line.strip()]
     if containing:
@@ -168,12 +150,10 @@ def last_line(text: str, containing: str = "") -> Optional[str]:
 def root_cause(exc: BaseException) -> str:
     """The innermost cause of a failed Spark call on the driver, on one line: ``JavaClass: message``.
 
-    A ``Py4JJavaError`` and PySpark's captured exceptions (``AnalysisException``,
-    ...) hold the Java exception, whose ``getCause`` chain ends at the cause
-    (``ClassNotFoundException: Class ...S3AFileSystem not found``, ``... is
-    not a Parquet file``) under pages of stack frames. Spark Connect's errors
-    carry the server's chain as text (``getStackTrace``: ``Caused by:``
-    lines). Anything else: its message's first line.
+    A ``Py4JJavaError`` and PySpark's captured exceptions (``AnalysisException``, ...) hold the Java exception, whose
+    ``getCause`` chain ends at the cause (``ClassNotFoundException: Class ...S3AFileSystem not found``, ``... is not a
+    Parquet file``) under pages of stack frames. Spark Connect's errors carry the server's chain as text
+    (``getStackTrace``: ``Caused by:`` lines). Anything else: its message's first line.
     """
     java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
     if java is not None:
@@ -200,16 +180,13 @@ def decode(exc: BaseException, what: str, columns: Optional[Mapping[str, str]] =
 
     Args:
         exc: What the action raised.
-        what: The job, for failures without a marker, e.g. ``"Round 3 of
-            epoch 0"``: the message is ``"{what} failed on the cluster: "``
-            and the failure's last line.
-        columns: Internal column aliases → the user's column names, restored
-            in a ``DataError``'s message.
+        what: The job, for failures without a marker, e.g. ``"Round 3 of epoch 0"``: the message is ``"{what} failed
+            on the cluster: "`` and the failure's last line.
+        columns: Internal column aliases → the user's column names, restored in a ``DataError``'s message.
 
     Returns:
-        ``exc`` itself if it is a ``DataError`` raised on the driver; else a ``DataError`` or
-        ``WorkerError`` with the executor's message (its first line) when
-        ``exc``'s text carries a marker; else a ``WorkerError`` as above.
+        ``exc`` itself if it is a ``DataError`` raised on the driver; else a ``DataError`` or ``WorkerError`` with the
+        executor's message (its first line) when ``exc``'s text carries a marker; else a ``WorkerError`` as above.
     """
     text = getattr(exc, "spark_text", None) or str(exc)  # a user action's DataError keeps PySpark's text
     if isinstance(exc, DataError) and not text.startswith(_MARKERS[DataError]) and not hasattr(exc, "spark_text"):
@@ -243,11 +220,9 @@ def _cause(text: str) -> Optional[str]:
 def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]] = None) -> T:
     """Runs the Spark action ``job`` and returns its result, re-raising a failure as :func:`decode` says.
 
-    A ``DataError`` (raised on the driver, or decoded) propagates with its
-    own message and no chained cause; a ``WorkerError`` is chained to the
-    Spark exception, which holds the executors' tracebacks. A Ctrl-C in the
-    job, or a failure it caused, is a ``KeyboardInterrupt``
-    (:func:`sparkdl_avg.shared.errors.interrupt.spark_call`).
+    A ``DataError`` (raised on the driver, or decoded) propagates with its own message and no chained cause; a
+    ``WorkerError`` is chained to the Spark exception, which holds the executors' tracebacks. A Ctrl-C in the job, or a
+    failure it caused, is a ``KeyboardInterrupt`` (:func:`sparkdl_avg.shared.errors.interrupt.spark_call`).
 
     Args:
         job: The action, e.g. ``lambda: rdd.mapPartitions(body).collect()``.
@@ -311,14 +286,11 @@ def _decoding(convert: Callable[..., Any]) -> Callable[..., Any]:
 def decode_user_actions() -> None:
     """Driver side: a marked ``DataError`` from a Spark action the user runs reaches them as a ``DataError``.
 
-    For lazy results such as ``trainer.predict(df)``, whose tasks run when the
-    user calls ``collect()``, ``show()`` or a writer, outside :func:`run_job`.
-    Wraps PySpark's conversion of a failed action into a Python exception
-    (classic: ``pyspark.errors.exceptions.captured.convert_exception``;
-    Connect: its client's) so that a failure carrying the marker becomes a
-    ``DataError`` that is also the exception PySpark raised
-    (``PythonException``), with the executor's message; every other failure
-    is left exactly as PySpark makes it. Idempotent.
+    For lazy results such as ``trainer.predict(df)``, whose tasks run when the user calls ``collect()``, ``show()`` or
+    a writer, outside :func:`run_job`. Wraps PySpark's conversion of a failed action into a Python exception (classic:
+    ``pyspark.errors.exceptions.captured.convert_exception``; Connect: its client's) so that a failure carrying the
+    marker becomes a ``DataError`` that is also the exception PySpark raised (``PythonException``), with the
+    executor's message; every other failure is left exactly as PySpark makes it. Idempotent.
     """
     for name in ("pyspark.errors.exceptions.captured", "pyspark.sql.connect.client.core"):
         module = sys.modules.get(name)

@@ -57,16 +57,15 @@ def _refuse_existing(filesystem: pafs.FileSystem, path: str, uri: str) -> None:
 def open_atomically(uri: str, overwrite: bool = True, parents: bool = True) -> Iterator[BinaryIO]:
     """Yields a binary output stream whose bytes appear at ``uri`` all at once.
 
-    The stream writes a temporary file next to ``uri``; when the block ends
-    without an error it is moved over ``uri`` (a rename locally and on HDFS,
-    so a reader sees the old file or the new one, never a part), otherwise
-    it is deleted. On HDFS replacing a file is delete + rename.
+    The stream writes a temporary file next to ``uri``; when the block ends without an error it is moved over ``uri``
+    (a rename locally and on HDFS, so a reader sees the old file or the new one, never a part), otherwise it is
+    deleted. On HDFS replacing a file is delete + rename.
 
     Args:
         uri: Local path or URI of the file.
         overwrite: Replace an existing file. Default ``True``.
-        parents: Create missing parent directories. Default ``True``;
-            without, a missing directory fails the write (``OSError``).
+        parents: Create missing parent directories. Default ``True``; without, a missing directory fails the write
+            (``OSError``).
 
     Raises:
         PathError: ``overwrite`` is off and something exists at ``uri``.
@@ -90,12 +89,11 @@ def open_atomically(uri: str, overwrite: bool = True, parents: bool = True) -> I
 def write_atomically(uri: str, data: bytes, overwrite: bool = True) -> None:
     """Writes ``data`` as the file at ``uri`` so that readers never see a part of it.
 
-    Every file :mod:`sparkdl_avg.driver.checkpoint.files` writes goes through here (the
-    tests inject write failures by replacing this function).
+    Every file :mod:`sparkdl_avg.driver.checkpoint.files` writes goes through here (the tests inject write failures
+    by replacing this function).
 
     Args:
         uri: Local path or URI of the file; parent directories are created.
-        data: The file's bytes.
         overwrite: Replace an existing file. Default ``True``.
 
     Raises:
@@ -119,16 +117,14 @@ def write_atomically(uri: str, data: bytes, overwrite: bool = True) -> None:
 def replace_atomically(path: str, suffix: str = "") -> Iterator[str]:
     """Yields a temporary local path next to ``path``; renames it over ``path`` on success.
 
-    For writers that insist on a local path of their own (Keras'
-    ``model.save``, Plotly's ``write_html``, ``open``). An existing file at
-    ``path`` stays untouched until the new one is complete; on an exception
-    the temporary file is removed. The new file gets the usual permissions
-    (``0o666`` less the umask).
+    For writers that insist on a local path of their own (Keras' ``model.save``, Plotly's ``write_html``, ``open``).
+    An existing file at ``path`` stays untouched until the new one is complete; on an exception the temporary file is
+    removed. The new file gets the usual permissions (``0o666`` less the umask).
 
     Args:
         path: The local file to (re)place.
-        suffix: Suffix of the temporary name (some writers, like Keras'
-            ``model.save``, insist on an extension such as ``.keras``).
+        suffix: Suffix of the temporary name (some writers, like Keras' ``model.save``, insist on an extension such as
+            ``.keras``).
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -196,10 +192,9 @@ def is_full(exc: BaseException) -> bool:
 def write_failure(exc: BaseException) -> str:
     """Why a write failed, in a few words on one line, for messages that go on to say what is intact.
 
-    ``"the disk is full (no space left on device)"`` (or ``"the disk quota
-    is exceeded"``) when :func:`is_full`; else the error's own text, and for
-    ``shutil.copytree``'s ``Error``, which lists every file that failed, the
-    first file's reason only.
+    ``"the disk is full (no space left on device)"`` (or ``"the disk quota is exceeded"``) when :func:`is_full`; else
+    the error's own text, and for ``shutil.copytree``'s ``Error``, which lists every file that failed, the first
+    file's reason only.
     """
     if is_full(exc):
         quota = exc.errno == errno.EDQUOT or _FULL[errno.EDQUOT] in str(exc)

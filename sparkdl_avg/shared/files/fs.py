@@ -1,19 +1,16 @@
 """Paths, URIs and filesystems: the one place where the package reaches storage, and the checks of output locations.
 
-The package's storage operations are in three modules, and every one of them is importable from here:
-:mod:`.uris` owns how a local path or URI becomes a ``pyarrow.fs`` filesystem and a path on it
-(:func:`resolve`), the whole-file operations on any such filesystem (:func:`read_bytes`,
-:func:`exists`, :func:`remove_tree`, :func:`make_dir`) and the other route to storage, the JVM's
-Hadoop ``FileSystem`` over Py4J (``hadoop_*``, driver only); :mod:`.atomic` owns the writes readers
-never see a part of (:func:`replace_atomically` for local files written by a library that wants a
-path, such as Keras' ``model.save``; :func:`open_atomically` and :func:`write_atomically` for any
-filesystem), whole copies (:func:`download`, :func:`local_copy`) and what a failed write says
-(:func:`is_full`, :func:`write_failure`). This module owns the check that an output location can be
-written, run before the work whose results go there (:func:`check_writable`,
-:func:`make_writable_dir`; on a remote filesystem bounded by :func:`path_check_time_limit`), and
-the jobs' all-or-nothing output directory (:class:`OutputDir`). Everything else (staging,
-checkpoints, the exchange files, the jobs) goes through here. It holds no state and runs on
-executors too.
+The package's storage operations are in three modules, and every one of them is importable from here: :mod:`.uris`
+owns how a local path or URI becomes a ``pyarrow.fs`` filesystem and a path on it (:func:`resolve`), the whole-file
+operations on any such filesystem (:func:`read_bytes`, :func:`exists`, :func:`remove_tree`, :func:`make_dir`) and the
+other route to storage, the JVM's Hadoop ``FileSystem`` over Py4J (``hadoop_*``, driver only); :mod:`.atomic` owns the
+writes readers never see a part of (:func:`replace_atomically` for local files written by a library that wants a path,
+such as Keras' ``model.save``; :func:`open_atomically` and :func:`write_atomically` for any filesystem), whole copies
+(:func:`download`, :func:`local_copy`) and what a failed write says (:func:`is_full`, :func:`write_failure`). This
+module owns the check that an output location can be written, run before the work whose results go there
+(:func:`check_writable`, :func:`make_writable_dir`; on a remote filesystem bounded by :func:`path_check_time_limit`),
+and the jobs' all-or-nothing output directory (:class:`OutputDir`). Everything else (staging, checkpoints, the
+exchange files, the jobs) goes through here. It holds no state and runs on executors too.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ from .uris import (  # noqa: F401 (API)
     _exists, _make_dir, exists, hadoop_exists, hadoop_read_bytes, hadoop_write_bytes, is_local, join, make_dir,
     read_bytes, remove_tree, resolve)
 
-# The longest a check of a remote location may take, in seconds (see path_check_time_limit): without a
-# limit a gs:// bucket that does not exist, with no credentials, kept pyarrow's GCS client retrying in
-# silence for about ten minutes before the fit could say anything.
+# The longest a check of a remote location may take, in seconds (see path_check_time_limit): without a limit a gs://
+# bucket that does not exist, with no credentials, keeps pyarrow's GCS client retrying in silence for about ten minutes.
 PATH_CHECK_TIME_LIMIT_S = 30.0
 PATH_CHECK_TIME_LIMIT_ENV = "SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S"
 
@@ -49,8 +45,7 @@ PATH_CHECK_TIME_LIMIT_ENV = "SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S"
 def path_check_time_limit() -> float:
     """How long a check of a remote location may take before it fails, in seconds.
 
-    The environment variable ``SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S`` when set
-    (read at each check), else :data:`PATH_CHECK_TIME_LIMIT_S` (30 s).
+    ``$SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S`` when set (read at each check), else :data:`PATH_CHECK_TIME_LIMIT_S` (30 s).
 
     Raises:
         ConfigurationError: the variable is not a number of seconds above 0.
@@ -94,28 +89,22 @@ def _bounded_check(uri: str, subject: str, shown: str, what: str,
                    check: Callable[[pafs.FileSystem, str], None]) -> None:
     """Runs ``check(filesystem, path)`` on ``uri``'s filesystem; on a remote one within :func:`path_check_time_limit`.
 
-    A local check runs here: the operating system answers at once. A remote
-    one (opening the filesystem included: ``hdfs://`` connects there) runs
-    in a daemon thread that the caller waits for at most the limit, with the
-    GCS client's retries limited to a sixth of it (its backoff overshoots
-    that up to twice, and a check makes several requests) so that its own
-    error (no credentials, no such bucket) usually comes first. A check still
-    waiting at the limit is left to end by itself (removing, as always, the
-    directories it made).
+    A local check runs here: the operating system answers at once. A remote one (opening the filesystem included:
+    ``hdfs://`` connects there) runs in a daemon thread that the caller waits for at most the limit, with the GCS
+    client's retries limited to a sixth of it (its backoff overshoots that up to twice, and a check makes several
+    requests) so that its own error (no credentials, no such bucket) usually comes first. A check still waiting at the
+    limit is left to end by itself (removing, as always, the directories it made).
 
     Args:
-        uri: The location checked.
-        subject: What the messages call it (``"The 'checkpoint_dir' parameter"``).
+        subject: What the messages call ``uri`` (``"The 'checkpoint_dir' parameter"``).
         shown: The location the messages show: the one the user gave (``uri``, or a directory above it).
         what: What the check does, for the messages (``"checking that a file can be written there"``).
-        check: The check: raises ``PathError`` in the package's words, or any
-            other exception, which becomes :func:`not_writable`'s.
+        check: Raises ``PathError`` in the package's words, or any other exception (made :func:`not_writable`'s).
 
     Raises:
-        PathError: from ``check``, or "<subject> must be a directory this
-            process can write. Got '<shown>' instead: <cause>.", where for a
-            remote location the cause names the filesystem's operation, how
-            long it took and the time limit.
+        PathError: from ``check``, or "<subject> must be a directory this process can write. Got '<shown>' instead:
+            <cause>.", where for a remote location the cause names the filesystem's operation, how long it took and the
+            time limit.
         ConfigurationError: ``$SPARKDL_AVG_PATH_CHECK_TIME_LIMIT_S`` is not a number of seconds above 0.
     """
     if is_local(uri):
@@ -168,25 +157,20 @@ def _bounded_check(uri: str, subject: str, shown: str, what: str,
 def check_writable(uri: str, subject: str, in_parent: bool = False) -> None:
     """Raises ``PathError`` unless this process can make ``uri`` a directory and write a file in it.
 
-    The check for an output location, run before any work that writing there
-    at the end would lose: it creates the directory (with its missing
-    parents), writes and deletes a small probe file in it, then removes the
-    directories it created, so a location that passes is left as it was.
-    On a remote filesystem it gives up after :func:`path_check_time_limit`
-    (30 s by default).
+    The check for an output location, run before any work that writing there at the end would lose: it creates the
+    directory (with its missing parents), writes and deletes a small probe file in it, then removes the directories it
+    created, so a location that passes is left as it was. On a remote filesystem it gives up after
+    :func:`path_check_time_limit` (30 s by default).
 
     Args:
         uri: Local path or URI of the directory.
-        subject: What the message calls it, e.g. ``"The 'checkpoint_dir'
-            parameter"`` or ``"The --output-dir flag"``.
-        in_parent: Probe the directory that holds ``uri`` instead (where an
-            output written to a sibling and renamed into place is written).
+        subject: What the message calls it, e.g. ``"The 'checkpoint_dir' parameter"`` or ``"The --output-dir flag"``.
+        in_parent: Probe the directory that holds ``uri`` instead (where an output written to a sibling and renamed
+            into place is written).
 
     Raises:
-        PathError: "<subject> must be a directory this process can write.
-            Got '<uri>' instead: <cause>." (a file is in the way, no
-            filesystem opens the URI, the write was refused, no answer
-            within the time limit, ...).
+        PathError: "<subject> must be a directory this process can write. Got '<uri>' instead: <cause>." (a file is in
+            the way, no filesystem opens the URI, the write was refused, no answer within the time limit, ...).
     """
     _bounded_check(uri, subject, uri, "checking that a file can be written there",
                    lambda filesystem, path: _probe_writable(filesystem, path, subject, uri, in_parent))
@@ -252,7 +236,6 @@ def make_writable_dir(uri: str, subject: str, given: str, private: bool = False)
     On a remote filesystem it gives up after :func:`path_check_time_limit` (30 s by default).
 
     Args:
-        uri: The directory to make.
         subject: What the message calls the location the user gave (``"The 'staging_dir' parameter"``).
         given: The location the user gave (``uri`` or a directory above it), shown in the message.
         private: See :func:`make_dir`.
@@ -278,22 +261,16 @@ def make_writable_dir(uri: str, subject: str, given: str, private: bool = False)
 class OutputDir:
     """An output directory written all at once: files go to a local temporary directory, then into place.
 
-    :meth:`check` fails early (before any training) when the directory exists,
-    is not empty and ``overwrite`` is off, or cannot be written (probed as
-    :func:`check_writable` does, where :meth:`commit` writes; on a remote
-    filesystem within :func:`path_check_time_limit`). :meth:`commit` uploads the files to
-    a hidden sibling and renames it into place; with ``overwrite`` an
-    existing directory is renamed away first and deleted after. On
-    filesystems without directory renames (object stores) the files are
-    copied one by one (each appears whole) and ``_SUCCESS`` last; with
-    ``overwrite`` an existing one loses its ``_SUCCESS`` first and the old
-    files the new output lacks before the new ``_SUCCESS``. The local
-    temporary directory is made on the first :meth:`file` (so a run that
-    fails before writing leaves none) and deleted by :meth:`commit` and
-    :meth:`cleanup`, except when ``commit(keep_on_error=True)`` fails: then it
-    stays, and the error says where. Committed local directories and files get the usual
-    modes (``0o777`` and ``0o666`` less the umask), not the temporary
-    directory's ``0o700``.
+    :meth:`check` fails early (before any training) when the directory exists, is not empty and ``overwrite`` is off,
+    or cannot be written (probed as :func:`check_writable` does, where :meth:`commit` writes; on a remote filesystem
+    within :func:`path_check_time_limit`). :meth:`commit` uploads the files to a hidden sibling and renames it into
+    place; with ``overwrite`` an existing directory is renamed away first and deleted after. On filesystems without
+    directory renames (object stores) the files are copied one by one (each appears whole) and ``_SUCCESS`` last; with
+    ``overwrite`` an existing one loses its ``_SUCCESS`` first and the old files the new output lacks before the new
+    ``_SUCCESS``. The local temporary directory is made on the first :meth:`file` (so a run that fails before writing
+    leaves none) and deleted by :meth:`commit` and :meth:`cleanup`, except when ``commit(keep_on_error=True)`` fails:
+    then it stays, and the error says where. Committed local directories and files get the usual modes (``0o777`` and
+    ``0o666`` less the umask), not the temporary directory's ``0o700``.
 
     Args:
         uri: Local path or URI of the directory.
@@ -301,11 +278,9 @@ class OutputDir:
         flag: What the messages call the directory. Default ``"--output-dir"`` (the jobs' flag).
 
     Raises:
-        PathError: from :meth:`check` and :meth:`commit`, when the directory
-            exists and ``overwrite`` is off, cannot be written, or
-            ``pyarrow.fs`` cannot open ``uri``. The constructor reaches no
-            storage (opening an ``hdfs://`` or ``s3://`` filesystem can wait
-            on the network: :meth:`check` does it, within its time limit).
+        PathError: from :meth:`check` and :meth:`commit`, when the directory exists and ``overwrite`` is off, cannot
+            be written, or ``pyarrow.fs`` cannot open ``uri``. The constructor reaches no storage (opening an
+            ``hdfs://`` or ``s3://`` filesystem can wait on the network: :meth:`check` does it, within its time limit).
     """
 
     def __init__(self, uri: str, overwrite: bool = False, flag: str = "--output-dir") -> None:
@@ -372,12 +347,10 @@ class OutputDir:
         """Puts the files in place; returns the directory's URI.
 
         Args:
-            keep_on_error: When putting them in place fails, keep the local
-                temporary directory (:meth:`cleanup` then leaves it) and raise
-                a ``PathError`` that says where it is: for outputs that took
-                long to make, such as a trained model. Default ``False``.
-                Either way, a copy that failed part-way (a full disk) leaves
-                nothing next to the directory.
+            keep_on_error: When putting them in place fails, keep the local temporary directory (:meth:`cleanup` then
+                leaves it) and raise a ``PathError`` that says where it is: for outputs that took long to make, such as
+                a trained model. Default ``False``. Either way, a copy that failed part-way (a full disk) leaves nothing
+                next to the directory.
         """
         try:
             return self._commit()
@@ -394,12 +367,10 @@ class OutputDir:
     def _commit(self) -> str:
         self.check()
         fs, path = self.fs, self.path
-        # Directory renames are atomic only on local filesystems and HDFS.
         if not self._renames:
             names = sorted(os.listdir(self.local))
-            # Overwriting in place: the old _SUCCESS goes first, so that no reader takes the
-            # directory for complete while it mixes old and new files, and files of the old
-            # output that the new one lacks go before the new _SUCCESS.
+            # Overwriting in place: the old _SUCCESS goes first, so that no reader takes the directory for complete
+            # while it mixes old and new files, and files of the old output that the new one lacks go before the new.
             old = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(f"{path}/_SUCCESS")

@@ -39,21 +39,18 @@ def is_local(uri: str) -> bool:
 def resolve(uri: str, retry_limit_s: Optional[float] = None) -> Tuple[pafs.FileSystem, str]:
     """The ``pyarrow.fs`` filesystem and the path on it for a local path or URI.
 
-    Accepts local paths (made absolute), ``file://`` URIs and every URI
-    ``pyarrow.fs.FileSystem.from_uri`` opens (``hdfs://``, ``s3://``,
-    ``gs://``, ...); Hadoop's ``s3a://`` and ``s3n://`` are read as ``s3://``.
+    Accepts local paths (made absolute), ``file://`` URIs and every URI ``pyarrow.fs.FileSystem.from_uri`` opens
+    (``hdfs://``, ``s3://``, ``gs://``, ...); Hadoop's ``s3a://`` and ``s3n://`` are read as ``s3://``.
 
     Args:
         uri: Local path or URI.
-        retry_limit_s: For ``gs://`` (``gcs://``) URIs without a
-            ``retry_limit_seconds`` of their own: how long the GCS client may
-            retry a request, in seconds (its default is many minutes). Other
-            filesystems take no such option from a URI. Default ``None``: the
-            filesystem's own.
+        retry_limit_s: For ``gs://`` (``gcs://``) URIs without a ``retry_limit_seconds`` of their own: how long the
+            GCS client may retry a request, in seconds (its default is many minutes). Other filesystems take no such
+            option from a URI. Default ``None``: the filesystem's own.
 
     Raises:
-        PathError: ``pyarrow.fs`` cannot open the URI (an unknown scheme, a
-            missing ``libhdfs``, an unreachable name node, ...).
+        PathError: ``pyarrow.fs`` cannot open the URI (an unknown scheme, a missing ``libhdfs``, an unreachable name
+            node, ...).
     """
     given = uri
     if uri.startswith(("s3a://", "s3n://")):
@@ -112,9 +109,8 @@ def make_dir(uri: str, private: bool = False) -> None:
 
     Args:
         uri: Local path or URI.
-        private: For a local directory: mode ``0o700`` (its owner only, like
-            Spark's local scratch directories), also when it already exists.
-            Ignored on other filesystems, whose own permissions apply.
+        private: For a local directory: mode ``0o700`` (its owner only, like Spark's local scratch directories), also
+            when it already exists. Ignored on other filesystems, whose own permissions apply.
     """
     filesystem, path = resolve(uri)
     _make_dir(filesystem, path, private)

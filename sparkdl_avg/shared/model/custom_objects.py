@@ -1,31 +1,22 @@
 """Importing the modules that define a saved model's custom layers, before Keras loads it.
 
-A ``.keras`` archive names, for every custom object (a layer, loss, metric
-or activation registered with ``keras.saving.register_keras_serializable``),
-the Python module that defines it (``"module": "mymodels"``). Keras only
-finds registered classes, and registration happens when that module is
-imported; Keras imports ``keras*`` modules itself but not the user's. On an
-executor nothing has imported the user's module, so building a replica of a
-model with custom layers fails with "Could not locate class ...". The worker
-calls :func:`import_custom_modules` before it builds a replica (and the jobs
-before they load a model file), which imports those modules (they must be on
-the executors' path: ship them with ``--py-files`` or in an ``--archives``
-environment). A module that cannot be imported is skipped; Keras then
-reports the missing class as usual.
+A ``.keras`` archive names, for every custom object (a layer, loss, metric or activation registered with
+``keras.saving.register_keras_serializable``), the Python module that defines it (``"module": "mymodels"``). Keras
+only finds registered classes, and registration happens when that module is imported; Keras imports ``keras*``
+modules itself but not the user's. On an executor nothing has imported the user's module, so building a replica of a
+model with custom layers fails with "Could not locate class ...". The worker calls :func:`import_custom_modules`
+before it builds a replica (and the jobs before they load a model file), which imports those modules (they must be on
+the executors' path: ship them with ``--py-files`` or in an ``--archives`` environment). A module that cannot be
+imported is skipped; Keras then reports the missing class as usual. Only modules named in the archive's own config are
+imported, as Keras itself does for its packages.
 
-Only modules named in the archive's own config are imported, as Keras
-itself does for its packages.
-
-Custom objects that executors cannot import at all, those defined in
-``__main__`` (a notebook cell, the job script itself) or in a module with no
-file, travel by value instead, the way Spark ships a notebook's functions:
-on the driver :func:`pack_custom_objects` finds the registered objects the
-archive's config names, and pickles those with cloudpickle (PySpark's
-bundled copy); on the executor :func:`register_custom_objects` unpickles
-them and registers each under its Keras name (``package>Name``) before the
-archive loads. That pickle comes from the driver of the same Spark
-application, like every task closure. An object cloudpickle cannot pickle is
-refused on the driver with a :class:`~sparkdl_avg.errors.ConfigurationError`.
+Custom objects that executors cannot import at all, those defined in ``__main__`` (a notebook cell, the job script
+itself) or in a module with no file, travel by value instead, the way Spark ships a notebook's functions: on the
+driver :func:`pack_custom_objects` finds the registered objects the archive's config names, and pickles those with
+cloudpickle (PySpark's bundled copy); on the executor :func:`register_custom_objects` unpickles them and registers
+each under its Keras name (``package>Name``) before the archive loads. That pickle comes from the driver of the same
+Spark application, like every task closure. An object cloudpickle cannot pickle is refused on the driver with a
+:class:`~sparkdl_avg.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -94,8 +85,8 @@ def import_custom_modules(archive: Union[bytes, str]) -> List[str]:
 def _keras_names(config: Any) -> List[str]:
     """The names Keras looks custom objects up by, for every object in a config, in first-seen order.
 
-    A class is looked up by its ``registered_name``; a function (``"class_name":
-    "function"``) by its ``config``, which holds its registered name.
+    A class is looked up by its ``registered_name``; a function (``"class_name": "function"``) by its ``config``,
+    which holds its registered name.
     """
     seen: List[str] = []
     for obj in _walk(config):
@@ -125,9 +116,8 @@ def _unimportable_module(obj: Any):
 def custom_objects_by_value(config: Any) -> Dict[str, Any]:
     """The registered custom objects that ``config`` names and executors cannot import, by Keras name.
 
-    Names are resolved like Keras does when it loads (the active
-    ``custom_object_scope``, then the global registry); names that resolve
-    to nothing are left for Keras to report.
+    Names are resolved like Keras does when it loads (the active ``custom_object_scope``, then the global registry);
+    names that resolve to nothing are left for Keras to report.
     """
     import keras
 
@@ -149,8 +139,7 @@ def pack_custom_objects(archive: Union[bytes, str, Any]) -> bytes:
         The pickle of ``{keras_name: object}``, or ``b""`` when there is none.
 
     Raises:
-        ConfigurationError: cloudpickle cannot pickle one of them (it holds a
-            lock, a SparkSession, an open file...).
+        ConfigurationError: cloudpickle cannot pickle one of them (it holds a lock, a SparkSession, an open file...).
     """
     from pyspark import cloudpickle
 
@@ -193,9 +182,8 @@ def _unpicklable(name: str, obj: Any, exc: Exception):
 def register_custom_objects(data: bytes) -> List[str]:
     """Executor side: unpickles :func:`pack_custom_objects`' bytes and registers each object under its Keras name.
 
-    The registration is global to the Python worker (as the driver's
-    ``register_keras_serializable`` was), so later lookups by name work too.
-    Returns the names registered.
+    The registration is global to the Python worker (as the driver's ``register_keras_serializable`` was), so later
+    lookups by name work too. Returns the names registered.
     """
     if not data:
         return []

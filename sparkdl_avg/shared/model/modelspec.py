@@ -1,18 +1,14 @@
 """A compiled Keras model described for executors, and its state as numpy arrays.
 
-``ModelSpec`` carries the model as the bytes of a ``.keras`` archive without
-weights (its ``config.json``: architecture and compile configuration; built
-with Keras' safe mode, no pickle; the round's state is assigned to the
-replica in place, so nothing the size of the model travels with the spec or
-is written to a temporary file), the custom objects executors cannot import (those
-defined in ``__main__``: a notebook cell, the job script), pickled by value
-(see :mod:`sparkdl_avg.shared.model.custom_objects`), and a fingerprint of its
-architecture, compile settings and those objects, under which executors
-cache the replica they build from it.
+``ModelSpec`` carries the model as the bytes of a ``.keras`` archive without weights (its ``config.json``:
+architecture and compile configuration; built with Keras' safe mode, no pickle; the round's state is assigned to the
+replica in place, so nothing the size of the model travels with the spec or is written to a temporary file), the
+custom objects executors cannot import (those defined in ``__main__``: a notebook cell, the job script), pickled by
+value (see :mod:`sparkdl_avg.shared.model.custom_objects`), and a fingerprint of its architecture, compile settings
+and those objects, under which executors cache the replica they build from it.
 
-The state helpers (:func:`get_state`, :func:`set_state`) move weights and
-optimizer variables between a model and lists of numpy arrays; the driver and
-executors both use them.
+The state helpers (:func:`get_state`, :func:`state_of`, :func:`set_state`, :func:`assign_state`) move weights and
+optimizer variables between a model and numpy arrays; the driver and executors both use them.
 """
 
 from __future__ import annotations
@@ -36,19 +32,15 @@ class ModelSpec:
     """What an executor needs to build a replica of the user's model.
 
     Attributes:
-        keras_bytes: The model as a ``.keras`` archive without weights
-            (``config.json`` and ``metadata.json``, :func:`config_archive`):
-            a few kB whatever the model's size.
-        fingerprint: Hash of the architecture (layer names aside, see
-            :func:`architecture`), compile config, Keras version and
-            ``custom_objects``.
-        optimizer_shapes: Shapes of the optimizer's variables, in order, to
-            check that a replica's optimizer matches the driver's.
-        floatx: The driver's ``keras.config.floatx()``; losses and metrics
-            compute in it, so replicas use the same.
-        custom_objects: The model's registered custom objects that executors
-            cannot import (defined in ``__main__``), pickled by value with
-            cloudpickle under their Keras names; ``b""`` if none.
+        keras_bytes: The model as a ``.keras`` archive without weights (``config.json`` and ``metadata.json``,
+            :func:`config_archive`): a few kB whatever the model's size.
+        fingerprint: Hash of the architecture (layer names aside, see :func:`architecture`), compile config, Keras
+            version and ``custom_objects``.
+        optimizer_shapes: Shapes of the optimizer's variables, in order, to check that a replica's optimizer matches
+            the driver's.
+        floatx: The driver's ``keras.config.floatx()``; losses and metrics compute in it, so replicas use the same.
+        custom_objects: The model's registered custom objects that executors cannot import (defined in ``__main__``),
+            pickled by value with cloudpickle under their Keras names; ``b""`` if none.
     """
 
     keras_bytes: bytes
@@ -62,8 +54,8 @@ class ModelSpec:
         """Describes a compiled model, building its optimizer's variables if needed.
 
         Raises:
-            ConfigurationError: a custom object defined in ``__main__`` cannot
-                be pickled by value (see :func:`~sparkdl_avg.shared.model.custom_objects.pack_custom_objects`).
+            ConfigurationError: a custom object defined in ``__main__`` cannot be pickled by value (see
+                :func:`~sparkdl_avg.shared.model.custom_objects.pack_custom_objects`).
         """
         import keras
 
@@ -91,8 +83,7 @@ class ModelSpec:
     def build(self):
         """Registers the shipped custom objects, then builds the compiled model from its config (Keras safe mode).
 
-        Its weights and optimizer variables are freshly initialized: every
-        task assigns the round's state (:func:`set_state`) before using it.
+        Its weights and optimizer variables are freshly initialized: every task assigns the round's state first.
         """
         import keras
 
@@ -116,8 +107,8 @@ def check_model_loads(spec: ModelSpec) -> None:
     """Checks on the driver that executors can rebuild the model from ``spec`` (once per fingerprint).
 
     Raises:
-        ConfigurationError: the archive does not load in Keras' safe mode, most
-            often a custom layer, loss or metric that is not registered.
+        ConfigurationError: the archive does not load in Keras' safe mode, most often a custom layer, loss or metric
+            that is not registered.
     """
     from ...errors import ConfigurationError
 
@@ -159,8 +150,8 @@ def input_dtypes(model) -> Tuple[str, ...]:
 def keras_to_bytes(model) -> bytes:
     """The model as the bytes of a ``.keras`` archive (architecture, compile config, weights).
 
-    The optimizer's variables are built first, so the archive loads without
-    Keras' warning about a saved optimizer with fewer variables.
+    The optimizer's variables are built first, so the archive loads without Keras' warning about a saved optimizer
+    with fewer variables.
     """
     if getattr(model, "optimizer", None) is not None:
         ensure_optimizer_built(model)
@@ -174,9 +165,8 @@ def keras_to_bytes(model) -> bytes:
 def config_archive(model) -> bytes:
     """The model as a ``.keras`` archive without weights: its ``config.json`` (as ``model.save`` writes it) and ``metadata.json``.
 
-    Built in memory (no temporary file); :func:`model_from_archive` builds
-    the compiled model back. ``metadata.json`` holds no date, so the same
-    model gives the same bytes (a subclassed model's fingerprint is them).
+    Built in memory (no temporary file); :func:`model_from_archive` builds the compiled model back. ``metadata.json``
+    holds no date, so the same model gives the same bytes (a subclassed model's fingerprint is them).
     """
     import io
     import zipfile
@@ -201,9 +191,8 @@ def config_archive(model) -> bytes:
 def model_from_archive(data: bytes):
     """Builds the compiled model of a ``.keras`` archive's ``config.json``, in Keras' safe mode (no pickle), without its weights.
 
-    What ``keras.saving.load_model`` does before it loads the weights. A
-    full archive (weights, assets: what :func:`config_archive` gives for a
-    model with assets) is loaded whole.
+    What ``keras.saving.load_model`` does before it loads the weights. A full archive (weights, assets: what
+    :func:`config_archive` gives for a model with assets) is loaded whole.
     """
     import io
     import zipfile
@@ -214,7 +203,7 @@ def model_from_archive(data: bytes):
 
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         whole = any(name not in ("config.json", "metadata.json") for name in zf.namelist())
-    if whole:  # a full archive (a model with assets, :func:`config_archive`): its assets and weights loaded too
+    if whole:
         return keras_from_bytes(data)
     with _object_sharing():
         return keras.saving.deserialize_keras_object(archive_config(data), safe_mode=True)
@@ -243,12 +232,10 @@ def keras_from_bytes(data: bytes):
 def architecture(model) -> dict:
     """``model.get_config()`` with its layer and model names replaced by their order of appearance.
 
-    Keras names layers by a process-wide counter (``dense``, ``dense_1``,
-    ...), so each run of a notebook cell that builds "the same" model gave
-    another config, another fingerprint, and executors built and kept one
-    more replica per fit. Weights move by position, so a replica
-    of the same layers under other names trains the same. The names of a
-    multi-output model's outputs stay: its metric names carry them.
+    Keras names layers by a process-wide counter (``dense``, ``dense_1``, ...), so each run of a notebook cell that
+    builds "the same" model would give another config, another fingerprint, and one more replica per fit on the
+    executors. Weights move by position, so a replica of the same layers under other names trains the same. The names
+    of a multi-output model's outputs stay: its metric names carry them.
     """
     keep = {layer.name for layer in _output_layers(model)} if len(model.outputs) > 1 else set()
     names: dict = {}
@@ -320,9 +307,8 @@ def iterations_index(model) -> int:
 def architecture_signature(model) -> str:
     """What a checkpoint must match to be resumed into ``model``, independent of layer names.
 
-    The layers' classes and weight shapes, the optimizer's class and variable
-    shapes, and the loss: auto-generated names (``dense_3``) differ between
-    two builds of the same model, so :attr:`ModelSpec.fingerprint` would not do.
+    The layers' classes and weight shapes, the optimizer's class and variable shapes, and the loss: auto-generated
+    names (``dense_3``) differ between two builds of the same model, so :attr:`ModelSpec.fingerprint` would not do.
     """
     layers = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in model.layers]
     optimizer = (type(model.optimizer).__name__, [tuple(v.shape) for v in model.optimizer.variables])
@@ -359,13 +345,11 @@ def get_state(model) -> Tuple[List[np.ndarray], List[np.ndarray]]:
 class VariableArrays(Sequence):
     """Variables read as numpy arrays on access, one at a time: a model's state without a copy of the whole.
 
-    Each item is a fresh array, what :func:`get_state` gives for it; the
-    sequence itself holds none. The driver publishes a round's state from it
-    (written array by array, :func:`~sparkdl_avg.shared.wire.exchange.store`)
-    and reads it again for the update (the model does not change during a
-    round), and a worker writes its sums from its replica's, so neither
-    holds a copy of the model's state beside the model.
-    :meth:`specs` gives the dtypes and shapes without reading any.
+    Each item is a fresh array, what :func:`get_state` gives for it; the sequence itself holds none. The driver
+    publishes a round's state from it (written array by array, :func:`~sparkdl_avg.shared.wire.exchange.store`) and
+    reads it again for the update (the model does not change during a round), and a worker writes its sums from its
+    replica's, so neither holds a copy of the model's state beside the model. :meth:`specs` gives the dtypes and
+    shapes without reading any.
     """
 
     def __init__(self, variables) -> None:
@@ -399,9 +383,8 @@ def state_of(model) -> Tuple[VariableArrays, VariableArrays]:
 def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.ndarray]) -> None:
     """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``, one at a time.
 
-    A value given as ``None`` keeps the variable's (a round that does not
-    average the optimizer's variables sets only its iteration counter,
-    without a copy of the others).
+    A value given as ``None`` keeps the variable's (a round that does not average the optimizer's variables sets only
+    its iteration counter, without a copy of the others).
     """
     for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
         if len(variables) != len(values):
@@ -414,10 +397,9 @@ def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.nda
 def assign_state(model, weights, optimizer_variables) -> None:
     """:func:`set_state`, one variable at a time, releasing each received array's mapped pages.
 
-    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`);
-    once an array is in the replica its pages leave this process's resident
-    memory, so the worker's peak holds the replica and one array of the
-    received state, not two whole states.
+    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`); once an array is in the
+    replica its pages leave this process's resident memory, so the worker's peak holds the replica and one array of
+    the received state, not two whole states.
     """
     from ..wire.exchange import release_pages
 

@@ -1,17 +1,14 @@
 """Keeps TensorFlow's start-up chatter out of the user's output, and nothing else.
 
-TensorFlow's C++ runtime prints lines at import and at its first operation
-that look like failures on a machine without a GPU ("Could not find cuda
-drivers", "failed call to cuInit") or are only notices (oneDNN's rounding
-note, absl's "All log messages before absl::InitializeLog()"); absl prints
-them before ``TF_CPP_MIN_LOG_LEVEL`` applies, twice per Python worker. This
-module owns hiding exactly those lines: :func:`filtered_stderr` passes every
-other line through unchanged, so real errors still show. The cuInit line is
-hidden only where no NVIDIA driver is installed (where it is then expected).
+TensorFlow's C++ runtime prints lines at import and at its first operation that look like failures on a machine
+without a GPU ("Could not find cuda drivers", "failed call to cuInit") or are only notices (oneDNN's rounding note,
+absl's "All log messages before absl::InitializeLog()"); absl prints them before ``TF_CPP_MIN_LOG_LEVEL`` applies,
+twice per Python worker. This module owns hiding exactly those lines: :func:`filtered_stderr` passes every other line
+through unchanged, so real errors still show. The cuInit line is hidden only where no NVIDIA driver is installed
+(where it is then expected).
 
-It also owns how an executor's Python imports TensorFlow (:func:`import_tensorflow`):
-without the optional packages Keras pulls in at its own import for
-integrations a Spark task never uses (:data:`EXECUTOR_SKIPPED_IMPORTS`).
+It also owns how an executor's Python imports TensorFlow (:func:`import_tensorflow`): without the optional packages
+Keras pulls in at its own import for integrations a Spark task never uses (:data:`EXECUTOR_SKIPPED_IMPORTS`).
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ def _patterns() -> Pattern:
 def filtered_stderr() -> Iterator[None]:
     """Drops TensorFlow's start-up notices from file descriptor 2 inside the block (C++ writes there directly).
 
-    Everything else written to stderr in the block is passed on, line by
-    line, when the line ends or the block ends. Where stderr is not a real
-    file descriptor (some notebook kernels), the block runs unfiltered.
+    Everything else written to stderr in the block is passed on, line by line, when the line ends or the block ends.
+    Where stderr is not a real file descriptor (some notebook kernels), the block runs unfiltered.
     """
     try:
         sys.stderr.flush()
@@ -149,9 +145,8 @@ def import_tensorflow(devices: bool = False):
     (:func:`on_executor`) the import leaves out :data:`EXECUTOR_SKIPPED_IMPORTS`.
 
     Args:
-        devices: Also list the physical devices (which initialises CUDA, the
-            cuInit notice), once per process, for a process that will not pin
-            devices later: the driver. Executors pin the task's GPUs first
+        devices: Also list the physical devices (which initialises CUDA, the cuInit notice), once per process, for a
+            process that will not pin devices later: the driver. Executors pin the task's GPUs first
             (:mod:`sparkdl_avg.shared.model.devices`).
     """
     global IMPORT_S, IMPORT_PID, _devices_listed
@@ -176,8 +171,7 @@ def import_tensorflow(devices: bool = False):
 def take_import_s() -> float:
     """The seconds this process spent importing TensorFlow itself, the first time it is asked; then 0.
 
-    0 also in a process forked after the import (a worker of
-    :mod:`sparkdl_avg.daemon`): the import was the daemon's, paid once.
+    0 also in a process forked after the import (a worker of :mod:`sparkdl_avg.daemon`): the daemon paid it, once.
     """
     global IMPORT_S
     seconds = IMPORT_S if IMPORT_PID == os.getpid() else 0.0

@@ -1,14 +1,11 @@
 """Partial results of a round and their example-weighted sums.
 
-Each worker returns a :class:`PartialResult` whose arrays are already
-multiplied by its number of examples; ``treeAggregate`` merges partials with
-:func:`merge`; the driver divides by the total examples with
-:meth:`PartialResult.average`. float32 variables are summed in float32 and
-everything else (float64, integer counters) in float64: float64 copies of
-float32 weights would double the bytes every round moves from the workers and
-through the tree aggregation (measured in docs/benchmarks.md), and the
-average is cast back to float32 anyway. float64 models keep exact float64
-sums, which the identity tests rely on.
+Each worker returns a :class:`PartialResult` whose arrays are already multiplied by its number of examples;
+``treeAggregate`` merges partials with :func:`merge`; the driver divides by the total examples with
+:meth:`PartialResult.average`. float32 variables are summed in float32 and everything else (float64, integer counters)
+in float64: float64 copies of float32 weights would double the bytes every round moves from the workers and through
+the tree aggregation (docs/benchmarks/overhead.md), and the average is cast back to float32 anyway. float64 models
+keep exact float64 sums, which the identity tests rely on.
 """
 
 from __future__ import annotations
@@ -27,23 +24,19 @@ class PartialResult:
 
     Attributes:
         examples: Examples trained on (the weight of each worker).
-        weight_sums: ``Σ n_i · w_i`` per model weight (float32 for float32
-            weights, else float64).
-        optimizer_sums: ``Σ n_i · s_i`` per optimizer variable, or ``None``
-            when optimizer state is not averaged.
-        metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged
-            metric (``loss`` and the compiled metrics).
+        weight_sums: ``Σ n_i · w_i`` per model weight (float32 for float32 weights, else float64).
+        optimizer_sums: ``Σ n_i · s_i`` per optimizer variable, or ``None`` when optimizer state is not averaged.
+        metric_sums: ``Σ n_b · value_b`` over minibatches ``b`` per logged metric (``loss`` and the compiled metrics).
         workers: One :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord` per worker.
-        received_bytes: Bytes of sums the driver received for this result
-            (set by the transport that gathered it; ``None``: not known).
+        received_bytes: Bytes of sums the driver received for this result (set by the transport that gathered it;
+            ``None``: not known).
         driver_sum_s: The driver's seconds decoding and adding them.
         driver_sum_cpu_s: The CPU seconds of the driver's Python process in that time.
         reduce_s: In a sharded Spark SQL round, the slowest reducer task's seconds reading and
             summing its shard (decoding it, under ``update_compression``); 0 elsewhere.
-        deltas: Under ``update_compression``, the workers' compressed deltas not yet
-            summed, ``(worker, delta)`` (a :class:`~sparkdl_avg.shared.wire.delta_sums.Packed`
-            from the worker, its bytes once its sink delivered it); ``merge`` keeps
-            them all, so every path sums them in worker order
+        deltas: Under ``update_compression``, the workers' compressed deltas not yet summed, ``(worker, delta)`` (a
+            :class:`~sparkdl_avg.shared.wire.delta_sums.Packed` from the worker, its bytes once its sink delivered it);
+            ``merge`` keeps them all, so every path sums them in worker order
             (:func:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout.add`).
         delta_sums: ``weight_sums``/``optimizer_sums`` hold ``Σ n_i · (s_i − sent)``,
             the deltas from the state the round sent, not ``Σ n_i · s_i``.
@@ -117,10 +110,9 @@ def weighted(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
 def weighted_in_place(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
     """:func:`weighted`, multiplying in place the arrays that are already writable sum dtypes (the same bits).
 
-    For a worker's own fresh copies of its replica's state: scaling them in
-    place instead of into new arrays saves one copy of the model's state
-    on the executor. Other arrays (read-only views, counters of another
-    dtype) are copied as :func:`weighted` does.
+    For a worker's own fresh copies of its replica's state: scaling them in place instead of into new arrays saves one
+    copy of the model's state on the executor. Other arrays (read-only views, counters of another dtype) are copied as
+    :func:`weighted` does.
     """
     out = []
     for a in arrays:
@@ -135,12 +127,10 @@ def weighted_in_place(arrays: List[np.ndarray], n: int) -> List[np.ndarray]:
 class WeightedArrays:
     """:func:`weighted_in_place` of a sequence of fresh arrays, each computed when read: a worker's sums, not held.
 
-    Over a replica's :class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`
-    (each item a fresh copy, scaled in place: the same bits as
-    :func:`weighted`). A sink that writes the sums one array at a time (a
-    file, :class:`~sparkdl_avg.shared.wire.exchange.StoreSums`) then holds
-    one array of them, not a copy of the model's state.
-    :meth:`specs` gives the sums' dtypes and shapes without reading any.
+    Over a replica's :class:`~sparkdl_avg.shared.model.modelspec.VariableArrays` (each item a fresh copy, scaled in
+    place: the same bits as :func:`weighted`). A sink that writes the sums one array at a time (a file,
+    :class:`~sparkdl_avg.shared.wire.exchange.StoreSums`) then holds one array of them, not a copy of the model's
+    state. :meth:`specs` gives the sums' dtypes and shapes without reading any.
     """
 
     def __init__(self, arrays, n: int) -> None:

@@ -1,28 +1,23 @@
 """The standing round job's board: the protocol's one implementation, as step programs over a store of entries.
 
-A standing job (docs/architecture/round-protocol.md) runs a fit's rounds in
-``N`` long tasks: the driver posts its *word* for each round, the tasks post
-their *answers*. This module owns what each side may do to the board and in
-which order; where the entries live is the store's business:
+A standing job (docs/round-protocol.md) runs a fit's rounds in ``N`` long tasks: the driver posts its *word* for each
+round, the tasks post their *answers*. This module owns what each side may do to the board and in which order; where
+the entries live is the store's business:
 
 * ``round-<seq>``: the driver's word for the job's round ``seq`` (0, 1, ...);
 * ``done-<seq>-<worker>``: that worker's answer to round ``seq``;
 * ``stop``: the tasks end, whichever round they wait for.
 
-Every operation is a *step program*: a generator that yields the store's
-primitive operations one at a time (``("list",)``, ``("exists", name)``,
-``("read", name)``, ``("write", name, data)``, ``("remove", name)``; a write
-replaces an entry atomically) and returns its result. :func:`perform` runs
-one to its end. The files board runs them on a directory
-(:class:`DirectoryStore`, :mod:`sparkdl_avg.shared.wire.standing`), the
-driver's socket server on a dict under its lock (:class:`MemoryStore`,
-:mod:`sparkdl_avg.shared.wire.standing_net`), and the protocol's model test
-interleaves the programs of a driver and of many tasks step by step
-(tests/transport/test_round_protocol.py), checking the invariants after
-every step. So both boards are the model, not copies of it.
+Every operation is a *step program*: a generator that yields the store's primitive operations one at a time
+(``("list",)``, ``("exists", name)``, ``("read", name)``, ``("write", name, data)``, ``("remove", name)``; a write
+replaces an entry atomically) and returns its result. :func:`perform` runs one to its end. The files board runs them on
+a directory (:class:`DirectoryStore`, :mod:`sparkdl_avg.shared.wire.standing`), the driver's socket server on a dict
+under its lock (:class:`MemoryStore`, :mod:`sparkdl_avg.shared.wire.standing_net`), and the protocol's model test
+interleaves the programs of a driver and of many tasks step by step (tests/transport/test_round_protocol.py), checking
+the invariants after every step. So both boards are the model, not copies of it.
 
-A query that cannot be answered yet returns :data:`WAIT`: the caller asks
-again (a poll on files, a condition on the socket) until its deadline.
+A query that cannot be answered yet returns :data:`WAIT`: the caller asks again (a poll on files, a condition on the
+socket) until its deadline.
 """
 
 from __future__ import annotations

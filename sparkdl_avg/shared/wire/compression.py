@@ -1,36 +1,26 @@
 """Compressed deltas: the codecs a worker's round delta can travel in, and error feedback.
 
-Issue 30 ("Compressed updates") sends each worker's *delta* from the round's
-starting state in fewer bytes than float32; this module owns the number
-formats and nothing about where they travel:
+``update_compression`` sends each worker's *delta* from the round's starting state in fewer bytes than float32; this
+module owns the number formats and nothing about where they travel:
 
-* ``"bf16"``: bfloat16, float32's top 16 bits rounded to nearest even
-  (2 bytes per value; the exponent range of float32, 8 bits of mantissa);
-* ``"int8"``: one signed byte per value and one float32 scale per block of
-  :data:`BLOCK` consecutive values (``scale = max|x| / 127`` over the block,
-  ``q = round(x / scale)``): 1 + 4/BLOCK bytes per value;
-* ``"int4"``: Streaming DiLoCo's 4-bit outer gradients (Douillard et al.
-  2025; summed in float32 like the others): two signed 4-bit values per
-  byte, value ``2i`` in the low nibble of byte ``i`` and ``2i + 1`` in its
-  high nibble (two's complement, a last odd value's high nibble 0), and one
-  float32 scale per block of :data:`BLOCKS` ``["int4"]`` values
-  (``scale = max|x| / 7``, ``q = round(x / scale)`` in -7..7): 0.5 + 4/block
-  bytes per value;
-* error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec
-  drops from ``delta + residual`` is the next residual, so over rounds
-  nothing is lost (:func:`with_feedback`).
+* ``"bf16"``: bfloat16, float32's top 16 bits rounded to nearest even (2 bytes per value; the exponent range of
+  float32, 8 bits of mantissa);
+* ``"int8"``: one signed byte per value and one float32 scale per block of :data:`BLOCK` consecutive values
+  (``scale = max|x| / 127`` over the block, ``q = round(x / scale)``): 1 + 4/BLOCK bytes per value;
+* ``"int4"``: Streaming DiLoCo's 4-bit outer gradients (Douillard et al. 2025; summed in float32 like the others): two
+  signed 4-bit values per byte, value ``2i`` in the low nibble of byte ``i`` and ``2i + 1`` in its high nibble (two's
+  complement, a last odd value's high nibble 0), and one float32 scale per block of :data:`BLOCKS` ``["int4"]`` values
+  (``scale = max|x| / 7``, ``q = round(x / scale)`` in -7..7): 0.5 + 4/block bytes per value;
+* error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec drops from ``delta + residual`` is the next
+  residual, so over rounds nothing is lost (:func:`with_feedback`).
 
-Everything here is a pure function of its inputs (numpy only, no clocks, no
-randomness), so a retried task encodes bitwise the same bytes. Sums of
-decoded values are done in float32 by the caller (:func:`add_decoded`).
-Vectors are flat float32; a block never spans two slices cut at multiples
-of its codec's block (:meth:`Encoded.slice`; int4's blocks hold an even
-number of values, so such a cut is also a whole byte), so sharded reducers
-can decode their slice alone. The block sizes are chosen by measurement:
-``benchmarks/compression.py`` (docs/benchmarks.md, "Compressed updates").
-int8 suits signed deltas of similar magnitude within a block (the weights');
-Adam's second moments span many magnitudes and diverge through it, while
-bf16 carries them (``benchmarks/compression_sim.py``, same section).
+Everything here is a pure function of its inputs (numpy only, no clocks, no randomness), so a retried task encodes
+bitwise the same bytes. Sums of decoded values are done in float32 by the caller (:func:`add_decoded`). Vectors are
+flat float32; a block never spans two slices cut at multiples of its codec's block (:meth:`Encoded.slice`; int4's
+blocks hold an even number of values, so such a cut is also a whole byte), so sharded reducers can decode their slice
+alone. The block sizes are chosen by measurement: ``benchmarks/compression.py`` (docs/benchmarks/compression.md).
+int8 suits signed deltas of similar magnitude within a block (the weights'); Adam's second moments span many
+magnitudes and diverge through it, while bf16 carries them (``benchmarks/compression_sim.py``, same page).
 """
 
 from __future__ import annotations

@@ -1,52 +1,35 @@
 """Compressed round sums (``update_compression``): a worker's delta on the wire, its shards' sums, its residual.
 
-Under ``update_compression`` a worker does not send ``n · w`` (its weights,
-optimizer variables, example-weighted) but its **delta** from the state the
-round sent it, in a codec of :mod:`sparkdl_avg.shared.wire.compression`, with its
-example count ``n``; whoever sums (the driver, or reducer ``j`` of a sharded
-round) adds ``n · decode(delta)`` in float32, in worker order, and the driver
-sets ``start + Σ/Σn``. This module owns that format, its sum and the
-residual files of error feedback; the transports move its bytes
-(:mod:`sparkdl_avg.shared.wire.exchange`, :mod:`sparkdl_avg.shared.wire.round_rows`, :mod:`sparkdl_avg.driver.transport`).
+Under ``update_compression`` a worker does not send ``n · w`` (its weights, optimizer variables, example-weighted) but
+its **delta** from the state the round sent it, in a codec of :mod:`sparkdl_avg.shared.wire.compression`, with its
+example count ``n``; whoever sums (the driver, or reducer ``j`` of a sharded round) adds ``n · decode(delta)`` in
+float32, in worker order, and the driver sets ``start + Σ/Σn``. This module owns that format, its sum and the residual
+files of error feedback; the transports move its bytes (:mod:`sparkdl_avg.shared.wire.exchange`,
+:mod:`sparkdl_avg.shared.wire.round_rows`, :mod:`sparkdl_avg.driver.transport`).
 
-**Segments.** A worker's state is cut into four segments: ``"w"``, the
-float32 weights; ``"m"``, the optimizer's float32 first moments (its
-variables named ``*_momentum``: :func:`first_moments`); ``"o"``, its other
-float32 variables (second moments, accumulators); ``"x"``, everything else
-(float64 weights, counters), sent as raw float64 ``n · delta`` (a few values
-in practice). ``"int8"`` sends ``"w"`` in int8 and ``"m"`` and ``"o"`` in
-bf16: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged
-with error feedback in the pre-study; int8 on its first moments alone
-matched float32 but cost more in residual files than it saved on the wire
-(:data:`SEGMENT_CODECS`; docs/benchmarks.md, "Compressed updates").
-``"int4"`` (Streaming DiLoCo's 4-bit outer gradients) sends ``"w"`` in int4,
-``"m"`` and ``"o"`` in bf16 likewise.
+**Segments.** A worker's state is cut into four segments: ``"w"``, the float32 weights; ``"m"``, the optimizer's
+float32 first moments (its variables named ``*_momentum``: :func:`first_moments`); ``"o"``, its other float32
+variables (second moments, accumulators); ``"x"``, everything else (float64 weights, counters), sent as raw float64
+``n · delta`` (a few values in practice). ``"int8"`` and ``"int4"`` (Streaming DiLoCo's 4-bit outer gradients) send
+``"w"`` in their codec and ``"m"`` and ``"o"`` in bf16 (:data:`SEGMENT_CODECS` says why).
 
-**Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of
-each segment, cut at whole blocks of its codec (int8's 256 values, int4's
-128: whole bytes too), so a reducer decodes its shard alone and summing
-shard by shard gives exactly the elements of a whole sum.
-A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
-(float64), the int8 and int4 segments' scales (float32, in segment order),
-then the payloads (bf16's uint16, then int8's, then int4's bytes of two
-values, the even index in the low nibble). A summed shard is the segments'
-float64 and float32 sums back to back. Every path (Spark's tree, the
-driver, the shuffle, the storage reducers, the files) adds with
-:meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
+**Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of each segment, cut at whole blocks of its
+codec (int8's 256 values, int4's 128: whole bytes too), so a reducer decodes its shard alone and summing shard by shard
+gives exactly the elements of a whole sum. A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
+(float64), the int8 and int4 segments' scales (float32, in segment order), then the payloads (bf16's uint16, then
+int8's, then int4's bytes of two values, the even index in the low nibble). A summed shard is the segments' float64
+and float32 sums back to back. Every path (Spark's tree, the driver, the shuffle, the storage reducers, the files)
+adds with :meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
 
-**Error feedback.** A worker adds its residual to its delta before encoding
-and keeps what the codec dropped (:func:`~sparkdl_avg.shared.wire.compression.with_feedback`)
-in a file under the fit's staging directory, named by the round's place in
-the fit and the worker (:class:`FeedbackFiles`): the next round's task for that
-worker, on whatever executor, reads it; a retried task reads the same file
-and rewrites identical bytes, and a lost executor loses nothing (Spark reruns
-its task, which reads the same file). Which segments keep a residual is the
-layout's ``feedback`` (``error_feedback``: by default the int8 and int4
-ones only, bf16 measured equal to float32 without it). The residual is
-stored in int8 whatever the segment's codec (1 byte a value and a scale per
-256, not 4): what that drops is the residual's own rounding, 1/254 of the
-residual, itself about 1/254 of the delta for int8, 1/14 for int4 and 1/512
-for bf16.
+**Error feedback.** A worker adds its residual to its delta before encoding and keeps what the codec dropped
+(:func:`~sparkdl_avg.shared.wire.compression.with_feedback`) in a file under the fit's staging directory, named by the
+round's place in the fit and the worker (:class:`FeedbackFiles`): the next round's task for that worker, on whatever
+executor, reads it; a retried task reads the same file and rewrites identical bytes, and a lost executor loses nothing
+(Spark reruns its task, which reads the same file). Which segments keep a residual is the layout's ``feedback``
+(``error_feedback``: by default the int8 and int4 ones only, bf16 measured equal to float32 without it). The residual
+is stored in int8 whatever the segment's codec (1 byte a value and a scale per 256, not 4): what that drops is the
+residual's own rounding, 1/254 of the residual, itself about 1/254 of the delta for int8, 1/14 for int4 and 1/512 for
+bf16.
 """
 
 from __future__ import annotations
@@ -63,12 +46,10 @@ from .kept import WorkerRound, WorkerRoundFiles
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
 COMPRESSIONS = ("bf16", "int8", "int4")
 
-#: Codecs of the compressed segments per ``update_compression``: the float32 weights (``"w"``), the
-#: optimizer's float32 first moments (``"m"``: its variables named ``*_momentum``, signed like the
-#: weights' deltas) and its other float32 variables (``"o"``: second moments, accumulators). int8 on
-#: ``"m"`` matched float32 too, in fewer bytes, but its residual doubled the residual files and made the
-#: rounds on the shaped-network cluster slower, so ``"m"`` stays in bf16 (docs/benchmarks.md, "Compressed
-#: updates"). ``"int4"`` follows int8: only the weights in int4.
+#: Codecs of the compressed segments (``"w"``, ``"m"``, ``"o"``: see the module docstring) per ``update_compression``.
+#: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged with error feedback in the pre-study; int8 on
+#: ``"m"`` alone matched float32 in fewer bytes, but its residual doubled the residual files and made the rounds on the
+#: shaped-network cluster slower, so ``"m"`` stays in bf16 (docs/benchmarks/compression.md). ``"int4"`` follows int8.
 SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16"),
                   "int4": ("int4", "bf16", "bf16")}
 
@@ -86,10 +67,8 @@ def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[
 def first_moments(optimizer_variables) -> Tuple[int, ...]:
     """Positions of an optimizer's first moments among its variables: those whose path ends in ``_momentum``.
 
-    Keras names them so in Adam, AdamW, Nadam, Adamax, RMSprop, SGD and
-    Lion; they are signed and move like the weights, so int8 carries them.
-    Every other variable (second moments, accumulators, custom optimizers'
-    state) travels in bf16.
+    Keras names them so in Adam, AdamW, Nadam, Adamax, RMSprop, SGD and Lion; they are signed and move like the
+    weights. Every other variable (second moments, accumulators, custom optimizers' state) is the ``"o"`` segment.
     """
     return tuple(i for i, v in enumerate(optimizer_variables) if str(getattr(v, "path", "")).endswith("_momentum"))
 
@@ -117,8 +96,8 @@ class Packed:
 class DeltaLayout:
     """How a worker's compressed delta lies in segments and shards, and how shards are summed.
 
-    The transports tell it from an uncompressed
-    :class:`~sparkdl_avg.shared.wire.exchange.FlatLayout` by :attr:`compressed`.
+    The transports tell it from an uncompressed :class:`~sparkdl_avg.shared.wire.exchange.FlatLayout` by
+    :attr:`compressed`.
 
     Attributes:
         flat: The sums' :class:`~sparkdl_avg.shared.wire.exchange.FlatLayout` (the state's arrays).
@@ -175,9 +154,8 @@ class DeltaLayout:
              residual: Optional[List[np.ndarray]]) -> Tuple[Packed, Optional[List[np.ndarray]]]:
         """A worker's :class:`Packed` delta from the state it was sent, and its next residual (``None``: no feedback).
 
-        ``optimizer``/``sent_optimizer``: ``None`` when the optimizer is not averaged.
-        ``residual``: the worker's residual per compressed segment (``None``: zero; an entry ``None``:
-        a segment without feedback).
+        ``optimizer``/``sent_optimizer``: ``None`` when the optimizer is not averaged. ``residual``: the worker's
+        residual per compressed segment (``None``: zero; an entry ``None``: a segment without feedback).
         """
         parts, x = self._deltas(weights, optimizer, sent_weights, sent_optimizer)
         x *= np.float64(examples)
@@ -404,9 +382,8 @@ def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: 
                 optimizer, sent_weights, sent_optimizer, finite: bool) -> Tuple[Optional[Packed], Dict[str, float]]:
     """What a worker of a compressed round sends, its residual written; and its ``{"encode_s", "feedback_s"}``.
 
-    ``encode_s``: seconds computing and encoding the delta; ``feedback_s``:
-    seconds reading and writing the residual file. A non-finite worker sends
-    nothing (``None``) and keeps the residual it had.
+    ``encode_s``: seconds computing and encoding the delta; ``feedback_s``: seconds reading and writing the residual
+    file. A non-finite worker sends nothing (``None``) and keeps the residual it had.
     """
     t0 = time.perf_counter()
     residual = feedback.load(layout, worker) if feedback is not None else None
@@ -427,8 +404,8 @@ def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: 
 def sum_deltas(layout: DeltaLayout, total):
     """Sums the compressed deltas a :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` carries, in worker order.
 
-    ``total.deltas`` (``(worker, bytes)`` of whole deltas) become its
-    ``weight_sums``/``optimizer_sums`` of deltas (``delta_sums``); returns ``total``.
+    ``total.deltas`` (``(worker, bytes)`` of whole deltas) become its ``weight_sums``/``optimizer_sums`` of deltas
+    (``delta_sums``); returns ``total``.
     """
     acc = None
     for _, data in sorted(total.deltas or [], key=lambda item: item[0]):

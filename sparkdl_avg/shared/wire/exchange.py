@@ -1,42 +1,31 @@
 """What a round's tasks carry to read its state and hand back their sums, and the raw file format.
 
-This module is the executor-visible half of the state transport
-(:mod:`sparkdl_avg.driver.transport` is the driver's half, which picks one):
+This module is the executor-visible half of the state transport (:mod:`sparkdl_avg.driver.transport` is the driver's
+half, which picks one):
 
-* a *state source* — :class:`InlineState` (in the task itself: in-process
-  tests), :class:`BroadcastState` (a Spark broadcast) or
-  :class:`StoredState` (a file under the staging directory) — whose
-  ``load()`` gives the round's ``(weights, optimizer variables)``;
-* a *result sink* — :class:`ReturnSums` (the sums travel as Spark task
-  results), :class:`StoreSums` (the worker writes them to a file of its own
-  and returns only its description), or for the Spark SQL round
+* a *state source* — :class:`InlineState` (in the task itself: in-process tests), :class:`BroadcastState` (a Spark
+  broadcast) or :class:`StoredState` (a file under the staging directory) — whose ``load()`` gives the round's
+  ``(weights, optimizer variables)``;
+* a *result sink* — :class:`ReturnSums` (the sums travel as Spark task results), :class:`StoreSums` (the worker writes
+  them to a file of its own and returns only its description), or for the Spark SQL round
   :class:`~sparkdl_avg.shared.wire.round_rows.ArrowSums` (raw bytes in Arrow rows, cut into shards) and
   :class:`~sparkdl_avg.shared.wire.round_rows.StoreFlat` (a file, and one row per shard naming it) — whose
-  ``deliver()`` turns a worker's
-  :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` into what its task yields;
-* the Spark SQL round's model file (:class:`StoredSpec`) and its sums' flat
-  layout and shards (:class:`FlatLayout`), one of the two implementations of
-  the sums' layout protocol (the other is
-  :class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`: compressed deltas);
-  that round's rows and reducer are :mod:`sparkdl_avg.shared.wire.round_rows`'s.
+  ``deliver()`` turns a worker's :class:`~sparkdl_avg.shared.wire.aggregation.PartialResult` into what its task yields;
+* the Spark SQL round's model file (:class:`StoredSpec`) and its sums' flat layout and shards (:class:`FlatLayout`),
+  one of the two implementations of :class:`SumsLayout` (the other is
+  :class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`: compressed deltas); that round's rows and reducer are
+  :mod:`sparkdl_avg.shared.wire.round_rows`'s.
 
-Why files: a round's partial sums (the model's weights and optimizer
-variables, n× each) reach the driver through Spark's result path — pickled
-in the Python worker, copied into the executor JVM, stored in the block
-manager when over ``spark.task.maxDirectResultSize``, fetched by the driver
-JVM, copied over a socket into Python and unpickled — the largest per-round
-cost at 1e6 parameters on one host (docs/benchmarks.md, "Where the time goes
-as work grows"). When the driver and the executors share a filesystem
-(always on one host: ``local[N]``, ``local-cluster``), a worker writing its
-arrays to a file and returning only the file's name costs a page-cache copy
-on each side.
+Why files: a round's partial sums (n× the model's state) reach the driver through Spark's result path — pickled,
+copied into the executor JVM, through the block manager over ``spark.task.maxDirectResultSize``, fetched by the driver
+JVM, copied into Python and unpickled — the largest per-round cost at 1e6 parameters on one host
+(docs/benchmarks/overhead.md). Where the driver and the executors share a filesystem (always on one host:
+``local[N]``, ``local-cluster``), a worker's file costs a page-cache copy on each side.
 
-The format is deliberately raw: the arrays' bytes back to back, each at an
-offset aligned to 64 bytes, described by a :class:`StoredArrays` that
-travels through Spark (it is small). Local files are read through a memory
-map, so the driver sums straight out of the page cache. A file is written
-once by one task attempt under a unique name and read only if that attempt
-succeeded, so retries and speculative attempts never mix.
+The format is raw: the arrays' bytes back to back, each at an offset aligned to 64 bytes, described by a small
+:class:`StoredArrays` that travels through Spark. Local files are read through a memory map, so the driver sums
+straight out of the page cache. A file is written once by one task attempt under a unique name and read only if that
+attempt succeeded, so retries and speculative attempts never mix.
 """
 
 from __future__ import annotations
@@ -111,13 +100,12 @@ def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -
 def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool = True, specs=None) -> StoredArrays:
     """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description.
 
-    ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so
-    a task that outlives its fit never makes the deleted staging root again (``FileNotFoundError``); such a root
-    had no owner marker and the sweep of dead drivers' roots never took it.
+    ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so a task
+    that outlives its fit never makes the deleted staging root again (``FileNotFoundError``); such a root had no owner
+    marker and the sweep of dead drivers' roots never took it.
 
-    ``specs``: ``(dtype, shape)`` per array (:func:`specs_of`), given when ``arrays`` is read on access
-    (an iterator over a model's variables): the file's layout is known before any array is read, and
-    the arrays are then read and written one at a time, never all in memory at once.
+    ``specs``: ``(dtype, shape)`` per array (:func:`specs_of`), given when ``arrays`` is read on access (an iterator
+    over a model's variables): the layout is known up front, and the arrays are read and written one at a time.
     """
     if specs is None:
         arrays = [np.asarray(a) for a in arrays]
@@ -164,11 +152,9 @@ def load(stored: StoredArrays) -> List[np.ndarray]:
 def release_pages(arrays) -> None:
     """Drops the pages of ``arrays`` that lie in a read-only memory map (:func:`load`) from this process's memory.
 
-    The data stay in the page cache and read back as they were if touched
-    again (``MADV_DONTNEED`` on a shared file mapping); a worker that has
-    copied the round's state into its replica releases each array so the
-    mapped file does not stay resident beside the replica. Other arrays
-    are left alone.
+    The data stay in the page cache and read back as they were if touched again (``MADV_DONTNEED`` on a shared file
+    mapping); a worker that has copied the round's state into its replica releases each array so the mapped file does
+    not stay resident beside the replica. Other arrays are left alone.
     """
     import mmap
 
@@ -199,11 +185,9 @@ def release_pages(arrays) -> None:
 def load_one_by_one(stored: StoredArrays):
     """Yields the arrays of ``stored`` one at a time, each a new writable array read from the file.
 
-    For whoever consumes them one by one (the driver adding a worker's sums):
-    at most one array is in memory beyond what the consumer keeps, where a
-    memory map of the whole file (:func:`load`) stays resident until its
-    last view goes, a whole model's state more. Remote files are read whole
-    (:func:`load`), then copied array by array.
+    For whoever consumes them one by one (the driver adding a worker's sums): at most one array is in memory beyond
+    what the consumer keeps, where a memory map of the whole file (:func:`load`) stays resident until its last view
+    goes. Remote files are read whole (:func:`load`), then copied array by array.
     """
     fs, path = resolve(stored.uri)
     if not isinstance(fs, pafs.LocalFileSystem):
@@ -295,9 +279,8 @@ class ReturnSums:
     """Workers return their sums as Spark task results.
 
     Attributes:
-        deltas: Under ``update_compression`` the round's
-            :class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`: workers send
-            compressed deltas in its format (``None``: float32 sums).
+        deltas: Under ``update_compression`` the round's :class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`:
+            workers send compressed deltas in its format (``None``: float32 sums).
     """
 
     deltas: Any = None
@@ -322,8 +305,7 @@ class StoredResult:
 class StoreSums:
     """Workers write their weight and optimizer sums to a file of their own under ``directory``.
 
-    ``deltas``: as :class:`ReturnSums`'; the file then holds the worker's
-    compressed delta as one byte array.
+    ``deltas``: as :class:`ReturnSums`'; the file then holds the worker's compressed delta as one byte array.
     """
 
     directory: str
@@ -340,7 +322,6 @@ class StoreSums:
                                 store(self.directory, name, [data], parents=False))
         if result.weight_sums is None:
             return StoredResult(result, None)
-        # parents=False: a task that outlives its fit must not make the deleted staging root again
         stored = store_state(self.directory, name, result.weight_sums, result.optimizer_sums, parents=False)
         return StoredResult(dataclasses.replace(result, weight_sums=None, optimizer_sums=None), stored)
 
@@ -352,8 +333,7 @@ class StoreSums:
 class StoredSpec:
     """A :class:`~sparkdl_avg.shared.model.modelspec.ModelSpec` in a file: how the Spark SQL round ships the model.
 
-    Read only when an executor builds a replica (replicas are cached by
-    ``fingerprint``), so a fit writes it once and rounds carry 100 bytes.
+    Read only when an executor builds a replica (cached by ``fingerprint``): written once, rounds carry 100 bytes.
     """
 
     uri: str
@@ -383,13 +363,11 @@ def store_spec(directory: str, spec) -> StoredSpec:
 class SumsLayout(Protocol):
     """How a round's sums travel and add up, plain (:class:`FlatLayout`) or compressed (``DeltaLayout``).
 
-    Every aggregation path writes its assembly once against this protocol:
-    a worker's result becomes one value (:meth:`encode`) cut into shards
-    (:meth:`value_bytes`) or written to a file (:meth:`store_file`, read back
-    by :meth:`read_shard`); whoever sums adds the workers' shards in worker
-    order (:meth:`add`, ``acc`` ``None`` first), a summed shard travels as
-    :meth:`summed_bytes` (:meth:`parse_summed` reads it), and the driver
-    joins the summed shards into ``(weight sums, optimizer sums)`` (:meth:`sums`).
+    Every aggregation path writes its assembly once against this protocol: a worker's result becomes one value
+    (:meth:`encode`) cut into shards (:meth:`value_bytes`) or written to a file (:meth:`store_file`, read back by
+    :meth:`read_shard`); whoever sums adds the workers' shards in worker order (:meth:`add`, ``acc`` ``None`` first), a
+    summed shard travels as :meth:`summed_bytes` (:meth:`parse_summed` reads it), and the driver joins the summed shards
+    into ``(weight sums, optimizer sums)`` (:meth:`sums`).
     """
 
     compressed: bool  # sums of deltas (update_compression), not of states
@@ -409,13 +387,10 @@ class SumsLayout(Protocol):
 class FlatLayout:
     """How a worker's sums lie in two flat vectors, one float32 and one float64, and how those split into shards.
 
-    The Spark SQL round moves sums as raw bytes: the weight sums then the
-    optimizer sums, float32 arrays back to back in one vector and the rest
-    (float64, counters) in another (:func:`~sparkdl_avg.shared.wire.aggregation.weighted`
-    makes every sum one of the two). Shard ``j`` of ``S`` is the ``j``-th of
-    ``S`` near-equal slices of each vector, so summing shard ``j`` of every
-    worker in worker order gives exactly the elements a whole-vector sum in
-    that order would.
+    The Spark SQL round moves sums as raw bytes: the weight sums then the optimizer sums, float32 arrays back to back
+    in one vector and the rest (float64, counters) in another (:func:`~sparkdl_avg.shared.wire.aggregation.weighted`
+    makes every sum one of the two). Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal slices of each vector,
+    so summing shard ``j`` of every worker in worker order gives exactly the elements a whole-vector sum would.
 
     Attributes:
         entries: ``(is_float32, shape)`` per array, weights first.

@@ -1,36 +1,27 @@
 """``optimizer_state="local"``: each worker's own optimizer variables between its rounds, as files.
 
-DiLoCo (Douillard et al. 2023) and its descendants keep each replica's inner
-optimizer state (AdamW's moments) on the replica and average only the
-weights. Here worker ``i`` of a round reads the optimizer variables it ended
-its previous round with and writes those it ends this round with, as the
-variables' raw bytes in ``optimizer.variables`` order, in one of two places:
+DiLoCo (Douillard et al. 2023) and its descendants keep each replica's inner optimizer state (AdamW's moments) on the
+replica and average only the weights. Here worker ``i`` of a round reads the optimizer variables it ended its previous
+round with and writes those it ends this round with, as the variables' raw bytes in ``optimizer.variables`` order, in
+one of two places:
 
-* **On its host** (``host_local``, classic sessions): a file under this
-  machine's temporary directory (:func:`host_directory`), and the driver asks
-  Spark to run the worker's next task on the same host (a locality
-  preference, :mod:`sparkdl_avg.driver.transport.local_states`), so nothing crosses the
-  network. A task that Spark retries on that host reads the same file and
-  writes the same bytes; an attempt that outlived its round leaves the
-  round's file as it is (:meth:`LocalStateFiles.save`). Rounds after which a checkpoint may be saved
-  (``share``) also write the file to the shared staging directory, which the
-  checkpoint reads. A worker whose file is on neither (its host was lost, or
-  its task ran elsewhere) restarts from the optimizer variables the driver
-  sent, and its record says so (``WorkerRecord.local_state_restarted``).
-* **Under the shared staging directory** (Spark Connect, where a client sets
-  no locality): ``<directory>/<round>-w<i>.bin``, written atomically, so a
-  retried task anywhere reads the same file and a lost executor loses nothing.
+* **On its host** (``host_local``, classic sessions): a file under this machine's temporary directory
+  (:func:`host_directory`), and the driver asks Spark to run the worker's next task on the same host (a locality
+  preference, :mod:`sparkdl_avg.driver.transport.local_states`), so nothing crosses the network. A task that Spark
+  retries on that host reads the same file and writes the same bytes; an attempt that outlived its round leaves the
+  round's file as it is (:meth:`LocalStateFiles.save`). Rounds after which a checkpoint may be saved (``share``) also
+  write the file to the shared staging directory, which the checkpoint reads. A worker whose file is on neither (its
+  host was lost, or its task ran elsewhere) restarts from the optimizer variables the driver sent, and its record says
+  so (``WorkerRecord.local_state_restarted``).
+* **Under the shared staging directory** (Spark Connect, where a client sets no locality):
+  ``<directory>/<round>-w<i>.bin``, written atomically, so a retried task anywhere reads the same file and a lost
+  executor loses nothing. On the shaped network these cost several times the hosts' own files, every worker's state
+  going through the store each round (docs/benchmarks/diloco.md, "The states on the workers' hosts").
 
-Measured in docs/benchmarks/diloco.md ("The states on the workers' hosts"): on
-the shaped network the shared files cost several times the hosts' own, every
-worker's state going through the store each round.
-
-A worker that has no state yet (the fit's first round, or a worker index an
-elastic round adds) starts from the optimizer variables the driver sent: the
-driver's own, which these fits never update but for the iteration counter.
-The driver's side (which round reads which, when files go, what a checkpoint
-carries) is :class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`'s, as for
-error feedback's residuals.
+A worker that has no state yet (the fit's first round, or a worker index an elastic round adds) starts from the
+optimizer variables the driver sent: the driver's own, which these fits never update but for the iteration counter.
+The driver's side (which round reads which, when files go, what a checkpoint carries) is
+:class:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger`'s, as for error feedback's residuals.
 """
 
 from __future__ import annotations
@@ -85,12 +76,10 @@ so that two users' executors on one host do not share, or fail to write, one fol
 HOST_IDLE_S = 600.0
 """Seconds a fit's directory on a host stays untouched before another fit's task asks whether its fit is gone.
 
-A fit's host directories are deleted by other fits' tasks on that host (a
-driver cannot reach every host's disk), and only once their fit is gone:
-its shared directory, named in the directory's :data:`FIT_MARK`, no longer
-exists (the fit's end removes it). A fit whose rounds take longer than this
-keeps its states; the check, a stat of the shared directory, is then made
-again after as long (the directory's time is renewed).
+A fit's host directories are deleted by other fits' tasks on that host (a driver cannot reach every host's disk), and
+only once their fit is gone: its shared directory, named in the directory's :data:`FIT_MARK`, no longer holds
+:data:`FIT_ALIVE` (the fit's end removes it). A fit whose rounds take longer than this keeps its states; the check, a
+stat in the shared directory, is then made again after as long (the directory's time is renewed).
 """
 
 FIT_MARK = ".fit"
@@ -115,9 +104,8 @@ def host_directory(directory: str) -> str:
 def host_names() -> Tuple[str, ...]:
     """The names Spark may know this machine by: its executor's host is one of them (to place the next task here).
 
-    Spark names an executor's host ``SPARK_LOCAL_HOSTNAME`` if set, else an
-    address of the machine (``SPARK_LOCAL_IP``, or what its host name
-    resolves to, or an interface's); the driver matches these with its live
+    Spark names an executor's host ``SPARK_LOCAL_HOSTNAME`` if set, else an address of the machine
+    (``SPARK_LOCAL_IP``, or what its host name resolves to, or an interface's); the driver matches these with its live
     executors' hosts (:meth:`~sparkdl_avg.driver.transport.local_states.LocalStateLedger.places`).
     """
     names = [os.environ.get(var) for var in ("SPARK_LOCAL_HOSTNAME", "SPARK_LOCAL_IP")]
@@ -155,9 +143,8 @@ class LocalStateFiles(WorkerRoundFiles):
     def load(self, worker: int, template: Sequence[np.ndarray]) -> Tuple[Optional[List[np.ndarray]], bool]:
         """Worker ``worker``'s optimizer variables from its previous round, and whether it had to restart.
 
-        ``(None, False)``: it has none yet. ``(None, True)``: it had one, on
-        a host this task did not run on and not under the shared directory;
-        it restarts from the sent variables.
+        ``(None, False)``: it has none yet. ``(None, True)``: it had one, on a host this task did not run on and not
+        under the shared directory; it restarts from the sent variables.
         """
         if not self.host_local:
             data = self.read_bytes(worker)
@@ -175,11 +162,10 @@ class LocalStateFiles(WorkerRoundFiles):
     def save(self, worker: int, variables: Sequence[np.ndarray]) -> None:
         """Writes worker ``worker``'s optimizer variables after this round, unless this attempt came after its round.
 
-        An attempt that outlived its round (a speculative copy, or one on an
-        executor Spark gave up on) and read its state only once the next
-        round had pruned it, restarted from the sent variables; its bytes
-        must not replace those another attempt of the round wrote, which
-        the next round read and a retry of it reads again (:meth:`_over`).
+        An attempt that outlived its round (a speculative copy, or one on an executor Spark gave up on) and read its
+        state only once the next round had pruned it, restarted from the sent variables; its bytes must not replace
+        those another attempt of the round wrote, which the next round read and a retry of it reads again
+        (:meth:`_over`).
         """
         if self.host_local and self._over(worker):
             return
@@ -207,13 +193,11 @@ class LocalStateFiles(WorkerRoundFiles):
     def _over(self, worker: int) -> bool:
         """Whether worker ``worker``'s round is over on this host: its file is here and the one it read is gone.
 
-        A worker's files on a host go only once no round reads them again:
-        the one this round reads goes with the next round's save
-        (:func:`_prune`), after an attempt of this round wrote its own. So
-        both true means the round is over here and its file is the one the
-        next round read. (Where the file read was never here, the task ran
-        on another host than before, and the attempt that wrote here found
-        what this one finds: the shared file or none, the same bytes.)
+        A worker's files on a host go only once no round reads them again: the one this round reads goes with the next
+        round's save (:func:`_prune`), after an attempt of this round wrote its own. So both true means the round is
+        over here and its file is the one the next round read. (Where the file read was never here, the task ran on
+        another host than before, and the attempt that wrote here found what this one finds: the shared file or none,
+        the same bytes.)
         """
         if self.read is None or worker in self.fresh:
             return False
@@ -246,7 +230,7 @@ def _write_file(path: str, data: bytes) -> None:
 
 
 def _fit_gone(shared: str) -> bool:
-    """Whether the fit whose shared directory is ``shared`` has ended (the directory is gone); ``False`` if unsure."""
+    """Whether the fit whose shared directory is ``shared`` has ended (no :data:`FIT_ALIVE`); ``False`` if unsure."""
     from ..files.uris import exists, join
 
     try:

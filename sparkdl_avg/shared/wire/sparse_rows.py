@@ -1,43 +1,32 @@
 """Rounds that carry what changed: a worker sends only the rows of its embedding tables that moved, with their indices.
 
-A round that trains on a few thousand ids moves a few thousand rows of a
-table of millions (``Embedding``: its gradients are ``IndexedSlices``), yet
-the plain round sends ``n · w`` for the whole table. Under this layout a
-worker sends its **delta** from the state the round sent it (like
-``update_compression``, :mod:`sparkdl_avg.shared.wire.delta_sums`), and for
-each *table* (an ``Embedding``'s matrix with its row-shaped optimizer
-variables, :func:`table_groups`) only the rows whose delta is non-zero in
-the matrix or in any of its averaged slots, as ``int32`` indices and float32
-values; every other variable travels as before (float32 deltas, or in the
-``update_compression`` codec). Whoever sums adds ``n · delta`` of those rows
-into a float32 sum in worker order, exactly what a dense sum of deltas adds
-there (a row left out has a delta of exactly zero, and adding ``+0.0`` to a
-sum that started at ``+0.0`` changes no bit), so every aggregation path
-gives bitwise the same sums as a dense float32 sum of the same deltas.
+A round that trains on a few thousand ids moves a few thousand rows of a table of millions (``Embedding``: its
+gradients are ``IndexedSlices``), yet the plain round sends ``n · w`` for the whole table. Under this layout a worker
+sends its **delta** from the state the round sent it (like ``update_compression``,
+:mod:`sparkdl_avg.shared.wire.delta_sums`), and for each *table* (an ``Embedding``'s matrix with its row-shaped
+optimizer variables, :func:`table_groups`) only the rows whose delta is non-zero in the matrix or in any of its
+averaged slots, as ``int32`` indices and float32 values; every other variable travels as before (float32 deltas, or in
+the ``update_compression`` codec). Whoever sums adds ``n · delta`` of those rows into a float32 sum in worker order,
+exactly what a dense sum of deltas adds there (a row left out has a delta of exactly zero, and adding ``+0.0`` to a sum
+that started at ``+0.0`` changes no bit), so every aggregation path gives bitwise the same sums as a dense float32 sum.
 
-**Which rows.** The exact criterion is "the delta is non-zero", checked on
-the worker by comparing the table and its slots with what was sent (one
-pass over the table, no bookkeeping of ids). With Adam or momentum a row
-touched in an earlier round keeps moving (its moments are non-zero) and is
-sent; a row whose every value is bitwise unchanged is not.
+**Which rows.** The exact criterion is "the delta is non-zero", checked on the worker by comparing the table and its
+slots with what was sent (one pass over the table, no bookkeeping of ids). With Adam or momentum a row touched in an
+earlier round keeps moving (its moments are non-zero) and is sent; a row whose every value is bitwise unchanged is not.
 
-**Fallback.** Per table, per worker and round: when the changed rows' bytes
-(indices and values) would reach the table's dense bytes, the table goes
-dense (all its rows, no indices), same values, same sums. So the layout is
+**Fallback.** Per table, per worker and round: when the changed rows' bytes (indices and values) would reach the
+table's dense bytes, the table goes dense (all its rows, no indices), same values, same sums. So the layout is
 automatic: on whenever the model has a table, never more bytes than dense.
 
-**Compression.** Under ``update_compression`` the non-table variables go
-through the codec's :class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`
-(with its error feedback); the tables' changed rows travel exact in float32
-(a residual over a whole table would make every row non-zero the next round).
+**Compression.** Under ``update_compression`` the non-table variables go through the codec's
+:class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout` (with its error feedback); the tables' changed rows travel
+exact in float32 (a residual over a whole table would make every row non-zero the next round).
 
-**Shards.** Shard ``j`` of ``S`` holds the inner (non-table) layout's shard
-``j`` and rows ``[R·j/S, R·(j+1)/S)`` of each table of ``R`` rows. A worker's
-shard value: ``n`` (int64), the inner part's byte length (int64) and bytes,
-then per table its row count (int64; ``-1``: dense) and ``int32`` indices
-(from the shard's first row) padded to 8 bytes, then the float32 values
-(rows × arrays × row width). A summed shard: the inner summed bytes'
-length and bytes, then per table the rows any worker sent, in the same form.
+**Shards.** Shard ``j`` of ``S`` holds the inner (non-table) layout's shard ``j`` and rows ``[R·j/S, R·(j+1)/S)`` of
+each table of ``R`` rows. A worker's shard value: ``n`` (int64), the inner part's byte length (int64) and bytes, then
+per table its row count (int64; ``-1``: dense) and ``int32`` indices (from the shard's first row) padded to 8 bytes,
+then the float32 values (rows × arrays × row width). A summed shard: the inner summed bytes' length and bytes, then per
+table the rows any worker sent, in the same form.
 """
 
 from __future__ import annotations
@@ -62,11 +51,10 @@ MIN_TABLE_ROWS = 1024
 def table_groups(model, optimizer_sums: bool) -> Tuple[Tuple[int, ...], ...]:
     """Positions, among a state's arrays (weights, then optimizer variables), of each table and its row-shaped slots.
 
-    A table is the matrix of a ``keras.layers.Embedding`` (or a subclass)
-    that is trainable, float32 and at least :data:`MIN_TABLE_ROWS` rows; its slots are the optimizer variables
-    Keras made from it (``add_variable_from_reference``: same shape, a path
-    holding the table's path with ``/`` as ``_``), listed only when the
-    optimizer's variables are averaged (``optimizer_sums``).
+    A table is the matrix of a ``keras.layers.Embedding`` (or a subclass) that is trainable, float32 and at least
+    :data:`MIN_TABLE_ROWS` rows; its slots are the optimizer variables Keras made from it
+    (``add_variable_from_reference``: same shape, a path holding the table's path with ``/`` as ``_``), listed only
+    when the optimizer's variables are averaged (``optimizer_sums``).
     """
     layers = getattr(model, "_flatten_layers", None)
     layers = list(layers(include_self=False, recursive=True)) if layers else list(getattr(model, "layers", []))
@@ -406,12 +394,10 @@ class _Picked:
 def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[Optional[np.ndarray], np.ndarray]:
     """``(indices, deltas)`` of the rows of a table and its slots whose delta is non-zero; ``(None, all)``: dense.
 
-    ``new``/``old``: the table then its slots, one shape, indexed one array
-    at a time (a replica's variables are read on access; the sent state is
-    a memory map whose pages are released after each array): the worker
-    holds one array of each beside its replica, not the table and its slots
-    twice. Dense when the rows' indices and values would take as many
-    bytes as the whole table.
+    ``new``/``old``: the table then its slots, one shape, indexed one array at a time (a replica's variables are read
+    on access; the sent state is a memory map whose pages are released after each array): the worker holds one array
+    of each beside its replica, not the table and its slots twice. Dense when the rows' indices and values would take
+    as many bytes as the whole table.
     """
     rows = int(np.shape(old[0])[0])  # the sent arrays' shape: reading a replica's array for it would copy it
     count = len(new)
@@ -441,12 +427,10 @@ def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[
 def _moved(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per row of two ``(rows, width)`` float32 arrays, whether any of its bits differ.
 
-    Bitwise, not by value: a row whose ``0.0`` became ``-0.0`` (or a NaN
-    another NaN) is sent too, with a delta of ``±0.0`` (or NaN), which adds to
-    the sums exactly what the dense sum adds. The comparison runs on whole
-    words of the rows and folds a row's flags by viewing them as one integer:
-    numpy's ``.any(axis=1)`` over a float comparison was several times slower
-    (docs/benchmarks/sparse_rounds.md).
+    Bitwise, not by value: a row whose ``0.0`` became ``-0.0`` (or a NaN another NaN) is sent too, with a delta of
+    ``±0.0`` (or NaN), which adds to the sums exactly what the dense sum adds. The comparison runs on whole words of the
+    rows and folds a row's flags by viewing them as one integer: numpy's ``.any(axis=1)`` over a float comparison is
+    several times slower (docs/benchmarks/sparse_rounds.md).
     """
     x, y = np.ascontiguousarray(a), np.ascontiguousarray(b)
     word = np.uint64 if x.shape[1] % 2 == 0 else np.uint32

@@ -1,29 +1,19 @@
 """The files through which one long Spark job runs round after round: the driver's word and the workers' answers.
 
-Under Spark Connect every Spark job is analysed, optimised and planned by the
-server, and its Python tasks start and end through Spark SQL's Python
-runner: tens of milliseconds a round that a classic session's RDD round does
-not pay (docs/benchmarks.md, "Spark Connect round overhead, one job for the
-rounds"). Where the client and the executors share a host and a local
-staging directory (a local Connect server), the Spark SQL round
-(:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`) therefore runs its
-rounds in one *standing* job: ``N`` tasks, one per worker, that train each
-round the driver announces here and answer here, until told to stop
-(:func:`sparkdl_avg.executor.arrow_entries.run_standing_rounds`).
+Under Spark Connect a job per round costs tens of milliseconds of planning that a classic session's RDD round does
+not pay (docs/benchmarks/connect_overhead.md). Where the client and the executors share a host and a local staging
+directory (a local Connect server), the Spark SQL round (:class:`~sparkdl_avg.driver.transport.sql.SqlTransport`)
+therefore runs its rounds in one *standing* job: ``N`` tasks, one per worker, that train each round the driver
+announces here and answer here, until told to stop (:func:`sparkdl_avg.executor.arrow_entries.run_standing_rounds`).
 
-The job's board is a directory (a local path) whose files are the
-protocol's entries (:mod:`sparkdl_avg.shared.wire.board`: ``round-<seq>``,
-the driver's word, a pickled ``(entry, task)`` made by :func:`go`;
-``done-<seq>-<worker>``, a worker's answer as Arrow IPC
-:data:`~sparkdl_avg.shared.wire.round_rows.ROUND_SCHEMA` rows; ``stop``), each
-written atomically. This module runs the board's step programs on that
-directory: the driver's side (:class:`FilePost`) and a task's
-(:class:`FileBoard`, which polls for a word until its deadline: a task that
-hears nothing ends, the driver has gone). The states, who writes what and
-the invariants are on the protocol's page (docs/architecture/round-protocol.md).
-Executors on other hosts, which cannot see the driver's files, reach the
-same protocol through the driver's socket
-(:mod:`sparkdl_avg.shared.wire.standing_net`).
+The job's board is a directory (a local path) whose files are the protocol's entries
+(:mod:`sparkdl_avg.shared.wire.board`: ``round-<seq>``, the driver's word, a pickled ``(entry, task)`` made by
+:func:`go`; ``done-<seq>-<worker>``, a worker's answer as Arrow IPC
+:data:`~sparkdl_avg.shared.wire.round_rows.ROUND_SCHEMA` rows; ``stop``), each written atomically. This module runs the
+board's step programs on that directory: the driver's side (:class:`FilePost`) and a task's (:class:`FileBoard`, which
+polls for a word until its deadline: a task that hears nothing ends, the driver has gone). The states, who writes what
+and the invariants are on the protocol's page (docs/round-protocol.md). Executors on other hosts, which cannot see the
+driver's files, reach the same protocol through the driver's socket (:mod:`sparkdl_avg.shared.wire.standing_net`).
 """
 
 from __future__ import annotations
@@ -88,11 +78,9 @@ def ipc_batches(data) -> List[Any]:
 class FileBoard:
     """A task's side of a standing job whose words and answers are files in ``directory`` (a local path).
 
-    The other side of the protocol is :class:`FilePost`;
-    :class:`~sparkdl_avg.shared.wire.standing_net.NetBoard` is the same
-    protocol through the driver's socket. ``prefetch``: whether the task
-    should read the next round's word while it trains this one (not for
-    files: reading one costs a page-cache copy).
+    The other side of the protocol is :class:`FilePost`; :class:`~sparkdl_avg.shared.wire.standing_net.NetBoard` is
+    the same protocol through the driver's socket. ``prefetch``: whether the task should read the next round's word
+    while it trains this one (not for files: reading one costs a page-cache copy).
     """
 
     prefetch = False
@@ -155,8 +143,7 @@ class FilePost:
     def collect(self, seq: int, workers: Sequence[int]) -> Optional[List[Any]]:
         """The rows of round ``seq`` once all ``workers`` have answered, else ``None``.
 
-        The files stay until the next round is announced: a retried task that
-        joins meanwhile finds the round answered.
+        The files stay until the next round is announced: a retried task that joins meanwhile finds the round answered.
         """
         found = perform(protocol.collect(seq, [int(w) for w in workers]), DirectoryStore(self.path))
         return None if found is None else [batch for data in found for batch in ipc_batches(data)]

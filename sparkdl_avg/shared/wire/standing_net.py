@@ -1,33 +1,20 @@
 """The standing round job's protocol through the driver's socket: for executors on hosts of their own.
 
-A standing job (:mod:`sparkdl_avg.shared.wire.standing`) runs a fit's rounds
-in ``N`` long tasks that read the driver's word for each round and answer
-it. Its files need the driver's directory; executors on other hosts see
-none of it. Here the driver keeps the words and answers in memory and serves
-them on a TCP socket (:class:`RoundServer`, bound to the address the
-executors reach the driver at, ``spark.driver.host``), and each task asks
-for them (:class:`NetBoard`): the same questions as
-:class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, answered by the
-same step programs (:mod:`sparkdl_avg.shared.wire.board`, run on a dict
-under the server's lock instead of a directory), so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds`
-runs either. A word carries the round's weights itself (the optimizer
-variables only as :class:`RemoteArrays`, fetched by a task that needs them)
-and an answer the worker's sums (the ``"driver"`` aggregation's Arrow
-rows): nothing of a round goes through the staging store.
+A standing job (:mod:`sparkdl_avg.shared.wire.standing`) runs a fit's rounds in ``N`` long tasks that read the
+driver's word for each round and answer it. Its files need the driver's directory; executors on other hosts see none
+of it. Here the driver keeps the words and answers in memory and serves them on a TCP socket (:class:`RoundServer`,
+bound to the address the executors reach the driver at, ``spark.driver.host``), and each task asks for them
+(:class:`NetBoard`): the same questions as :class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, answered by the
+same step programs (:mod:`sparkdl_avg.shared.wire.board`, run on a dict under the server's lock instead of a
+directory), so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds` runs either. A word carries the round's
+weights itself (the optimizer variables only as :class:`RemoteArrays`, fetched by a task that needs them) and an
+answer the worker's sums (the ``"driver"`` aggregation's Arrow rows): nothing of a round goes through the staging
+store. Why a socket of its own: docs/round-protocol.md.
 
-Why a socket of its own: with ``overlap_rounds`` a round's state for the
-next round is announced while the workers train this one, and a task reads
-it then (``prefetch``) and sends this round's sums while it trains the next
-(:class:`~sparkdl_avg.executor.arrow_entries._Sender`), so both directions
-of the links carry a round while the workers compute; a Spark job per round
-moves both only between the rounds' compute.
-
-The connections are :mod:`multiprocessing.connection`'s (Python's own:
-length-framed messages, and an HMAC challenge with a random 32-byte key
-that the tasks carry in their closure, as they carry the round's state):
-a client without the key is refused before anything it sends is unpickled.
-Requests are pickled tuples; replies are plain values, a word its pickled
-bytes as the driver made them.
+The connections are :mod:`multiprocessing.connection`'s (Python's own: length-framed messages, and an HMAC challenge
+with a random 32-byte key that the tasks carry in their closure, as they carry the round's state): a client without
+the key is refused before anything it sends is unpickled. Requests are pickled tuples; replies are plain values, a
+word its pickled bytes as the driver made them.
 """
 
 from __future__ import annotations
@@ -53,9 +40,8 @@ logger = logging.getLogger("sparkdl_avg")
 class NetBoard:
     """A task's side of a standing job served by the driver's :class:`RoundServer` at ``address``.
 
-    Picklable (the address and key travel in the job's closure); the
-    connections are made on first use, one per thread that asks at once
-    (the task's own, its prefetch and its sender), and kept.
+    Picklable (the address and key travel in the job's closure); the connections are made on first use, one per
+    thread that asks at once (the task's own, its prefetch and its sender), and kept.
     """
 
     prefetch = True
@@ -131,11 +117,9 @@ class NetBoard:
 class RemoteArrays:
     """A round's arrays the driver keeps until a task asks for them (:meth:`RoundServer.keep`): a read-only sequence.
 
-    With ``optimizer_state="local"`` a worker trains from its own optimizer
-    variables and needs the driver's only to start or restart, so a word
-    carries their shapes alone and a task that needs them fetches them once
-    (on the first access of an array). ``specs``: ``(dtype, shape)`` per
-    array, read without fetching.
+    With ``optimizer_state="local"`` a worker trains from its own optimizer variables and needs the driver's only to
+    start or restart, so a word carries their shapes alone and a task that needs them fetches them once (on the first
+    access of an array). ``specs``: ``(dtype, shape)`` per array, read without fetching.
     """
 
     def __init__(self, board: NetBoard, key: str, specs) -> None:

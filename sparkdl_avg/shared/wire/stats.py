@@ -1,15 +1,12 @@
 """Typed records of a fit's rounds and their workers, as data and as JSON.
 
-This module owns what a round reports about itself: the executors fill one
-:class:`WorkerRecord` per worker, the round runner (:mod:`sparkdl_avg.driver.fit.rounds`)
-one :class:`RoundRecord` per round, and :class:`TrainingStats` keeps them in
-order (``trainer.stats``), summarises them and writes ``stats.json``. Records
-are dataclasses; they also read like the dicts of ``stats.json``
-(``record["wall_s"]``) so notebooks written against either work.
+This module owns what a round reports about itself: the executors fill one :class:`WorkerRecord` per worker, the
+round runner (:mod:`sparkdl_avg.driver.fit.rounds`) one :class:`RoundRecord` per round, and :class:`TrainingStats`
+keeps them in order (``trainer.stats``), summarises them and writes ``stats.json``. Records are dataclasses; they also
+read like the dicts of ``stats.json`` (``record["wall_s"]``) so notebooks written against either work.
 
-Times are seconds. A round's wall time splits into driver phases:
-``wall_s = broadcast_s + schedule_s + workers_s + aggregate_s + update_s +
-other_s`` (``job_s = schedule_s + workers_s + aggregate_s``), where
+Times are seconds. A round's wall time splits into driver phases: ``wall_s = broadcast_s + schedule_s + workers_s +
+aggregate_s + update_s + other_s`` (``job_s = schedule_s + workers_s + aggregate_s``), where
 
 * ``broadcast_s``: reading the model's state and sending it (broadcast or file);
 * ``schedule_s``: from submitting the job until the first worker starts;
@@ -68,17 +65,15 @@ class WorkerRecord(_ReadsLikeADict):
         finite: Whether its loss and weights were finite.
         loss: Its mean loss over the round's minibatches.
         build_s: Of ``setup_s``, the seconds building the replica (0 when cached).
-        traced: Whether this task traced its replica's step function for
-            these data's shapes (the first round of that replica and data in
-            this Python worker): its ``compute_s`` includes the trace and the
-            function's first run, which costs several times a later one.
+        traced: Whether this task traced its replica's step function for these data's shapes (the first round of that
+            replica and data in this Python worker): its ``compute_s`` includes the trace and the function's first run,
+            which costs several times a later one.
         trace_s: Of ``compute_s``, the seconds tracing (0 when not ``traced``).
-        import_s: Seconds its Python worker spent importing TensorFlow itself,
-            before the task started; reported by the worker's first task only,
-            and 0 for a worker forked from :mod:`sparkdl_avg.daemon` (which
-            imported it once, before forking).
-        sent_bytes: Bytes of sums (or, under ``update_compression``, of its
-            compressed delta) it sent; 0 when it sent none; ``None`` in evaluation.
+        import_s: Seconds its Python worker spent importing TensorFlow itself, before the task started; reported by
+            the worker's first task only, and 0 for a worker forked from :mod:`sparkdl_avg.daemon` (which imported it
+            once, before forking).
+        sent_bytes: Bytes of sums (or, under ``update_compression``, of its compressed delta) it sent; 0 when it sent
+            none; ``None`` in evaluation.
         encode_s: Under ``update_compression``, its seconds computing and encoding its delta.
         feedback_s: Under error feedback, its seconds reading and writing its residual file.
         local_state_s: Under ``optimizer_state="local"``, its seconds reading and writing its own optimizer state.
@@ -129,65 +124,48 @@ class WorkerRecord(_ReadsLikeADict):
 class RoundRecord(_ReadsLikeADict):
     """One round's timing, size and loss, as the driver measured it (see the module docstring for the phases).
 
-    Besides the phases: ``t_start`` (driver wall clock at the round's start),
-    ``compute_{max,min,mean}_s``, ``load_{max,mean}_s``, ``setup_max_s``
-    over the workers, ``overhead_s`` (wall time minus the slowest worker's
-    setup + load + compute), ``examples_per_s``, the round's mean ``loss``,
-    ``replicas_built`` (tasks that built a replica), ``update_rule`` and
-    ``workers`` (their :class:`WorkerRecord`\\ s, by index). How the sums
-    travelled: ``transport`` (``"spark"``, ``"files"``, ``"sql"``),
-    ``aggregation`` and ``shards`` (the Spark SQL round's plan, see
-    :mod:`sparkdl_avg.driver.transport`), ``received_bytes`` (bytes of sums the
-    driver received or read; ``None`` on Spark's tree, which does not say)
-    ``driver_sum_s`` (the driver's time decoding and adding them, part
-    of ``aggregate_s``) and ``driver_cpu_s`` (the CPU seconds the driver's
-    Python process spent on that and on the update: its own work per
-    round, without the time it waits for a core, though memory-bound work
-    still costs more CPU time when other processes share the cores).
-    ``reduce_max_s``: in a sharded Spark SQL round (``aggregation``
-    ``"shuffle"``/``"storage"``), the slowest reducer's seconds reading and
-    summing its shard, part of ``aggregate_s``.
-    What the workers sent: ``compression`` (``update_compression``, ``""``:
-    none), ``sent_bytes`` (the bytes of sums or compressed deltas all its
-    workers sent), ``encode_max_s`` and ``feedback_max_s`` (the slowest
-    worker's encoding and residual-file seconds).
+    Besides the phases: ``t_start`` (driver wall clock at the round's start), ``compute_{max,min,mean}_s``,
+    ``load_{max,mean}_s``, ``setup_max_s`` over the workers, ``overhead_s`` (wall time minus the slowest worker's setup
+    + load + compute), ``examples_per_s``, the round's mean ``loss``, ``replicas_built`` (tasks that built a replica),
+    ``update_rule`` and ``workers`` (their :class:`WorkerRecord`\\ s, by index). How the sums travelled: ``transport``
+    (``"spark"``, ``"files"``, ``"sql"``), ``aggregation`` and ``shards`` (the Spark SQL round's plan, see
+    :mod:`sparkdl_avg.driver.transport`), ``received_bytes`` (bytes of sums the driver received or read; ``None`` on
+    Spark's tree, which does not say) ``driver_sum_s`` (the driver's time decoding and adding them, part of
+    ``aggregate_s``) and ``driver_cpu_s`` (the CPU seconds the driver's Python process spent on that and on the update:
+    its own work per round, without the time it waits for a core, though memory-bound work still costs more CPU time
+    when other processes share the cores). ``reduce_max_s``: in a sharded Spark SQL round (``aggregation``
+    ``"shuffle"``/``"storage"``), the slowest reducer's seconds reading and summing its shard, part of ``aggregate_s``.
+    What the workers sent: ``compression`` (``update_compression``, ``""``: none), ``sent_bytes`` (the bytes of sums or
+    compressed deltas all its workers sent), ``encode_max_s`` and ``feedback_max_s`` (the slowest worker's encoding and
+    residual-file seconds).
 
-    Under ``synchronization="stale"`` or ``"async"`` (:mod:`sparkdl_avg.driver.fit.stale_async`)
-    each record is one worker's *chunk*: ``num_workers`` is 1, ``round`` the
-    round whose data it trained, ``chunk`` its index in the epoch
-    (``round * workers + part``), ``slot`` the driver's worker that ran it
-    (also ``workers[0].worker``), ``staleness`` how many rounds before its own
-    were not yet all applied when it read the weights (at most the
-    ``staleness`` option), ``delay`` the updates applied between its read and
-    its own, in rounds (``num_workers`` updates), and ``update_scale`` the
-    factor its update was applied with. Chunk records overlap in time. All
-    five are ``None`` for synchronous rounds.
+    Under ``synchronization="stale"`` or ``"async"`` (:mod:`sparkdl_avg.driver.fit.stale_async`) each record is one
+    worker's *chunk*: ``num_workers`` is 1, ``round`` the round whose data it trained, ``chunk`` its index in the epoch
+    (``round * workers + part``), ``slot`` the driver's worker that ran it (also ``workers[0].worker``), ``staleness``
+    how many rounds before its own were not yet all applied when it read the weights (at most the ``staleness``
+    option), ``delay`` the updates applied between its read and its own, in rounds (``num_workers`` updates), and
+    ``update_scale`` the factor its update was applied with. Chunk records overlap in time. All five are ``None`` for
+    synchronous rounds.
 
-    Elastic rounds (``min_workers``/``max_workers``, :mod:`sparkdl_avg.driver.elastic.membership`):
-    ``membership`` is the change of workers that took effect at this round
-    (``{"epoch", "round", "workers", "slots", "hosts", "reason"}``; ``None``:
-    the same workers as the round before), ``start`` the epoch position of
-    the round's first example and ``residuals_dropped`` the error-feedback
-    residuals of workers that left, dropped at this round (their share of
-    the codec's rounding is lost once).
+    Elastic rounds (``min_workers``/``max_workers``, :mod:`sparkdl_avg.driver.elastic.membership`): ``membership`` is
+    the change of workers that took effect at this round (``{"epoch", "round", "workers", "slots", "hosts",
+    "reason"}``; ``None``: the same workers as the round before), ``start`` the epoch position of the round's first
+    example and ``residuals_dropped`` the error-feedback residuals of workers that left, dropped at this round (their
+    share of the codec's rounding is lost once).
 
-    ``optimizer_state="local"``: ``local_states_restarted`` counts the
-    workers whose own optimizer state was lost at this round (kept on a host
-    the worker's task did not run on) and restarted from the driver's
+    ``optimizer_state="local"``: ``local_states_restarted`` counts the workers whose own optimizer state was lost at
+    this round (kept on a host the worker's task did not run on) and restarted from the driver's
     (:mod:`sparkdl_avg.shared.wire.local_state`).
 
-    ``link_rate``: the driver link's effective rate (bytes/s) this round's
-    sums measured (``None``: not measurable, e.g. on the ``"files"``
-    transport; on one host, the local "link"); what ``state_transport="auto"`` re-chooses its
-    path from (:mod:`sparkdl_avg.driver.transport.link_rate`). ``transport``
-    is then the path each round took. ``overlapped``: the round ran under
-    ``overlap_rounds`` (its average applied one round late).
+    ``link_rate``: the driver link's effective rate (bytes/s) this round's sums measured (``None``: not measurable,
+    e.g. on the ``"files"`` transport; on one host, the local "link"); what ``state_transport="auto"`` re-chooses its
+    path from (:mod:`sparkdl_avg.driver.transport.link_rate`). ``transport`` is then the path each round took.
+    ``overlapped``: the round ran under ``overlap_rounds`` (its average applied one round late).
 
-    ``overlap_rounds``: ``announced_ahead`` says the round was announced
-    while the round before it trained (a standing job's pipelined rounds):
-    its workers went on to it as soon as they had answered that round, before
-    its ``t_start``, so its ``wall_s`` is the time between the two rounds'
-    ends on the driver, which the workers' compute overlaps.
+    ``overlap_rounds``: ``announced_ahead`` says the round was announced while the round before it trained (a standing
+    job's pipelined rounds): its workers went on to it as soon as they had answered that round, before its
+    ``t_start``, so its ``wall_s`` is the time between the two rounds' ends on the driver, which the workers' compute
+    overlaps.
     """
 
     epoch: int
@@ -268,14 +246,11 @@ def _proc_status(*keys: str) -> Dict[str, int]:
 class PeakMemory:
     """This process's peak resident memory from now on, above its level now (Linux).
 
-    ``VmHWM`` in ``/proc/self/status`` is the peak over the process's
-    lifetime, and the driver and PySpark's Python workers live across fits:
-    so the start resets it to the current resident size (writing ``5`` to
-    ``/proc/self/clear_refs``, Linux ≥ 4.0) and keeps that size; :meth:`peak`
-    is ``VmHWM`` after, :meth:`above` the difference (bytes). Resident
-    memory counts the pages of mapped files the process touched (staged data,
-    a state file) as well as its heap. Where ``/proc`` is missing or the reset
-    is refused, both are ``None``.
+    ``VmHWM`` in ``/proc/self/status`` is the peak over the process's lifetime, and the driver and PySpark's Python
+    workers live across fits: so the start resets it to the current resident size (writing ``5`` to
+    ``/proc/self/clear_refs``, Linux ≥ 4.0) and keeps that size; :meth:`peak` is ``VmHWM`` after, :meth:`above` the
+    difference (bytes). Resident memory counts the pages of mapped files the process touched (staged data, a state
+    file) as well as its heap. Where ``/proc`` is missing or the reset is refused, both are ``None``.
     """
 
     def __init__(self) -> None:
@@ -303,19 +278,15 @@ class TrainingStats:
 
     Attributes:
         records: The fit's :class:`RoundRecord`\\ s, in order.
-        staging_s: Seconds the fit spent staging its training and validation
-            data before its first round (the data's checks and copy, see
-            :mod:`sparkdl_avg.driver.data.staging`); about 0 when an earlier fit of the
-            same trainer had staged the same data.
-        staged_bytes: Bytes of the fit's staged training data (its Arrow
-            columns as written: images and text as they came, numbers in
-            the model inputs' dtypes); 0 for a fit made without staging.
+        staging_s: Seconds the fit spent staging its training and validation data before its first round (the data's
+            checks and copy, see :mod:`sparkdl_avg.driver.data.staging`); about 0 when an earlier fit of the same
+            trainer had staged the same data.
+        staged_bytes: Bytes of the fit's staged training data (its Arrow columns as written: images and text as they
+            came, numbers in the model inputs' dtypes); 0 for a fit made without staging.
         validation_staged_bytes: Likewise for the validation data (0: none).
-        driver_peak_memory: The driver process's peak resident memory during
-            the fit above its level when the fit started, in bytes
-            (:class:`PeakMemory`; ``None`` until the fit ends, or where not known).
-        started: When ``fit`` was called (``time.time()``); ``None`` for
-            records read back or built by hand.
+        driver_peak_memory: The driver process's peak resident memory during the fit above its level when the fit
+            started, in bytes (:class:`PeakMemory`; ``None`` until the fit ends, or where not known).
+        started: When ``fit`` was called (``time.time()``); ``None`` for records read back or built by hand.
     """
 
     def __init__(self, staging_s: float = 0.0, staged_bytes: int = 0, validation_staged_bytes: int = 0,
@@ -331,21 +302,16 @@ class TrainingStats:
     def startup(self) -> Dict[str, Optional[float]]:
         """Where the fit's time went until its first round ended: what a session's first fit pays more than the next.
 
-        Seconds, in order: ``driver_s``, the fit's own driver work before its
-        first round, staging aside (its checks, the session's parallelism,
-        the model's description, the transport's start; ``None`` without
-        :attr:`started`); ``staging_s`` (above); ``wait_executors_s``, from
-        the first round's job submitted to its first task started (executors starting Python workers: forking them from
-        :mod:`sparkdl_avg.daemon`, or waiting for it to import TensorFlow, or
-        for a warm-up's tasks); ``import_s``, ``build_s`` and ``trace_s``, the
-        slowest worker's TensorFlow import in its worker, replica build and
-        step function trace (0 when cached); ``first_steps_s``, the slowest
-        worker's training of its first round beyond the trace (a step
-        function's first run costs several later ones); ``round1_s`` the first
-        round's wall time and ``round2_s`` the second's (the steady cost to
-        compare with; ``None`` for a one-round fit); ``to_round1_end_s`` from the
-        call of ``fit`` to the first round's end. Empty before the first round.
-        A session's first fit against its second shows what was paid once
+        Seconds, in order: ``driver_s``, the fit's own driver work before its first round, staging aside (its checks,
+        the session's parallelism, the model's description, the transport's start; ``None`` without :attr:`started`);
+        ``staging_s`` (above); ``wait_executors_s``, from the first round's job submitted to its first task started
+        (executors starting Python workers: forking them from :mod:`sparkdl_avg.daemon`, or waiting for it to import
+        TensorFlow, or for a warm-up's tasks); ``import_s``, ``build_s`` and ``trace_s``, the slowest worker's
+        TensorFlow import in its worker, replica build and step function trace (0 when cached); ``first_steps_s``, the
+        slowest worker's training of its first round beyond the trace (a step function's first run costs several later
+        ones); ``round1_s`` the first round's wall time and ``round2_s`` the second's (the steady cost to compare with;
+        ``None`` for a one-round fit); ``to_round1_end_s`` from the call of ``fit`` to the first round's end. Empty
+        before the first round. A session's first fit against its second shows what was paid once
         (``benchmarks/first_fit.py`` fails when that grows past its targets).
         """
         if not self.records:
@@ -386,8 +352,8 @@ class TrainingStats:
     def worker_peak_memory(self) -> Dict[Tuple[str, int], int]:
         """``{(host, pid): bytes}``: each executor Python worker's peak resident memory in this fit above its level at its first task of the fit.
 
-        From the workers' records (:attr:`WorkerRecord.memory_peak`,
-        :attr:`WorkerRecord.memory_start`); workers that did not report are left out.
+        From the workers' records (:attr:`WorkerRecord.memory_peak`, :attr:`WorkerRecord.memory_start`); workers that
+        did not report are left out.
         """
         start: Dict[Tuple[str, int], int] = {}
         peak: Dict[Tuple[str, int], int] = {}
@@ -418,21 +384,16 @@ class TrainingStats:
     def summary(self, first: int = 0) -> Dict[str, float]:
         """Totals and medians over the rounds from index ``first`` on (default: all).
 
-        ``compute_share`` is the slowest worker's compute time over the round
-        wall time, summed over rounds; ``overhead_s_median`` is the median of
-        (round wall time − slowest worker's setup, load and compute);
-        ``straggler_ratio_median`` is the median slowest/fastest compute ratio.
-        Chunk records (asynchronous modes) count each epoch's span once
-        (:func:`wall_time`), and their compute share is per worker; they add
-        ``staleness_max`` and ``delay_median``. ``sent_bytes_per_worker_median``
-        is the median bytes a worker sent per round (``None`` where not known),
-        ``encode_s_median`` the median of the slowest worker's encoding
-        seconds (``update_compression``; 0 without it); ``staged_bytes`` the
-        training data's staged bytes; ``driver_peak_memory_bytes`` the driver's
-        peak resident memory above its level at the fit's start
-        (:attr:`driver_peak_memory`) and ``worker_peak_memory_bytes`` the
-        highest of the executor workers' (:meth:`worker_peak_memory`), ``None``
-        where not known.
+        ``compute_share`` is the slowest worker's compute time over the round wall time, summed over rounds;
+        ``overhead_s_median`` is the median of (round wall time − slowest worker's setup, load and compute);
+        ``straggler_ratio_median`` is the median slowest/fastest compute ratio. Chunk records (asynchronous modes)
+        count each epoch's span once (:func:`wall_time`), and their compute share is per worker; they add
+        ``staleness_max`` and ``delay_median``. ``sent_bytes_per_worker_median`` is the median bytes a worker sent per
+        round (``None`` where not known), ``encode_s_median`` the median of the slowest worker's encoding seconds
+        (``update_compression``; 0 without it); ``staged_bytes`` the training data's staged bytes;
+        ``driver_peak_memory_bytes`` the driver's peak resident memory above its level at the fit's start
+        (:attr:`driver_peak_memory`) and ``worker_peak_memory_bytes`` the highest of the executor workers'
+        (:meth:`worker_peak_memory`), ``None`` where not known.
         """
         records = self.records[first:]
         if not records:
