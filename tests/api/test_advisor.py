@@ -222,13 +222,13 @@ def test_advise_measures_through_the_trainers_public_api_only(spark, monkeypatch
 # ------------------------------------------------------------------ fit's warning
 
 
-def _record(k, compute, load, wall, built=False, traced=None, build_s=0.0, trace_s=0.0):
-    """A round record of one worker (as ``RoundRecord``/``WorkerRecord`` name things)."""
+def _record(k, compute, load, wall, built=False, traced=None, build_s=0.0, trace_s=0.0, num_workers=2):
+    """A round record (as ``RoundRecord``/``WorkerRecord`` name things), with one worker's record."""
     traced = built if traced is None else traced
     worker = types.SimpleNamespace(compute_s=compute, load_s=load, replica_built=built, build_s=build_s, traced=traced,
                                    trace_s=trace_s)
     return types.SimpleNamespace(averaging_frequency=k, compute_max_s=compute, load_max_s=load, wall_s=wall,
-                                 replicas_built=int(built), workers=[worker])
+                                 replicas_built=int(built), workers=[worker], num_workers=num_workers)
 
 
 def test_the_slow_warning_compares_the_epoch_with_one_process_at_one_workers_speed():
@@ -433,7 +433,7 @@ def test_a_fit_not_slower_than_one_process_says_at_info_when_overlap_would_pay(c
     from sparkdl_avg.driver.fit.hooks import SlowFitWarnings
 
     # 8 workers, k=64: 1.4 s of compute in a 2.5 s round, faster than one process, but 44% communication
-    records = [_record(64, 1.28, 0.12, 2.5)] * 3
+    records = [_record(64, 1.28, 0.12, 2.5, num_workers=8)] * 3
     stats = types.SimpleNamespace(records=records)
     settings = types.SimpleNamespace(dataset=types.SimpleNamespace(num_examples=200_000), num_workers=8,
                                      batch_size=32, epoch_steps=781)
