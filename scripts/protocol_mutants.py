@@ -1,6 +1,6 @@
 """The round protocol's model can fail: each earlier fix of the protocol, reverted, is caught by an invariant.
 
-Usage: ``.venv/bin/python scripts/protocol_mutants.py`` (about 2 minutes on 2 cores). Each mutant swaps one of the
+Usage: ``.venv/bin/python scripts/protocol_mutants.py`` (under a minute on 2 cores). Each mutant swaps one of the
 board's step programs (sparkdl_avg/shared/wire/board.py) for the program as it was before a fix, then runs the state
 machine of tests/transport/test_round_protocol.py as CI does; it prints the invariants that the failures name
 (docs/round-protocol.md, "How they are checked"). A mutant that is not caught exits 1.

@@ -1,4 +1,4 @@
-"""The standing round job's protocol (docs/architecture/round-protocol.md): a model of its interleavings, and one
+"""The standing round job's protocol (docs/round-protocol.md): a model of its interleavings, and one
 conformance suite for both boards. No Spark.
 
 The model runs in one thread. The driver, each task attempt, its prefetching
@@ -6,7 +6,9 @@ reader and its answer sender are *actors*: generators that yield one
 primitive operation of the board's store at a time, through the same step
 programs the files board and the socket server run
 (:mod:`sparkdl_avg.shared.wire.board`). Hypothesis picks which actor takes
-the next step, when a task attempt dies (and Spark retries it), when an
+the next step, which one stalls (anywhere, or right after a query of a
+chosen kind: between a read and what it does with the answer) while the
+others run on, when a task attempt dies (and Spark retries it), when an
 attempt outlives its round (a retry starts while it runs on), and when the
 driver re-plans (a membership change: the job stops, a new one starts); the
 protocol's numbered invariants are checked after every step.
@@ -29,9 +31,19 @@ from sparkdl_avg.shared.wire.standing_net import RoundServer
 
 # ----------------------------------------------------------------------------------------------- the model
 
+TURNS = 200  # the most turns each actor takes in a stall (a whole fit of 8 rounds takes about 100)
+QUERIES = {"driver": ["list", "read", "miss"], "task": ["list", "exists", "read", "miss"],
+           "reader": ["list", "exists", "read", "miss"], "sender": ["exists"]}  # the queries each kind of actor makes
+
 
 class Violation(AssertionError):
     """An invariant of the round protocol does not hold; the message names it."""
+
+    raised = 0  # how many were raised (a run that raised one does not run on at its teardown)
+
+    def __init__(self, message) -> None:
+        super().__init__(message)
+        Violation.raised += 1
 
 
 CHANGES = itertools.count(1)  # one count for every store: a version never repeats across a driver's jobs
@@ -58,16 +70,23 @@ class Actor:
     """One generator of store operations (a driver, a task attempt, its reader or sender) and where it stands."""
 
     def __init__(self, name, program, store, kind) -> None:
-        self.name, self.program, self.store, self.kind = name, program, store, kind  # kind: driver, task, reader, sender
+        self.name, self.program, self.store = name, program, store
+        self.kind = kind  # "driver", "task" (an attempt), "reader" (its prefetching reader) or "sender"
+        self.last = None  # its last operation
         self.reply = None
         self.started = False
         self.done = False
         self.result = None
-        self.last = None  # its last operation
         self.blocked_at = None  # the store's version when its last poll, which found nothing (WAIT), began
         self.polled_from = None  # the store's version at the first operation of the poll under way
         self.waiting_on = None  # the actor it joins (a task's reader or sender), until that one ends
         self.children = []
+
+    def did(self, query) -> bool:
+        """Whether its last operation was ``query`` ("list", "exists", "read"), or "miss": a read that found nothing."""
+        if query == "miss":
+            return self.last is not None and self.last[0] == "read" and self.reply is None
+        return self.last is not None and self.last[0] == query
 
     def runnable(self) -> bool:
         if self.done or (self.waiting_on is not None and not self.waiting_on.done):
@@ -263,11 +282,12 @@ class Model:
 class RoundProtocol(RuleBasedStateMachine):
     """Hypothesis interleaves the model's actors, failures, late attempts and re-plans; invariants after each step."""
 
-    @initialize(rounds=st.integers(2, 5), ids=st.sampled_from([[[0], [1]], [[0, 1]], [[0], [1], [2]]]),
+    @initialize(rounds=st.integers(2, 8), ids=st.sampled_from([[[0], [1]], [[0, 1]], [[0], [1], [2]]]),
                 ahead=st.booleans())
     def start(self, rounds, ids, ahead):
         self.model = Model(rounds, ids, ahead)
         self.failures = 0
+        self.violations = Violation.raised
 
     @rule(pick=st.integers(0, 63))
     def step(self, pick):
@@ -282,26 +302,34 @@ class RoundProtocol(RuleBasedStateMachine):
         if runnable:
             self._others_run(runnable[pick % len(runnable)], steps)
 
-    @rule(kind=st.sampled_from(["reader", "driver", "task"]), steps=st.integers(1, 200))
-    def one_stalls_after_a_miss(self, kind, steps):
-        """Every actor runs in turn until one of ``kind`` reads an entry that is not there (a word not announced yet,
-        an answer not posted); that one stalls right after the read (a thread descheduled between a read and what it
-        does with its answer: where the races of a miss live) while the others take ``steps`` steps in turn, or
-        fewer once they all wait."""
-        model = self.model
-        for _ in range(steps):
-            runnable = [a for a in model.actors if a.runnable()]
+    @rule(stall=st.sampled_from([(kind, query) for kind, queries in QUERIES.items() for query in queries]))
+    def one_stalls_after_a_query(self, stall):
+        """Every actor takes steps in turn until one of the chosen kind has made the chosen query (a list, an exists,
+        a read, or a "miss": a read that found nothing, a word not announced yet or an answer not posted); that one
+        stalls right there, between the query and what it does with the answer (a descheduled thread), while the
+        others run on in turn until they all wait."""
+        kind, query = stall
+        stalled = self._run_until(lambda actor: actor.kind == kind and actor.did(query) and actor.runnable())
+        if stalled is not None:
+            self._others_run(stalled, TURNS)
+
+    def _run_until(self, reached):
+        """Every runnable actor takes a step, in turn (at most ``TURNS`` times), until one has ``reached(actor)``;
+        returns that actor, else ``None``."""
+        for _ in range(TURNS):
+            runnable = [a for a in self.model.actors if a.runnable()]
             if not runnable:
-                return
+                return None
             for actor in runnable:
                 actor.step()
-                model.check()
-                if actor.kind == kind and actor.last[0] == "read" and actor.reply is None and actor.runnable():
-                    self._others_run(actor, steps)
-                    return
+                self.model.check()
+                if reached(actor):
+                    return actor
+        return None
 
-    def _others_run(self, stalled, steps):
-        for _ in range(steps):
+    def _others_run(self, stalled, turns):
+        """Every runnable actor but ``stalled`` takes a step, in turn, ``turns`` times or until they all wait."""
+        for _ in range(turns):
             others = [a for a in self.model.actors if a.runnable() and a is not stalled]
             if not others:
                 return
@@ -310,14 +338,21 @@ class RoundProtocol(RuleBasedStateMachine):
                 self.model.check()
 
     @precondition(lambda self: self.failures < 3)
-    @rule(pick=st.integers(0, 63), outlives=st.booleans())
-    def task_fails(self, pick, outlives):
-        """A task attempt fails (or, ``outlives``, Spark gives up on it while it runs on); Spark starts another."""
+    @rule(pick=st.integers(0, 63), outlives=st.booleans(), answered=st.booleans())
+    def task_fails(self, pick, outlives, answered):
+        """A task attempt fails (or, ``outlives``, Spark gives up on it while it runs on); Spark starts another.
+
+        ``answered``: it fails right after its sender has posted a round's answers (every actor takes steps in turn
+        until then), the moment its retry must find that round answered, or over."""
         tasks = self.model.tasks()
         if not tasks or self.model.driver.done:
             return
         self.failures += 1
         victim = tasks[pick % len(tasks)]
+        if answered:
+            sent = [c for c in victim.children if c.done]
+            self._run_until(lambda actor: actor is victim and actor.done
+                            or actor.kind == "sender" and actor.done and actor in victim.children and actor not in sent)
         if not outlives:
             self.model.kill(victim)
         task_ids = next(ids for ids in self.model.ids if victim.name.startswith(f"task{ids}#"))
@@ -334,6 +369,8 @@ class RoundProtocol(RuleBasedStateMachine):
 
     def teardown(self):
         # Let every actor run to its end (fairly, in turn): the fit must finish with every round collected.
+        if Violation.raised != self.violations:  # a step broke an invariant: that failure is reported, not this one
+            return
         model = self.model
         for _ in range(20_000):
             runnable = [a for a in model.actors if a.runnable()]
