@@ -104,7 +104,7 @@ OPTIONS: Tuple[Option, ...] = (
             "``aggregation``). Default 1: the driver merges every worker's result. Deeper levels are shuffles "
             "of pickled partials between Python workers and measured slower (docs/benchmarks.md, \"Aggregation "
             "paths\"); go deeper only where your cluster's driver merge is measured to be the bottleneck "
-            "(docs/scaling.md, \"What it implies\").",
+            "(docs/benchmarks/scaling.md, \"What it implies\").",
         check=Ints(1),
         cli=Flag(type=int),
         param=SparkParam("aggregationDepth", "toInt"),
