@@ -47,13 +47,19 @@ docs: env
 docs-serve: env
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
+# The suite's workers (pytest-xdist): half of a serial run's wall time is waiting on cluster setups and
+# spark-submits, so two workers share 2 cores; tests/conftest.py's scheduler keeps what cannot run side by side
+# on one worker.
+TEST_WORKERS ?= 2
+PYTEST := $(SPARK_ENV) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS)
+
 ## The whole test suite (slow cluster tests included), as CI runs it.
 test: env
-	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests
+	$(PYTEST) tests
 
 ## The suite without the slow cluster tests.
 test-fast: env
-	$(SPARK_ENV) $(VENV)/bin/python -m pytest tests -m "not slow"
+	$(PYTEST) tests -m "not slow"
 
 ## Benchmark suite of docs/benchmarks/ (~85 min on 2 cores): the trainer against plain Keras,
 ## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round

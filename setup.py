@@ -37,6 +37,7 @@ setup(
         # nbclient, nbformat, ipykernel: tests/test_notebooks.py executes notebooks/.
         "dev": [
             "pytest>=7",
+            "pytest-xdist>=3.5",  # make test runs the suite on two workers (--dist loadgroup, tests/conftest.py)
             "scikit-learn>=1.3",
             "tensorboard>=2.16",
             "nbclient>=0.7",

@@ -109,10 +109,57 @@ def _shared_key(item):
     return getattr(defs[-1].func, "_shared_spark_key", None) if defs else None
 
 
+# Modules that cannot run beside each other when ``make test`` runs the suite on several pytest-xdist workers
+# (``-n 2``, ``pytest_xdist_make_scheduler``): each group runs on one worker, one module after another. Every other module is a
+# group of its own, given to whichever worker is free.
+EXCLUSIVE = {
+    # the hosts tool's network namespaces (one prefix) and tc links; test_hosts_cli checks that none is left
+    "hosts": ("tests/runtime/test_hosts.py", "tests/runtime/test_hosts_cli.py"),
+    # standalone masters of scripts/cluster.sh whose executors the tests kill and count: two at once on 2 cores
+    # would make the replacement's timing another application's
+    "standalone": ("tests/runtime/test_standalone.py", "tests/elastic/test_executor_loss.py"),
+    # a local Spark Connect server (``remote("local[...]")``) listens on 15002: pyspark asks the server for another
+    # port only where SPARK_TESTING is set, which changes the JVM's behaviour too
+    "connect": ("tests/runtime/test_connect.py", "tests/docs/test_examples_connect.py",
+                "tests/runtime/test_interrupt.py"),
+}
+# The groups that take longest (minutes of cluster setup and spark-submits), handed out first so that no worker
+# starts one of them when the others are nearly done; the rest follow in collection order.
+LONGEST_FIRST = ("hosts", "connect", "standalone", "tests/test_notebooks.py", "tests/api/test_jobs.py",
+                 "tests/docs/test_examples.py")
+
+
+def _group(module: str) -> str:
+    return next((name for name, modules in EXCLUSIVE.items() if module in modules), module)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler for ``make test`` (``-n 2``): one work unit per ``EXCLUSIVE`` group or module, handed
+    out in collection order (``pytest_collection_modifyitems``: the longest first) to whichever worker is free.
+
+    (``--dist loadgroup``'s ``xdist_group`` marks do not take under pytest 9, whose node ids xdist can no longer
+    suffix with the group.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # our order, not the largest unit first
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid.split("::")[0])
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Runs the modules whose ``spark`` is the same shared session (``shared_spark``: the same master and conf) one
-    after another, at the first one's place, each in its order, so that they share one session; every other module
-    keeps its place and order."""
+    """Orders the run.
+
+    Runs the modules whose ``spark`` is the same shared session (``shared_spark``: the same master and conf) one
+    after another, at the first one's place, each in its order, so that a worker running them keeps one session;
+    every other module keeps its place and order. Then the ``LONGEST_FIRST`` groups move to the front.
+    """
     modules: dict = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -129,6 +176,8 @@ def pytest_collection_modifyitems(session, config, items):
             ordered += [i for n in first[name] for i in modules[n]]
         elif name not in grouped:
             ordered += its
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    ordered.sort(key=lambda i: rank.get(_group(i.nodeid.split("::")[0]), len(rank)))  # stable: order kept within
     items[:] = ordered
 
 
@@ -137,15 +186,15 @@ def shared_spark(master: str = "local[2]", log_level: str = "ERROR", **conf):
 
     Those modules run one after another (``pytest_collection_modifyitems``) and share one session and its Python
     workers: a session started again costs a new SparkContext, the workers' TensorFlow import and their replica
-    builds, 37 s more than a kept one at load 16 on 2 cores (benchmarks/suite_sessions.py). It is kept from one
-    module to the next while the next has any test that asks for it (its first test may need none), stopped after
-    the last of them, or when a module starts a session of its own (``spark_session`` stops the active one), and
-    started again for the next module that asks. ``log_level`` is each module's own.
+    builds, 37 s more than a kept one at load 16 on 2 cores (benchmarks/suite_sessions.py). The session is kept
+    after a module until this process needs another one (a module asking for another master or conf, or starting
+    its own: ``spark_session`` stops the active one), or the run ends: a pytest-xdist worker cannot know which
+    module it gets next. ``log_level`` is each module's own.
     A module assigns it: ``spark = shared_spark("local[2,3]", log_level="OFF")``.
     """
     key = (master, tuple(sorted((k, str(v)) for k, v in conf.items())))
 
-    def spark(request):
+    def spark():
         if not _shared_alive(key):
             _stop_shared()
             stop_active_session()
@@ -153,22 +202,25 @@ def shared_spark(master: str = "local[2]", log_level: str = "ERROR", **conf):
             _SHARED.update(key=key, session=make_session(master, "sparkdl_avg-tests", local_dir, **conf),
                            local_dir=local_dir)
         _SHARED["session"].sparkContext.setLogLevel(log_level)
-        yield _SHARED["session"]
-        items = request.session.items
-        module = request.node.nodeid.split("::")[0]
-        last = max((k for k, i in enumerate(items) if i.nodeid.split("::")[0] == module), default=len(items))
-        following = items[last + 1].nodeid.split("::")[0] if last + 1 < len(items) else None
-        # Kept for the next module if any of its tests asks for it (its first test may need no session at all).
-        if not any(_shared_key(i) == key for i in items[last + 1:] if i.nodeid.split("::")[0] == following):
-            _stop_shared()
+        return _SHARED["session"]
 
     spark._shared_spark_key = key
     spark.__doc__ = f"A ``{master}`` SparkSession shared by the modules that ask for it (``shared_spark``)."
     return pytest.fixture(scope="module", name="spark")(spark)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    _stop_shared()
+
+
 # The ``local[2]`` session of most modules (README's RECOMMENDED_CONF, see ``make_session``).
 spark = shared_spark()
+
+
+@pytest.fixture(scope="module")
+def session(spark):
+    """The session tests/parity.py's tests run on: the module's ``spark`` (test_connect.py's is a Connect client)."""
+    return spark
 
 
 class JobRecorder:

@@ -139,10 +139,17 @@ def _tiny_mlp():
 def test_advise_measures_within_its_budget_and_leaves_the_model_alone(digits, tmp_path):
     model = _tiny_mlp()
     before = [w.copy() for w in model.get_weights()]
-    advice = advise(model, digits, epochs=5, budget_s=30)
+    # A budget both counts fit in on a loaded machine too (a quiet one measures them in about 10 s): this test is of
+    # what is measured and kept, not of how fast this machine is (test_a_short_budget... runs out of budget).
+    advice = advise(model, digits, epochs=5, budget_s=120)
     m = advice.measurements
-    assert m["elapsed_s"] <= 30, m
-    assert advice.summary.startswith("Stay on one machine: one epoch takes ")
+    assert m["elapsed_s"] <= 120, m
+    # The decision is the one its own rows make (which one depends on this machine's timings): stay where no
+    # measured count within the 2 slots is faster than one process.
+    measured = [r for r in advice.rows[1:] if not r["extrapolated"] and r["workers"] <= 2]
+    stays = min(r["total_s"] for r in measured) >= advice.rows[0]["total_s"]
+    assert advice.summary.startswith("Stay on one machine: one epoch takes " if stays else "Use 2 workers with "), \
+        (advice.summary, advice.rows[:3])
     # nothing beyond the 2 task slots is offered, unless as a bigger cluster's projection
     assert advice.best["workers"] <= 2
     assert "More workers than measured might pay" not in advice.summary
@@ -211,7 +218,7 @@ def test_advise_measures_through_the_trainers_public_api_only(spark, monkeypatch
     monkeypatch.setattr(ParameterAveragingTrainer, "_stage", guarded_stage)
     monkeypatch.setattr(ParameterAveragingTrainer, "__setattr__", guarded_setattr)
     x, y = regression_data(2048, seed=3)
-    advice = advise(make_model(), (x, y), epochs=3, batch_size=32, budget_s=60)
+    advice = advise(make_model(), (x, y), epochs=3, batch_size=32, budget_s=180)  # both counts, loaded or not
     m = advice.measurements
     # one trainer per worker count measured (local[2]), 2 workers first: what a short budget must not miss
     assert made == [2, 1] and set(m["t_step"]) == {1, 2}

@@ -741,11 +741,6 @@ def test_an_uncompiled_model_names_kerasModel_given_as_a_model_or_a_path(spark, 
     assert "'model'" not in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def session(spark):
-    """The session of tests/parity.py's tests."""
-    return spark
-
 
 class TestEstimatorPath(EstimatorPathMixin):
     """tests/parity.py (a missing path's error, the weights read): the same test runs under Spark Connect too."""

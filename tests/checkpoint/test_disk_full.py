@@ -175,8 +175,9 @@ def test_a_full_output_dir_says_so_first_and_where_the_model_was_kept(spark, sma
     line = lines[0]
     assert line.startswith(f"error: Cannot write the --output-dir {out!r}: {FULL}. Its files (metrics.json, "
                            "model.keras, report.html, stats.json) were saved to "), line
-    assert line.endswith(" instead; copy them from there.") and len(line) < 300, line
+    assert line.endswith(" instead; copy them from there."), line
     kept = line.split(" were saved to ")[1].split(" instead;")[0]
+    assert len(line) - len(repr(out)) - len(kept) < 200, line  # one short line besides the two paths
     try:
         import keras
 

@@ -29,11 +29,6 @@ B, N = 8, 2
 spark = shared_spark("local[2,3]", log_level="OFF")
 
 
-@pytest.fixture(scope="module")
-def session(spark):
-    """The session of tests/parity.py's tests."""
-    return spark
-
 
 @pytest.fixture
 def tmp(tmp_path):

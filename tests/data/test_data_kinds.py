@@ -21,11 +21,6 @@ from sparkdl_avg.shared.data.preprocess import Preprocess, example_seeds
 from sparkdl_avg.shared.data.staged_dataset import StagedDataset, StagedFile, class_weights, read_examples, write_columns
 
 
-@pytest.fixture(scope="module")
-def session(spark):
-    """The session of tests/parity.py's tests."""
-    return spark
-
 
 # ------------------------------------------------------------------ exact_cast
 

@@ -155,11 +155,6 @@ def test_a_sql_job_after_a_fit_reuses_the_fits_python_workers(spark):
     assert sql_pids <= fit_pids, (sql_pids, fit_pids)
 
 
-@pytest.fixture(scope="module")
-def session(spark):
-    """The session of tests/parity.py's tests."""
-    return spark
-
 
 class TestExecutorCheck(ExecutorCheckMixin):
     """tests/parity.py: the check a user runs first, on a classic session; test_connect.py runs it under Connect."""

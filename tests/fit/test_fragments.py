@@ -22,11 +22,6 @@ def spark():
         yield session
 
 
-@pytest.fixture(scope="module")
-def session(spark):
-    """The session of tests/parity.py's tests."""
-    return spark
-
 
 class TestFragments(FragmentsMixin):
     """tests/parity.py: the same tests run under Spark Connect in test_connect.py."""

@@ -16,10 +16,6 @@ from sparkdl_avg.driver.algorithms.rules import PlainAveraging
 spark = shared_spark("local[2,3]", log_level="OFF")
 
 
-@pytest.fixture
-def session(spark):
-    return spark
-
 
 class TestOverlapRounds(OverlapRoundsMixin):
     """tests/parity.py: the same tests run under Spark Connect in test_connect.py."""

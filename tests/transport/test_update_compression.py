@@ -27,10 +27,6 @@ from sparkdl_avg.shared.wire.exchange import FlatLayout
 spark = shared_spark("local[2,3]", log_level="OFF")
 
 
-@pytest.fixture(scope="module")
-def session(spark):
-    return spark
-
 
 class TestCompressedUpdates(CompressedUpdatesMixin):
     """The Spark SQL paths and a retried task (Connect: test_connect.py)."""
