@@ -122,6 +122,8 @@ EXCLUSIVE = {
     # port only where SPARK_TESTING is set, which changes the JVM's behaviour too
     "connect": ("tests/runtime/test_connect.py", "tests/docs/test_examples_connect.py",
                 "tests/runtime/test_interrupt.py"),
+    # the documentation site, built once per process (tests/docs/site_build.py's session fixture)
+    "site": ("tests/docs/test_site.py", "tests/docs/test_site_browser.py"),
 }
 # The groups that take longest (minutes of cluster setup and spark-submits), handed out first so that no worker
 # starts one of them when the others are nearly done; the rest follow in collection order.

@@ -281,10 +281,11 @@ def test_a_fit_under_connect_is_tracked_in_mlflow(connect, reference, tmp_path):
 def test_advise_measures_under_connect(connect):
     from sparkdl_avg import advise
 
-    advice = advise(make_model(seed=4), frame(connect), epochs=2, batch_size=B, averaging_frequency=K, budget_s=30)
+    # a budget that a loaded machine keeps too (a quiet one takes about 10 s): what is measured, not how fast
+    advice = advise(make_model(seed=4), frame(connect), epochs=2, batch_size=B, averaging_frequency=K, budget_s=120)
     m = advice.measurements
     assert m["transport"] == "sql" and m["parallelism"] == N and m["num_examples"] == 256
-    assert m["elapsed_s"] <= 30 and advice.summary.startswith(("Stay on one machine", "Use "))
+    assert m["elapsed_s"] <= 120 and advice.summary.startswith(("Stay on one machine", "Use "))
 
 
 def test_stale_synchronous_and_asynchronous_chunks_run_under_connect(connect, reference, monkeypatch):
