@@ -135,6 +135,7 @@ def _group(module: str) -> str:
     return next((name for name, modules in EXCLUSIVE.items() if module in modules), module)
 
 
+@pytest.hookimpl(optionalhook=True)  # a known hook only where pytest-xdist is installed (and not -p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scheduler for ``make test`` (``-n 2``): one work unit per ``EXCLUSIVE`` group or module, handed
     out in collection order (``pytest_collection_modifyitems``: the longest first) to whichever worker is free.

@@ -212,3 +212,16 @@ def test_layout_names_every_update_rule():
         if not cls.__module__.startswith("sparkdl_avg."):
             continue  # a user's rule, registered by another test in this process (tests/api/test_extensions.py)
         assert f"`{cls.__name__}`" in rules_row, f"the layout's rules row does not name {cls.__name__}: {rules_row}"
+
+
+def test_every_example_imports_sparkdl_avg_before_keras():
+    """README's rule: ``import sparkdl_avg`` first, which imports TensorFlow with its start-up notices filtered; a
+    page's example that imports keras or tensorflow before it prints those notices (issue 60 item 17)."""
+    first_import = re.compile(r"^(?:import|from) (sparkdl_avg|keras|tensorflow)\b", re.M)
+    late = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for block in re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
+            names = first_import.findall(block)
+            if "sparkdl_avg" in names and names[0] != "sparkdl_avg":
+                late.append(f"{page.relative_to(ROOT)}: {names[0]} before sparkdl_avg")
+    assert not late, late

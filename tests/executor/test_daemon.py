@@ -102,7 +102,10 @@ def test_warm_up_leaves_tensorflow_ready_workers_that_training_and_sql_jobs_reus
     warm = warm_up(spark)
     assert warm_up(spark) is warm  # not repeated within WARM_UP_REUSE_S
     pids = set(warm.result(timeout=180))
-    assert 1 <= len(pids) <= 2
+    # Its RDD job starts the 2 workers of local[2]. Its SQL job reuses them, or forks 2 more where its tasks start
+    # before Spark has given the new workers back to the idle pool (seen beside a second test worker's load):
+    # Spark's reuse promises no more than that.
+    assert 1 <= len(pids) <= 4
     # The warmed workers serve the RDD rounds and the SQL jobs (predict, staging) alike: one pool.
     rdd, sql = _rdd_probe(spark), _sql_probe(spark)
     assert {p for p, _, _ in rdd} <= pids and {p for p, _, _ in sql} <= pids, (pids, rdd, sql)
@@ -151,8 +154,14 @@ def test_a_sql_job_after_a_fit_reuses_the_fits_python_workers(spark):
         for batch in batches:
             yield pa.RecordBatch.from_pydict({"pid": [os.getpid()] * batch.num_rows})
 
-    sql_pids = {r.pid for r in spark.range(4, numPartitions=2).mapInArrow(pids, "pid long").collect()}
-    assert sql_pids <= fit_pids, (sql_pids, fit_pids)
+    # One pool: the idle workers are taken oldest first, so within as many jobs as the pool has pairs of workers
+    # (at most 2 here: 4 workers, test_warm_up_leaves...) a SQL job runs on the fit's. Two pools never would.
+    seen = []
+    for _ in range(3):
+        seen.append({r.pid for r in spark.range(4, numPartitions=2).mapInArrow(pids, "pid long").collect()})
+        if seen[-1] & fit_pids:
+            break
+    assert seen[-1] & fit_pids, (seen, fit_pids)
 
 
 
