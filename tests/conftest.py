@@ -110,8 +110,8 @@ def _shared_key(item):
 
 
 # Modules that cannot run beside each other when ``make test`` runs the suite on several pytest-xdist workers
-# (``-n 2``, ``pytest_xdist_make_scheduler``): each group runs on one worker, one module after another. Every other module is a
-# group of its own, given to whichever worker is free.
+# (``-n 2``, ``pytest_xdist_make_scheduler``): each group runs on one worker, one module after another. Every
+# other module is a group of its own, given to whichever worker is free.
 EXCLUSIVE = {
     # the hosts tool's network namespaces (one prefix) and tc links; test_hosts_cli checks that none is left
     "hosts": ("tests/runtime/test_hosts.py", "tests/runtime/test_hosts_cli.py"),
