@@ -22,6 +22,16 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 # compile with C1 only: a short-lived Spark JVM then takes about a quarter less CPU, the suite's bottleneck on
 # 2 cores. Results do not depend on it; a SPARK_SUBMIT_OPTS set outside stands.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# Each pytest-xdist worker (``make test``) gets a temporary directory of its own, which every process it starts
+# inherits: a staging root that one worker's killed driver leaves is then swept, with its warning, by a later fit of
+# that worker only, never in the middle of the other worker's test that asserts the library logged nothing.
+# Short (``/tmp/sdla-gw0-...``): Unix socket paths are limited to 108 bytes.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"sdla-{os.environ['PYTEST_XDIST_WORKER']}-", dir="/tmp")
+    tempfile.tempdir = None  # computed again from TMPDIR
+    import atexit
+
+    atexit.register(shutil.rmtree, os.environ["TMPDIR"], True)  # after the session's fixtures are torn down
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
