@@ -16,8 +16,10 @@ filled file by file with ``_SUCCESS`` last (:class:`sparkdl_avg.shared.files.fs.
 "directories" are key prefixes (plus marker objects ``pyarrow`` writes).
 """
 
+import glob
 import io
 import os
+import tempfile
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -342,6 +344,7 @@ def test_fit_with_staging_exchange_and_checkpoints_on_s3_equals_local(spark, s3_
                         lambda stored: gathered.extend(s.arrays.uri for s in stored) or real_add_stored(stored))
     staging = s3_store.uri(f"{prefix}/staging")
     after_fit = []
+    temporary = set(glob.glob(os.path.join(tempfile.gettempdir(), "sparkdl_avg-cache-*")))
 
     def seen(trainer):  # after fit, before close: the staged data is still there, the exchange files not
         after_fit.append(objects(s3_store, f"{prefix}/staging"))
@@ -358,6 +361,13 @@ def test_fit_with_staging_exchange_and_checkpoints_on_s3_equals_local(spark, s3_
         assert not [f for f in files if "/exchange-" in f]
     assert objects(s3_store, f"{prefix}/staging") == []  # close() deleted the staged data
     assert objects(s3_store, f"{prefix}/ckpt")[0] == f"{prefix}/ckpt/LATEST"
+    # The workers' local copies of the staged files are in the executor's files directory, which Spark deletes with
+    # the executor, and none in the temporary directory (where they outlived the application).
+    from pyspark import SparkFiles
+
+    copies = glob.glob(os.path.join(SparkFiles.getRootDirectory(), "sparkdl_avg-cache-*", "*.arrow"))
+    assert copies, copies
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "sparkdl_avg-cache-*"))) == temporary
 
     monkeypatch.undo()
     local_model, local_histories = _fit_twice(str(tmp_path / "staging"), str(tmp_path / "ckpt"), data)

@@ -6,7 +6,8 @@ the evaluation tasks and the driver's checks. Each file holds one record batch w
 :class:`~sparkdl_avg.shared.data.columns.Column`: numbers as ``FixedSizeList`` columns of the dtype of the model input
 they feed (so int64 ids stay exact), bytes and text as they came, Spark's image struct as it came. Files are read by
 memory-mapping them, so a round's task touches only the pages of the examples it trains on; files on a remote
-filesystem (HDFS, S3, ...) are first copied once per Python worker into a local cache directory.
+filesystem (HDFS, S3, ...) are first copied once per Python worker into a local cache directory, in the executor's
+files directory that Spark deletes with the executor (:func:`_cache_parent`).
 
 Reading ends in :func:`model_arrays`: the model's inputs, labels and sample weights by name, from the staged columns
 directly or, with a preprocessing function (:mod:`sparkdl_avg.shared.data.preprocess`), from its output per minibatch,
@@ -17,9 +18,11 @@ state; what is staged belongs to :mod:`sparkdl_avg.driver.data.staging` (driver)
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import math
 import os
+import shutil
 import tempfile
 import threading
 import uuid
@@ -151,6 +154,24 @@ def write_columns(uri: str, arrays: Mapping[str, pa.Array]) -> int:
     return int(sum(a.nbytes for a in arrays.values()))
 
 
+def _cache_parent() -> Optional[str]:
+    """Where a Python worker keeps its copies of remote staged files: in its executor's files directory
+    (``SparkFiles.getRootDirectory()``, under ``spark.local.dir``), which Spark deletes when the executor stops.
+
+    A worker forked from PySpark's daemon ends without running ``atexit`` hooks, so copies kept in the temporary
+    directory stayed there after the application (1.6 MB per worker and fit in the suite's runs, the staged data's size
+    on a cluster). ``None`` (the temporary directory) outside a Spark task: the driver's own reads.
+    """
+    try:
+        from pyspark import SparkFiles
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return None
+    if not getattr(SparkFiles, "_is_running_on_worker", False):
+        return None
+    root = SparkFiles.getRootDirectory()
+    return root if os.path.isdir(root) else None
+
+
 class _FileCache:
     """Memory-mapped staged files of this Python worker, least recently used out."""
 
@@ -164,7 +185,10 @@ class _FileCache:
         if isinstance(filesystem, pafs.LocalFileSystem):
             return path
         if self._local_dir is None:
-            self._local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-cache-")
+            parent = _cache_parent()
+            self._local_dir = tempfile.mkdtemp(prefix="sparkdl_avg-cache-", dir=parent)
+            if parent is None:  # the driver's: removed when it exits
+                atexit.register(shutil.rmtree, self._local_dir, True)
         local = os.path.join(self._local_dir, uuid.uuid5(uuid.NAMESPACE_URL, uri).hex + ".arrow")
         if not os.path.exists(local):
             fs.download(uri, local)
