@@ -1,0 +1,93 @@
+"""A classic session's live slots read from its status store after Spark's listener bus delivered its events.
+
+The race, modelled in one thread: Spark posts "executor added" (the driver's own in ``local[N]``) to its listener bus,
+and the status store's thread files it later. A session just started on a loaded machine read as no slots at all
+(``test_live_slots_are_read_from_spark_and_a_probe_job_counts_them`` beside a CPU-bound process).
+"""
+
+from types import SimpleNamespace
+
+from py4j.protocol import Py4JJavaError
+
+from sparkdl_avg.driver.elastic.membership import STATUS_DRAIN_MS, status_slots
+
+
+class Summary:
+    def __init__(self, host_port, max_tasks, active=True):
+        self._host_port, self._max_tasks, self._active = host_port, max_tasks, active
+
+    def isActive(self):  # noqa: N802 (Spark's ExecutorSummary)
+        return self._active
+
+    def maxTasks(self):  # noqa: N802
+        return self._max_tasks
+
+    def hostPort(self):  # noqa: N802
+        return self._host_port
+
+
+class JavaList(list):
+    def iterator(self):
+        it = iter(self)
+        box = {}
+
+        def has_next():
+            if "next" not in box:
+                box["next"] = next(it, StopIteration)
+            return box["next"] is not StopIteration
+
+        def take():
+            has_next()
+            return box.pop("next")
+
+        return SimpleNamespace(hasNext=has_next, next=take)
+
+
+class Bus:
+    """A listener bus holding posted events until ``waitUntilEmpty`` delivers them to the store (or times out)."""
+
+    def __init__(self, store, posted, slow=False):
+        self.store, self.posted, self.slow, self.waits = store, list(posted), slow, []
+
+    def waitUntilEmpty(self, timeout_ms):  # noqa: N802
+        self.waits.append(timeout_ms)
+        if self.slow:
+            raise Py4JJavaError("An error occurred while calling o1.waitUntilEmpty", SimpleNamespace(_target_id="o2"))
+        self.store.executors += self.posted
+        self.posted = []
+
+
+class Store:
+    def __init__(self, executors=()):
+        self.executors = list(executors)
+
+    def executorList(self, active_only):  # noqa: N802
+        return JavaList(e for e in self.executors if e.isActive() or not active_only)
+
+
+def _context(store, bus):
+    jsc = SimpleNamespace(statusStore=lambda: store, listenerBus=lambda: bus)
+    return SimpleNamespace(_jsc=SimpleNamespace(sc=lambda: jsc))
+
+
+def test_a_session_just_started_reads_the_driver_slots_its_bus_had_not_delivered():
+    store = Store()
+    bus = Bus(store, [Summary("driver-host:40000", 2)])
+    slots = status_slots(_context(store, bus))
+    assert (slots.count, slots.hosts) == (2, ("driver-host",))
+    assert bus.waits == [STATUS_DRAIN_MS]
+
+
+def test_executors_posted_before_the_call_count_and_lost_ones_do_not():
+    store = Store([Summary("a:1", 2), Summary("b:1", 1, active=False)])
+    bus = Bus(store, [Summary("c:7077", 4)])
+    slots = status_slots(_context(store, bus))
+    assert (slots.count, slots.hosts) == (6, ("a", "c"))
+
+
+def test_a_bus_that_does_not_empty_in_time_leaves_the_store_as_it_is():
+    store = Store([Summary("a:1", 2)])
+    bus = Bus(store, [Summary("c:7077", 4)], slow=True)
+    slots = status_slots(_context(store, bus))
+    assert (slots.count, slots.hosts) == (2, ("a",))
+    assert bus.waits == [STATUS_DRAIN_MS]
