@@ -162,3 +162,47 @@ def test_containers_no_adapter_takes_keep_the_message_that_lists_what_data_may_b
                                         r"instead\.$"):
         trainer.fit({1, 2}, verbose=0)
     assert "DataAdapter" in sparkdl_avg.__all__ and "register_data_adapter" in sparkdl_avg.__all__
+
+
+def test_a_can_handle_that_is_not_a_classmethod_is_refused_at_registration():
+    class Plain(DataAdapter):
+        def can_handle(self, data):  # the data would arrive as ``self``
+            return False
+
+        def convert(self):
+            return self.data
+
+    with pytest.raises(ConfigurationError, match=r"^The data adapter Plain's can_handle must be a classmethod "
+                                                 r"\(@classmethod def can_handle\(cls, data\)\): it is asked before "
+                                                 r"any instance exists\.$"):
+        register_data_adapter(Plain)
+
+
+def test_an_adapter_whose_can_handle_raises_is_named_for_any_data():
+    @register_data_adapter
+    class Fussy(DataAdapter):
+        @classmethod
+        def can_handle(cls, data):
+            return data.columns == ["features"]  # AttributeError for anything without .columns
+
+        def convert(self):
+            return self.data
+
+    try:
+        trainer = ParameterAveragingTrainer(_model(), num_workers=2, batch_size=8)
+        x = np.zeros((16, 4))
+        with pytest.raises(ConfigurationError, match=r"^The data adapter Fussy's can_handle raised AttributeError: "
+                                                     r"'tuple' object has no attribute 'columns' \(asked about tuple\)\. "
+                                                     r"can_handle must answer False for data that is not its "
+                                                     r"container, without raising; fix it, or register a corrected "
+                                                     r"class\.$"):
+            trainer.fit((x, x[:, 0]), verbose=0)
+    finally:
+        @register_data_adapter
+        class Fussy(DataAdapter):  # noqa: F811 (the same name: the corrected class takes the broken one's place)
+            @classmethod
+            def can_handle(cls, data):
+                return False
+
+            def convert(self):
+                return self.data

@@ -19,6 +19,8 @@ container is one class here (and, when it stages in its own way, the module that
 
 from __future__ import annotations
 
+import inspect
+
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Type
@@ -298,13 +300,30 @@ def register_data_adapter(adapter_cls: Type[DataAdapter]) -> Type[DataAdapter]:
     if missing:
         raise ConfigurationError(f"The data adapter {adapter_cls.__name__} must implement {' and '.join(missing)} "
                                  "(see sparkdl_avg.DataAdapter).")
+    # can_handle is asked of the class, before any instance exists: a plain method would get the data as ``cls``
+    if not isinstance(inspect.getattr_static(adapter_cls, "can_handle"), (classmethod, staticmethod)):
+        raise ConfigurationError(f"The data adapter {adapter_cls.__name__}'s can_handle must be a classmethod "
+                                 "(@classmethod def can_handle(cls, data)): it is asked before any instance exists.")
     return ADAPTERS.register(adapter_cls)
+
+
+def _takes(cls: Type[DataAdapter], data: Any) -> bool:
+    """``cls.can_handle(data)``; a user's adapter that raises is named (it would otherwise break every call)."""
+    try:
+        return bool(cls.can_handle(data))
+    except Exception as e:
+        if issubclass(cls, _BuiltIn):
+            raise
+        raise ConfigurationError(
+            f"The data adapter {cls.__name__}'s can_handle raised {type(e).__name__}: {e} (asked about "
+            f"{type(data).__name__}). can_handle must answer False for data that is not its container, without "
+            "raising; fix it, or register a corrected class.") from e
 
 
 def find_data_adapter(data: Any, what: str = "training", built_in: bool = False) -> Optional[DataAdapter]:
     """The adapter that takes ``data`` (users' first, the latest registered first; or built-in only), or ``None``."""
     for cls in ADAPTERS.entries():
-        if (not built_in or issubclass(cls, _BuiltIn)) and cls.can_handle(data):
+        if (not built_in or issubclass(cls, _BuiltIn)) and _takes(cls, data):
             return cls(data, what)
     return None
 
