@@ -281,8 +281,27 @@ def test_the_cli_and_the_estimator_take_specs_and_name_their_own_option_in_error
 
 
 def test_trainer_rejects_a_bad_update_rule_before_any_spark_job():
-    with pytest.raises(ConfigurationError, match=r"'update_rule'.*Got 3 instead"):
+    with pytest.raises(ConfigurationError, match=r"'update_rule'.*Got 3 instead\.$"):
         ParameterAveragingTrainer(make_model(), update_rule=3)
+
+
+def test_a_bare_keras_optimizer_as_the_rule_is_pointed_to_outer_optimizer():
+    with pytest.raises(ConfigurationError, match=r"'update_rule'.*Got <keras.*SGD object at .*> instead\. A Keras "
+                                                 r"optimizer as the outer one goes in OuterOptimizer: "
+                                                 r"update_rule=OuterOptimizer\(keras\.optimizers\.SGD\(\.\.\.\)\)\.$"):
+        ParameterAveragingTrainer(make_model(), update_rule=keras.optimizers.SGD(0.7))
+
+
+def test_an_outer_learning_rate_that_is_a_function_is_refused_without_keras_unsafe_mode_advice():
+    from sparkdl_avg import OuterOptimizer
+
+    with pytest.warns(UserWarning), pytest.raises(ConfigurationError) as raised:  # Keras warns of the lambda itself
+        OuterOptimizer(keras.optimizers.SGD(learning_rate=lambda: 0.7))
+    assert str(raised.value) == (
+        "The 'optimizer' parameter of OuterOptimizer must be a Keras optimizer that its get_config() rebuilds (a "
+        "learning rate that is a number or a keras.optimizers.schedules.LearningRateSchedule, not a function): the "
+        "optimizer is rebuilt from its config in checkpoints and on resume. SGD's is not rebuilt (ValueError: "
+        "Requested the deserialization of a Python lambda).")
 
 
 # -------------------------------------------------------------- schedules
@@ -310,6 +329,15 @@ def test_schedule_errors():
         as_schedule(0)
     with pytest.raises(ConfigurationError, match=r"'period_after' parameter of PostLocalSGD.*Got 0"):
         PostLocalSGD(1, 0)
+    def every_round():
+        return 8
+
+    with pytest.raises(ConfigurationError, match=r"^The 'averaging_frequency' function "
+                                                 r"test_schedule_errors\.<locals>\.every_round\(\) must take three "
+                                                 r"arguments, \(epoch, round, logs\), and return the round's k: it is "
+                                                 r"asked before every round\.$"):
+        as_schedule(every_round)
+    assert as_schedule(lambda *args: 8).period(0, 0, {}) == 8  # what binds three arguments is taken
     bad = as_schedule(lambda epoch, rnd, logs: 2.5)
     with pytest.raises(ConfigurationError, match=r"must return an int >= 1; for epoch 3, round 1 it returned 2.5"):
         next_period(bad, 3, 1, {}, 10)
@@ -428,6 +456,11 @@ def test_estimator_update_rule_params_are_validated(spark):
     df = spark.createDataFrame([([0.0, 1.0, 2.0, 3.0], 1.0)] * 4, "features array<double>, label double")
     with pytest.raises(ConfigurationError, match=r"'updateRule'.*Got 'nope' instead"):
         KerasAveragingEstimator(kerasModel=make_model(), updateRule="nope").fit(df)
+    with pytest.raises(ConfigurationError, match=r"^The 'updateRule' parameter must be an update rule given as a "
+                                                 r"string \(its name or spec, as the CLI takes it; 'update_rule' in "
+                                                 r"the option reference\): an estimator's parameters are saved with "
+                                                 r"the pipeline\. Got DiLoCo\(.*\) instead\.$"):
+        KerasAveragingEstimator(kerasModel=make_model(), updateRule=DiLoCo())
     with pytest.raises(ConfigurationError, match=r"'blockMomentum'.*Got 1.0"):
         KerasAveragingEstimator(kerasModel=make_model(), updateRule="bmuf", blockMomentum=1.0).fit(df)
     est = KerasAveragingEstimator(kerasModel=make_model(), updateRule="slowmo", blockMomentum=0.7)

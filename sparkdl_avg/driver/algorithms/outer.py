@@ -61,10 +61,13 @@ def _json(value: Any, what: str) -> Any:
 
 
 def _not_rebuilt(optimizer: Any, error: Exception) -> ConfigurationError:
+    # Keras' own message goes on to suggest its unsafe deserialization mode: its first sentence says what failed
+    first = str(error).split(". ")[0].rstrip(".")
     return ConfigurationError(
         "The 'optimizer' parameter of OuterOptimizer must be a Keras optimizer that its get_config() rebuilds "
-        "(a learning rate that is a number or a keras.optimizers.schedules.LearningRateSchedule, not a function); "
-        f"{type(optimizer).__name__}'s does not: {type(error).__name__}: {error}"
+        "(a learning rate that is a number or a keras.optimizers.schedules.LearningRateSchedule, not a function): "
+        "the optimizer is rebuilt from its config in checkpoints and on resume. "
+        f"{type(optimizer).__name__}'s is not rebuilt ({type(error).__name__}: {first})."
     )
 
 

@@ -255,9 +255,14 @@ def as_update_rule(value: Any, flat: Optional[Mapping[str, Any]] = None) -> Upda
             value = "average"
         name, _, args = value.partition(":") if isinstance(value, str) else ("", "", "")
         if name not in RULES:
+            hint = ""
+            if type(value).__module__.startswith(("keras", "tf_keras")) and hasattr(value, "get_config"):
+                # an optimizer object: the outer one it was meant to be
+                hint = (f" A Keras optimizer as the outer one goes in OuterOptimizer: "
+                        f"update_rule=OuterOptimizer(keras.optimizers.{type(value).__name__}(...)).")
             raise ConfigurationError(
                 f"The 'update_rule' parameter must be None, one of {names_help()}, or an UpdateRule such as "
-                f"BlockMomentum(...), SlowMo(...), DiLoCo(...) or OuterOptimizer(...). Got {value!r} instead."
+                f"BlockMomentum(...), SlowMo(...), DiLoCo(...) or OuterOptimizer(...). Got {value!r} instead.{hint}"
             )
         cls = RULES.get(name)
     carried = {p.flat: p.name for p in cls.parameters() if p.flat} if cls is not None else {}

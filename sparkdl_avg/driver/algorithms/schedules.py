@@ -23,6 +23,7 @@ recorded in ``trainer.stats`` (``averaging_frequency``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -179,6 +180,17 @@ def as_schedule(value: Any) -> AveragingSchedule:
     if isinstance(value, AveragingSchedule):
         return value
     if callable(value) and not isinstance(value, type):
+        try:
+            signature = inspect.signature(value)
+        except (TypeError, ValueError):  # a builtin without one: asked as it is
+            return CallableSchedule(value)
+        try:
+            signature.bind(0, 0, {})
+        except TypeError:
+            name = getattr(value, "__qualname__", repr(value))
+            raise ConfigurationError(
+                f"The 'averaging_frequency' function {name}{signature} must take three arguments, (epoch, round, "
+                "logs), and return the round's k: it is asked before every round.") from None
         return CallableSchedule(value)
     raise ConfigurationError(
         "The 'averaging_frequency' parameter must be an int in the range [1, inf), an "

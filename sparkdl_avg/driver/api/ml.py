@@ -382,7 +382,12 @@ class KerasAveragingEstimator(_KerasStage, Estimator, _KerasParams, HasLabelCol,
                 super()._set(**{name: value})
             except TypeError as exc:
                 row = _BY_PARAM.get(name)
-                if row is not None and row.check is not None:
+                if row is not None and row.check is not None and row.param.converter == "toString":
+                    # an object where a name or spec is wanted: the estimator's parameters are saved with the pipeline
+                    message = (f"The '{name}' parameter must be {row.check} given as a string (its name or spec, "
+                               f"as the CLI takes it; {row.name!r} in the option reference): an estimator's "
+                               f"parameters are saved with the pipeline. Got {value!r} instead.")
+                elif row is not None and row.check is not None:
                     message = f"The '{name}' parameter must be {row.check}. Got {value!r} instead."
                 else:
                     message = f"The '{name}' parameter ({self.getParam(name).doc}) cannot take {value!r}: {exc}"
