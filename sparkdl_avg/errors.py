@@ -24,7 +24,12 @@ class DataError(SparkdlAvgError, ValueError):
 
 
 class WorkerError(SparkdlAvgError, RuntimeError):
-    """A task on an executor failed; the message names the epoch, round and worker."""
+    """A task on an executor failed; the message names the epoch, round and worker.
+
+    Where the library's executor code reported the failure, the executor's Python traceback is in
+    ``executor_traceback`` (text) and PySpark's exception in ``spark_exception``, rather than printed before the
+    message; a failure outside it (a lost executor) is chained to PySpark's exception.
+    """
 
 
 class PathError(SparkdlAvgError, ValueError):

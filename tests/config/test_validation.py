@@ -250,6 +250,22 @@ def test_a_model_compiled_without_a_loss_is_refused_by_fit_and_evaluate_before_a
     assert jobs.job_ids == []
 
 
+def _unregistered_metric(y_true, y_pred):
+    return keras.ops.mean(keras.ops.abs(y_true - y_pred))
+
+
+def test_evaluate_refuses_a_model_executors_cannot_rebuild_before_any_job(spark, xy):
+    """A fresh trial (issue 60): evaluate sent it to every task, whose failure came back under pages of py4j frames."""
+    custom = make_model(compile=False, seed=1)
+    custom.compile("sgd", "mse", metrics=[_unregistered_metric])
+    with record_jobs(spark) as jobs:
+        with pytest.raises(ConfigurationError, match=r"^The model cannot be rebuilt from its Keras config, as executors "
+                                                     r"must\. .* Keras said: TypeError: Could not locate function "
+                                                     r"'_unregistered_metric'\.") as err:
+            ParameterAveragingTrainer(custom, num_workers=2, batch_size=8).evaluate(xy)
+    assert err.value.__cause__ is None and jobs.job_ids == []
+
+
 def test_evaluate_refuses_a_return_dict_that_is_not_a_bool(spark, model, xy):
     with pytest.raises(ConfigurationError, match=r"^The 'return_dict' parameter must be True or False\. Got 'False' "
                                                  r"instead\.$"):

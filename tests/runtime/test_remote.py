@@ -30,7 +30,7 @@ def test_a_marked_data_error_comes_back_typed_with_the_users_column_names():
     assert back.value.__cause__ is None and back.value.__suppress_context__
 
 
-def test_a_marked_worker_failure_keeps_its_first_line_and_chains_the_spark_error():
+def test_a_marked_worker_failure_keeps_its_first_line_and_the_spark_error_one_attribute_away():
     marked = remote_errors.failure(
         WorkerError, "Worker 1 failed in epoch 0, round 2: ValueError: " + remote_errors.one_line("bad\n  File \"x\"\nvalue")
     )
@@ -38,13 +38,19 @@ def test_a_marked_worker_failure_keeps_its_first_line_and_chains_the_spark_error
     with pytest.raises(WorkerError) as back:
         remote_errors.run_job(lambda: _raise(spark_exc), "Round 2 of epoch 0")
     assert str(back.value) == "Worker 1 failed in epoch 0, round 2: ValueError: bad value"
-    assert back.value.__cause__ is spark_exc
+    # not chained (Python would print py4j's and the JVM's frames first): kept as attributes
+    assert back.value.__cause__ is None and back.value.__suppress_context__
+    assert back.value.spark_exception is spark_exc
+    assert back.value.executor_traceback == (
+        'Traceback (most recent call last):\n  File "worker.py", line 1, in main\n'
+        f"sparkdl_avg.errors.WorkerError: {marked}")
 
 
 def test_an_unmarked_failure_names_the_job_and_quotes_the_last_line():
     spark_exc = RuntimeError("Job aborted.\nExecutorLostFailure (executor 1 exited)\n\n")
-    with pytest.raises(WorkerError, match=r"^Round 3 of epoch 1 failed on the cluster: ExecutorLostFailure"):
+    with pytest.raises(WorkerError, match=r"^Round 3 of epoch 1 failed on the cluster: ExecutorLostFailure") as lost:
         remote_errors.run_job(lambda: _raise(spark_exc), "Round 3 of epoch 1")
+    assert lost.value.__cause__ is spark_exc  # outside our code: Spark's text is all there is
     with pytest.raises(WorkerError, match=r"failed on the cluster: RuntimeError$"):
         remote_errors.run_job(lambda: _raise(RuntimeError("")), "Round 3 of epoch 1")
 

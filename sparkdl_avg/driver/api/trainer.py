@@ -455,6 +455,7 @@ class ParameterAveragingTrainer:
         data = known_data(data, "evaluation")
         engine = engine_for(data)
         spec = ModelSpec.from_model(self.model)  # refuses unshippable custom objects before any job
+        check_model_loads(spec)  # as fit does: an unregistered custom metric is named here, not by every task
         require("sample_weight_col", sample_weight_col, Text("a column name"))
         staged = self._stage(data, features_col, label_col, "evaluation", sample_weight_col)
         parts = self.config.num_workers or engine.default_parallelism

@@ -220,9 +220,12 @@ def _cause(text: str) -> Optional[str]:
 def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]] = None) -> T:
     """Runs the Spark action ``job`` and returns its result, re-raising a failure as :func:`decode` says.
 
-    A ``DataError`` (raised on the driver, or decoded) propagates with its own message and no chained cause; a
-    ``WorkerError`` is chained to the Spark exception, which holds the executors' tracebacks. A Ctrl-C in the job, or a
-    failure it caused, is a ``KeyboardInterrupt`` (:func:`sparkdl_avg.shared.errors.interrupt.spark_call`).
+    A ``DataError`` (raised on the driver, or decoded) propagates with its own message and no chained cause. So does a
+    ``WorkerError`` that our executor code raised with its message (the marker): the Spark exception it came in (pages
+    of py4j and JVM frames) stays one attribute away, ``spark_exception``, and the executor's Python traceback in
+    ``executor_traceback``. A failure outside our code (a lost executor, a crashed Python worker) is chained to the
+    Spark exception: its text is all there is. A Ctrl-C in the job, or a failure it caused, is a ``KeyboardInterrupt``
+    (:func:`sparkdl_avg.shared.errors.interrupt.spark_call`).
 
     Args:
         job: The action, e.g. ``lambda: rdd.mapPartitions(body).collect()``.
@@ -236,7 +239,24 @@ def run_job(job: Callable[[], T], what: str, columns: Optional[Mapping[str, str]
             error = decode(exc, what, columns)
             if error is exc:
                 raise
-            raise error from (None if isinstance(error, DataError) else exc)
+            text = getattr(exc, "spark_text", None) or str(exc)
+            if isinstance(error, DataError) or any(marker in text for marker in _MARKERS.values()):
+                error.spark_exception, error.executor_traceback = exc, executor_traceback(text)
+                raise error from None
+            raise error from exc
+
+
+def executor_traceback(text: str) -> Optional[str]:
+    """The last Python traceback in a Spark failure's text (up to the JVM's frames), or ``None``."""
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    lines = []
+    for line in text[start:].splitlines():
+        if _FRAME.match(line):
+            break
+        lines.append(line)
+    return "\n".join(lines).rstrip()
 
 
 # ------------------------------------------------- actions the user runs
