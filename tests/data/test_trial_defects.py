@@ -387,3 +387,16 @@ def test_a_failed_round_or_prediction_in_a_users_session_prints_no_spark_traces(
     traces = [ln for ln in proc.stderr.splitlines() if ln.startswith("\tat ") or " Executor: " in ln
               or " TaskSetManager: " in ln or "Traceback" in ln]
     assert traces == [], proc.stderr[-3000:]
+
+
+def test_a_function_that_adds_a_key_to_the_batch_and_returns_it_stages_what_it_passes_through(spark):
+    """A fresh trial (issue 60): the dry run saw only the column it read ('v') as needed, so 'w', which the model's
+    input takes from the returned batch, was not staged, and every round-0 task failed."""
+    def add_x(batch):
+        batch["x"] = np.stack([batch["v"], batch["v"]], axis=1).astype("float32")
+        return batch  # 'w', never read, passes through to sample_weight_col
+
+    df = _images(spark).selectExpr("*", "v / 32 AS w")
+    trainer = ParameterAveragingTrainer(_dense(), num_workers=2, batch_size=4, preprocess=add_x, seed=1)
+    history = trainer.fit(df, features_col="x", sample_weight_col="w", epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1]) and trainer.stats.records

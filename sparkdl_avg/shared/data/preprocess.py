@@ -349,12 +349,15 @@ class Preprocess:
     def dry_run(self, batch: Dict[str, Any], training: bool, what: str) -> Tuple[Mapping, Tuple[str, ...]]:
         """Runs the function on a few rows on the driver; returns its output and the columns it read.
 
-        All the batch's columns count as read when the function iterates over the batch (``batch.items()``).
+        All the batch's columns count as read when the function iterates over the batch (``batch.items()``) or
+        returns the batch itself (``batch["y2"] = ...; return batch``): what it returns is staged, whether it read it
+        or passed it through.
         """
         recorder = _Recorder(batch)
         seeds = example_seeds(0, 0, np.arange(_rows(batch))) if self.takes_seeds else None
         out = self.apply(recorder, seeds, training, what)  # type: ignore[arg-type]
-        read = tuple(batch) if recorder.everything else tuple(c for c in batch if c in recorder.read)
+        everything = recorder.everything or out is recorder
+        read = tuple(batch) if everything else tuple(c for c in batch if c in recorder.read)
         return out, read
 
 
