@@ -34,9 +34,26 @@ class TestFragments(FragmentsMixin):
     ([100, 1, 1, 1], 4, [0, 1, 2, 3]),  # a big first variable: none of the fragments is left empty
     ([1, 1, 1, 100], 2, [0, 0, 0, 1]),
     ([5, 5, 5], 1, [0, 0, 0]),
+    # the rounds guide's 64-64-64-10 MLP: [W1], [b1], [W2, b2, W3, b3] before, a round from 0.7% to 54% of the model
+    ([4096, 64, 4096, 64, 640, 10], 3, [0, 0, 1, 1, 2, 2]),
 ])
 def test_the_split_is_contiguous_balanced_by_elements_and_leaves_no_fragment_empty(sizes, F, want):
     assert split(sizes, F) == want
+
+
+def test_the_largest_fragment_is_the_smallest_any_contiguous_split_gives():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 8))
+        sizes = [int(v) for v in rng.choice([1, 3, 10, 64, 640, 4096], size=n)]
+        F = int(rng.integers(1, n + 1))
+        got = split(sizes, F)
+        assert sorted(set(got)) == list(range(F)) and got == sorted(got), (sizes, F, got)
+        best = min(max(sum(sizes[a:b]) for a, b in zip((0,) + cuts, cuts + (n,)))
+                   for cuts in itertools.combinations(range(1, n), F - 1))
+        assert max(sum(v for v, p in zip(sizes, got) if p == q) for q in range(F)) == best, (sizes, F, got)
 
 
 def test_a_thousand_variables_split_evenly():

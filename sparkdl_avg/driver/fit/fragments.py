@@ -2,10 +2,8 @@
 
 The split (:func:`split`): the trainable variables, in ``model.trainable_variables``
 order (the order of the trainable entries of the model's weights), are cut into
-``F`` contiguous fragments balanced by element count, a variable never split:
-with ``T`` trainable elements, fragment ``p`` is meant to hold elements
-``[p·T/F, (p+1)·T/F)`` and each variable goes to the fragment its middle element
-falls in, moved to the nearest fragment that leaves none empty. ``F`` larger
+``F`` contiguous, non-empty fragments, a variable never split, whose largest
+fragment (in elements) is as small as a contiguous split allows. ``F`` larger
 than the number of trainable variables is refused.
 
 The protocol, with ``c`` the fit's fragment rounds so far (checkpointed) and
@@ -53,6 +51,10 @@ TAG = "sync-fragments"
 def split(sizes: Sequence[int], fragments: int) -> List[int]:
     """The fragment of each trainable variable, from their element counts (see the module docstring).
 
+    The contiguous split whose largest fragment is the smallest possible: the least cap ``C`` for which filling
+    fragments in order, each up to ``C`` elements, needs at most ``fragments`` of them (a binary search over ``C``),
+    then that filling, starting a new fragment early only where exactly one variable per fragment is left.
+
     Raises:
         ConfigurationError: ``fragments`` exceeds the number of variables.
     """
@@ -62,15 +64,27 @@ def split(sizes: Sequence[int], fragments: int) -> List[int]:
             f"The 'sync_fragments' parameter must be at most the model's number of trainable variables ({n}): "
             f"a fragment holds whole variables. Got sync_fragments={fragments} instead."
         )
-    total = float(sum(sizes)) or 1.0
-    out, before, prev = [], 0, -1
-    for j, size in enumerate(sizes):
-        wanted = min(fragments - 1, int(fragments * (before + size / 2.0) / total))
-        lo, hi = max(prev, fragments - n + j), prev + 1  # no fragment skipped, enough variables left for the rest
-        prev = min(max(wanted, lo), hi)
-        out.append(prev)
-        before += size
-    return out
+    sizes = [int(size) for size in sizes]
+
+    def fill(cap: int) -> List[int]:
+        out, load, p = [], 0, 0
+        for j, size in enumerate(sizes):
+            # a new fragment when this one would pass the cap, or when the variables left are only enough for one
+            # per fragment left (no fragment empty)
+            if out and (load + size > cap or n - j <= fragments - 1 - p):
+                p, load = p + 1, 0
+            out.append(p)
+            load += size
+        return out
+
+    low, high = max(sizes), max(sum(sizes), 1)
+    while low < high:  # the least cap whose filling needs at most `fragments` fragments
+        cap = (low + high) // 2
+        if fill(cap)[-1] < fragments:
+            high = cap
+        else:
+            low = cap + 1
+    return fill(low)
 
 
 @KEPT.register
