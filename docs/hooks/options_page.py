@@ -113,6 +113,8 @@ def render() -> str:
     out = [
         "---",
         "hide: [toc]",  # the tables need the width
+        "search:",
+        "  boost: 0.5",  # a table of every option: the guides explain them, so search ranks them first
         "---",
         "",
         "# Options",
@@ -199,4 +201,19 @@ def render() -> str:
         for flags, default, help_text in job_flags(name):
             out.append(f"| `{cell(flags)}` | {code(cell(default)) if default else '—'} | {cell(help_text)} |")
         out.append("")
-    return "\n".join(out) + "\n"
+    return _wrap_tables("\n".join(out)) + "\n"
+
+
+def _wrap_tables(text: str) -> str:
+    """Each Markdown table of ``text`` in a ``<div class="options-table">`` (md_in_html): the site's CSS
+    (docs/stylesheets/extra.css) keeps the code in its cells (option names, flags, Params) unbroken."""
+    out: List[str] = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        row, before = line.startswith("|"), i > 0 and lines[i - 1].startswith("|")
+        if row and not before:
+            out += ['<div class="options-table" markdown>', ""]
+        out.append(line)
+        if row and not (i + 1 < len(lines) and lines[i + 1].startswith("|")):
+            out += ["", "</div>"]
+    return "\n".join(out)

@@ -6,6 +6,7 @@
 - A link without a target (``[text]()``) fails the build.
 - Every page under ``docs/benchmarks/`` joins the nav's "Benchmarks" section, after the pages the
   nav names, in the order of their titles: a new study needs no edit of mkdocs.yml.
+- Benchmark pages rank below the guides in the site's search (``search: boost: 0.5``).
 """
 
 from __future__ import annotations
@@ -50,11 +51,24 @@ def _title(path: Path) -> str:
     return path.stem
 
 
+BENCHMARK_SEARCH_BOOST = 0.5
+
+
 def on_page_markdown(markdown, page, **kwargs):
-    """Refuses a link without a target (``[text]()``), which MkDocs' link validation lets through."""
+    """Refuses a link without a target (``[text]()``), which MkDocs' link validation lets through.
+
+    Ranks the benchmark pages (long tables of measurements) below the guides in the site's search:
+    material's search takes a page's ``search: boost:`` front matter, set here for every page under
+    ``benchmarks/`` that gives none (the generated options page sets 0.5 itself).
+    """
     empty = re.findall(r"\[[^\]]*\]\(\s*\)", markdown)
     if empty:
         raise ValueError(f"{page.file.src_path}: links without a target: {', '.join(empty)}")
+    meta = getattr(page, "meta", None)
+    if meta is not None and page.file.src_path.replace("\\", "/").startswith("benchmarks/"):
+        search = meta.setdefault("search", {})
+        if isinstance(search, dict):
+            search.setdefault("boost", BENCHMARK_SEARCH_BOOST)
     return markdown
 
 

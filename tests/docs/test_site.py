@@ -225,3 +225,26 @@ def test_every_example_imports_sparkdl_avg_before_keras():
             if "sparkdl_avg" in names and names[0] != "sparkdl_avg":
                 late.append(f"{page.relative_to(ROOT)}: {names[0]} before sparkdl_avg")
     assert not late, late
+
+
+INTERNAL_TITLE = re.compile(r"\bissues?\s*#?\d+|\b(?:first|second|third|fourth|fifth|\d+(?:st|nd|rd|th)) session\b",
+                            re.IGNORECASE)
+
+
+def test_no_title_says_how_the_docs_were_made(built_site):
+    """The nav and every page's headings say what a page measures or explains, never the issue or the working
+    session it came from (issue 60 item 20: the Benchmarks section opened with "the trial of issue 48, part 2")."""
+    site, _, _ = built_site
+    nav = re.findall(r'class="md-nav__link[^"]*"[^>]*>(.*?)</(?:a|label)>',
+                     (site / "index.html").read_text(encoding="utf-8"), re.S)
+    titles = {" ".join(re.sub(r"<[^>]+>", " ", t).split()) for t in nav} - {""}
+    assert len(titles) > 20, f"the nav's titles were not found in the built index.html: {sorted(titles)}"
+    bad = [f"nav: {t}" for t in titles if INTERNAL_TITLE.search(t)]
+    for page in sorted(DOCS.rglob("*.md")):
+        fence = False
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if line.startswith("```"):
+                fence = not fence
+            elif not fence and re.match(r"#{1,6} ", line) and INTERNAL_TITLE.search(line):
+                bad.append(f"{page.relative_to(DOCS)}: {line}")
+    assert not bad, bad

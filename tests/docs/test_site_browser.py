@@ -96,3 +96,40 @@ def test_search_finds_preprocess(browser, server):
     text = " ".join(r.text for r in results).lower()
     assert "preprocess" in text, text[:2000]
     assert not _console_errors(browser), _console_errors(browser)
+
+
+def _search(browser, server, query):
+    """The titles and links of the search results for ``query``, best first."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server)
+    browser.find_element(By.CSS_SELECTOR, "label.md-search__icon, .md-search__input").click()
+    box = WebDriverWait(browser, 20).until(ec.element_to_be_clickable((By.CSS_SELECTOR, "input.md-search__input")))
+    box.send_keys(query)
+    WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".md-search-result__item") or None)
+    return [a.get_attribute("href")[len(server):]
+            for a in browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item > a")]
+
+
+def test_search_ranks_the_guides_above_the_tables(browser, server):
+    """A search for "learning rate" ranked a benchmark page's table first (issue 60 item 20): the benchmark
+    pages and the options table carry ``search: boost: 0.5``, so a guide comes first."""
+    links = _search(browser, server, "learning rate")
+    assert links and links[0].startswith("guides/"), links[:5]
+
+
+def test_option_names_do_not_break_mid_word(browser, server):
+    """Material lets inline code break anywhere; docs/stylesheets/extra.css keeps the options tables' names,
+    flags and Params on one line, even in a narrow window."""
+    browser.set_window_size(800, 900)
+    try:
+        browser.get(server + "reference/options/")
+        cells, broken = browser.execute_script("""
+            const codes = [...document.querySelectorAll('article .options-table td:not(:last-child) code')];
+            return [codes.length, codes.filter(c => c.getClientRects().length > 1).map(c => c.textContent)];""")
+    finally:
+        browser.set_window_size(1280, 900)
+    assert cells > 100, f"the options page has {cells} code cells in div.options-table"
+    assert not broken, f"code cells broken over lines on the options page: {broken[:10]}"
