@@ -51,8 +51,31 @@ def test_a_fit_that_cannot_fit_is_refused_naming_the_numbers_and_the_fixes(monke
     text = str(err.value)
     assert "each of the 4 workers per host needs about 0.10 GB, 0.02 GB is available to each" in text
     assert "this machine's available memory (0.10 GB), shared by the driver and its 4 workers" in text
-    assert "fewer workers per host" in text and 'optimizer_state="local"' in text
     assert "the driver needs" not in text
+    # Only what would make it fit is offered (a fresh trial, issue 60: "local" was offered, and refused again): each
+    # worker holds a whole replica and its optimizer's variables whatever travels, and one worker alone is too many.
+    assert text.endswith("What would make it fit: a machine with more memory: even one worker needs about 0.12 GB.")
+    assert "num_workers=" not in text and "optimizer_state" not in text
+    # With 0.3 GB two workers fit: that is what it offers
+    monkeypatch.setattr(memory, "available_memory", lambda: 300_000_000)
+    with pytest.raises(ConfigurationError, match=r"What would make it fit: num_workers=2 \(fewer workers on a host, "
+                                                 r"each with more of its memory\); a machine with more memory: even "
+                                                 r"one worker needs about 0\.12 GB\.$"):
+        memory.check_memory(model, _engine(), num_workers=4, average_optimizer=True, local_optimizer=False)
+
+
+def test_an_unbuilt_optimizers_variables_are_counted_without_building_them():
+    import keras
+
+    for optimizer, slots in ((keras.optimizers.Adam(), 2), (keras.optimizers.SGD(0.1, momentum=0.9), 1),
+                             (keras.optimizers.SGD(0.1), 0), (keras.optimizers.Adam(amsgrad=True), 3)):
+        model = make_model(hidden=256, optimizer=optimizer)
+        assert not model.optimizer.built
+        got = memory.model_state_sizes(model)
+        assert not model.optimizer.built  # a fit refused for memory has not allocated the slots
+        model.optimizer.build(model.trainable_variables)
+        assert got == memory.model_state_sizes(model), optimizer  # the same bytes as the built optimizer's
+        assert got[1] >= slots * got[0], optimizer
 
 
 def test_a_fit_that_fits_is_not_refused_and_a_cluster_reads_the_executors_memory(monkeypatch):

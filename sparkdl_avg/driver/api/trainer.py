@@ -295,11 +295,13 @@ class ParameterAveragingTrainer:
         engine = engine_for(data)
         transport_mod.check_standing_rounds(self.config.standing_rounds, engine.connect)
         num_workers = fit_workers(self.config, engine)
+        # From the variables' shapes, before anything model-sized is built (the spec, the model rebuilt to check it,
+        # the optimizer's slots): a fit that cannot fit is refused in seconds, with the memory there was to start.
+        check_memory(self.model, engine, num_workers, self.config.optimizer_state == "average",
+                     self.config.optimizer_state == "local")
         checkpoint_uri, saved = resume_mod.locate(checkpoint_dir, resume)  # read and verified
         spec = ModelSpec.from_model(self.model)
         check_model_loads(spec)
-        check_memory(self.model, engine, num_workers, self.config.optimizer_state == "average",
-                     self.config.optimizer_state == "local")  # refuses a fit that cannot fit, before staging
         train, val, staging_s = self._stage_fit_data(data, validation_data, features_col, label_col,
                                                      sample_weight_col, class_weight)
         epoch_steps = plan_steps(self.config, train, num_workers)

@@ -173,19 +173,56 @@ def with_available(est: MemoryEstimate, engine, num_workers: int) -> MemoryEstim
         source="" if per_executor is None else f"{key}={_conf(engine, key)} shared by {slots} task slots")
 
 
-def model_state_sizes(model) -> Tuple[int, int, int]:
-    """``(weight bytes, optimizer variable bytes, largest array bytes)`` of a compiled model, without copying them."""
+def _nbytes(v) -> int:
     import numpy as np
 
-    def nbytes(v) -> int:
-        return int(np.prod(v.shape)) * np.dtype(getattr(v.dtype, "name", v.dtype)).itemsize
+    return int(np.prod(v.shape)) * np.dtype(getattr(v.dtype, "name", v.dtype)).itemsize
 
-    from ...shared.model.modelspec import ensure_optimizer_built
 
-    ensure_optimizer_built(model)
-    weights = [nbytes(v) for v in model.weights]
-    optimizer = [nbytes(v) for v in model.optimizer.variables]
-    return sum(weights), sum(optimizer), max(weights + optimizer, default=0)
+#: Elements of the stand-in variable an unbuilt optimizer's copy is built on (:func:`_slots_per_element`).
+_PROBE_ELEMENTS = 1024
+
+
+def _slots_per_element(optimizer) -> Optional[Tuple[float, int]]:
+    """``(slot elements per trainable element, bytes of the variables it makes whatever the model)`` of an unbuilt
+    optimizer, from a copy of it built on one small stand-in variable: Adam's two moments give 2.0. ``None`` where the
+    copy cannot be made or built (the optimizer itself is then built)."""
+    import numpy as np
+
+    import keras
+
+    try:
+        empty = type(optimizer).from_config(optimizer.get_config())
+        empty.build([])
+        probe = type(optimizer).from_config(optimizer.get_config())
+        probe.build([keras.Variable(np.zeros(_PROBE_ELEMENTS, "float32"))])
+    except Exception:  # noqa: BLE001 - an optimizer that cannot be copied is measured as it is
+        return None
+    fixed = sum(_nbytes(v) for v in empty.variables)
+    slots = sum(_nbytes(v) for v in probe.variables) - fixed
+    return max(0.0, slots / (4.0 * _PROBE_ELEMENTS)), fixed
+
+
+def model_state_sizes(model) -> Tuple[int, int, int]:
+    """``(weight bytes, optimizer variable bytes, largest array bytes)`` of a compiled model, without copying them.
+
+    An optimizer not built yet is not built here: its variables are counted from a copy built on a small stand-in
+    (:func:`_slots_per_element`), so a fit too large for memory is refused before the slots are allocated.
+    """
+    weights = [_nbytes(v) for v in model.weights]
+    optimizer = model.optimizer
+    if not optimizer.built:
+        per = _slots_per_element(optimizer)
+        if per is not None:
+            ratio, fixed = per
+            trainable = [_nbytes(v) for v in model.trainable_variables]
+            largest = max(weights + (trainable if ratio > 0 else []), default=0)  # a slot: its variable's size
+            return sum(weights), sum(int(ratio * b) for b in trainable) + fixed, largest
+        from ...shared.model.modelspec import ensure_optimizer_built
+
+        ensure_optimizer_built(model)
+    variables = [_nbytes(v) for v in optimizer.variables]
+    return sum(weights), sum(variables), max(weights + variables, default=0)
 
 
 def check_memory(model, engine, num_workers: int, average_optimizer: bool, local_optimizer: bool,
@@ -199,20 +236,31 @@ def check_memory(model, engine, num_workers: int, average_optimizer: bool, local
     from ...errors import ConfigurationError
 
     weights, optimizer, largest = model_state_sizes(model)
-    est = with_available(estimate(weights, optimizer, largest, average_optimizer, local_optimizer,
-                                  compression_ratio), engine, num_workers)
+
+    def estimated(workers: int, average: bool, local: bool, ratio: float) -> MemoryEstimate:
+        return with_available(estimate(weights, optimizer, largest, average, local, ratio), engine, workers)
+
+    est = estimated(num_workers, average_optimizer, local_optimizer, compression_ratio)
     problems = est.problems()
     if not problems:
         return est
+    # What would make it fit: each change tried on the estimate, only those that fit offered.
     fixes = []
-    if est.workers_per_host > 1:
-        fixes.append("fewer workers per host (num_workers, or fewer task slots per executor)")
-    if not local_optimizer and optimizer:
-        fixes.append('optimizer_state="local" (each worker keeps its optimizer variables; only the weights travel)')
-    fixes.append("a machine or executors with more memory (spark.executor.pyspark.memory)")
+    fewer = [w for w in range(num_workers - 1, 0, -1)
+             if not estimated(w, average_optimizer, local_optimizer, compression_ratio).problems()]
+    if fewer and est.workers_per_host > 1:
+        fixes.append(f"num_workers={fewer[0]} (fewer workers on a host, each with more of its memory)")
+    if not local_optimizer and optimizer and not estimated(num_workers, False, True, compression_ratio).problems():
+        fixes.append('optimizer_state="local" (each worker keeps its optimizer variables; only the weights travel '
+                     "and are summed on the driver)")
+    one = estimated(1, average_optimizer, local_optimizer, compression_ratio)
+    need = one.driver_bytes + one.worker_bytes if engine.one_host else one.worker_bytes
+    where = "a machine" if engine.one_host else "executors"
+    fixes.append(f"{where} with more memory: even one worker needs about {_gb(need)}"
+                 + ("" if engine.one_host else " per task slot (spark.executor.pyspark.memory)"))
     raise ConfigurationError(
         f"This fit would not fit in memory: {'; '.join(problems)} ({est.source}). The model's state (weights "
         f"and optimizer variables) is {_gb(est.state_bytes)}; a fit holds about one copy of it on the driver (the "
-        f"round's sums) and two in each worker (its replica and training's temporaries) (README, 'What memory a fit needs'). What would make it fit: "
-        f"{'; '.join(fixes)}."
+        f"round's sums) and two in each worker (its replica and training's temporaries) (README, 'What memory a "
+        f"fit needs'). What would make it fit: {'; '.join(fixes)}."
     )
