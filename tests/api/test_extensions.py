@@ -124,7 +124,9 @@ def test_the_spec_is_the_optimizer_and_bad_specs_say_what_was_expected():
      r"a LossScaleOptimizer scales a loss, which the outer step does not have\. Pass its inner_optimizer instead"),
     (lambda: keras.optimizers.SGD(lambda: 0.1),
      r"must be a Keras optimizer that its get_config\(\) rebuilds \(a learning rate that is a number or a "
-     r"keras\.optimizers\.schedules\.LearningRateSchedule, not a function\); SGD's does not"),
+     r"keras\.optimizers\.schedules\.LearningRateSchedule, not a function\): the optimizer is rebuilt from its "
+     r"config in checkpoints and on resume\. SGD's is not rebuilt \(ValueError: Requested the deserialization of a "
+     r"Python lambda\)\.$"),
 ])
 def test_an_outer_optimizer_that_cannot_train_is_refused_where_it_is_made(make, message):
     with pytest.raises(ConfigurationError, match=message):
