@@ -106,7 +106,6 @@ def drive(args) -> None:
     import hosts
     import hosts_driver
     from sparkdl_avg import ParameterAveragingTrainer, testing
-    from sparkdl_avg.executor import worker
 
     cluster = hosts.Cluster.attach()
     workers = len(cluster.workers)
@@ -120,7 +119,7 @@ def drive(args) -> None:
     while monitor.read() < workers and time.time() - t0 < 120:
         time.sleep(0.2)
     if args.sleep > 0:
-        worker.run_round_partition = testing.Sleeper(args.sleep)
+        testing.Sleeper(args.sleep).__enter__()  # for every fit of this script, to its end
     results = {"hosts": len(cluster.hosts), "workers": workers, "sleep_s": args.sleep, "batch_size": BATCH, "k": K,
                "repeats": []}
     actions: list = []

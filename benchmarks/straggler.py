@@ -32,6 +32,7 @@ Writes ``benchmarks/results/straggler.json`` and prints Markdown tables.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import statistics
 import sys
@@ -76,11 +77,10 @@ def run_arm(d, arm: str, workers: int, straggler: bool, epochs: int, k: int, bat
     import keras
 
     from sparkdl_avg import ParameterAveragingTrainer, testing
-    from sparkdl_avg.executor import worker
 
-    real = worker.run_round_partition
+    installed = contextlib.ExitStack()
     if straggler:
-        worker.run_round_partition = testing.Straggler(slot=0, factor=3.0, entry=real)
+        installed.enter_context(testing.Straggler(slot=0, factor=3.0))
     try:
         # The same layer names for the warm-up and the timed model: one fingerprint, so the timed fit finds the
         # replicas built and traced (a straggler's first chunk would otherwise sleep 2× a replica build).
@@ -107,7 +107,7 @@ def run_arm(d, arm: str, workers: int, straggler: bool, epochs: int, k: int, bat
             tr.fit((d["x"], d["y"]), epochs=epochs + (0 if arm == "sync" else extra), verbose=0, callbacks=[HeldOut()])
             records = [r for r in tr.stats.records if r.epoch < epochs]
     finally:
-        worker.run_round_partition = real
+        installed.close()
     fit_s = state["elapsed"][epochs - 1]
     examples = sum(r.examples for r in records)
     out = {"fit_s": fit_s, "examples": examples, "examples_per_s": examples / fit_s, "elapsed_s": state["elapsed"],

@@ -39,14 +39,14 @@ import pytest
 from pyspark import cloudpickle
 
 from conftest import assert_weights_close, dropout_model, make_model, regression_data
-from sparkdl_avg import BlockMomentum, ConfigurationError, ParameterAveragingTrainer
+from sparkdl_avg import BlockMomentum, ConfigurationError, ParameterAveragingTrainer, testing
 from sparkdl_avg.executor import worker as worker_module
 
 
 class TaskRetryMixin:
     """A task whose first attempt fails is retried by Spark (the sessions allow 2+ attempts per task)."""
 
-    def test_a_task_retried_by_spark_gives_exactly_the_weights_of_a_clean_run(self, session, monkeypatch, tmp_path):
+    def test_a_task_retried_by_spark_gives_exactly_the_weights_of_a_clean_run(self, session, tmp_path):
         # Dropout: the replicas draw random numbers, which the retried attempt must draw again identically.
         data = regression_data(12 * 2 * 8, seed=11)  # 12 minibatches per worker per epoch
 
@@ -58,23 +58,17 @@ class TaskRetryMixin:
 
         clean = dropout_model()
         fit(clean)
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
-        monkeypatch.setattr(
-            worker_module, "run_round_partition", lambda task, it: _fail_first_attempt(real, task, it, marker)
-        )
-        try:
+        with testing.RoundEntry(lambda task, it: _fail_first_attempt(real, task, it, marker)):
             retried = dropout_model()
             trainer = fit(retried)
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         assert os.path.exists(marker)  # the first attempt did fail, and Spark retried it
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
         assert np.isfinite(trainer.stats.records[-1]["loss"])
 
     def test_a_task_retried_after_it_ran_the_augmenting_preprocess_gives_the_clean_runs_weights(
-            self, session, monkeypatch, tmp_path):
+            self, session, tmp_path):
         df = digits_frame(session)
 
         def fit():
@@ -89,15 +83,10 @@ class TaskRetryMixin:
             clean = fit()
         finally:
             cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
-        monkeypatch.setattr(worker_module, "run_round_partition",
-                            lambda task, it: _fail_after_first_attempt(real, task, it, marker))
-        try:
+        with testing.RoundEntry(lambda task, it: _fail_after_first_attempt(real, task, it, marker)):
             retried = fit()
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         assert os.path.exists(marker)  # the first attempt decoded, augmented and trained, then failed
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
 
@@ -209,9 +198,11 @@ class CompressedUpdatesMixin:
         float32 = compressed_fit(None, state_transport="sql", aggregation="driver")[1].stats.records
         paths = ({"aggregation": "driver"}, {"aggregation": "files"}, {"aggregation": "shuffle", "aggregation_shards": 3},
                  {"aggregation": "storage", "aggregation_shards": 2})
-        # int4 differs from int8 only in its codec: the whole delta, and one sharded (cut at whole blocks and bytes)
+        # int4 and topk differ from int8 only in their codecs: the whole delta, and one sharded (cut at whole blocks,
+        # bytes and chunks)
         for compression, ratio, options_list in (("int8", (0.40, 0.45), paths), ("bf16", (0.49, 0.51), paths),
-                                                 ("int4", (0.36, 0.40), paths[::2])):
+                                                 ("int4", (0.36, 0.40), paths[::2]),
+                                                 ("topk", (0.33, 0.35), paths[::2])):
             reference = None
             for options in options_list:
                 model, trainer = compressed_fit(compression, state_transport="sql", **options)
@@ -224,7 +215,7 @@ class CompressedUpdatesMixin:
                 assert [r.compression for r in records] == [compression] * len(records)
                 assert [r.aggregation for r in records] == [options["aggregation"]] * len(records)
                 # int8: the weights at 1 byte + a scale per 256, Adam's two moments in bf16: (1 + 2 * 2) / 12;
-                # int4: half a byte + a scale per 128: (0.53 + 2 * 2) / 12
+                # int4: half a byte + a scale per 128: (0.53 + 2 * 2) / 12; topk: 8 of the 385 weights, 18 bytes
                 low, high = ratio
                 for record, plain in zip(records, float32):
                     assert low * plain.sent_bytes < record.sent_bytes < high * plain.sent_bytes, (compression, record)
@@ -235,18 +226,12 @@ class CompressedUpdatesMixin:
                 assert not [f for f in os.listdir(trainer._staging_root) if f.startswith("exchange")]
             assert max(float(np.max(np.abs(a - b))) for a, b in zip(reference, f32_model().get_weights())) > 1e-3
 
-    def test_a_task_retried_after_writing_its_residual_gives_the_clean_weights(self, session, monkeypatch, tmp_path):
+    def test_a_task_retried_after_writing_its_residual_gives_the_clean_weights(self, session, tmp_path):
         clean, _ = compressed_fit("int8", state_transport="sql")
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
-        monkeypatch.setattr(
-            worker_module, "run_round_partition", lambda task, it: _fail_after_first_attempt(real, task, it, marker)
-        )
-        try:
+        with testing.RoundEntry(lambda task, it: _fail_after_first_attempt(real, task, it, marker)):
             retried, _ = compressed_fit("int8", state_transport="sql")
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         assert os.path.exists(marker)  # the first attempt trained, wrote its residual, then failed
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
 
@@ -680,22 +665,16 @@ class ElasticMixin:
         assert trainer.stats.membership == [
             {"epoch": 0, "round": 0, "workers": 2, "slots": 2, "hosts": ["scripted"], "reason": "start"}]
 
-    def test_workers_that_leave_and_join_train_each_example_once_and_replay_bitwise(self, session, monkeypatch,
+    def test_workers_that_leave_and_join_train_each_example_once_and_replay_bitwise(self, session,
                                                                                    tmp_path):
         from sparkdl_avg.driver.elastic.membership import ScriptedSlots
 
         script = [(0, 0, 3), (0, 2, 2), (1, 1, 3)]  # 3 workers, 2 from round 2 of epoch 0, 3 again from epoch 1's round 1
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
         real = worker_module.run_round_partition
         directory = str(tmp_path / "examples")
         os.makedirs(directory)
-        monkeypatch.setattr(worker_module, "run_round_partition",
-                            lambda task, it: _recording_examples(real, task, it, directory))
-        try:
+        with testing.RoundEntry(lambda task, it: _recording_examples(real, task, it, directory)):
             trainer, model = self._fit(script, min_workers=1, max_workers=3, update_compression="int8")
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        monkeypatch.setattr(worker_module, "run_round_partition", real)
 
         records = trainer.stats.records
         assert [(r.epoch, r.round, r.num_workers, r.start) for r in records] == [
@@ -843,17 +822,12 @@ class LocalOptimizerStateMixin:
         _, reset = self._fit(optimizer_state="reset")  # and it is not a fresh state each round
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reset.get_weights())) > 1e-4
 
-    def test_a_retried_task_continues_the_same_state_bitwise(self, session, monkeypatch, tmp_path):
+    def test_a_retried_task_continues_the_same_state_bitwise(self, session, tmp_path):
         first, clean = self._fit()
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
-        monkeypatch.setattr(worker_module, "run_round_partition",
-                            lambda task, it: _fail_first_attempt(real, task, it, marker))
-        try:
+        with testing.RoundEntry(lambda task, it: _fail_first_attempt(real, task, it, marker)):
             trainer, retried = self._fit()
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         assert os.path.exists(marker)  # the first attempt failed before it trained
         # every worker found its state, the retried one included (a lost one would restart: weights 0.02 apart)
         assert first.stats.local_states_restarted == 0 and trainer.stats.local_states_restarted == 0
@@ -1026,20 +1000,15 @@ class OverlapRoundsMixin:
         alone.fit(x, y, batch_size=self.B, epochs=2, shuffle=False, verbose=0)
         assert_weights_close(model.get_weights(), alone.get_weights(), atol=1e-12)
 
-    def test_runs_repeat_bitwise_and_a_retried_task_gives_the_clean_runs_weights(self, session, monkeypatch,
+    def test_runs_repeat_bitwise_and_a_retried_task_gives_the_clean_runs_weights(self, session,
                                                                                 tmp_path):
         _, clean = self._fit()
         _, again = self._fit()
         assert_weights_close(again.get_weights(), clean.get_weights(), atol=0)
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
-        monkeypatch.setattr(worker_module, "run_round_partition",
-                            lambda task, it: _fail_first_attempt(real, task, it, marker))
-        try:
+        with testing.RoundEntry(lambda task, it: _fail_first_attempt(real, task, it, marker)):
             _, retried = self._fit()
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         assert os.path.exists(marker)
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
 
@@ -1174,17 +1143,12 @@ class FragmentsMixin:
         sizes = sorted({r.sent_bytes for r in trainer.stats.records})
         assert len(sizes) == 2  # the two fragments' rounds, each about half the model's
 
-    def test_a_retried_task_gives_the_clean_runs_weights(self, session, monkeypatch, tmp_path):
+    def test_a_retried_task_gives_the_clean_runs_weights(self, session, tmp_path):
         clean, _ = fragment_fit(2, optimizer_state="local", update_compression="int8")
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
         real = worker_module.run_round_partition
         marker = str(tmp_path / "failed-once")
-        monkeypatch.setattr(worker_module, "run_round_partition",
-                            lambda task, it: _fail_after_first_attempt(real, task, it, marker))
-        try:
+        with testing.RoundEntry(lambda task, it: _fail_after_first_attempt(real, task, it, marker)):
             retried, _ = fragment_fit(2, optimizer_state="local", update_compression="int8")
-        finally:
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         assert os.path.exists(marker)  # the first attempt trained, wrote its own weights, then failed
         assert_weights_close(retried.get_weights(), clean.get_weights(), atol=0)
 

@@ -27,7 +27,7 @@ from conftest import (
     max_weight_change,
     regression_data,
 )
-from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg import ParameterAveragingTrainer, testing
 from sparkdl_avg.shared.data import example_order
 from sparkdl_avg.shared.model.modelspec import get_state, iterations_index, set_state
 
@@ -664,11 +664,11 @@ def test_stats_records_put_known_delays_in_their_phases_and_serialise(spark, tmp
 
     monkeypatch.setattr(round_module, "state_of", slow_state_of)
     monkeypatch.setattr(round_module, "set_state", slow_set_state)
-    monkeypatch.setattr(worker, "run_round_partition", late_start)
     x, y = regression_data(48, seed=32)
     trainer = ParameterAveragingTrainer(make_model(seed=32), num_workers=2, batch_size=8, averaging_frequency=1)
     before = time.time()
-    trainer.fit((x, y), epochs=1, verbose=0)
+    with testing.RoundEntry(late_start):
+        trainer.fit((x, y), epochs=1, verbose=0)
     after = time.time()
     records = trainer.stats.records
     assert len(records) == 3

@@ -26,10 +26,9 @@ import time
 
 import numpy as np
 import pytest
-from pyspark import cloudpickle
 
 from conftest import assert_weights_close, make_model, regression_data, spark_session
-from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg import ParameterAveragingTrainer, testing
 from sparkdl_avg.executor import worker as worker_module
 
 pytestmark = pytest.mark.slow
@@ -95,14 +94,10 @@ def killing_an_executor_once(marker, hold_worker=False):
     replacement registers until the test resumes it (:func:`resume_held_worker`); it is always resumed on the way out.
     """
     real = worker_module.run_round_partition
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        worker_module.run_round_partition = \
-            lambda task, it: _kill_executor_once(real, task, it, str(marker), hold_worker)
-        yield
+        with testing.RoundEntry(lambda task, it: _kill_executor_once(real, task, it, str(marker), hold_worker)):
+            yield
     finally:
-        worker_module.run_round_partition = real
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         resume_held_worker(marker)
 
 

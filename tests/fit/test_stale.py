@@ -19,21 +19,19 @@ factor is large (at 4, slot 0 would be barely slower than slot 1).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import statistics
-import sys
 
 import numpy as np
 import pytest
 
 import keras
-from pyspark import cloudpickle
 
 from conftest import assert_weights_close, record_jobs, regression_data, shared_spark
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, TrainerConfig, cli
 from sparkdl_avg.driver.checkpoint import files as ckpt
 from sparkdl_avg import testing
-from sparkdl_avg.executor import worker as worker_module
 from sparkdl_avg.ml import KerasAveragingEstimator
 from sparkdl_avg.shared.data.example_order import steps_per_epoch
 
@@ -46,16 +44,6 @@ SLOW_FACTOR = 100.0  # slot 0: ~0.4 s a chunk (the sleep), slot 1: ~0.1 s (mostl
 
 # ``local[2,3]`` (up to 3 attempts per task, for the retried tasks), shared with the other modules that ask for it.
 spark = shared_spark("local[2,3]", log_level="OFF")
-
-
-@pytest.fixture
-def by_value():
-    """Pickles this module's functions by value (executors cannot import it) while the test runs."""
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        yield
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def mlp(seed=0, optimizer=None):
@@ -75,16 +63,22 @@ def trainer_for(model, **kw):
     return ParameterAveragingTrainer(model, **options)
 
 
-def install_straggler(monkeypatch, factor=SLOW_FACTOR):
-    """Slot 0 ``factor`` times slower per chunk, on warm Python workers.
+@pytest.fixture
+def install_straggler():
+    """``install_straggler(factor)``: slot 0 ``factor`` times slower per chunk from then on in the test, on warm Python
+    workers (:class:`sparkdl_avg.testing.Straggler`; a later call's replaces an earlier one's).
 
     An untimed synchronous fit first: a Python worker that has to build the
     replica (a new one after an earlier test's failed task) would sleep
     ``factor`` times the build and its trace. The Straggler lives in the
     package, so it pickles by reference.
     """
-    trainer_for(mlp(seed=5)).fit(DATA, epochs=1, verbose=0)
-    monkeypatch.setattr(worker_module, "run_round_partition", testing.Straggler(slot=0, factor=factor))
+    with contextlib.ExitStack() as installed:
+        def install(factor=SLOW_FACTOR):
+            trainer_for(mlp(seed=5)).fit(DATA, epochs=1, verbose=0)
+            installed.enter_context(testing.Straggler(slot=0, factor=factor))
+
+        yield install
 
 
 def chunk_records(trainer, epoch):
@@ -135,10 +129,10 @@ def test_staleness_zero_ends_with_the_weights_and_losses_of_sync(spark, rule):
     assert all(r.chunk is None for r in sync_trainer.stats.records)
 
 
-def test_staleness_zero_with_a_straggler_still_reads_whole_rounds(spark, monkeypatch):
+def test_staleness_zero_with_a_straggler_still_reads_whole_rounds(spark, install_straggler):
     # A slow slot makes the epoch's-end rule pass it over; at staleness 0 that must not let a chunk start
     # after part of its own round was applied.
-    install_straggler(monkeypatch, factor=20.0)
+    install_straggler(factor=20.0)
     sync = mlp()
     trainer_for(sync).fit(DATA, epochs=2, verbose=0)
     stale = mlp()
@@ -149,10 +143,10 @@ def test_staleness_zero_with_a_straggler_still_reads_whole_rounds(spark, monkeyp
 
 
 @pytest.mark.parametrize("bound", [1, 2])
-def test_reproducible_runs_repeat_bitwise_whatever_the_timing(spark, monkeypatch, bound):
+def test_reproducible_runs_repeat_bitwise_whatever_the_timing(spark, install_straggler, bound):
     runs = []
     for factor in (20.0, 1.0, 40.0):  # slot 0 much slower, as fast, slower still: other arrival orders
-        install_straggler(monkeypatch, factor=factor)
+        install_straggler(factor=factor)
         model = mlp()
         trainer = trainer_for(model, synchronization="stale", staleness=bound, reproducible=True)
         history = trainer.fit(DATA, epochs=2, verbose=0)
@@ -199,8 +193,8 @@ def test_staleness_zero_shows_the_schedule_the_logs_of_sync(spark):
 
 
 @pytest.mark.parametrize("bound, aware", [(1, True), (2, False)], ids=["s=1-aware", "s=2-unscaled"])
-def test_a_straggler_lets_the_fast_worker_run_ahead_by_at_most_the_bound(spark, monkeypatch, bound, aware):
-    install_straggler(monkeypatch)
+def test_a_straggler_lets_the_fast_worker_run_ahead_by_at_most_the_bound(spark, install_straggler, bound, aware):
+    install_straggler()
     model = mlp()
     trainer = trainer_for(model, synchronization="stale", staleness=bound, staleness_aware=aware)
     history = trainer.fit(DATA, epochs=1, verbose=0)
@@ -248,13 +242,13 @@ def test_a_straggler_lets_the_fast_worker_run_ahead_by_at_most_the_bound(spark, 
 # ------------------------------------------------------------------------- async
 
 
-def test_async_trains_every_chunk_of_every_epoch_exactly_once(spark, monkeypatch, tmp_path):
+def test_async_trains_every_chunk_of_every_epoch_exactly_once(spark, install_straggler, tmp_path):
     sync_trainer = trainer_for(mlp())
     sync_trainer.fit(DATA, epochs=2, verbose=0)
     sync_examples = {e: sum(r.examples for r in sync_trainer.stats.records if r.epoch == e) for e in (0, 1)}
     sync_rounds = {e: sum(1 for r in sync_trainer.stats.records if r.epoch == e) for e in (0, 1)}
 
-    install_straggler(monkeypatch)  # chunks finish out of order
+    install_straggler()  # chunks finish out of order
     model = mlp()
     trainer = trainer_for(model, synchronization="async")
     history = trainer.fit(DATA, epochs=2, verbose=0)
@@ -300,8 +294,8 @@ class _StopAfterBlocks(keras.callbacks.Callback):
             self.weights = [w.copy() for w in self.model.get_weights()]
 
 
-def test_stop_training_at_a_block_end_applies_nothing_after_it(spark, monkeypatch):
-    install_straggler(monkeypatch, factor=20.0)  # slot 1 has chunks of later rounds in flight at the stop
+def test_stop_training_at_a_block_end_applies_nothing_after_it(spark, install_straggler):
+    install_straggler(factor=20.0)  # slot 1 has chunks of later rounds in flight at the stop
     model = mlp()
     stop = _StopAfterBlocks(2)
     trainer = trainer_for(model, synchronization="stale", staleness=2)
@@ -345,22 +339,20 @@ def _fail_first_attempt(task, workers, marker):
     if task.epoch == 1 and task.round == 1 and ids == [0] and ctx.attemptNumber() == 0:
         open(marker, "w").close()
         raise RuntimeError("injected failure on the first attempt")
-    from sparkdl_avg.executor import worker  # the executor's module: not patched there
+    from sparkdl_avg.executor import worker
 
     return worker.run_round_partition(task, ids)
 
 
-def test_a_chunk_retried_by_spark_gives_the_weights_of_a_clean_run(spark, monkeypatch, by_value, tmp_path):
+def test_a_chunk_retried_by_spark_gives_the_weights_of_a_clean_run(spark, tmp_path):
     clean = mlp()
     trainer_for(clean, synchronization="stale", staleness=0).fit(DATA, epochs=2, verbose=0)
 
     marker = str(tmp_path / "failed-once")
-    monkeypatch.setattr(
-        worker_module, "run_round_partition", lambda task, workers: _fail_first_attempt(task, workers, marker)
-    )
     retried = mlp()
     trainer = trainer_for(retried, synchronization="stale", staleness=0)
-    trainer.fit(DATA, epochs=2, verbose=0)
+    with testing.RoundEntry(lambda task, workers: _fail_first_attempt(task, workers, marker)):
+        trainer.fit(DATA, epochs=2, verbose=0)
     assert os.path.exists(marker)  # the first attempt did fail, and Spark retried it
     assert_weights_close(retried.get_weights(), clean.get_weights(), atol=1e-12)
     for epoch in (0, 1):
@@ -371,7 +363,7 @@ def _always_fail(task, ids):
     ids = list(ids)
     if task.epoch == 1 and task.round == 2 and ids == [1]:
         raise RuntimeError("injected failure on every attempt")
-    from sparkdl_avg.executor import worker  # the executor's module: not patched there
+    from sparkdl_avg.executor import worker
 
     return worker.run_round_partition(task, ids)
 
@@ -383,14 +375,14 @@ class _LastBlock(keras.callbacks.Callback):
         self.weights = [w.copy() for w in self.model.get_weights()]
 
 
-def test_a_chunk_failing_for_good_stops_the_fit_with_the_last_blocks_weights(spark, monkeypatch, by_value):
+def test_a_chunk_failing_for_good_stops_the_fit_with_the_last_blocks_weights(spark):
     from sparkdl_avg import WorkerError
 
-    monkeypatch.setattr(worker_module, "run_round_partition", _always_fail)
     model = mlp()
     last = _LastBlock()
     trainer = trainer_for(model, synchronization="stale", staleness=0)
-    with pytest.raises(WorkerError, match=r"Worker 1's chunk of round 2 of epoch 1.*injected failure on every attempt"):
+    with testing.RoundEntry(_always_fail), pytest.raises(
+            WorkerError, match=r"Worker 1's chunk of round 2 of epoch 1.*injected failure on every attempt"):
         trainer.fit(DATA, epochs=2, verbose=0, callbacks=[last])
     # Round 2's other chunk may have been applied, but not a block's end: the model is as the last block left it.
     assert_weights_close(model.get_weights(), last.weights, atol=0)

@@ -23,7 +23,7 @@ import pytest
 from conftest import make_model, regression_data, spark_session, stop_active_session
 from parity import (CompressedUpdatesMixin, DataKindsMixin, ElasticMixin, EstimatorPathMixin, ExecutorCheckMixin,
                     FragmentsMixin, LocalOptimizerStateMixin, OverlapRoundsMixin, TaskRetryMixin)
-from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer
+from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer, testing
 from sparkdl_avg.executor import worker as worker_module
 
 N, B, K = 2, 8, 4
@@ -288,7 +288,7 @@ def test_advise_measures_under_connect(connect):
     assert m["elapsed_s"] <= 120 and advice.summary.startswith(("Stay on one machine", "Use "))
 
 
-def test_stale_synchronous_and_asynchronous_chunks_run_under_connect(connect, reference, monkeypatch):
+def test_stale_synchronous_and_asynchronous_chunks_run_under_connect(connect, reference):
     from collections import Counter
 
     from sparkdl_avg.testing import Straggler
@@ -305,9 +305,9 @@ def test_stale_synchronous_and_asynchronous_chunks_run_under_connect(connect, re
     assert sorted(r.chunk for r in records if r.epoch == 1) == list(range(N * 256 // (N * B) // K))
     assert {r.staleness for r in records} == {0}
 
-    monkeypatch.setattr(worker_module, "run_round_partition", Straggler(slot=0, factor=4.0))
     trainer = trainer_for(make_model(seed=4), synchronization="async")
-    trainer.fit(frame(connect), epochs=1, verbose=0)
+    with Straggler(slot=0, factor=4.0):
+        trainer.fit(frame(connect), epochs=1, verbose=0)
     chunks = Counter(r.slot for r in trainer.stats.records)
     assert sum(chunks.values()) == N * 256 // (N * B) // K and chunks[1] > chunks[0]  # no barrier held worker 1 back
 
@@ -370,23 +370,15 @@ def _fail_in_round(real, failing_round, task, ids):
     yield from real(task, ids)
 
 
-def test_a_worker_error_in_the_standing_job_fails_the_fit_as_its_round_and_leaves_no_job(connect, monkeypatch):
+def test_a_worker_error_in_the_standing_job_fails_the_fit_as_its_round_and_leaves_no_job(connect):
     from functools import partial
-
-    from pyspark import cloudpickle
 
     from sparkdl_avg import WorkerError
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
-    failing = partial(_fail_in_round, worker_module.run_round_partition, 2)
-    monkeypatch.setattr(worker_module, "run_round_partition", failing)
-    try:
-        trainer = trainer_for(make_model(seed=4))
+    trainer = trainer_for(make_model(seed=4))
+    with testing.RoundEntry(partial(_fail_in_round, worker_module.run_round_partition, 2)):
         with pytest.raises(WorkerError, match="injected failure in round 2"):
             trainer.fit(frame(connect), epochs=1, verbose=0)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert [r.round for r in trainer.stats.records] == [0, 1]
     assert _no_spark_job_running()
-    monkeypatch.undo()
     trainer.fit(frame(connect), epochs=1, verbose=0)  # the trainer and the session still work

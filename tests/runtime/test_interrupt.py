@@ -26,10 +26,9 @@ import threading
 import time
 
 import pytest
-from pyspark import cloudpickle
 
 from conftest import make_model, regression_data, spark_session, stop_active_session
-from sparkdl_avg import ParameterAveragingTrainer, RECOMMENDED_CONF, WorkerError
+from sparkdl_avg import ParameterAveragingTrainer, RECOMMENDED_CONF, WorkerError, testing
 from sparkdl_avg.shared.errors import interrupt, remote_errors
 from sparkdl_avg.executor import worker as worker_module
 from sparkdl_avg.executor.daemon import quiet_when_killed
@@ -137,19 +136,14 @@ def test_ctrl_c_during_a_fit_raises_keyboard_interrupt_and_leaves_no_job_running
     assert_no_noise(caplog, capsys)
 
 
-def test_ctrl_c_in_a_long_round_cancels_its_job(session, monkeypatch, caplog, capsys):
+def test_ctrl_c_in_a_long_round_cancels_its_job(session, caplog, capsys):
     caplog.set_level(logging.INFO)
     data = frame(session)
     trainer = trainer_for()
     trainer.fit(data, epochs=1, verbose=0)
     real = worker_module.run_round_partition
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    monkeypatch.setattr(worker_module, "run_round_partition", lambda task, it: _slow(real, task, it))
-    try:
+    with testing.RoundEntry(lambda task, it: _slow(real, task, it)):
         late = interrupted_fit(trainer, data, 1.0)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        monkeypatch.undo()
     assert late < interrupt.GRACE_S + 3.0  # the 60 s round was cancelled, not waited for
     assert no_job_within(3.0), active_jobs()
     history = trainer.fit(data, epochs=1, verbose=0)

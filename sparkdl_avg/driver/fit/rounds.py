@@ -11,8 +11,9 @@ update rule's state (BMUF's ``Δ``) between rounds and fits. The stale-synchrono
 (:mod:`sparkdl_avg.driver.fit.stale_async`) asks the same runner for one worker's chunk at a time
 (:meth:`RoundRunner.run_chunk`) and has it record the chunks it applies (:meth:`RoundRunner.record_chunk`).
 
-The executor entry point is looked up as ``worker.run_round_partition`` at each round, so a test can wrap it to inject
-executor faults (a failed first attempt, a killed Python worker) without reaching into this module.
+The executor entry point is looked up at each round (:func:`sparkdl_avg.executor.testing.round_entry`:
+``worker.run_round_partition`` unless a test installed a :class:`~sparkdl_avg.executor.testing.RoundEntry` to inject
+executor faults, a failed first attempt or a slow worker).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...errors import WorkerError
-from ...executor import worker
+from ...executor import testing
 from ...executor.worker import RoundTask
 from ...shared.wire.aggregation import PartialResult
 from ...shared.model.modelspec import (current_learning_rate, get_state, iterations_index, set_state, state_of,
@@ -215,7 +216,7 @@ class RoundRunner:
         :meth:`StateTransport.run_job`.
         """
         with self.engine.labels(label, group=group):
-            return self.transport.run_job(name, sent, optimizer, make_task, worker.run_round_partition, workers, what,
+            return self.transport.run_job(name, sent, optimizer, make_task, testing.round_entry(), workers, what,
                                           rounds_labels=rounds_labels, places=places, ahead=ahead)
 
     def _announce(self, ahead, weights, opt_vars, mask, steps: int, n: int) -> Optional[NextRound]:

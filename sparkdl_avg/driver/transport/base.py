@@ -214,7 +214,8 @@ class StateTransport:
         The transport decides where the workers deliver their sums (the result sink,
         :mod:`sparkdl_avg.shared.wire.exchange`); ``make_task(state, sink)`` gives the job's
         :class:`~sparkdl_avg.executor.worker.RoundTask` with it. ``entry`` is the executor body,
-        ``worker.run_round_partition`` (looked up by the caller each round: the tests' fault-injection seam).
+        ``worker.run_round_partition`` unless a test installed another (:func:`sparkdl_avg.executor.testing.round_entry`,
+        looked up by the caller each round).
         ``places``: the host each worker's task should run on (classic sessions;
         :meth:`~sparkdl_avg.driver.runtime.session.Engine.located`), ``None``: anywhere.
 
