@@ -95,7 +95,7 @@ def test_add_decoded_sums_weighted_values_in_float32():
 
 
 def test_bad_input_is_refused_with_what_was_expected():
-    with pytest.raises(ValueError, match="unknown codec 'fp4'; expected one of 'bf16', 'int8', 'int4'"):
+    with pytest.raises(ValueError, match="unknown codec 'fp4'; expected one of 'bf16', 'int8', 'int4', 'topk'"):
         c.encode(_vector(), "fp4")
     with pytest.raises(ValueError, match=r"flat float32 vector; got shape \(2, 3\)"):
         c.encode(np.zeros((2, 3)), "bf16")
@@ -170,3 +170,46 @@ def test_int4_with_feedback_sends_over_rounds_what_one_round_drops():
     np.testing.assert_allclose(sent + residual, total, rtol=0, atol=1e-6)
     plain = np.sum([c.decode(c.encode(d, "int4")) for d in rounds], axis=0, dtype=np.float64)
     assert np.abs(sent - total).max() < 0.5 * np.abs(plain - total).max()
+
+
+# ------------------------------------------------------------------ topk (SparseLoCo's sparse deltas)
+
+
+def test_topk_keeps_each_chunks_largest_magnitudes_with_their_signs_in_two_bits():
+    x = _vector(10_000, seed=3)  # two whole chunks of 4,096 and one of 1,808
+    e = c.encode(x, "topk")
+    positions, values = c.topk_entries(e)
+    want = []
+    for start in range(0, x.size, 4096):
+        chunk = x[start:start + 4096]
+        k = c.topk_kept(chunk.size)
+        assert k == int(np.ceil(c.TOPK_DENSITY * chunk.size))
+        want += sorted(start + np.argsort(-np.abs(chunk), kind="stable")[:k])
+    assert positions.tolist() == want
+    np.testing.assert_array_equal(np.sign(values), np.sign(x[positions]))
+    scales = np.repeat(e.scales, [c.topk_kept(n) for n in (4096, 4096, 1808)])
+    # two magnitudes a chunk: its largest kept one (the scale), or half of it, whichever is nearer
+    np.testing.assert_array_equal(np.abs(values), np.where(np.abs(x[positions]) >= 0.75 * scales, scales, scales / 2))
+    decoded = c.decode(e)
+    assert np.count_nonzero(decoded) == positions.size and decoded[positions].tolist() == values.tolist()
+    # 82 + 82 + 37 positions of 12 bits and values of 2 bits, three scales
+    assert e.nbytes == 2 * (3 * 41 + 21) + (3 * 19 + 10) + 3 * 4 == c.payload_count("topk", 10_000) + 12
+    assert e.nbytes / (4 * x.size) < 0.01
+
+
+def test_topk_sums_at_the_positions_equal_the_dense_sums_bitwise():
+    x = _vector(9000, seed=4)
+    e = c.encode(x, "topk")
+    acc, dense = np.full(9000, 0.25, np.float32), np.full(9000, 0.25, np.float32)
+    c.add_decoded(acc, e, weight=7)
+    np.add(dense, c.decode(e) * np.float32(7), out=dense)
+    assert acc.tobytes() == dense.tobytes()
+
+
+def test_topk_slices_are_whole_chunks():
+    e = c.encode(_vector(9000), "topk")
+    with pytest.raises(ValueError, match=r"a topk slice must stop at a multiple of its chunk \(4096\) or the end; "
+                                         r"got 5000"):
+        e.slice(4096, 5000)
+    with pytest.raises(ValueError, match=r"a topk chunk must hold 1 to 4096 values \(12-bit positions\); got 8192"):
+        c.encode(_vector(), "topk", block=8192)

@@ -19,6 +19,7 @@ from parity import COMPRESSED_DATA, CompressedUpdatesMixin, compressed_fit, f32_
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer
 from sparkdl_avg.driver.checkpoint import files as ckpt
 from sparkdl_avg.driver.transport.feedback import ResidualLedger
+from sparkdl_avg.shared.wire import compression
 from sparkdl_avg.shared.wire.delta_sums import DeltaLayout, FeedbackFiles
 from sparkdl_avg.shared.wire.exchange import FlatLayout
 
@@ -42,7 +43,7 @@ def _state(seed, sizes=(700, 3, 130), opt_sizes=(700, 130)):
     return weights, optimizer
 
 
-@pytest.mark.parametrize("codec", ["int8", "bf16", "int4"])
+@pytest.mark.parametrize("codec", ["int8", "bf16", "int4", "topk"])
 def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     sent_w, sent_o = _state(0)
     # optimizer variable 1 is a first moment ("m"), variable 2 another ("o")
@@ -68,6 +69,14 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     # The sum is Σ n · decode(delta): close to the exact example-weighted deltas.
     weight_sums, _ = layout.delta_sums([whole])
     exact = sum((5 + i) * (_state(10 + i)[0][0] - sent_w[0]) for i in range(3))
+    if codec == "topk":  # what it sends of each worker's delta is exactly n · its 2-bit values, added where it sits
+        sent = np.zeros(700, np.float32)
+        for i, packed in enumerate(workers):
+            positions, values = compression.topk_entries(packed.encoded[0])
+            inside = positions < 700
+            sent[positions[inside]] += np.float32(5 + i) * values[inside]
+        np.testing.assert_array_equal(weight_sums[0], sent)
+        return
     tolerance = {"int8": 0.01, "bf16": 0.005, "int4": 0.12}[codec]  # half a step: 1/254, 1/512, 1/14 of a block's max
     assert np.max(np.abs(weight_sums[0] - exact)) < tolerance * np.max(np.abs(exact))
     np.testing.assert_allclose(weight_sums[3], sum((5 + i) * (_state(10 + i)[0][3] - sent_w[3]) for i in range(3)))
@@ -75,7 +84,7 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
 
 def test_int8_sends_about_a_quarter_of_the_weights_bytes_int4_an_eighth_and_bf16_half():
     sent_w, _ = _state(0)
-    for codec, low, high in (("int8", 0.25, 0.27), ("int4", 0.125, 0.14), ("bf16", 0.5, 0.51)):
+    for codec, low, high in (("int8", 0.25, 0.27), ("int4", 0.125, 0.14), ("bf16", 0.5, 0.51), ("topk", 0.0, 0.012)):
         layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False, False))
         assert low * layout.flat.nbytes < layout.nbytes < high * layout.flat.nbytes + 64, codec
 
@@ -156,7 +165,7 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
 def test_the_options_refuse_what_does_not_fit_naming_it():
     model = f32_model()
     with pytest.raises(ConfigurationError, match=r"'update_compression' parameter must be one of None, 'bf16', "
-                                                 r"'int8', 'int4'. Got 'fp8' instead"):
+                                                 r"'int8', 'int4', 'topk'. Got 'fp8' instead"):
         ParameterAveragingTrainer(model, update_compression="fp8")
     with pytest.raises(ConfigurationError, match=r"'error_feedback' parameter applies only with 'update_compression'"):
         ParameterAveragingTrainer(model, error_feedback=True)

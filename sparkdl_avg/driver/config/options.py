@@ -393,7 +393,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "update_compression", None, "Optional[str]",
         help="send each worker's round delta compressed: 'bf16' (2 bytes a value), 'int8' or 'int4' (the weights "
-             "at about 1 byte or half a byte, with error feedback)",
+             "at about 1 byte or half a byte, with error feedback), 'topk' (the largest 2 in 100 of each 4,096 weights, "
+             "about 0.04 bytes a value, with error feedback)",
         unset="float32 sums, uncompressed",
         doc="Send each worker's *delta* from the round's starting state compressed instead of its float32 "
             "sums (:mod:`sparkdl_avg.shared.wire.delta_sums`); the sums are still added in float32, so only the wire "
@@ -401,8 +402,12 @@ OPTIONS: Tuple[Option, ...] = (
             "in int8 with a float32 scale per 256 values and error feedback, the optimizer's variables in bf16 "
             "(int8 on Adam's second moments diverged in our measurements): 0.42× with Adam. ``\"int4\"`` (Streaming "
             "DiLoCo's 4-bit outer gradients): likewise with the weights in signed 4-bit values, two a byte, and a "
-            "float32 scale per 128 values: 0.13× for the weights alone, 0.38× with Adam. Works with every update "
-            "rule, "
+            "float32 scale per 128 values: 0.13× for the weights alone, 0.38× with Adam. ``\"topk\"`` "
+            "(SparseLoCo's sparse outer gradients): of each 4,096 weights' deltas only the largest 2% travel, each "
+            "as a 12-bit position and a 2-bit value, with a float32 scale per 4,096: 0.009× for the weights "
+            "alone (with ``optimizer_state=\"local\"`` and ``update_rule=\"diloco\"``, what it is for; the "
+            "optimizer's variables, if averaged, still travel in bf16); what is not sent stays in the worker's "
+            "residual. Works with every update rule, "
             "``synchronization=\"stale\"``, every ``state_transport`` and ``aggregation``, and Spark Connect. "
             "Default ``None``: float32 sums. Measured in docs/benchmarks.md, \"Compressed updates\".",
         check=OneOf((None,) + UPDATE_COMPRESSIONS),
@@ -412,11 +417,11 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "error_feedback", None, "Optional[bool]",
         help="with update_compression: keep what the codec drops per worker and add it to its next delta",
-        unset="for what travels in int8 or int4, not for bf16",
+        unset="for what travels in int8, int4 or topk, not for bf16",
         doc="With ``update_compression``: each worker keeps what its codec dropped (its residual, in a file "
             "under the staging directory, so a retried task or a lost executor changes nothing) and adds it "
             "to its next round's delta, so nothing is lost over rounds (Seide et al. 2014; Karimireddy et al. "
-            "2019). Default ``None``: for what travels in int8 or int4 (``\"int8\"``'s and ``\"int4\"``'s weights), not for bf16 "
+            "2019). Default ``None``: for what travels in int8, int4 or topk (those codecs' weights), not for bf16 "
             "(measured equal to float32 without it); ``True``: for everything compressed; ``False``: none. Not "
             "with ``synchronization=\"async\"``, whose chunks have no fixed predecessor.",
         check=Bool(allow_none=True),

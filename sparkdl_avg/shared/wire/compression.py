@@ -11,6 +11,12 @@ module owns the number formats and nothing about where they travel:
   signed 4-bit values per byte, value ``2i`` in the low nibble of byte ``i`` and ``2i + 1`` in its high nibble (two's
   complement, a last odd value's high nibble 0), and one float32 scale per block of :data:`BLOCKS` ``["int4"]`` values
   (``scale = max|x| / 7``, ``q = round(x / scale)`` in -7..7): 0.5 + 4/block bytes per value;
+* ``"topk"``: SparseLoCo's sparse outer gradients (2025): per chunk of :data:`BLOCKS` ``["topk"]`` (4,096) values,
+  only the :data:`TOPK_DENSITY` largest in magnitude (``k = ceil(density · chunk)``, at least one), each as its
+  12-bit position in the chunk and a 2-bit value (sign, and whether its magnitude is nearer the chunk's largest kept
+  one, the scale, or half of it), the chunk's scale in float32; positions packed two to three bytes, values four to a
+  byte, a chunk's ``3·ceil(k/2) + ceil(k/4)`` bytes back to back (0.036 bytes a value at 2%: 1/110 of float32).
+  Whatever it does not send stays in the residual;
 * error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec drops from ``delta + residual`` is the next
   residual, so over rounds nothing is lost (:func:`with_feedback`).
 
@@ -30,16 +36,19 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-CODECS = ("bf16", "int8", "int4")
+CODECS = ("bf16", "int8", "int4", "topk")
 BLOCK = 256
 """Values per int8 scale: 1.0156 bytes per value; measured in docs/benchmarks.md ("Compressed updates")."""
-BLOCKS = {"int8": BLOCK, "int4": 128}
+TOPK_DENSITY = 0.02
+"""The share of each chunk's values ``"topk"`` sends: 2% (0.009× float32's bytes), chosen over 1% and 3% on the digits
+MLP (docs/benchmarks/sparse_codecs.md)."""
+BLOCKS = {"int8": BLOCK, "int4": 128, "topk": 4096}
 """Values per scale of each codec that has scales (the default ``block`` of :func:`encode`). int4: 0.53125 bytes
 per value; the smallest block whose halving still bought more error than the same bits spent on a finer grid
 would (docs/benchmarks.md, "Compressed updates")."""
 
 _MAX = {"int8": 127, "int4": 7}  # symmetric (-127..127, -7..7) so that -x encodes as -q
-_DTYPES = {"bf16": np.uint16, "int8": np.int8, "int4": np.uint8}
+_DTYPES = {"bf16": np.uint16, "int8": np.int8, "int4": np.uint8, "topk": np.uint8}
 
 
 def payload_dtype(codec: str) -> np.dtype:
@@ -47,9 +56,25 @@ def payload_dtype(codec: str) -> np.dtype:
     return np.dtype(_DTYPES[codec])
 
 
-def payload_count(codec: str, size: int) -> int:
-    """Payload elements that encode ``size`` values in ``codec`` (int4: ``ceil(size / 2)`` bytes)."""
+def payload_count(codec: str, size: int, block: Optional[int] = None) -> int:
+    """Payload elements that encode ``size`` values in ``codec`` (int4: ``ceil(size / 2)`` bytes; topk: its chunks'
+    bytes, :func:`_topk_bytes`, with chunks of ``block`` values, :data:`BLOCKS` by default)."""
+    if codec == "topk":
+        block = BLOCKS["topk"] if block is None else block
+        whole, rest = divmod(size, block)
+        return whole * _topk_bytes(block) + (_topk_bytes(rest) if rest else 0)
     return -(-size // 2) if codec == "int4" else size
+
+
+def topk_kept(chunk: int) -> int:
+    """Values ``"topk"`` keeps of a chunk of ``chunk`` values: ``ceil(TOPK_DENSITY · chunk)``, at least one."""
+    return min(chunk, max(1, int(np.ceil(TOPK_DENSITY * chunk - 1e-9))))
+
+
+def _topk_bytes(chunk: int) -> int:
+    """Bytes of one ``"topk"`` chunk of ``chunk`` values: 12-bit positions, three bytes a pair; 2-bit values."""
+    k = topk_kept(chunk)
+    return 3 * -(-k // 2) + -(-k // 4)
 
 
 def block_of(codec: str) -> int:
@@ -89,7 +114,13 @@ class Encoded:
         if start % self.block:
             raise ValueError(f"an {self.codec} slice must start at a multiple of its block ({self.block}); got {start}")
         first, last = start // self.block, -(-stop // self.block)
-        if self.codec == "int4":
+        if self.codec == "topk":
+            if stop % self.block and stop != self.size:
+                raise ValueError(f"a topk slice must stop at a multiple of its chunk ({self.block}) or the end; "
+                                 f"got {stop}")
+            at = first * _topk_bytes(self.block)
+            payload = self.payload[at:at + payload_count("topk", stop - start, self.block)]
+        elif self.codec == "int4":
             if stop % 2 and stop != self.size:
                 raise ValueError(f"an int4 slice must stop at a whole byte (an even index or the end); got {stop}")
             payload = self.payload[start // 2:-(-stop // 2)]
@@ -116,6 +147,12 @@ def encode(x: np.ndarray, codec: str, block: Optional[int] = None) -> Encoded:
             raise ValueError(f"an int4 block must hold an even number of values (whole bytes); got {block}")
         q, scales = _quantize(x, block, _MAX[codec])
         return Encoded(codec, x.size, _pack_int4(q) if codec == "int4" else q, scales, block)
+    if codec == "topk":
+        block = BLOCKS[codec] if block is None else block
+        if not 1 <= block <= 4096:
+            raise ValueError(f"a topk chunk must hold 1 to 4096 values (12-bit positions); got {block}")
+        payload, scales = _topk_encode(x, block)
+        return Encoded(codec, x.size, payload, scales, block)
     raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(map(repr, CODECS))}")
 
 
@@ -123,13 +160,28 @@ def decode(e: Encoded) -> np.ndarray:
     """The float32 values ``e`` stands for."""
     if e.codec == "bf16":
         return (e.payload.astype(np.uint32) << 16).view(np.float32)
+    if e.codec == "topk":
+        out = np.zeros(e.size, np.float32)
+        positions, values = topk_entries(e)
+        out[positions] = values
+        return out
     out = (_unpack_int4(e.payload) if e.codec == "int4" else e.payload).astype(np.float32)[: e.size]
     _scale_blocks(out, e.scales, e.block)
     return out
 
 
 def add_decoded(acc: np.ndarray, e: Encoded, weight: float = 1.0) -> np.ndarray:
-    """``acc += weight · decode(e)`` in float32, in place; returns ``acc``."""
+    """``acc += weight · decode(e)`` in float32, in place; returns ``acc``.
+
+    A ``"topk"`` value is added at its positions only (each at most once), not densified first: bitwise the same
+    sums, as adding ``0`` changes nothing.
+    """
+    if e.codec == "topk":
+        positions, values = topk_entries(e)
+        if weight != 1.0:
+            values *= np.float32(weight)
+        acc[positions] += values
+        return acc
     values = decode(e)
     if weight != 1.0:
         values *= np.float32(weight)
@@ -207,3 +259,78 @@ def _scale_blocks(values: np.ndarray, scales: np.ndarray, block: int) -> None:
         values[: whole * block].reshape(whole, block)[...] *= scales[:whole, None]
     if values.size > whole * block:
         values[whole * block:] *= scales[whole]
+
+
+# ------------------------------------------------------------------ topk
+
+#: The 2-bit values' magnitudes, in units of the chunk's scale (its largest kept magnitude): the magnitude bit picks one.
+_TOPK_LEVELS = np.array([0.5, 1.0], np.float32)
+
+
+def _topk_encode(x: np.ndarray, block: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The payload bytes and per-chunk scales of ``x`` in ``"topk"`` (see the module docstring)."""
+    pieces, scales = [], []
+    whole = x.size // block
+    if whole:  # the full chunks at once: one argpartition over a (chunks, block) view
+        k = topk_kept(block)
+        rows = x[: whole * block].reshape(whole, block)
+        kept = np.sort(np.argpartition(-np.abs(rows), k - 1, axis=1)[:, :k], axis=1)
+        pieces += _topk_pack(kept, np.take_along_axis(rows, kept, axis=1), scales)
+    if x.size > whole * block:
+        rest = x[whole * block:][None, :]
+        k = topk_kept(rest.shape[1])
+        kept = np.sort(np.argpartition(-np.abs(rest), k - 1, axis=1)[:, :k], axis=1)
+        pieces += _topk_pack(kept, np.take_along_axis(rest, kept, axis=1), scales)
+    payload = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+    return payload, np.array(scales, np.float32).reshape(-1)
+
+
+def _topk_pack(positions: np.ndarray, values: np.ndarray, scales: list) -> list:
+    """Each row's chunk bytes: positions (three bytes a pair, the first in the low 12 bits), then the 2-bit values
+    (bit 0: negative; bit 1: magnitude nearer the scale than half of it), four a byte, the first lowest."""
+    chunks, k = positions.shape
+    magnitude = np.abs(values)
+    scale = magnitude.max(axis=1).astype(np.float32)
+    scales.extend(scale.tolist())
+    safe = np.where(scale > 0, scale, np.float32(1.0))[:, None]
+    code = (values < 0).astype(np.uint8) | ((magnitude / safe >= np.float32(0.75)).astype(np.uint8) << 1)
+    pairs = -(-k // 2)
+    p = np.zeros((chunks, 2 * pairs), np.uint32)
+    p[:, :k] = positions
+    word = p[:, 0::2] | (p[:, 1::2] << 12)  # 24 bits a pair
+    position_bytes = np.stack([word & 255, (word >> 8) & 255, word >> 16], axis=2).astype(np.uint8).reshape(chunks, -1)
+    quads = -(-k // 4)
+    c = np.zeros((chunks, 4 * quads), np.uint8)
+    c[:, :k] = code
+    value_bytes = c[:, 0::4] | (c[:, 1::4] << 2) | (c[:, 2::4] << 4) | (c[:, 3::4] << 6)
+    return [np.concatenate([position_bytes, value_bytes], axis=1).reshape(-1)]
+
+
+def topk_entries(e: Encoded) -> Tuple[np.ndarray, np.ndarray]:
+    """The positions (in ``e``'s values, ascending) and float32 values a ``"topk"`` :class:`Encoded` sends."""
+    whole, rest = divmod(e.size, e.block)
+    parts = []
+    if whole:
+        nbytes = _topk_bytes(e.block)
+        parts.append(_topk_unpack(e.payload[: whole * nbytes].reshape(whole, nbytes), topk_kept(e.block),
+                                  e.scales[:whole], 0, e.block))
+    if rest:
+        parts.append(_topk_unpack(e.payload[whole * _topk_bytes(e.block):][None, :], topk_kept(rest),
+                                  e.scales[whole:whole + 1], whole * e.block, e.block))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return np.concatenate([p for p, _ in parts]), np.concatenate([v for _, v in parts])
+
+
+def _topk_unpack(raw: np.ndarray, k: int, scales: np.ndarray, start: int, block: int):
+    """Positions and values of ``raw``'s chunks (one row each, ``k`` kept values), the first chunk at ``start``."""
+    chunks, pairs = raw.shape[0], -(-k // 2)
+    b = raw[:, : 3 * pairs].reshape(chunks, pairs, 3).astype(np.uint32)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    pos = np.stack([word & 4095, word >> 12], axis=2).reshape(chunks, -1)[:, :k].astype(np.int64)
+    pos += (start + block * np.arange(chunks, dtype=np.int64))[:, None]
+    v = raw[:, 3 * pairs:]
+    code = np.stack([v & 3, (v >> 2) & 3, (v >> 4) & 3, (v >> 6) & 3], axis=2).reshape(chunks, -1)[:, :k]
+    values = _TOPK_LEVELS[code >> 1] * scales.astype(np.float32)[:, None]
+    np.negative(values, out=values, where=(code & 1).astype(bool))
+    return pos.reshape(-1), values.astype(np.float32).reshape(-1)

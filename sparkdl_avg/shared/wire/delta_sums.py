@@ -10,8 +10,9 @@ files of error feedback; the transports move its bytes (:mod:`sparkdl_avg.shared
 **Segments.** A worker's state is cut into four segments: ``"w"``, the float32 weights; ``"m"``, the optimizer's
 float32 first moments (its variables named ``*_momentum``: :func:`first_moments`); ``"o"``, its other float32
 variables (second moments, accumulators); ``"x"``, everything else (float64 weights, counters), sent as raw float64
-``n · delta`` (a few values in practice). ``"int8"`` and ``"int4"`` (Streaming DiLoCo's 4-bit outer gradients) send
-``"w"`` in their codec and ``"m"`` and ``"o"`` in bf16 (:data:`SEGMENT_CODECS` says why).
+``n · delta`` (a few values in practice). ``"int8"``, ``"int4"`` (Streaming DiLoCo's 4-bit outer gradients) and
+``"topk"`` (SparseLoCo's sparse ones) send ``"w"`` in their codec and ``"m"`` and ``"o"`` in bf16 (:data:`SEGMENT_CODECS`
+says why).
 
 **Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of each segment, cut at whole blocks of its
 codec (int8's 256 values, int4's 128: whole bytes too), so a reducer decodes its shard alone and summing shard by shard
@@ -40,20 +41,21 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compression import BLOCK, Encoded, block_of, decode, encode, payload_count, payload_dtype, with_feedback
+from .compression import (BLOCK, Encoded, add_decoded, block_of, decode, encode, payload_count, payload_dtype,
+                          with_feedback)
 from .kept import WorkerRound, WorkerRoundFiles
 
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
-COMPRESSIONS = ("bf16", "int8", "int4")
+COMPRESSIONS = ("bf16", "int8", "int4", "topk")
 
 #: Codecs of the compressed segments (``"w"``, ``"m"``, ``"o"``: see the module docstring) per ``update_compression``.
 #: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged with error feedback in the pre-study; int8 on
 #: ``"m"`` alone matched float32 in fewer bytes, but its residual doubled the residual files and made the rounds on the
 #: shaped-network cluster slower, so ``"m"`` stays in bf16 (docs/benchmarks/compression.md). ``"int4"`` follows int8.
 SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16"),
-                  "int4": ("int4", "bf16", "bf16")}
+                  "int4": ("int4", "bf16", "bf16"), "topk": ("topk", "bf16", "bf16")}
 
-_QUANTIZED = ("int8", "int4")  # the codecs with scales, which drop enough to keep a residual by default
+_QUANTIZED = ("int8", "int4", "topk")  # the codecs with scales, which drop enough to keep a residual by default
 
 
 def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
@@ -73,7 +75,7 @@ def first_moments(optimizer_variables) -> Tuple[int, ...]:
     return tuple(i for i, v in enumerate(optimizer_variables) if str(getattr(v, "path", "")).endswith("_momentum"))
 
 _HEADER = 8  # int64 n
-_PAYLOADS = ("bf16", "int8", "int4")  # the payloads' order in a shard (int8's shards kept their bytes when int4 came)
+_PAYLOADS = ("bf16", "int8", "int4", "topk")  # the payloads' order in a shard (earlier codecs' shards kept their bytes)
 
 
 def _bounds(size: int, codec: str, shard: int, shards: int) -> Tuple[int, int]:
@@ -268,9 +270,7 @@ class DeltaLayout:
         packed = self.parse(data, shard, shards)
         weight = np.float32(packed.examples)
         for sums, e in zip(acc[:-1], packed.encoded):
-            values = decode(e)
-            values *= weight
-            np.add(sums, values, out=sums)
+            add_decoded(sums, e, weight)  # a topk delta at its positions only, not densified
         np.add(acc[-1], packed.x, out=acc[-1])
         return acc
 
