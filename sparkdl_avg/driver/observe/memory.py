@@ -46,9 +46,11 @@ DRIVER_COPIES = 1.0
 WORKER_COPIES = 1.0
 TRAINING_TEMPORARIES = 0.75
 #: Arrays read or assigned one at a time, and their temporaries: on a worker, and on the driver (which also
-#: assigns the new state to the model), in multiples of the largest array.
-ARRAY_HEADROOM = 1.5
-DRIVER_ARRAY_HEADROOM = 2.0
+#: assigns the new state to the model), in multiples of the largest array. Refitted 2026-12-06 on four models with
+#: Adam (an embedding of 2^20, 2^22 and 2^24 + 4 rows, a 1000 → 10,000 dense layer; benchmarks/peak_memory.py): each
+#: estimate within 11% of the measured peak above the level before the fit (docs/benchmarks/memory.md).
+ARRAY_HEADROOM = 2.5
+DRIVER_ARRAY_HEADROOM = 4.5
 #: Fixed bytes per process beyond the arrays (buffers, Python objects); small next to a large model. A worker's
 #: are more (its traced step function, the staged data's pages: measured on a small model, docs/benchmarks/memory.md).
 FIXED_BYTES = 16 << 20
@@ -260,7 +262,8 @@ def check_memory(model, engine, num_workers: int, average_optimizer: bool, local
                  + ("" if engine.one_host else " per task slot (spark.executor.pyspark.memory)"))
     raise ConfigurationError(
         f"This fit would not fit in memory: {'; '.join(problems)} ({est.source}). The model's state (weights "
-        f"and optimizer variables) is {_gb(est.state_bytes)}; a fit holds about one copy of it on the driver (the "
-        f"round's sums) and two in each worker (its replica and training's temporaries) (README, 'What memory a "
-        f"fit needs'). What would make it fit: {'; '.join(fixes)}."
+        f"and optimizer variables) is {_gb(est.state_bytes)}; this fit needs about "
+        f"{est.driver_bytes / max(1, est.state_bytes):.1f}× it on the driver (the round's sums, and the arrays it "
+        f"reads and assigns) and {est.worker_bytes / max(1, est.state_bytes):.1f}× in each worker (its replica and "
+        f"training's temporaries) (docs/guides/data.md, memory). What would make it fit: {'; '.join(fixes)}."
     )
