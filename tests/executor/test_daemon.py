@@ -139,21 +139,41 @@ def test_the_warm_ups_sql_job_yields_to_a_job_already_waiting(spark):
 
 # Issue 16, a user's first hour: the fit's warm workers serve the SQL jobs that follow.
 def test_a_sql_job_after_a_fit_reuses_the_fits_python_workers(spark):
-    """Training (RDD rounds) and predict/staging (SQL jobs) are meant to share one pool of Python workers (session.py):
-    a SQL job after a fit starts no cold worker."""
+    """Training (RDD rounds) and predict/staging (SQL jobs) share one pool of Python workers (session.py)."""
+    import os
+
     x, y = np.random.default_rng(0).normal(size=(64, 4)), np.zeros((64, 1))
     trainer = ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, averaging_frequency=2, seed=0,
                                         state_transport="files", slow_warning=False)
     trainer.fit((x, y), epochs=1, verbose=0)
     fit_pids = {w.pid for r in trainer.stats.records for w in r.workers}
 
-    # What the user gets: the SQL job after the fit (predict, staging) runs on workers with TensorFlow and Keras
-    # imported, none started cold. This module's session runs PySpark's own daemon, which imports nothing, so a
-    # worker that trained or was warmed is the only kind that passes. (Which idle workers it takes, and whether they
-    # are the fit's: two of the last CI runs saw the SQL job's workers forked by another daemon than the fit's, a
-    # second pool that session.py's shared environment should not leave; not explained yet, issue 57's note.)
-    sql = _sql_probe(spark)
-    assert all(tf and k for _, tf, k in sql), (sql, fit_pids)
+    def parents(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"ppid": [os.getppid()] * batch.num_rows,
+                                              "uuid": [os.environ.get("SPARK_JOB_ARTIFACT_UUID")] * batch.num_rows})
+
+    def parent_of(pid):  # local[2]: the fit's workers are processes of this machine, alive in the pool
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+
+    rows = spark.range(4, numPartitions=2).mapInArrow(parents, "ppid long, uuid string").collect()
+    sql, uuids = {r.ppid for r in rows}, {r.uuid for r in rows}
+    # After a local Spark Connect server ran in this process (an earlier test module on this pytest worker), Spark
+    # gives classic SQL jobs their session's artifact UUID in the workers' environment (RDD jobs keep "default"):
+    # PySpark keys its pools by that environment, so Spark itself keeps two pools there. Seen on a fresh clone's run;
+    # reproduced by starting remote("local[2]") before a classic session.
+    if uuids != {"default"}:
+        sql_probe = _sql_probe(spark)  # what the user still gets: no cold worker
+        assert all(tf and k for _, tf, k in sql_probe), (uuids, sql_probe)
+        return
+    # One pool is one daemon: PySpark keys its worker factories (each with a daemon that forks the workers, and an
+    # idle queue) by the worker's environment. The SQL job's workers and the fit's are children of the same daemon,
+    # so whichever idle workers a job takes, they come from the queue the fit's went back to. Which of them a job
+    # takes depends on when Spark returned each to the queue: not asserted.
+    assert sql == {parent_of(pid) for pid in fit_pids}, (sql, fit_pids)
 
 
 class TestExecutorCheck(ExecutorCheckMixin):
