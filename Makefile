@@ -57,9 +57,10 @@ PYTEST := $(SPARK_ENV) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS)
 test: env
 	$(PYTEST) tests
 
-## The suite without the slow cluster tests.
+## The unit tier: every test that starts no Spark, spark-submit, cluster, notebook, site build, browser or other
+## Python (tests/conftest.py's integration mark), in about 2 minutes.
 test-fast: env
-	$(PYTEST) tests -m "not slow"
+	$(PYTEST) tests -m "not integration"
 
 ## Benchmark suite of docs/benchmarks/ (~85 min on 2 cores): the trainer against plain Keras,
 ## Elephas (installed into its own benchmarks/.venv-elephas on first use) and the ideal; per-round

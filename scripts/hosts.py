@@ -306,8 +306,9 @@ class Cluster:
             "TF_CPP_MIN_LOG_LEVEL": "2",
             STATE_ENV: self.state_path,
         }
-        if "JAVA_HOME" in os.environ:
-            env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+        # Java and its options as the caller has them (the JVMs' flags: a drivers' and a daemons' own).
+        env.update({k: os.environ[k] for k in ("JAVA_HOME", "SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS")
+                    if k in os.environ})
         env.update(self.store_env())
         return env
 

@@ -18,10 +18,22 @@ import uuid
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-# The JVMs started from here on (this process' own, spark-submit's, the scripts', notebooks' and jobs' drivers)
-# compile with C1 only: a short-lived Spark JVM then takes about a quarter less CPU, the suite's bottleneck on
-# 2 cores. Results do not depend on it; a SPARK_SUBMIT_OPTS set outside stands.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# The JVMs started from here on compile with C1 only, and map Spark's classes from a class-data-sharing archive
+# (tests/spark_cds.py): drivers (this process' own, spark-submit's, notebooks', jobs', Connect servers') through
+# SPARK_SUBMIT_OPTS, their executors through the spark.executor.extraJavaOptions it sets as their default, and
+# standalone masters and workers (scripts/cluster.sh, scripts/hosts.py) through SPARK_DAEMON_JAVA_OPTS. C1 takes a
+# short-lived Spark JVM's CPU down by about a quarter, the archive by half again (a session's start: 11 s of the
+# JVM's CPU to 5; a standalone worker's: 6 s to 1), and CPU is the suite's bottleneck on 2 cores. Results do not
+# depend on either; variables set outside stand. The controller builds the archive once per virtualenv, before
+# pytest-xdist starts its workers, which inherit the variables.
+if "SPARK_SUBMIT_OPTS" not in os.environ or "SPARK_DAEMON_JAVA_OPTS" not in os.environ:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from spark_cds import ensure_archive  # noqa: E402
+
+    _archive = ensure_archive()
+    _jvm = "-XX:TieredStopAtLevel=1" + (f" -XX:SharedArchiveFile={_archive}" if _archive else "")
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", f'{_jvm} "-Dspark.executor.extraJavaOptions={_jvm}"')
+    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", _jvm)
 # Each pytest-xdist worker (``make test``) gets a temporary directory of its own, which every process it starts
 # inherits: a staging root that one worker's killed driver leaves is then swept, with its warning, by a later fit of
 # that worker only, never in the middle of the other worker's test that asserts the library logged nothing.
@@ -166,15 +178,48 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleGroups(config, log)
 
 
+# The suite's two tiers. ``make test-fast`` runs the unit tier (``-m "not integration"``): the arithmetic, the options,
+# the wire formats, the protocols' models, the messages, each in this process and without Spark. The ``integration``
+# tier is every test that asks for a Spark session (the ``SPARK_FIXTURES``: marked in
+# ``pytest_collection_modifyitems``) or starts Spark, a spark-submit, a cluster, a notebook, a documentation build, a
+# browser or another Python itself (``pytestmark = pytest.mark.integration``; ``slow`` tests are in it too). A test
+# outside it that starts a JVM all the same fails (``_unit_tier_guard``), naming the mark it needs.
+SPARK_FIXTURES = frozenset({"spark", "session", "s3_store"})
+
+
+def _in_integration_tier(item) -> bool:
+    return bool(SPARK_FIXTURES & set(getattr(item, "fixturenames", ()))) or any(
+        item.iter_markers("slow")) or any(item.iter_markers("integration"))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard(request):
+    """Fails a unit-tier test (no ``integration`` mark) that started this process' Spark JVM: ``make test-fast`` would run it."""
+    if _in_integration_tier(request.node):
+        yield
+        return
+    context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    before = getattr(getattr(context, "SparkContext", None), "_gateway", None)
+    yield
+    context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    after = getattr(getattr(context, "SparkContext", None), "_gateway", None)
+    if before is None and after is not None:
+        pytest.fail(f"{request.node.nodeid} started a Spark JVM but is in the unit tier (make test-fast): ask for the "
+                    "spark fixture, or mark it @pytest.mark.integration", pytrace=False)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Orders the run.
+    """Orders the run, after marking the ``integration`` tier's tests (``_in_integration_tier``).
 
     Runs the modules whose ``spark`` is the same shared session (``shared_spark``: the same master and conf) one
     after another, at the first one's place, each in its order, so that a worker running them keeps one session;
     every other module keeps its place and order. Then the ``LONGEST_FIRST`` groups move to the front.
     """
+    integration = pytest.mark.integration
     modules: dict = {}
     for item in items:
+        if _in_integration_tier(item) and not any(item.iter_markers("integration")):
+            item.add_marker(integration)
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
     groups: dict = {}  # key -> the modules that use it, in order
     for name, its in modules.items():

@@ -16,6 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # tests/conftest.py: not in make test-fast's unit tier
+
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

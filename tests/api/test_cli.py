@@ -295,6 +295,7 @@ def test_seed_repeats_a_model_builder_without_a_seed_parameter(tmp_path, monkeyp
     assert not np.array_equal(first[0], other[0])
 
 
+@pytest.mark.integration  # runs jobs/train.py in another Python
 def test_train_job_help_documents_every_trainer_option():
     proc = _job("jobs/train.py", "--help")
     assert proc.returncode == 0
@@ -324,6 +325,7 @@ def test_the_cluster_guide_lists_every_flag_of_the_option_table():
     assert sorted(f for f in set(flag_names().values()) if f"`{f}" not in guide) == []
 
 
+@pytest.mark.integration  # runs jobs/train.py in another Python
 def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_path):
     common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet")]
     out = ["--output-dir", str(tmp_path / "out")]
@@ -346,6 +348,7 @@ def test_train_job_rejects_bad_flags_with_one_line_before_starting_spark(tmp_pat
 
 
 # Issue 16, a user's first hour, item 2: files left behind or unreadable.
+@pytest.mark.integration  # runs jobs/train.py in another Python
 def test_a_failing_train_job_leaves_no_temporary_directory(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -357,6 +360,7 @@ def test_a_failing_train_job_leaves_no_temporary_directory(tmp_path):
     assert glob.glob(str(scratch / "sparkdl_avg-*")) == []
 
 
+@pytest.mark.integration  # runs jobs/train.py in another Python
 def test_train_job_refuses_unwritable_output_and_checkpoint_dirs_before_starting_spark(tmp_path):
     common = ["jobs/train.py", "--data", str(tmp_path / "none.parquet"), "--model-builder", "digits_model:build"]
     output, proc = _jobs([*common, "--output-dir", "/proc/x/out"],

@@ -16,6 +16,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import examples  # noqa: E402
 
+pytestmark = pytest.mark.integration  # tests/conftest.py: not in make test-fast's unit tier
+
 #: The pages that say their examples run under Spark Connect, and where they say it.
 CONNECT_PAGES = {
     "guides/stragglers.md": "it runs the same under Spark\nConnect",

@@ -19,6 +19,8 @@ import pytest
 
 from site_build import built_site  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.integration  # tests/conftest.py: not in make test-fast's unit tier
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_LIMIT_S = 60.0  # issue 49: `mkdocs build --strict` within a minute on the 2-core machine
 

@@ -17,6 +17,8 @@ import pytest
 
 from site_build import built_site  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.integration  # tests/conftest.py: not in make test-fast's unit tier
+
 PAGES = {  # path: text the page must show
     "": "synchronous parameter averaging",
     "guides/data/": "What fit accepts",

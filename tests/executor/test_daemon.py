@@ -25,6 +25,8 @@ from sparkdl_avg import DAEMON_MODULE, ParameterAveragingTrainer, warm_up
 from sparkdl_avg.cli import daemon_applies
 from sparkdl_avg.errors import DataError
 
+pytestmark = pytest.mark.integration  # tests/conftest.py: not in make test-fast's unit tier
+
 
 def _rdd_probe(spark, n=2):
     """(pid, TensorFlow imported, Keras imported) of each of ``n`` RDD tasks (the classic rounds' kind of job)."""

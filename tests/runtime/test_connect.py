@@ -26,6 +26,8 @@ from parity import (CompressedUpdatesMixin, DataKindsMixin, ElasticMixin, Estima
 from sparkdl_avg import RECOMMENDED_CONF, ConfigurationError, DataError, ParameterAveragingTrainer, testing
 from sparkdl_avg.executor import worker as worker_module
 
+pytestmark = pytest.mark.integration  # tests/conftest.py: not in make test-fast's unit tier
+
 N, B, K = 2, 8, 4
 X, Y = regression_data(256, seed=5)
 
