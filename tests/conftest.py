@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -54,8 +55,29 @@ from sparkdl_avg.driver.runtime.session import RECOMMENDED_CONF  # noqa: E402
 # --------------------------------------------------------------------- Spark
 
 
+def _forget_the_first_sessions_conf() -> None:
+    """Clears the ``spark.*`` Java system properties of this process' JVM, but those of ``SPARK_SUBMIT_OPTS``.
+
+    pyspark launches the JVM through spark-submit, which makes the first session's conf system properties, and every
+    later session in that JVM starts from them: after ``test_executor_loss``'s ``spark.executor.cores=1`` a
+    ``local[2]`` session read as one slot, and a ``spark.local.dir`` long deleted stayed the default.
+    """
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return
+    keep = set(re.findall(r"-D(spark\.[^=\s\"]+)=", os.environ.get("SPARK_SUBMIT_OPTS", "")))
+    system = jvm.java.lang.System
+    for key in [str(k) for k in system.getProperties().keySet()]:
+        if key.startswith("spark.") and key not in keep:
+            system.clearProperty(key)
+
+
 def make_session(master: str, app_name: str, local_dir: str, **conf):
     from pyspark.sql import SparkSession
+
+    _forget_the_first_sessions_conf()
 
     builder = (
         SparkSession.builder.master(master)

@@ -2,7 +2,8 @@
 
 The race, modelled in one thread: Spark posts "executor added" (the driver's own in ``local[N]``) to its listener bus,
 and the status store's thread files it later. A session just started on a loaded machine read as no slots at all
-(``test_live_slots_are_read_from_spark_and_a_probe_job_counts_them`` beside a CPU-bound process).
+(``test_live_slots_are_read_from_spark_and_a_probe_job_counts_them`` beside a CPU-bound process). And ``local[N]``'s
+driver, whose slots are its N cores whatever ``spark.executor.cores`` says.
 """
 
 from types import SimpleNamespace
@@ -13,8 +14,15 @@ from sparkdl_avg.driver.elastic.membership import STATUS_DRAIN_MS, status_slots
 
 
 class Summary:
-    def __init__(self, host_port, max_tasks, active=True):
+    def __init__(self, host_port, max_tasks, active=True, executor_id="1", total_cores=None):
         self._host_port, self._max_tasks, self._active = host_port, max_tasks, active
+        self._id, self._total_cores = executor_id, max_tasks if total_cores is None else total_cores
+
+    def id(self):
+        return self._id
+
+    def totalCores(self):  # noqa: N802
+        return self._total_cores
 
     def isActive(self):  # noqa: N802 (Spark's ExecutorSummary)
         return self._active
@@ -65,8 +73,10 @@ class Store:
         return JavaList(e for e in self.executors if e.isActive() or not active_only)
 
 
-def _context(store, bus):
-    jsc = SimpleNamespace(statusStore=lambda: store, listenerBus=lambda: bus)
+def _context(store, bus, conf=None):
+    settings = dict(conf or {})
+    jsc = SimpleNamespace(statusStore=lambda: store, listenerBus=lambda: bus,
+                          conf=lambda: SimpleNamespace(get=lambda key, default: settings.get(key, default)))
     return SimpleNamespace(_jsc=SimpleNamespace(sc=lambda: jsc))
 
 
@@ -91,3 +101,13 @@ def test_a_bus_that_does_not_empty_in_time_leaves_the_store_as_it_is():
     slots = status_slots(_context(store, bus))
     assert (slots.count, slots.hosts) == (2, ("a",))
     assert bus.waits == [STATUS_DRAIN_MS]
+
+
+def test_a_local_masters_driver_counts_its_cores_whatever_spark_executor_cores_says():
+    """``local[2]`` with ``spark.executor.cores=1`` (set by the session, or left in the JVM's system properties by the
+    first session's spark-submit): Spark's store says 1 task at a time, the driver runs 2."""
+    store = Store([Summary("driver-host:40000", 1, executor_id="driver", total_cores=2)])
+    assert status_slots(_context(store, Bus(store, []))).count == 2
+    assert status_slots(_context(store, Bus(store, []), {"spark.task.cpus": "2"})).count == 1
+    executor = Store([Summary("a:1", 1, total_cores=2)])  # an executor's own: its maxTasks (GPUs may bound it)
+    assert status_slots(_context(executor, Bus(executor, []))).count == 1

@@ -106,13 +106,17 @@ def status_slots(sc) -> Slots:
         jsc.listenerBus().waitUntilEmpty(STATUS_DRAIN_MS)
     except Py4JJavaError:  # a TimeoutException: a user's listener is slow; the store as it is
         pass
+    task_cpus = int(jsc.conf().get("spark.task.cpus", "1"))
     summaries = jsc.statusStore().executorList(True)
     count, hosts = 0, set()
     it = summaries.iterator()
     while it.hasNext():
         summary = it.next()
-        if summary.isActive() and summary.maxTasks() > 0:
-            count += int(summary.maxTasks())
+        # ``local[N]``'s one executor is the driver, with N cores. The store divides ``spark.executor.cores`` by the
+        # task's CPUs instead, a setting meaningless there: with it at 1, ``local[2]`` read as one slot.
+        slots = int(summary.totalCores()) // task_cpus if summary.id() == "driver" else int(summary.maxTasks())
+        if summary.isActive() and slots > 0:
+            count += slots
             hosts.add(str(summary.hostPort()).rsplit(":", 1)[0])
     return Slots(count, tuple(sorted(hosts)))
 
