@@ -19,22 +19,6 @@ import uuid
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-# The JVMs started from here on compile with C1 only, and map Spark's classes from a class-data-sharing archive
-# (tests/spark_cds.py): drivers (this process' own, spark-submit's, notebooks', jobs', Connect servers') through
-# SPARK_SUBMIT_OPTS, their executors through the spark.executor.extraJavaOptions it sets as their default, and
-# standalone masters and workers (scripts/cluster.sh, scripts/hosts.py) through SPARK_DAEMON_JAVA_OPTS. C1 takes a
-# short-lived Spark JVM's CPU down by about a quarter, the archive by half again (a session's start: 11 s of the
-# JVM's CPU to 5; a standalone worker's: 6 s to 1), and CPU is the suite's bottleneck on 2 cores. Results do not
-# depend on either; variables set outside stand. The controller builds the archive once per virtualenv, before
-# pytest-xdist starts its workers, which inherit the variables.
-if "SPARK_SUBMIT_OPTS" not in os.environ or "SPARK_DAEMON_JAVA_OPTS" not in os.environ:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from spark_cds import ensure_archive  # noqa: E402
-
-    _archive = ensure_archive()
-    _jvm = "-XX:TieredStopAtLevel=1" + (f" -XX:SharedArchiveFile={_archive}" if _archive else "")
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", f'{_jvm} "-Dspark.executor.extraJavaOptions={_jvm}"')
-    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", _jvm)
 # Each pytest-xdist worker (``make test``) gets a temporary directory of its own, which every process it starts
 # inherits: a staging root that one worker's killed driver leaves is then swept, with its warning, by a later fit of
 # that worker only, never in the middle of the other worker's test that asserts the library logged nothing.
@@ -50,6 +34,30 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from sparkdl_avg.driver.runtime.session import RECOMMENDED_CONF  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spark_cds import ensure_archive  # noqa: E402
+
+
+def pytest_configure(config):
+    """The JVMs started from here on compile with C1 only, and map Spark's classes from a class-data-sharing archive
+    (tests/spark_cds.py): drivers (this process' own, spark-submit's, notebooks', jobs', Connect servers') through
+    ``SPARK_SUBMIT_OPTS``, their executors through the ``spark.executor.extraJavaOptions`` it sets as their default,
+    and standalone masters and workers (scripts/cluster.sh, scripts/hosts.py) through ``SPARK_DAEMON_JAVA_OPTS``.
+
+    C1 takes a short-lived Spark JVM's CPU down by about a quarter, the archive by half again (a session's start:
+    11 s of the JVM's CPU to 5; a standalone worker's: 6 s to 1), and CPU is the suite's bottleneck on 2 cores.
+    Results do not depend on either; variables set outside stand. The controller builds the archive once per
+    virtualenv, before pytest-xdist starts its workers (they inherit the variables); the unit tier
+    (``-m "not integration"``) starts no JVM and builds none.
+    """
+    if "SPARK_SUBMIT_OPTS" in os.environ and "SPARK_DAEMON_JAVA_OPTS" in os.environ:
+        return
+    unit_tier = "not integration" in (config.option.markexpr or "")
+    archive = None if unit_tier or hasattr(config, "workerinput") else ensure_archive()
+    jvm = "-XX:TieredStopAtLevel=1" + (f" -XX:SharedArchiveFile={archive}" if archive else "")
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", f'{jvm} "-Dspark.executor.extraJavaOptions={jvm}"')
+    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", jvm)
 
 
 # --------------------------------------------------------------------- Spark
