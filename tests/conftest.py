@@ -64,7 +64,8 @@ def pytest_configure(config):
 
 
 def _forget_the_first_sessions_conf() -> None:
-    """Clears the ``spark.*`` Java system properties of this process' JVM, but those of ``SPARK_SUBMIT_OPTS``.
+    """Clears the ``spark.*`` Java system properties of this process' JVM, but its name and master and those of
+    ``SPARK_SUBMIT_OPTS``.
 
     pyspark launches the JVM through spark-submit, which makes the first session's conf system properties, and every
     later session in that JVM starts from them: after ``test_executor_loss``'s ``spark.executor.cores=1`` a
@@ -75,7 +76,9 @@ def _forget_the_first_sessions_conf() -> None:
     jvm = SparkContext._jvm
     if jvm is None:
         return
-    keep = set(re.findall(r"-D(spark\.[^=\s\"]+)=", os.environ.get("SPARK_SUBMIT_OPTS", "")))
+    # What a local Connect server's start reads from them (pyspark: ``SparkConf(loadDefaults=True)``, its name too).
+    keep = {"spark.app.name", "spark.master", "spark.submit.deployMode", "spark.submit.pyFiles"}
+    keep |= set(re.findall(r"-D(spark\.[^=\s\"]+)=", os.environ.get("SPARK_SUBMIT_OPTS", "")))
     system = jvm.java.lang.System
     for key in [str(k) for k in system.getProperties().keySet()]:
         if key.startswith("spark.") and key not in keep:
