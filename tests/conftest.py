@@ -35,13 +35,13 @@ import pytest  # noqa: E402
 
 from sparkdl_avg.driver.runtime.session import RECOMMENDED_CONF  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from spark_cds import ensure_archive  # noqa: E402
 
 
 def pytest_configure(config):
     """The JVMs started from here on compile with C1 only, and map Spark's classes from a class-data-sharing archive
-    (tests/spark_cds.py): drivers (this process' own, spark-submit's, notebooks', jobs', Connect servers') through
+    (scripts/spark_cds.py): drivers (this process' own, spark-submit's, notebooks', jobs', Connect servers') through
     ``SPARK_SUBMIT_OPTS``, their executors through the ``spark.executor.extraJavaOptions`` it sets as their default,
     and standalone masters and workers (scripts/cluster.sh, scripts/hosts.py) through ``SPARK_DAEMON_JAVA_OPTS``.
 

@@ -1,4 +1,10 @@
-"""A class-data-sharing (CDS) archive of the classes a Spark JVM loads, for the JVMs the test suite starts.
+"""A class-data-sharing (CDS) archive of the classes a Spark JVM loads: Spark JVMs that start on half the CPU.
+
+Used by the test suite for every JVM it starts (tests/conftest.py), and by anyone for their own:
+
+    python scripts/spark_cds.py            # builds it if needed, prints its path
+    python scripts/spark_cds.py --measure  # a local[2] session's JVM start, without and with it
+    export SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$(python scripts/spark_cds.py)"
 
 A Spark JVM spends most of its start-up loading, parsing and verifying some 14,500 classes. Java's application
 class-data sharing (``-XX:SharedArchiveFile``) maps them from an archive made once instead. Measured on this 2-core
@@ -8,8 +14,8 @@ starts many such JVMs: its sessions, spark-submits, notebooks' and jobs' drivers
 
 The archive belongs to one virtualenv's pyspark jars and one ``java``: it lives in ``<venv>/spark-cds/`` under a
 name made from both, and it is built on first use (about 40 s of one core: a probe session that lists the classes
-it loads, then ``java -Xshare:dump``). A JVM whose class path does not start with the archive's (an executor of a
-standalone worker, ``--jars``) ignores it silently; results never depend on it.
+it loads, then ``java -Xshare:dump``). A JVM whose class path does not start with the archive's (another Spark's
+jars) ignores it silently, as does one given an archive that is missing; results never depend on it.
 """
 
 from __future__ import annotations
@@ -75,10 +81,47 @@ def ensure_archive(python: str = sys.executable, timeout: float = 300) -> str | 
         os.replace(partial, path)  # whole or not at all: another process may be building the same archive
         return path
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"tests/spark_cds.py: no class-data-sharing archive, Spark JVMs start without one: {exc}",
+        print(f"scripts/spark_cds.py: no class-data-sharing archive, Spark JVMs start without one: {exc}",
               file=sys.stderr)
         return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if path is not None and os.path.exists(f"{path}.{os.getpid()}.partial"):
             os.remove(f"{path}.{os.getpid()}.partial")
+
+
+# One session's start, one SQL and one RDD job, and its stop; prints the JVM's CPU seconds and the wall time.
+_MEASURE = """
+import subprocess, time
+from pyspark.sql import SparkSession
+t = time.time()
+s = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+s.range(1000).selectExpr("sum(id)").collect()
+s.sparkContext.parallelize(range(100), 2).map(lambda x: x * 2).sum()
+pid = s._jvm.java.lang.ProcessHandle.current().pid()
+cpu = subprocess.run(["ps", "-o", "times=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+print(f"MEASURED {cpu} {time.time() - t:.1f}")
+s.stop()
+"""
+
+
+def measure(python: str = sys.executable, repeats: int = 2) -> list:
+    """``repeats`` interleaved pairs of sessions without and with the archive: (arm, JVM CPU s, wall s) each."""
+    archive, rows = ensure_archive(python), []
+    for _ in range(repeats):
+        for arm, opts in (("without", "-XX:TieredStopAtLevel=1"),
+                          ("with", f"-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile={archive}")):
+            env = dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, SPARK_SUBMIT_OPTS=opts)
+            out = subprocess.run([python, "-c", _MEASURE], env=env, capture_output=True, text=True, timeout=300)
+            line = next(ln for ln in out.stdout.splitlines() if ln.startswith("MEASURED "))
+            cpu, wall = line.split()[1:]
+            rows.append((arm, int(cpu), float(wall)))
+            print(f"{arm:8s} archive: the JVM's CPU {cpu} s, wall {wall} s", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    if "--measure" in sys.argv[1:]:
+        measure()
+    else:
+        print(ensure_archive() or "")
