@@ -227,7 +227,8 @@ def _in_integration_tier(item) -> bool:
 
 @pytest.fixture(autouse=True)
 def _unit_tier_guard(request):
-    """Fails a unit-tier test (no ``integration`` mark) that started this process' Spark JVM: ``make test-fast`` would run it."""
+    """Fails a unit-tier test (no ``integration`` mark) that started this process' Spark JVM: ``make test-fast``
+    would run it."""
     if _in_integration_tier(request.node):
         yield
         return

@@ -1,4 +1,7 @@
-"""scripts/spark_cds.py: the class-data-sharing archive the suite's Spark JVMs map (docs/benchmarks/test_suite_time.md)."""
+"""scripts/spark_cds.py: the class-data-sharing archive the suite's Spark JVMs map.
+
+docs/benchmarks/test_suite_time.md says what it saves.
+"""
 
 import os
 import re
@@ -6,7 +9,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import spark_cds  # noqa: E402
 
 
