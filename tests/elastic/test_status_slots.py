@@ -6,7 +6,12 @@ and the status store's thread files it later. A session just started on a loaded
 driver, whose slots are its N cores whatever ``spark.executor.cores`` says.
 """
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
+
+import pytest
 
 from py4j.protocol import Py4JJavaError
 
@@ -111,3 +116,27 @@ def test_a_local_masters_driver_counts_its_cores_whatever_spark_executor_cores_s
     assert status_slots(_context(store, Bus(store, []), {"spark.task.cpus": "2"})).count == 1
     executor = Store([Summary("a:1", 1, total_cores=2)])  # an executor's own: its maxTasks (GPUs may bound it)
     assert status_slots(_context(executor, Bus(executor, []))).count == 1
+
+
+_TWO_SESSIONS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from conftest import spark_session
+from sparkdl_avg.driver.elastic.membership import status_slots
+
+with spark_session("local[2]", "first", **{"spark.executor.cores": "1"}) as first:  # launches this process' JVM
+    print("FIRST", status_slots(first.sparkContext).count)
+with spark_session("local[2]", "second") as second:
+    print("SECOND", status_slots(second.sparkContext).count, second.sparkContext.getConf().get("spark.executor.cores"))
+"""
+
+
+@pytest.mark.integration
+def test_a_session_neither_reads_nor_leaves_spark_executor_cores_as_local_slots():
+    """The order CI met: the process' first session (its conf, the JVM's system properties) set
+    ``spark.executor.cores=1``; a later ``local[2]`` session inherited it and read one slot. In a fresh Python, so
+    that the first session launches the JVM."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _TWO_SESSIONS, tests], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FIRST", "SECOND"))]
+    assert lines == ["FIRST 2", "SECOND 2 None"], proc.stdout[-2000:] + proc.stderr[-3000:]
