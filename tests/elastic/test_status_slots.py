@@ -15,7 +15,8 @@ import pytest
 
 from py4j.protocol import Py4JJavaError
 
-from sparkdl_avg.driver.elastic.membership import STATUS_DRAIN_MS, status_slots
+from sparkdl_avg.driver.elastic.membership import status_slots
+from sparkdl_avg.driver.runtime.session import STATUS_DRAIN_MS
 
 
 class Summary:
@@ -140,3 +141,43 @@ def test_a_session_neither_reads_nor_leaves_spark_executor_cores_as_local_slots(
     proc = subprocess.run([sys.executable, "-c", _TWO_SESSIONS, tests], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FIRST", "SECOND"))]
     assert lines == ["FIRST 2", "SECOND 2 None"], proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+class JobStore:
+    """The status store's jobs as ``statusTracker()`` reads them: ids by group, and the active ones."""
+
+    def __init__(self, active, groups):
+        self.active, self.groups = set(active), dict(groups)
+
+    def getActiveJobsIds(self):  # noqa: N802
+        return sorted(self.active)
+
+    def getJobIdsForGroup(self, group):  # noqa: N802
+        return [j for j, g in self.groups.items() if g == group]
+
+
+class JobBus:
+    """A listener bus holding posted job ends until ``waitUntilEmpty`` delivers them."""
+
+    def __init__(self, store, ended):
+        self.store, self.ended, self.waits = store, list(ended), []
+
+    def waitUntilEmpty(self, timeout_ms):  # noqa: N802
+        self.waits.append(timeout_ms)
+        self.store.active -= set(self.ended)
+        self.ended = []
+
+
+@pytest.mark.parametrize("group, running", [("a-fit", False), ("a-fit", True), ("sparkdl_avg-warm-up", True)])
+def test_the_warm_ups_check_reads_jobs_once_the_bus_has_delivered_their_ends(group, running):
+    """CI read a job whose ``collect`` had returned as still running: its end was posted, not yet delivered."""
+    from sparkdl_avg.driver.runtime.session import WARM_UP_GROUP, Engine
+
+    assert WARM_UP_GROUP == "sparkdl_avg-warm-up"
+    store = JobStore(active=[7], groups={7: group})
+    bus = JobBus(store, ended=[] if running else [7])
+    jsc = SimpleNamespace(listenerBus=lambda: bus)
+    engine = Engine.__new__(Engine)
+    engine.sc = SimpleNamespace(_jsc=SimpleNamespace(sc=lambda: jsc), statusTracker=lambda: store)
+    assert engine._others_running() is (running and group != WARM_UP_GROUP)
+    assert bus.waits == [STATUS_DRAIN_MS]

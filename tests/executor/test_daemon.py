@@ -128,15 +128,22 @@ def test_the_warm_ups_sql_job_yields_to_a_job_already_waiting(spark):
         with spark_job_labels(sc, "a job", group=group):
             sc.parallelize(range(2), 2).map(lambda i: time.sleep(4)).collect()
 
+    def running(group):  # this group's job, once Spark's status store has heard of it
+        tracker = sc.statusTracker()
+        return set(tracker.getJobIdsForGroup(group)) & set(tracker.getActiveJobsIds())
+
     for group, expected in ((WARM_UP_GROUP, False), ("a-fit", True)):
         thread = threading.Thread(target=job, args=(group,))
         thread.start()
         deadline = time.monotonic() + 3
-        while not sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        while not running(group) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert running(group), group
         assert engine._others_running() is expected, group
         thread.join()
-    assert not engine._others_running()
+        # The job's end is posted before ``collect`` returns; ``_others_running`` waits for the store to hear of it
+        # (CI once read the ended job as still running: the store's thread had not caught up).
+        assert not engine._others_running(), group
 
 
 # Issue 16, a user's first hour: the fit's warm workers serve the SQL jobs that follow.

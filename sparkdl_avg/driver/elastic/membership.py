@@ -88,24 +88,17 @@ class Change:
         return cls(**{**value, "hosts": tuple(value.get("hosts", ()))})
 
 
-#: How long :func:`status_slots` waits for Spark's listener bus to deliver the events posted before it, in ms.
-STATUS_DRAIN_MS = 5000
-
-
 def status_slots(sc) -> Slots:
     """The live task slots of a classic session: its status store's active executors (the driver's in ``local[N]``).
 
-    Read once Spark's listener bus has delivered what was posted before the call (at most :data:`STATUS_DRAIN_MS`):
-    the status store learns of executors, the driver's own included, from events its own thread handles, so a
-    session just started, on a loaded machine, read as no slots at all, and an executor added a moment ago as absent.
+    Read once Spark's listener bus has delivered what was posted before the call (:func:`drain_status_events`): a
+    session just started, on a loaded machine, otherwise reads as no slots at all, and an executor added a moment ago
+    as absent.
     """
-    from py4j.protocol import Py4JJavaError
+    from ..runtime.session import drain_status_events
 
+    drain_status_events(sc)
     jsc = sc._jsc.sc()
-    try:
-        jsc.listenerBus().waitUntilEmpty(STATUS_DRAIN_MS)
-    except Py4JJavaError:  # a TimeoutException: a user's listener is slow; the store as it is
-        pass
     task_cpus = int(jsc.conf().get("spark.task.cpus", "1"))
     summaries = jsc.statusStore().executorList(True)
     count, hosts = 0, set()

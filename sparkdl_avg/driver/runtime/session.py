@@ -318,11 +318,13 @@ class Engine:
 
         The warm-up's SQL job then stays unsubmitted: its tasks would take the slots from those jobs' later tasks (a
         fit's next rounds) for a compilation of Spark's Arrow path that only a later ``predict`` or staging of a
-        DataFrame needs, and pays for itself.
+        DataFrame needs, and pays for itself. Read once the listener bus has delivered what was posted
+        (:func:`drain_status_events`): a job that just ended otherwise still reads as running.
         """
         if self.sc is None:
             return False
         try:
+            drain_status_events(self.sc)
             tracker = self.sc.statusTracker()
             return bool(set(tracker.getActiveJobsIds()) - set(tracker.getJobIdsForGroup(WARM_UP_GROUP)))
         except Exception:  # noqa: BLE001 - the SQL job is only an optimisation
@@ -341,6 +343,28 @@ class Engine:
         if self.sc is None:
             raise RuntimeError("Spark Connect has no broadcasts; ship the value through the staging directory.")
         return self.sc.broadcast(value)
+
+
+STATUS_DRAIN_MS = 5000
+"""How long a read of a classic session's status store waits for Spark's listener bus to deliver the events posted
+before it (milliseconds)."""
+
+
+def drain_status_events(sc) -> None:
+    """Waits until Spark's listener bus has delivered the events posted so far to the status store, or
+    :data:`STATUS_DRAIN_MS` has passed.
+
+    The store (``statusTracker()``, the executor list) learns of jobs and executors from events its own thread
+    handles: without the wait, a job that ended a moment ago reads as running, an executor just added as absent, and a
+    session just started on a loaded machine as having no slots. A timeout (a user's slow listener) leaves the store as
+    it is.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        sc._jsc.sc().listenerBus().waitUntilEmpty(STATUS_DRAIN_MS)
+    except Py4JJavaError:  # a TimeoutException
+        pass
 
 
 @functools.lru_cache(maxsize=None)
