@@ -202,7 +202,8 @@ class CompressedUpdatesMixin:
         # bytes and chunks)
         for compression, ratio, options_list in (("int8", (0.40, 0.45), paths), ("bf16", (0.49, 0.51), paths),
                                                  ("int4", (0.36, 0.40), paths[::2]),
-                                                 ("topk", (0.33, 0.35), paths[::2])):
+                                                 ("topk", (0.33, 0.35), paths[::2]),
+                                                 ("threshold", (0.33, 0.35), paths[::2])):
             reference = None
             for options in options_list:
                 model, trainer = compressed_fit(compression, state_transport="sql", **options)
@@ -215,7 +216,8 @@ class CompressedUpdatesMixin:
                 assert [r.compression for r in records] == [compression] * len(records)
                 assert [r.aggregation for r in records] == [options["aggregation"]] * len(records)
                 # int8: the weights at 1 byte + a scale per 256, Adam's two moments in bf16: (1 + 2 * 2) / 12;
-                # int4: half a byte + a scale per 128: (0.53 + 2 * 2) / 12; topk: 8 of the 385 weights, 18 bytes
+                # int4: half a byte + a scale per 128: (0.53 + 2 * 2) / 12; topk: 8 of the 385 weights, 18 bytes;
+                # threshold: 1 to 3 of them (1e-4 to 1e-2), 7 to 11 bytes
                 low, high = ratio
                 for record, plain in zip(records, float32):
                     assert low * plain.sent_bytes < record.sent_bytes < high * plain.sent_bytes, (compression, record)

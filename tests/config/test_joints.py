@@ -51,6 +51,11 @@ CASES = [
      "of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
      "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
      "update_compression='int8' with synchronization='async' instead."),
+    (dict(update_compression="threshold", error_feedback=False),
+     "The 'update_compression' parameter 'threshold' needs error feedback: each worker's threshold adapts from round "
+     "to round beside its residual, and what it does not send is sent later from there. Leave error_feedback at "
+     "None (or True), or pick another codec. Got update_compression='threshold' with error_feedback=False "
+     "instead."),
     (dict(optimizer_state="local", synchronization="stale"),
      "The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state continues from its "
      "own previous round; stale and asynchronous chunks have no fixed previous round). Got optimizer_state='local' "

@@ -1,4 +1,5 @@
-"""The update codecs (sparkdl_avg.shared.wire.compression): bf16 rounding, int8 blocks, int4 nibbles, error feedback."""
+"""The update codecs (sparkdl_avg.shared.wire.compression): bf16 rounding, int8 blocks, int4 nibbles, topk's and
+threshold's sparse deltas, error feedback."""
 
 import ml_dtypes
 import numpy as np
@@ -70,16 +71,17 @@ def test_encoding_is_deterministic():
         assert (a.scales is None and b.scales is None) or a.scales.tobytes() == b.scales.tobytes()
 
 
-@pytest.mark.parametrize("codec", c.CODECS)
+@pytest.mark.parametrize("codec", [k for k in c.CODECS if k != "threshold"])  # threshold clips: its own test
 def test_error_feedback_loses_nothing_over_rounds(codec):
     # Σ decoded = Σ deltas − the last residual: what is dropped in one round is sent in a later one.
     rounds = [_vector(4096, seed=s) for s in range(20)]
-    residual, sent = None, np.zeros(4096, dtype=np.float64)
+    kept, sent = None, np.zeros(4096, dtype=np.float64)
     for delta in rounds:
-        e, residual = c.with_feedback(delta, residual, codec)
+        e, kept = c.with_feedback(delta, kept, codec)
+        assert kept.threshold is None
         sent += c.decode(e)
     total = np.sum(rounds, axis=0, dtype=np.float64)
-    np.testing.assert_allclose(sent + residual, total, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(sent + kept.residual, total, rtol=0, atol=1e-6)
     # without feedback the error grows with the rounds; with it, it stays one round's
     plain = np.sum([c.decode(c.encode(d, codec)) for d in rounds], axis=0, dtype=np.float64)
     assert np.abs(sent - total).max() < np.abs(plain - total).max()
@@ -95,7 +97,7 @@ def test_add_decoded_sums_weighted_values_in_float32():
 
 
 def test_bad_input_is_refused_with_what_was_expected():
-    with pytest.raises(ValueError, match="unknown codec 'fp4'; expected one of 'bf16', 'int8', 'int4', 'topk'"):
+    with pytest.raises(ValueError, match="unknown codec 'fp4'; expected one of 'bf16', 'int8', 'int4', 'topk', 'threshold'"):
         c.encode(_vector(), "fp4")
     with pytest.raises(ValueError, match=r"flat float32 vector; got shape \(2, 3\)"):
         c.encode(np.zeros((2, 3)), "bf16")
@@ -161,13 +163,13 @@ def test_int4_slices_cut_whole_blocks_and_bytes_and_decode_alone():
 def test_int4_with_feedback_sends_over_rounds_what_one_round_drops():
     # one round drops up to half a step (a fourteenth of each block's largest value); feedback sends it later
     rounds = [_vector(4096, seed=s) for s in range(20)]
-    residual, sent = None, np.zeros(4096, dtype=np.float64)
+    kept, sent = None, np.zeros(4096, dtype=np.float64)
     for delta in rounds:
-        e, residual = c.with_feedback(delta, residual, "int4")
+        e, kept = c.with_feedback(delta, kept, "int4")
         sent += c.decode(e)
-        assert np.all(np.abs(residual) <= np.repeat(e.scales, c.BLOCKS["int4"]) / 2 * (1 + 1e-6))
+        assert np.all(np.abs(kept.residual) <= np.repeat(e.scales, c.BLOCKS["int4"]) / 2 * (1 + 1e-6))
     total = np.sum(rounds, axis=0, dtype=np.float64)
-    np.testing.assert_allclose(sent + residual, total, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(sent + kept.residual, total, rtol=0, atol=1e-6)
     plain = np.sum([c.decode(c.encode(d, "int4")) for d in rounds], axis=0, dtype=np.float64)
     assert np.abs(sent - total).max() < 0.5 * np.abs(plain - total).max()
 
@@ -213,3 +215,104 @@ def test_topk_slices_are_whole_chunks():
         e.slice(4096, 5000)
     with pytest.raises(ValueError, match=r"a topk chunk must hold 1 to 4096 values \(12-bit positions\); got 8192"):
         c.encode(_vector(), "topk", block=8192)
+
+
+# ------------------------------------------------------------------ threshold (Deeplearning4j's threshold encoding)
+
+
+def test_threshold_sends_the_values_past_tau_as_plus_or_minus_tau_in_thirteen_bits():
+    x = _vector(10_000, seed=5)  # chunks of 4,096, 4,096 and 1,808
+    tau = np.float32(2.5e-3)
+    e = c.encode(x, "threshold", threshold=tau)
+    positions, values = c.threshold_entries(e)
+    want = np.flatnonzero(np.abs(x) >= tau)
+    assert positions.tolist() == want.tolist() and 50 < want.size < 500
+    np.testing.assert_array_equal(values, np.where(x[want] < 0, -tau, tau).astype(np.float32))
+    counts = [int(np.count_nonzero(np.abs(x[a:a + 4096]) >= tau)) for a in (0, 4096, 8192)]
+    assert e.counts.tolist() == counts and e.scales.tolist() == [tau] * 3
+    # 12-bit positions, three bytes a pair, a sign bit each; per chunk a float32 threshold and a uint16 count
+    assert e.nbytes == sum(3 * -(-n // 2) + -(-n // 8) for n in counts) + 3 * (4 + 2)
+    np.testing.assert_array_equal(c.decode(e)[want], values)
+    assert np.count_nonzero(c.decode(e)) == want.size
+
+
+def test_a_chunk_past_the_sparse_forms_bytes_travels_as_a_two_bit_map():
+    x = _vector(5000, seed=6)
+    tau = np.float32(5e-4)  # about 60% of each chunk: sparse would take ~1 byte and 5 bits a value, the map 2 bits
+    e = c.encode(x, "threshold", threshold=tau)
+    assert e.counts[0] > 2000
+    assert e.payload.size == 4096 // 4 + -(-904 // 4)  # both chunks as maps
+    positions, values = c.threshold_entries(e)
+    want = np.flatnonzero(np.abs(x) >= tau)
+    assert positions.tolist() == want.tolist()
+    np.testing.assert_array_equal(values, np.where(x[want] < 0, -tau, tau).astype(np.float32))
+    # a slice keeps whole chunks and finds the second one's map after the first's
+    second = c.threshold_entries(e.slice(4096, 5000))[0]
+    assert (second + 4096).tolist() == want[want >= 4096].tolist()
+
+
+def test_the_threshold_moves_by_the_fewest_steps_of_0966_into_the_density_band():
+    x = _vector(100_000, seed=7)
+    low, high = c.THRESHOLD_DENSITY
+    mags = np.abs(x)
+
+    def density(t):
+        return np.count_nonzero(mags >= t) / x.size
+
+    def steps(t, start):
+        m = np.log(float(t) / start) / np.log(c.THRESHOLD_STEP)
+        assert abs(m - round(m)) < 1e-3, m  # a whole number of Deeplearning4j's steps from where it started
+        return round(m)
+
+    up = c.adapt_threshold(x, c.THRESHOLD_START)  # from Deeplearning4j's 1e-4: almost everything passes; raise it
+    assert density(up) <= high < density(np.float32(up * c.THRESHOLD_STEP)), (up, density(up))
+    assert steps(up, c.THRESHOLD_START) < 0
+    down = c.adapt_threshold(x, 10.0)  # nothing passes: lower it
+    assert density(np.float32(down / c.THRESHOLD_STEP)) < low <= density(down)
+    assert steps(down, 10.0) > 0
+    inside = np.float32(np.quantile(mags, 1 - 0.001))
+    assert c.adapt_threshold(x, inside) == inside  # within the band it stays
+    assert c.adapt_threshold(np.zeros(10, np.float32), 0.5) == np.float32(0.5)  # nothing to send: it stays
+
+
+def test_threshold_feedback_clips_the_residual_at_five_thresholds_and_otherwise_loses_nothing():
+    rounds = [_vector(8192, seed=s) * np.float32(1 + s % 3) for s in range(30)]
+    kept, sent, clipped = None, np.zeros(8192), np.zeros(8192)
+    taus = []
+    for delta in rounds:
+        before = delta.astype(np.float64) + (kept.residual if kept is not None else 0)
+        e, kept = c.with_feedback(delta, kept, "threshold")
+        tau = kept.threshold
+        taus.append(tau)
+        assert e.scales.tolist() == [np.float32(tau)] * 2
+        decoded = c.decode(e)
+        sent += decoded
+        unclipped = before - decoded
+        assert np.all(np.abs(kept.residual) <= c.THRESHOLD_CLIP * np.float32(tau) * (1 + 1e-6))
+        clipped += unclipped - kept.residual
+        assert c.THRESHOLD_DENSITY[0] <= np.count_nonzero(decoded) / 8192 <= c.THRESHOLD_DENSITY[1]
+    total = np.sum(rounds, axis=0, dtype=np.float64)
+    np.testing.assert_allclose(sent + kept.residual + clipped, total, rtol=0, atol=1e-5)
+    assert np.abs(clipped).max() > 0  # the large values (x50) pass 5 thresholds: what Deeplearning4j drops too
+    assert len(set(taus)) > 1  # it adapted
+    # the next round starts from the kept threshold, or from a given one (the workers' mean at an epoch's start)
+    e, _ = c.with_feedback(np.zeros(8192, np.float32), kept, "threshold")
+    e2, after = c.with_feedback(np.zeros(8192, np.float32), kept, "threshold", threshold=kept.threshold * 2)
+    assert e2.scales[0] != e.scales[0] and after.threshold != kept.threshold
+
+
+def test_threshold_sums_at_the_positions_equal_the_dense_sums_bitwise_and_bad_chunks_are_refused():
+    x = _vector(9000, seed=8)
+    e = c.encode(x, "threshold")
+    acc, dense = np.full(9000, 0.25, np.float32), np.full(9000, 0.25, np.float32)
+    c.add_decoded(acc, e, weight=7)
+    np.add(dense, c.decode(e) * np.float32(7), out=dense)
+    assert acc.tobytes() == dense.tobytes()
+    with pytest.raises(ValueError, match=r"a threshold slice must stop at a multiple of its chunk \(4096\) or the "
+                                         r"end; got 5000"):
+        e.slice(4096, 5000)
+    with pytest.raises(ValueError, match=r"a threshold chunk must hold 1 to 4096 values \(12-bit positions\); "
+                                         r"got 8192"):
+        c.encode(x, "threshold", block=8192)
+    with pytest.raises(ValueError, match="a threshold must be a positive finite number; got -1"):
+        c.encode(x, "threshold", threshold=-1)

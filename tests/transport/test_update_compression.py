@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -43,7 +44,7 @@ def _state(seed, sizes=(700, 3, 130), opt_sizes=(700, 130)):
     return weights, optimizer
 
 
-@pytest.mark.parametrize("codec", ["int8", "bf16", "int4", "topk"])
+@pytest.mark.parametrize("codec", ["int8", "bf16", "int4", "topk", "threshold"])
 def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     sent_w, sent_o = _state(0)
     # optimizer variable 1 is a first moment ("m"), variable 2 another ("o")
@@ -69,10 +70,10 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
     # The sum is Σ n · decode(delta): close to the exact example-weighted deltas.
     weight_sums, _ = layout.delta_sums([whole])
     exact = sum((5 + i) * (_state(10 + i)[0][0] - sent_w[0]) for i in range(3))
-    if codec == "topk":  # what it sends of each worker's delta is exactly n · its 2-bit values, added where it sits
+    if codec in ("topk", "threshold"):  # what it sends of each worker's delta is exactly n · its values, where it sits
         sent = np.zeros(700, np.float32)
         for i, packed in enumerate(workers):
-            positions, values = compression.topk_entries(packed.encoded[0])
+            positions, values = compression.sparse_entries(packed.encoded[0])
             inside = positions < 700
             sent[positions[inside]] += np.float32(5 + i) * values[inside]
         np.testing.assert_array_equal(weight_sums[0], sent)
@@ -84,7 +85,8 @@ def test_summing_shard_by_shard_gives_the_whole_sum_bitwise(codec):
 
 def test_int8_sends_about_a_quarter_of_the_weights_bytes_int4_an_eighth_and_bf16_half():
     sent_w, _ = _state(0)
-    for codec, low, high in (("int8", 0.25, 0.27), ("int4", 0.125, 0.14), ("bf16", 0.5, 0.51), ("topk", 0.0, 0.012)):
+    for codec, low, high in (("int8", 0.25, 0.27), ("int4", 0.125, 0.14), ("bf16", 0.5, 0.51), ("topk", 0.0, 0.012),
+                             ("threshold", 0.0, 0.012)):  # threshold: as planned, at the density band's top
         layout = DeltaLayout(FlatLayout.of(sent_w, None), codec, feedback=(False, False, False))
         assert low * layout.flat.nbytes < layout.nbytes < high * layout.flat.nbytes + 64, codec
 
@@ -159,13 +161,53 @@ def test_the_ledger_reads_lag_rounds_back_deletes_consumed_files_and_round_trips
     assert not os.path.exists(directory)
 
 
+def test_threshold_workers_keep_their_threshold_with_the_residual_and_start_an_epoch_from_the_mean(tmp_path):
+    """Deeplearning4j's adaptive threshold per worker, through the residual files and the ledger's epoch starts."""
+    directory = str(tmp_path / "feedback")
+    sent_w, _ = _state(0, sizes=(9000,))
+    layout = DeltaLayout(FlatLayout.of(sent_w, None), "threshold", feedback=(True, False, False))
+    assert layout.adaptive == (0,)
+    ledger = ResidualLedger(directory, num_workers=3, lag=1, compression="threshold")
+    rng = np.random.default_rng(1)
+    taus, started = {}, {}
+    for epoch, rnd in ((0, 0), (0, 1), (1, 0)):
+        files = ledger.for_round(epoch, rnd, [0, 1, 2])
+        assert files.peers == ((0, 1, 2) if (epoch, rnd) == (1, 0) else ())  # an epoch's first round, files to read
+        means = started[(epoch, rnd)] = files.mean_thresholds(layout)
+        for w in range(3):
+            # workers whose deltas differ in scale adapt different thresholds
+            delta = (rng.normal(size=9000) * 1e-3 * (1 + w)).astype(np.float32)
+            kept = files.load(layout, w)
+            assert (kept is None) == (files.read is None)
+            packed, new = layout.pack([sent_w[0] + delta, sent_w[1]], None, sent_w[:2], None, 1, kept,
+                                      thresholds=means)
+            files.save(layout, w, new)
+            assert packed.encoded[0].scales[0] == np.float32(new[0].threshold)
+            assert layout.read_residual(layout.residual_bytes(new))[0].threshold == np.float32(new[0].threshold)
+            taus[(epoch, rnd, w)] = new[0].threshold
+        ledger.done(epoch, rnd, [0, 1, 2])
+    assert len({taus[(0, 1, w)] for w in range(3)}) == 3
+    # the mean of the three, summed in float64 in worker order, is where every worker of epoch 1 started
+    mean = float(np.float32(sum(np.float64(np.float32(taus[(0, 1, w)])) for w in range(3)) / 3))
+    assert started == {(0, 0): None, (0, 1): None, (1, 0): [mean, None, None]}
+    for w in range(3):  # each moved from the mean by whole steps of 0.966, or not at all
+        m = np.log(taus[(1, 0, w)] / mean) / np.log(compression.THRESHOLD_STEP)
+        assert abs(m - round(m)) < 1e-3, (w, m)
+    # without peers (not an epoch's start) or without an adaptive codec: no mean
+    later = ledger.for_round(1, 1, [0, 1, 2])
+    assert later.read == "g2" and later.peers == () and later.mean_thresholds(layout) is None
+    int8 = DeltaLayout(FlatLayout.of(sent_w, None), "int8", feedback=(True, False, False))
+    assert int8.adaptive == () and replace(later, peers=(0, 1, 2)).mean_thresholds(int8) is None
+    ledger.close()
+
+
 # ---------------------------------------------------------- trainer options
 
 
 def test_the_options_refuse_what_does_not_fit_naming_it():
     model = f32_model()
     with pytest.raises(ConfigurationError, match=r"'update_compression' parameter must be one of None, 'bf16', "
-                                                 r"'int8', 'int4', 'topk'. Got 'fp8' instead"):
+                                                 r"'int8', 'int4', 'topk', 'threshold'. Got 'fp8' instead"):
         ParameterAveragingTrainer(model, update_compression="fp8")
     with pytest.raises(ConfigurationError, match=r"'error_feedback' parameter applies only with 'update_compression'"):
         ParameterAveragingTrainer(model, error_feedback=True)
@@ -268,4 +310,25 @@ def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights
     assert dropped[0].endswith("Resume with update_compression='int8' to keep them.")
     resumed, _ = compressed_fit("int8", epochs=3, model=f32_model(seed=9),
                                 fit=dict(checkpoint_dir=directory, checkpoint_every=3, resume=True))
+    assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)
+
+
+def test_a_threshold_fit_resumed_at_an_epochs_end_starts_from_the_workers_mean_threshold_bitwise(spark, tmp_path):
+    """Issue 58: the residuals and each worker's threshold survive a checkpoint; the resumed epoch's first round
+    averages the thresholds from the restored files, as the uninterrupted fit did from its own."""
+    reference, trainer = compressed_fit("threshold", epochs=3)
+    records = trainer.stats.records
+    assert [r.compression for r in records] == ["threshold"] * 12 and all(r.feedback_max_s > 0 for r in records)
+    directory = str(tmp_path / "ckpt")
+    model = f32_model()
+    interrupted = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=3, seed=4,
+                                            update_compression="threshold")
+    with pytest.raises(KeyboardInterrupt):  # 4 rounds an epoch: the last checkpoint is epoch 1's end
+        interrupted.fit(COMPRESSED_DATA, epochs=3, verbose=0, checkpoint_dir=directory, checkpoint_every=4,
+                        callbacks=[_StopAfterRounds(10)])
+    saved = ckpt.load(ckpt.latest(directory))
+    assert (saved.epoch, saved.rounds_done) == (1, 4)  # epoch 1 done: the resumed fit starts epoch 2
+    assert sorted(saved.feedback) == ["threshold/1/0", "threshold/1/1"]
+    resumed, _ = compressed_fit("threshold", epochs=3, model=f32_model(seed=9),
+                                fit=dict(checkpoint_dir=directory, checkpoint_every=4, resume=True))
     assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)

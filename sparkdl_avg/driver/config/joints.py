@@ -70,6 +70,12 @@ JOINTS: Tuple[CrossCheck, ...] = (
         "number of rounds later; 'async' chunks have no such predecessor): pass error_feedback=False, "
         "update_compression='bf16' (no feedback by default) or synchronization='stale'. Got "
         "update_compression={update_compression!r} with synchronization='async' instead."),
+    Joint(
+        "update_compression", lambda v: v["error_feedback"] is False,
+        "The 'update_compression' parameter 'threshold' needs error feedback: each worker's threshold adapts from "
+        "round to round beside its residual, and what it does not send is sent later from there. Leave "
+        "error_feedback at None (or True), or pick another codec. Got update_compression='threshold' with "
+        "error_feedback=False instead.", when=("threshold",)),
     Requires(
         "optimizer_state", "synchronization", ("sync",), when=("local",),
         message="The 'optimizer_state' parameter 'local' needs synchronization='sync' (each worker's state "

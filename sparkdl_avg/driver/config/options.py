@@ -394,7 +394,8 @@ OPTIONS: Tuple[Option, ...] = (
         "update_compression", None, "Optional[str]",
         help="send each worker's round delta compressed: 'bf16' (2 bytes a value), 'int8' or 'int4' (the weights "
              "at about 1 byte or half a byte, with error feedback), 'topk' (the largest 2 in 100 of each 4,096 weights, "
-             "about 0.04 bytes a value, with error feedback)",
+             "about 0.04 bytes a value, with error feedback), 'threshold' (Deeplearning4j's: the weights past an "
+             "adaptive threshold, as +-threshold, 1e-4 to 1e-2 of them, with error feedback)",
         unset="float32 sums, uncompressed",
         doc="Send each worker's *delta* from the round's starting state compressed instead of its float32 "
             "sums (:mod:`sparkdl_avg.shared.wire.delta_sums`); the sums are still added in float32, so only the wire "
@@ -407,7 +408,12 @@ OPTIONS: Tuple[Option, ...] = (
             "as a 12-bit position and a 2-bit value, with a float32 scale per 4,096: 0.009× for the weights "
             "alone (with ``optimizer_state=\"local\"`` and ``update_rule=\"diloco\"``, what it is for; the "
             "optimizer's variables, if averaged, still travel in bf16); what is not sent stays in the worker's "
-            "residual. Works with every update rule, "
+            "residual. ``\"threshold\"`` (Deeplearning4j's threshold encoding with its adaptive threshold): the "
+            "weights' deltas whose magnitude reaches the worker's threshold travel as plus or minus the threshold "
+            "(a 12-bit position and a sign bit each, or a 2-bit map of a chunk where that is smaller); each "
+            "worker moves its threshold by steps of 0.966 to send 1e-4 to 1e-2 of its values, the workers start "
+            "each epoch from their thresholds' mean, and the residual is clipped at 5 thresholds; needs error "
+            "feedback. Works with every update rule, "
             "``synchronization=\"stale\"``, every ``state_transport`` and ``aggregation``, and Spark Connect. "
             "Default ``None``: float32 sums. Measured in docs/benchmarks.md, \"Compressed updates\".",
         check=OneOf((None,) + UPDATE_COMPRESSIONS),
@@ -417,11 +423,12 @@ OPTIONS: Tuple[Option, ...] = (
     Option(
         "error_feedback", None, "Optional[bool]",
         help="with update_compression: keep what the codec drops per worker and add it to its next delta",
-        unset="for what travels in int8, int4 or topk, not for bf16",
+        unset="for what travels in int8, int4, topk or threshold, not for bf16",
         doc="With ``update_compression``: each worker keeps what its codec dropped (its residual, in a file "
             "under the staging directory, so a retried task or a lost executor changes nothing) and adds it "
             "to its next round's delta, so nothing is lost over rounds (Seide et al. 2014; Karimireddy et al. "
-            "2019). Default ``None``: for what travels in int8, int4 or topk (those codecs' weights), not for bf16 "
+            "2019). Default ``None``: for what travels in int8, int4, topk or threshold (those codecs' weights), "
+            "not for bf16 "
             "(measured equal to float32 without it); ``True``: for everything compressed; ``False``: none. Not "
             "with ``synchronization=\"async\"``, whose chunks have no fixed predecessor.",
         check=Bool(allow_none=True),

@@ -59,9 +59,15 @@ class ResidualLedger(RoundChains):
 
     def for_round(self, epoch: int, rnd: int, workers: Iterable[int], share: bool = False,
                   ahead: bool = False) -> FeedbackFiles:
-        """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write."""
+        """What round ``rnd`` of ``epoch``'s tasks for ``workers`` read and write.
+
+        An epoch's first round also names every worker whose residual it reads (``peers``): the ``"threshold"``
+        codec starts its workers from their thresholds' mean there (Deeplearning4j averages them at an epoch's end).
+        """
         g, read, fresh = self._round(epoch, rnd, workers, shared=True)
-        return FeedbackFiles(self.directory, read, name_of(g), fresh)
+        with self._lock:
+            peers = tuple(sorted(self._written.get(g - self.lag, ()))) if rnd == 0 and read is not None else ()
+        return FeedbackFiles(self.directory, read, name_of(g), fresh, peers)
 
     def dropped(self, epoch: int, rnd: int) -> int:
         """Residuals that round ``rnd`` of ``epoch`` leaves unread: those of workers its elastic plan no longer has.

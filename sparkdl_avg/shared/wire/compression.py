@@ -17,6 +17,13 @@ module owns the number formats and nothing about where they travel:
   one, the scale, or half of it), the chunk's scale in float32; positions packed two to three bytes, values four to a
   byte, a chunk's ``3·ceil(k/2) + ceil(k/4)`` bytes back to back (0.036 bytes a value at 2%: 1/110 of float32).
   Whatever it does not send stays in the residual;
+* ``"threshold"``: Deeplearning4j's threshold encoding (Strom 2015), with its adaptive threshold: of each chunk of
+  :data:`BLOCKS` ``["threshold"]`` (4,096) values, those whose magnitude reaches the worker's threshold ``τ`` travel as
+  ``±τ``, each as its 12-bit position and a sign bit (positions three bytes a pair, then the signs eight a byte), or,
+  where that would be more bytes, the whole chunk as a 2-bit map (``0``, ``+τ``, ``-τ``; four values a byte); per
+  chunk ``τ`` (float32) and the count sent (uint16). ``τ`` adapts round by round (:func:`adapt_threshold`) so that
+  the share sent stays in :data:`THRESHOLD_DENSITY`; the residual is clipped at ``±``:data:`THRESHOLD_CLIP` ``· τ``.
+  The worker keeps ``τ`` with its residual (:class:`Feedback`);
 * error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec drops from ``delta + residual`` is the next
   residual, so over rounds nothing is lost (:func:`with_feedback`).
 
@@ -36,19 +43,40 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-CODECS = ("bf16", "int8", "int4", "topk")
+CODECS = ("bf16", "int8", "int4", "topk", "threshold")
 BLOCK = 256
 """Values per int8 scale: 1.0156 bytes per value; measured in docs/benchmarks.md ("Compressed updates")."""
 TOPK_DENSITY = 0.02
 """The share of each chunk's values ``"topk"`` sends: 2% (0.009× float32's bytes), chosen over 1% and 3% on the digits
 MLP (docs/benchmarks/sparse_codecs.md)."""
-BLOCKS = {"int8": BLOCK, "int4": 128, "topk": 4096}
+THRESHOLD_START = 1e-4
+"""``"threshold"``'s ``τ`` before a worker's first round: Deeplearning4j's initial threshold."""
+THRESHOLD_STEP = 0.5 ** (1 / 20)
+"""The factor ``τ`` moves by, one step at a time (0.966: Deeplearning4j's decay rate, half in 20 steps)."""
+THRESHOLD_DENSITY = (1e-4, 1e-2)
+"""The share of a worker's values ``"threshold"`` sends each round, kept by moving ``τ``: Deeplearning4j's band of
+target sparsity."""
+THRESHOLD_CLIP = 5.0
+"""A ``"threshold"`` residual is clipped at ``± THRESHOLD_CLIP · τ`` (Deeplearning4j's residual clipping)."""
+BLOCKS = {"int8": BLOCK, "int4": 128, "topk": 4096, "threshold": 4096}
 """Values per scale of each codec that has scales (the default ``block`` of :func:`encode`). int4: 0.53125 bytes
 per value; the smallest block whose halving still bought more error than the same bits spent on a finer grid
 would (docs/benchmarks.md, "Compressed updates")."""
 
 _MAX = {"int8": 127, "int4": 7}  # symmetric (-127..127, -7..7) so that -x encodes as -q
-_DTYPES = {"bf16": np.uint16, "int8": np.int8, "int4": np.uint8, "topk": np.uint8}
+_DTYPES = {"bf16": np.uint16, "int8": np.int8, "int4": np.uint8, "topk": np.uint8, "threshold": np.uint8}
+_COUNTED = ("threshold",)  # codecs whose chunks' bytes depend on their values: a count per chunk says how many
+
+
+def is_counted(codec: str) -> bool:
+    """Whether ``codec``'s payload length depends on the values (a count per chunk, :attr:`Encoded.counts`)."""
+    return codec in _COUNTED
+
+
+def adapts(codec: str) -> bool:
+    """Whether ``codec`` adapts a threshold from round to round, which a worker keeps with its residual
+    (:attr:`Feedback.threshold`)."""
+    return codec == "threshold"
 
 
 def payload_dtype(codec: str) -> np.dtype:
@@ -56,9 +84,13 @@ def payload_dtype(codec: str) -> np.dtype:
     return np.dtype(_DTYPES[codec])
 
 
-def payload_count(codec: str, size: int, block: Optional[int] = None) -> int:
+def payload_count(codec: str, size: int, block: Optional[int] = None, counts: Optional[np.ndarray] = None) -> int:
     """Payload elements that encode ``size`` values in ``codec`` (int4: ``ceil(size / 2)`` bytes; topk: its chunks'
-    bytes, :func:`_topk_bytes`, with chunks of ``block`` values, :data:`BLOCKS` by default)."""
+    bytes, :func:`_topk_bytes`, with chunks of ``block`` values, :data:`BLOCKS` by default; threshold: its chunks'
+    bytes given the ``counts`` each sends, :func:`_threshold_bytes`)."""
+    if codec == "threshold":
+        block = BLOCKS["threshold"] if block is None else block
+        return int(_threshold_bytes(_chunk_sizes(size, block), np.asarray(counts, np.int64)).sum())
     if codec == "topk":
         block = BLOCKS["topk"] if block is None else block
         whole, rest = divmod(size, block)
@@ -77,6 +109,24 @@ def _topk_bytes(chunk: int) -> int:
     return 3 * -(-k // 2) + -(-k // 4)
 
 
+def _chunk_sizes(size: int, block: int) -> np.ndarray:
+    """The values of each chunk of ``block`` values of a vector of ``size`` (the last may be shorter)."""
+    whole, rest = divmod(size, block)
+    return np.array([block] * whole + ([rest] if rest else []), np.int64)
+
+
+def _threshold_bytes(chunks: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Bytes of ``"threshold"`` chunks of ``chunks`` values sending ``counts`` each: the smaller of the sparse form
+    (12-bit positions, three bytes a pair; a sign bit each) and the 2-bit map (ties: sparse)."""
+    sparse = 3 * (-(-counts // 2)) + -(-counts // 8)
+    return np.minimum(sparse, -(-chunks // 4))
+
+
+def _threshold_sparse(chunks: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Which ``"threshold"`` chunks travel in the sparse form (:func:`_threshold_bytes`)."""
+    return 3 * (-(-counts // 2)) + -(-counts // 8) <= -(-chunks // 4)
+
+
 def block_of(codec: str) -> int:
     """Values per scale of ``codec``; 1 for bf16, which has no scales (so a cut anywhere is whole)."""
     return BLOCKS.get(codec, 1)
@@ -92,7 +142,9 @@ class Encoded:
         payload: ``uint16`` (bf16: the top half of each float32) or ``int8`` values, ``size`` of them; int4:
             ``uint8`` bytes, ``ceil(size / 2)`` of them, value ``2i`` in byte ``i``'s low nibble.
         scales: The float32 scale per block of ``block`` values (the last may be shorter); ``None`` for bf16.
-        block: Values per scale (int8, int4).
+            threshold: each chunk's ``τ``.
+        block: Values per scale (int8, int4, topk, threshold).
+        counts: threshold: the values each chunk sends (uint16); ``None`` for the other codecs.
     """
 
     codec: str
@@ -100,11 +152,12 @@ class Encoded:
     payload: np.ndarray
     scales: Optional[np.ndarray] = None
     block: int = BLOCK
+    counts: Optional[np.ndarray] = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes on the wire: the payload and the scales."""
-        return int(self.payload.nbytes + (0 if self.scales is None else self.scales.nbytes))
+        """Bytes on the wire: the payload, the scales and the counts."""
+        return int(self.payload.nbytes + sum(a.nbytes for a in (self.scales, self.counts) if a is not None))
 
     def slice(self, start: int, stop: int) -> "Encoded":
         """Values ``[start, stop)``; for int8 and int4 ``start`` must be a multiple of ``block`` (a block is
@@ -114,10 +167,15 @@ class Encoded:
         if start % self.block:
             raise ValueError(f"an {self.codec} slice must start at a multiple of its block ({self.block}); got {start}")
         first, last = start // self.block, -(-stop // self.block)
+        if self.codec in ("topk", "threshold") and stop % self.block and stop != self.size:
+            raise ValueError(f"a {self.codec} slice must stop at a multiple of its chunk ({self.block}) or the end; "
+                             f"got {stop}")
+        if self.codec == "threshold":
+            chunks = _threshold_bytes(_chunk_sizes(self.size, self.block), self.counts.astype(np.int64))
+            at, end = int(chunks[:first].sum()), int(chunks[:last].sum())
+            return Encoded(self.codec, stop - start, self.payload[at:end], self.scales[first:last], self.block,
+                           self.counts[first:last])
         if self.codec == "topk":
-            if stop % self.block and stop != self.size:
-                raise ValueError(f"a topk slice must stop at a multiple of its chunk ({self.block}) or the end; "
-                                 f"got {stop}")
             at = first * _topk_bytes(self.block)
             payload = self.payload[at:at + payload_count("topk", stop - start, self.block)]
         elif self.codec == "int4":
@@ -136,9 +194,19 @@ def _flat32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def encode(x: np.ndarray, codec: str, block: Optional[int] = None) -> Encoded:
-    """``x`` (flat float32) in ``codec``; ``block``: values per scale (``None``: :data:`BLOCKS`)."""
+def encode(x: np.ndarray, codec: str, block: Optional[int] = None, threshold: Optional[float] = None) -> Encoded:
+    """``x`` (flat float32) in ``codec``; ``block``: values per scale (``None``: :data:`BLOCKS`); ``threshold``: the
+    ``"threshold"`` codec's ``τ`` (``None``: :func:`adapt_threshold` from :data:`THRESHOLD_START`)."""
     x = _flat32(x)
+    if codec == "threshold":
+        block = BLOCKS[codec] if block is None else block
+        if not 1 <= block <= 4096:
+            raise ValueError(f"a threshold chunk must hold 1 to 4096 values (12-bit positions); got {block}")
+        tau = adapt_threshold(x, THRESHOLD_START) if threshold is None else np.float32(threshold)
+        if not (np.isfinite(tau) and tau > 0):
+            raise ValueError(f"a threshold must be a positive finite number; got {threshold}")
+        payload, counts = _threshold_encode(x, tau, block)
+        return Encoded(codec, x.size, payload, np.full(counts.size, tau, np.float32), block, counts)
     if codec == "bf16":
         return Encoded("bf16", x.size, _to_bf16(x))
     if codec in _MAX:
@@ -160,9 +228,9 @@ def decode(e: Encoded) -> np.ndarray:
     """The float32 values ``e`` stands for."""
     if e.codec == "bf16":
         return (e.payload.astype(np.uint32) << 16).view(np.float32)
-    if e.codec == "topk":
+    if e.codec in ("topk", "threshold"):
         out = np.zeros(e.size, np.float32)
-        positions, values = topk_entries(e)
+        positions, values = sparse_entries(e)
         out[positions] = values
         return out
     out = (_unpack_int4(e.payload) if e.codec == "int4" else e.payload).astype(np.float32)[: e.size]
@@ -173,11 +241,11 @@ def decode(e: Encoded) -> np.ndarray:
 def add_decoded(acc: np.ndarray, e: Encoded, weight: float = 1.0) -> np.ndarray:
     """``acc += weight · decode(e)`` in float32, in place; returns ``acc``.
 
-    A ``"topk"`` value is added at its positions only (each at most once), not densified first: bitwise the same
-    sums, as adding ``0`` changes nothing.
+    A ``"topk"`` or ``"threshold"`` value is added at its positions only (each at most once), not densified first:
+    bitwise the same sums, as adding ``0`` changes nothing.
     """
-    if e.codec == "topk":
-        positions, values = topk_entries(e)
+    if e.codec in ("topk", "threshold"):
+        positions, values = sparse_entries(e)
         if weight != 1.0:
             values *= np.float32(weight)
         acc[positions] += values
@@ -189,18 +257,83 @@ def add_decoded(acc: np.ndarray, e: Encoded, weight: float = 1.0) -> np.ndarray:
     return acc
 
 
-def with_feedback(delta: np.ndarray, residual: Optional[np.ndarray], codec: str,
-                  block: Optional[int] = None) -> Tuple[Encoded, np.ndarray]:
-    """Encodes ``delta + residual``; returns it and the next residual (what the codec dropped).
+@dataclass(frozen=True)
+class Feedback:
+    """What a worker keeps of one compressed vector from a round to its next (error feedback).
 
-    ``residual=None`` is a zero residual (a worker's first round).
+    Attributes:
+        residual: What its codec dropped (float32, the vector's size).
+        threshold: ``"threshold"``'s ``τ`` as the worker adapted it (``None`` for the other codecs, and before a
+            worker's first round).
+    """
+
+    residual: np.ndarray
+    threshold: Optional[float] = None
+
+
+def with_feedback(delta: np.ndarray, kept: Optional[Feedback], codec: str, block: Optional[int] = None,
+                  threshold: Optional[float] = None) -> Tuple[Encoded, Feedback]:
+    """Encodes ``delta + residual``; returns it and what the worker keeps (what the codec dropped; ``τ``).
+
+    ``kept=None``: a zero residual (a worker's first round). ``"threshold"``: ``τ`` starts from ``threshold`` if given
+    (the workers' mean at an epoch's start), else from the kept one (else :data:`THRESHOLD_START`), and moves by
+    :func:`adapt_threshold`; the residual is clipped at ``±THRESHOLD_CLIP · τ``.
     """
     v = _flat32(delta).copy()
-    if residual is not None:
-        v += residual
-    e = encode(v, codec, block)
+    if kept is not None:
+        v += kept.residual
+    if codec != "threshold":
+        e = encode(v, codec, block)
+        v -= decode(e)
+        return e, Feedback(v)
+    start = threshold if threshold is not None else (kept.threshold if kept is not None and kept.threshold else None)
+    tau = adapt_threshold(v, THRESHOLD_START if start is None else start)
+    e = encode(v, codec, block, threshold=tau)
     v -= decode(e)
-    return e, v
+    np.clip(v, -THRESHOLD_CLIP * tau, THRESHOLD_CLIP * tau, out=v)
+    return e, Feedback(v, float(tau))
+
+
+def adapt_threshold(x: np.ndarray, tau: float, density: Tuple[float, float] = THRESHOLD_DENSITY) -> np.float32:
+    """``"threshold"``'s ``τ`` for the values ``x``: ``tau`` moved by the fewest steps of :data:`THRESHOLD_STEP` that
+    bring the share of ``|x| >= τ`` into ``density`` (float32).
+
+    Deeplearning4j moves its threshold one step per minibatch; a round here is many minibatches and sends once, so
+    ``τ`` takes as many steps as the round's values need, from where the worker's last round left it. With fewer
+    non-zero values than the band's low end asks for, ``τ`` goes no lower than the smallest non-zero one; all zero,
+    it stays.
+    """
+    mags = np.abs(_flat32(x))
+    n = mags.size
+    tau = np.float32(tau)
+    if n == 0:
+        return tau
+    low, high = max(1, int(np.ceil(density[0] * n - 1e-9))), max(1, int(np.floor(density[1] * n + 1e-9)))
+
+    def sent(t) -> int:
+        return int(np.count_nonzero(mags >= t))
+
+    def moved(m: int) -> np.float32:
+        return np.float32(np.float64(tau) * THRESHOLD_STEP ** m)
+
+    count = sent(tau)
+    if count > high:  # too many: raise τ above the (high + 1)-th largest magnitude
+        target = float(np.partition(mags, n - high - 1)[n - high - 1])
+        m = int(np.floor(np.log(target / float(tau)) / np.log(THRESHOLD_STEP))) if target > tau else 0
+        while sent(moved(m)) > high:  # the logarithm's rounding: a step or two more
+            m -= 1
+        return moved(m)
+    if count < low:  # too few: lower τ to the low-th largest magnitude, or the smallest non-zero one
+        nonzero = np.count_nonzero(mags)
+        if nonzero == 0:
+            return tau
+        k = min(low, nonzero)
+        target = float(np.partition(mags, n - k)[n - k])
+        m = max(0, int(np.ceil(np.log(target / float(tau)) / np.log(THRESHOLD_STEP))))
+        while sent(moved(m)) < k:
+            m += 1
+        return moved(m)
+    return tau
 
 
 def _to_bf16(x: np.ndarray) -> np.ndarray:
@@ -306,6 +439,11 @@ def _topk_pack(positions: np.ndarray, values: np.ndarray, scales: list) -> list:
     return [np.concatenate([position_bytes, value_bytes], axis=1).reshape(-1)]
 
 
+def sparse_entries(e: Encoded) -> Tuple[np.ndarray, np.ndarray]:
+    """The positions (ascending) and float32 values a ``"topk"`` or ``"threshold"`` :class:`Encoded` sends."""
+    return threshold_entries(e) if e.codec == "threshold" else topk_entries(e)
+
+
 def topk_entries(e: Encoded) -> Tuple[np.ndarray, np.ndarray]:
     """The positions (in ``e``'s values, ascending) and float32 values a ``"topk"`` :class:`Encoded` sends."""
     whole, rest = divmod(e.size, e.block)
@@ -334,3 +472,78 @@ def _topk_unpack(raw: np.ndarray, k: int, scales: np.ndarray, start: int, block:
     values = _TOPK_LEVELS[code >> 1] * scales.astype(np.float32)[:, None]
     np.negative(values, out=values, where=(code & 1).astype(bool))
     return pos.reshape(-1), values.astype(np.float32).reshape(-1)
+
+
+# ------------------------------------------------------------------ threshold
+
+
+def _threshold_encode(x: np.ndarray, tau: np.float32, block: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The payload bytes and per-chunk counts of ``x`` in ``"threshold"`` at ``τ`` (see the module docstring)."""
+    chunks = _chunk_sizes(x.size, block)
+    if not chunks.size:
+        return np.zeros(0, np.uint8), np.zeros(0, np.uint16)
+    at = np.flatnonzero(np.abs(x) >= tau)
+    chunk_of = at // block
+    counts = np.bincount(chunk_of, minlength=chunks.size).astype(np.int64)
+    sizes = _threshold_bytes(chunks, counts)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    out = np.zeros(int(offsets[-1]), np.uint8)
+    sparse = _threshold_sparse(chunks, counts)
+    negative = x[at] < 0
+    # the sparse chunks' entries, each with its rank in its chunk
+    keep = sparse[chunk_of]
+    c, local, neg = chunk_of[keep], (at[keep] % block).astype(np.uint32), negative[keep]
+    first = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    rank = np.flatnonzero(keep) - first[c]
+    pairs = np.where(sparse, -(-counts // 2), 0)
+    pair_words = np.zeros(int(pairs.sum()), np.uint32)
+    pair_first = np.concatenate([[0], np.cumsum(pairs)])[:-1]
+    np.bitwise_or.at(pair_words, pair_first[c] + rank // 2, local << (12 * (rank % 2)).astype(np.uint32))
+    pair_chunk = np.repeat(np.arange(chunks.size), pairs)
+    pair_at = offsets[pair_chunk] + 3 * (np.arange(pair_words.size) - pair_first[pair_chunk])
+    for byte in range(3):
+        out[pair_at + byte] = (pair_words >> (8 * byte)) & 255
+    sign_at = offsets[c] + 3 * pairs[c] + rank // 8
+    np.bitwise_or.at(out, sign_at, (neg.astype(np.uint8) << (rank % 8).astype(np.uint8)))
+    for k in np.flatnonzero(~sparse):  # the 2-bit maps: 1 for +τ, 2 for -τ, four values a byte, the first lowest
+        lo = k * block
+        part = x[lo:lo + chunks[k]]
+        code = np.where(np.abs(part) >= tau, np.where(part < 0, 2, 1), 0).astype(np.uint8)
+        quads = np.zeros(4 * -(-code.size // 4), np.uint8)
+        quads[:code.size] = code
+        out[offsets[k]:offsets[k + 1]] = quads[0::4] | (quads[1::4] << 2) | (quads[2::4] << 4) | (quads[3::4] << 6)
+    return out, counts.astype(np.uint16)
+
+
+def threshold_entries(e: Encoded) -> Tuple[np.ndarray, np.ndarray]:
+    """The positions (in ``e``'s values, ascending) and float32 values (``±τ``) a ``"threshold"`` :class:`Encoded`
+    sends."""
+    chunks = _chunk_sizes(e.size, e.block)
+    counts = e.counts.astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(_threshold_bytes(chunks, counts))])
+    sparse = _threshold_sparse(chunks, counts)
+    raw = e.payload
+    # the sparse chunks: every pair's three bytes, then each entry's sign bit
+    pairs = np.where(sparse, -(-counts // 2), 0)
+    pair_chunk = np.repeat(np.arange(chunks.size), pairs)
+    pair_first = np.concatenate([[0], np.cumsum(pairs)])[:-1]
+    pair_at = offsets[pair_chunk] + 3 * (np.arange(pair_chunk.size) - pair_first[pair_chunk])
+    word = (raw[pair_at].astype(np.uint32) | (raw[pair_at + 1].astype(np.uint32) << 8)
+            | (raw[pair_at + 2].astype(np.uint32) << 16))
+    local = np.stack([word & 4095, word >> 12], axis=1).reshape(-1).astype(np.int64)
+    chunk = np.repeat(pair_chunk, 2)
+    rank = np.arange(local.size) - 2 * pair_first[chunk]
+    real = rank < counts[chunk]  # a chunk with an odd count pads its last pair
+    local, chunk, rank = local[real], chunk[real], rank[real]
+    sign = (raw[offsets[chunk] + 3 * pairs[chunk] + rank // 8] >> (rank % 8).astype(np.uint8)) & 1
+    positions = [chunk * e.block + local]
+    values = [np.where(sign.astype(bool), -e.scales[chunk], e.scales[chunk]).astype(np.float32)]
+    for k in np.flatnonzero(~sparse):
+        b = raw[offsets[k]:offsets[k + 1]]
+        code = np.stack([b & 3, (b >> 2) & 3, (b >> 4) & 3, (b >> 6) & 3], axis=1).reshape(-1)[:chunks[k]]
+        at = np.flatnonzero(code)
+        positions.append(k * e.block + at)
+        values.append(np.where(code[at] == 2, -e.scales[k], e.scales[k]).astype(np.float32))
+    positions, values = np.concatenate(positions), np.concatenate(values)
+    order = np.argsort(positions, kind="stable")
+    return positions[order], values[order]

@@ -41,25 +41,27 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compression import (BLOCK, Encoded, add_decoded, block_of, decode, encode, payload_count, payload_dtype,
-                          with_feedback)
+from .compression import (BLOCK, BLOCKS, THRESHOLD_DENSITY, THRESHOLD_START, Encoded, Feedback, adapts, add_decoded,
+                          block_of, decode, encode, is_counted, payload_count, payload_dtype, with_feedback)
 from .kept import WorkerRound, WorkerRoundFiles
 
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
-COMPRESSIONS = ("bf16", "int8", "int4", "topk")
+COMPRESSIONS = ("bf16", "int8", "int4", "topk", "threshold")
 
 #: Codecs of the compressed segments (``"w"``, ``"m"``, ``"o"``: see the module docstring) per ``update_compression``.
 #: int8 on all of Adam's variables lost 0.025-0.031 accuracy and diverged with error feedback in the pre-study; int8 on
 #: ``"m"`` alone matched float32 in fewer bytes, but its residual doubled the residual files and made the rounds on the
 #: shaped-network cluster slower, so ``"m"`` stays in bf16 (docs/benchmarks/compression.md). ``"int4"`` follows int8.
 SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf16"),
-                  "int4": ("int4", "bf16", "bf16"), "topk": ("topk", "bf16", "bf16")}
+                  "int4": ("int4", "bf16", "bf16"), "topk": ("topk", "bf16", "bf16"),
+                  "threshold": ("threshold", "bf16", "bf16")}
 
-_QUANTIZED = ("int8", "int4", "topk")  # the codecs with scales, which drop enough to keep a residual by default
+_QUANTIZED = ("int8", "int4", "topk", "threshold")  # the codecs with scales, which keep a residual by default
 
 
 def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
-    """Which segments keep a residual: ``error_feedback=None`` the int8 and int4 ones, ``True`` all, ``False`` none."""
+    """Which segments keep a residual: ``error_feedback=None`` those with scales (int8, int4, topk, threshold),
+    ``True`` all, ``False`` none."""
     codecs = SEGMENT_CODECS[compression]
     if error_feedback is None:
         return tuple(codec in _QUANTIZED for codec in codecs)
@@ -75,7 +77,7 @@ def first_moments(optimizer_variables) -> Tuple[int, ...]:
     return tuple(i for i, v in enumerate(optimizer_variables) if str(getattr(v, "path", "")).endswith("_momentum"))
 
 _HEADER = 8  # int64 n
-_PAYLOADS = ("bf16", "int8", "int4", "topk")  # the payloads' order in a shard (earlier codecs' shards kept their bytes)
+_PAYLOADS = ("bf16", "int8", "int4", "topk", "threshold")  # the payloads' order in a shard (older codecs' bytes kept)
 
 
 def _bounds(size: int, codec: str, shard: int, shards: int) -> Tuple[int, int]:
@@ -103,7 +105,7 @@ class DeltaLayout:
 
     Attributes:
         flat: The sums' :class:`~sparkdl_avg.shared.wire.exchange.FlatLayout` (the state's arrays).
-        compression: ``"bf16"``, ``"int8"`` or ``"int4"``.
+        compression: One of :data:`COMPRESSIONS`.
         feedback: Per compressed segment (``"w"``, ``"m"``, ``"o"``), whether workers keep its residual
             (:func:`segment_feedback`).
         moments: Positions of the optimizer's first moments among its variables (:func:`first_moments`).
@@ -153,20 +155,24 @@ class DeltaLayout:
     # -------------------------------------------------------------- worker side
 
     def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int,
-             residual: Optional[List[np.ndarray]]) -> Tuple[Packed, Optional[List[np.ndarray]]]:
-        """A worker's :class:`Packed` delta from the state it was sent, and its next residual (``None``: no feedback).
+             residual: Optional[List[Optional[Feedback]]],
+             thresholds: Optional[Sequence[Optional[float]]] = None) -> Tuple[Packed, Optional[List[Optional[Feedback]]]]:
+        """A worker's :class:`Packed` delta from the state it was sent, and what it keeps (``None``: no feedback).
 
         ``optimizer``/``sent_optimizer``: ``None`` when the optimizer is not averaged. ``residual``: the worker's
-        residual per compressed segment (``None``: zero; an entry ``None``: a segment without feedback).
+        :class:`~sparkdl_avg.shared.wire.compression.Feedback` per compressed segment (``None``: zero; an entry
+        ``None``: a segment without feedback). ``thresholds``: per segment, the ``"threshold"`` codec's ``τ`` to start
+        from instead of the worker's own (the workers' mean at an epoch's start, :meth:`FeedbackFiles.mean_thresholds`).
         """
         parts, x = self._deltas(weights, optimizer, sent_weights, sent_optimizer)
         x *= np.float64(examples)
         encoded, kept = [], []
         for i, (codec, part, feedback) in enumerate(zip(self.codecs, parts, self.feedback)):
+            start = thresholds[i] if thresholds is not None else None
             if feedback:
-                e, r = with_feedback(part, residual[i] if residual is not None else None, codec)
+                e, r = with_feedback(part, residual[i] if residual is not None else None, codec, threshold=start)
             else:
-                e, r = encode(part, codec), None
+                e, r = encode(part, codec, threshold=start), None
             encoded.append(e)
             kept.append(r)
         return Packed(int(examples), x, tuple(encoded)), (kept if self.keeps_residuals else None)
@@ -199,10 +205,13 @@ class DeltaLayout:
         runs = self._runs(shard, shards)
         for (a, b), codec in zip(runs, self.codecs):
             sizes.append(4 * (-(-(b - a) // block_of(codec))) if codec in _QUANTIZED else 0)
+        for (a, b), codec in zip(runs, self.codecs):
+            sizes.append(2 * (-(-(b - a) // block_of(codec))) if is_counted(codec) else 0)
         for codec in _PAYLOADS:
             for (a, b), c in zip(runs, self.codecs):
                 if c == codec:
-                    sizes.append(payload_dtype(codec).itemsize * payload_count(codec, b - a))
+                    sizes.append(payload_dtype(codec).itemsize * payload_count(codec, b - a,
+                                                                                 counts=_expected_counts(c, b - a)))
         return sizes
 
     def shard_bytes(self, packed: Packed, shard: int, shards: int) -> bytes:
@@ -212,6 +221,7 @@ class DeltaLayout:
         runs = self._runs(shard, shards)
         slices = [e.slice(a, b) for e, (a, b) in zip(packed.encoded, runs)]
         pieces += [s.scales.tobytes() for s in slices if s.scales is not None]
+        pieces += [s.counts.tobytes() for s in slices if s.counts is not None]
         for codec in _PAYLOADS:
             pieces += [s.payload.tobytes() for s in slices if s.codec == codec]
         return b"".join(pieces)
@@ -239,18 +249,29 @@ class DeltaLayout:
                 count = -(-(b - a) // block_of(codec))
                 scales[i] = np.frombuffer(buf, np.float32, count=count, offset=offset)
                 offset += 4 * count
+        counts = {}
+        for i, ((a, b), codec) in enumerate(zip(runs, self.codecs)):
+            if is_counted(codec):
+                count = -(-(b - a) // block_of(codec))
+                if offset + 2 * count > len(buf):
+                    break  # the payloads' check below names the mismatch
+                counts[i] = np.frombuffer(buf, np.uint16, count=count, offset=offset)
+                offset += 2 * count
         payloads = {}
         for codec in _PAYLOADS:
             dtype = payload_dtype(codec)
             for i, ((a, b), c) in enumerate(zip(runs, self.codecs)):
                 if c == codec:
-                    count = payload_count(codec, b - a)
+                    count = payload_count(codec, b - a, counts=counts.get(i))
+                    if offset + dtype.itemsize * count > len(buf):
+                        raise ValueError(f"a compressed shard of {len(buf)} bytes does not match its layout (more "
+                                         "than its bytes)")
                     payloads[i] = np.frombuffer(buf, dtype, count=count, offset=offset)
                     offset += dtype.itemsize * count
         if offset != len(buf):
             raise ValueError(f"a compressed shard of {len(buf)} bytes does not match its layout ({offset} bytes)")
-        encoded = tuple(Encoded(c, b - a, payloads[i], scales.get(i), block_of(c)) for i, ((a, b), c) in
-                        enumerate(zip(runs, self.codecs)))
+        encoded = tuple(Encoded(c, b - a, payloads[i], scales.get(i), block_of(c), counts.get(i))
+                        for i, ((a, b), c) in enumerate(zip(runs, self.codecs)))
         return Packed(examples, x, encoded)
 
     # ----------------------------------------------------------------- the sum
@@ -333,19 +354,29 @@ class DeltaLayout:
 
     # ---------------------------------------------------------- the residuals
 
-    def residual_bytes(self, residual: Sequence[Optional[np.ndarray]]) -> bytes:
-        """A residual (per compressed segment; ``None`` where it keeps none) as one value: int8 scales and values."""
-        pieces = []
-        for r, feedback in zip(residual, self.feedback):
+    @property
+    def adaptive(self) -> Tuple[int, ...]:
+        """The compressed segments whose workers keep a ``"threshold"`` ``τ`` with their residual."""
+        return tuple(i for i, (codec, fb) in enumerate(zip(self.codecs, self.feedback)) if fb and adapts(codec))
+
+    def residual_bytes(self, residual: Sequence[Optional[Feedback]]) -> bytes:
+        """What a worker keeps (per compressed segment; ``None`` where it keeps nothing) as one value: first each
+        :attr:`adaptive` segment's ``τ`` (float32; where readers of ``τ`` alone find it), then each residual's int8
+        scales and values."""
+        pieces = [np.float32(THRESHOLD_START if residual[i].threshold is None else residual[i].threshold).tobytes()
+                  for i in self.adaptive]
+        for kept, feedback in zip(residual, self.feedback):
             if feedback:
-                e = encode(r, "int8")
+                e = encode(kept.residual, "int8")
                 pieces += [e.scales.tobytes(), e.payload.tobytes()]
         return b"".join(pieces)
 
-    def read_residual(self, data) -> List[Optional[np.ndarray]]:
-        """The residual per compressed segment of a :meth:`residual_bytes` value (``None`` where it keeps none)."""
-        buf, offset, out = memoryview(data), 0, []
-        for size, feedback in zip(self.sizes, self.feedback):
+    def read_residual(self, data) -> List[Optional[Feedback]]:
+        """What a worker keeps per compressed segment, from a :meth:`residual_bytes` value (``None`` where nothing)."""
+        buf = memoryview(data)
+        taus = dict(zip(self.adaptive, np.frombuffer(buf, np.float32, count=len(self.adaptive)).tolist()))
+        offset, out = 4 * len(self.adaptive), []
+        for i, (size, feedback) in enumerate(zip(self.sizes, self.feedback)):
             if not feedback:
                 out.append(None)
                 continue
@@ -353,7 +384,7 @@ class DeltaLayout:
             scales = np.frombuffer(buf, np.float32, count=blocks, offset=offset)
             payload = np.frombuffer(buf, np.int8, count=size, offset=offset + 4 * blocks)
             offset += 4 * blocks + size
-            out.append(decode(Encoded("int8", size, payload, scales)))
+            out.append(Feedback(decode(Encoded("int8", size, payload, scales)), taus.get(i)))
         if offset != len(buf):
             raise ValueError(f"a residual of {len(buf)} bytes does not match its layout ({offset} bytes)")
         return out
@@ -361,21 +392,45 @@ class DeltaLayout:
 
 @dataclass(frozen=True)
 class FeedbackFiles(WorkerRoundFiles):
-    """Where a round's workers read and write their residuals (error feedback); ``fresh`` ones start from zero."""
+    """Where a round's workers read and write their residuals (error feedback); ``fresh`` ones start from zero.
+
+    Attributes:
+        peers: At an epoch's first round, the workers whose files the round reads (every one that wrote one): the
+            ``"threshold"`` codec starts each worker from their ``τ``'s mean (Deeplearning4j averages its threshold
+            across workers at the epoch's end). Empty: each worker starts from its own.
+    """
+
+    peers: Tuple[int, ...] = ()
 
     what = "error-feedback residual"
 
     def begin(self, w: WorkerRound) -> None:
         w.residuals = self  # read and written by the round's codec (pack_result)
 
-    def load(self, layout: DeltaLayout, worker: int) -> Optional[List[np.ndarray]]:
-        """Worker ``worker``'s residual to add this round (``None``: zero)."""
+    def load(self, layout: DeltaLayout, worker: int) -> Optional[List[Optional[Feedback]]]:
+        """Worker ``worker``'s residual to add this round, with its ``τ`` (``None``: zero)."""
         data = self.read_bytes(worker)
         return None if data is None else layout.read_residual(data)
 
-    def save(self, layout: DeltaLayout, worker: int, residual: Sequence[np.ndarray]) -> None:
+    def save(self, layout: DeltaLayout, worker: int, residual: Sequence[Optional[Feedback]]) -> None:
         """Writes worker ``worker``'s residual of this round."""
         self.write_bytes(worker, layout.residual_bytes(residual))
+
+    def mean_thresholds(self, layout: DeltaLayout) -> Optional[List[Optional[float]]]:
+        """Per compressed segment, the mean of the :attr:`peers`' ``τ`` (float64 sums in worker order, so every
+        worker and a retried task get the same float32); ``None`` without peers or adaptive segments."""
+        from .exchange import read_range
+
+        if not self.peers or not layout.adaptive or self.read is None:
+            return None
+        n = len(layout.adaptive)
+        taus = np.array([np.frombuffer(read_range(self.path(self.read, p), 0, 4 * n), np.float32)
+                         for p in sorted(self.peers)], np.float64)
+        means = taus.sum(axis=0) / len(self.peers)
+        out: List[Optional[float]] = [None] * len(layout.codecs)
+        for i, mean in zip(layout.adaptive, means):
+            out[i] = float(np.float32(mean))
+        return out
 
 
 def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: int, examples: int, weights,
@@ -387,15 +442,18 @@ def pack_result(layout: DeltaLayout, feedback: Optional[FeedbackFiles], worker: 
     """
     t0 = time.perf_counter()
     residual = feedback.load(layout, worker) if feedback is not None else None
+    thresholds = feedback.mean_thresholds(layout) if feedback is not None else None
     t1 = time.perf_counter()
     if not finite:
         packed, kept = None, residual
     else:
-        packed, kept = layout.pack(weights, optimizer, sent_weights, sent_optimizer, examples, residual)
+        packed, kept = layout.pack(weights, optimizer, sent_weights, sent_optimizer, examples, residual,
+                                   thresholds=thresholds)
     t2 = time.perf_counter()
     if feedback is not None:
         if kept is None:
-            kept = [np.zeros(size, np.float32) if fb else None for size, fb in zip(layout.sizes, layout.feedback)]
+            kept = [Feedback(np.zeros(size, np.float32)) if fb else None
+                    for size, fb in zip(layout.sizes, layout.feedback)]
         feedback.save(layout, worker, kept)
     feedback_s = (t1 - t0) + (time.perf_counter() - t2) if feedback is not None else 0.0
     return packed, {"encode_s": t2 - t1, "feedback_s": feedback_s}
@@ -415,3 +473,12 @@ def sum_deltas(layout: DeltaLayout, total):
     if acc is not None:
         total.weight_sums, total.optimizer_sums = layout.delta_sums([acc])
     return total
+
+
+def _expected_counts(codec: str, size: int) -> Optional[np.ndarray]:
+    """What a round's plan sizes a counted codec's chunks at: the density band's top (``"threshold"``)."""
+    if not is_counted(codec):
+        return None
+    block = BLOCKS[codec]
+    chunks = [block] * (size // block) + ([size % block] if size % block else [])
+    return np.array([max(1, int(np.ceil(THRESHOLD_DENSITY[1] * c))) for c in chunks], np.int64)

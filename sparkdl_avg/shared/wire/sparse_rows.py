@@ -171,6 +171,14 @@ class SparseRowsLayout:
     def sizes(self):
         return self.inner.sizes if self.inner is not None else ()
 
+    @property
+    def codecs(self):
+        return self.inner.codecs if self.inner is not None else ()
+
+    @property
+    def adaptive(self):
+        return self.inner.adaptive if self.inner is not None else ()
+
     def residual_bytes(self, residual) -> bytes:
         return self.inner.residual_bytes(residual)
 
@@ -179,8 +187,9 @@ class SparseRowsLayout:
 
     # -------------------------------------------------------------- worker side
 
-    def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int, residual):
-        """A worker's :class:`RowsPacked` from the state it was sent, and its next residual (``None``: no feedback)."""
+    def pack(self, weights, optimizer, sent_weights, sent_optimizer, examples: int, residual, thresholds=None):
+        """A worker's :class:`RowsPacked` from the state it was sent, and its next residual (``None``: no feedback);
+        ``residual``, ``thresholds``: the non-table variables' (:meth:`DeltaLayout.pack`)."""
         # indexed, not listed: a replica's VariableArrays are read one array at a time
         new, old = _Joined(weights, optimizer), _Joined(sent_weights, sent_optimizer)
         if len(new) != len(self.flat.entries) or len(old) != len(self.flat.entries):
@@ -188,7 +197,7 @@ class SparseRowsLayout:
         new_rest, old_rest = [new[i] for i in self.rest], [old[i] for i in self.rest]
         kept = None
         if self.inner is not None:
-            inner, kept = self.inner.pack(new_rest, None, old_rest, None, examples, residual)
+            inner, kept = self.inner.pack(new_rest, None, old_rest, None, examples, residual, thresholds=thresholds)
         else:
             a32, a64 = self.rest_flat.flatten(new_rest, None)
             b32, b64 = self.rest_flat.flatten(old_rest, None)
