@@ -13,8 +13,8 @@ seed and arm, interleaved (a seed's arms run one after another, seeds outermost)
   library has it);
 * ``diloco``: ``local+int8`` with ``update_rule="diloco"`` (DiLoCo's outer Nesterov SGD,
   ``outer_lr=0.7``, ``outer_momentum=0.9``), at each dataset's longer ``k`` only; ``diloco+f32`` and
-  ``diloco+topk``: the same with float32 weights and with ``update_compression="topk"`` (SparseLoCo's sparse
-  deltas, docs/benchmarks/sparse_codecs.md).
+  ``diloco+topk``, ``diloco+threshold``: the same with float32 weights and with ``update_compression="topk"``
+  (SparseLoCo's sparse deltas) or ``"threshold"`` (Deeplearning4j's), docs/benchmarks/sparse_codecs.md.
 
 Runs: ``cnn`` at k = 32 and 128; ``digits`` at k = 8 and 32 (an epoch has 23
 minibatches a worker, so k = 32 is one round an epoch); ``digits-split``
@@ -60,6 +60,7 @@ ARMS = {
     "diloco": dict(optimizer_state="local", update_compression="int8", update_rule="diloco"),
     "diloco+f32": dict(optimizer_state="local", update_rule="diloco"),
     "diloco+topk": dict(optimizer_state="local", update_compression="topk", update_rule="diloco"),
+    "diloco+threshold": dict(optimizer_state="local", update_compression="threshold", update_rule="diloco"),
 }
 LONG_ONLY = {"diloco"}  # arms run at each dataset's longer k only
 

@@ -1,4 +1,5 @@
-"""``update_compression="topk"`` against float32 in whole fits, by update rule and ``k`` (docs/benchmarks/sparse_codecs.md).
+"""The sparse codecs (``update_compression="topk"``, ``"threshold"``) against float32 in whole fits, by update rule and
+``k`` (docs/benchmarks/sparse_codecs.md).
 
 README's session (``local[2]``), 2 workers, batch 32, ``optimizer_state="local"``, the digits 64-64-10 MLP of
 ``compressed_training.py`` (Adam(1e-3) inside, 1,500 examples, held-out 297), 10 epochs, seeds 0, 1, 2. Each arm is

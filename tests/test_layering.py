@@ -29,7 +29,7 @@ DRIVER_SHIMS = {"driver.ml", "driver.pyfunc"}
 DRIVER_LAYERS = {
     "algorithms": set(),
     "runtime": set(),
-    "elastic": set(),
+    "elastic": {"runtime"},  # membership reads Spark's status store through the session layer
     "config": {"algorithms"},
     "data": {"config", "runtime"},
     "transport": {"config", "runtime"},

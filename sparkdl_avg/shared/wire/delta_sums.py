@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -138,7 +139,7 @@ class DeltaLayout:
             return 0
         return 1 if entry - self.flat.num_weights in self.moments else 2
 
-    @property
+    @cached_property  # read by every parse, add and sum: computed once per layout
     def sizes(self) -> Tuple[int, ...]:
         """Values of each compressed segment, then of ``"x"``."""
         out = [0] * len(self.codecs)
@@ -313,7 +314,12 @@ class DeltaLayout:
 
     def delta_sums(self, shard_sums: Sequence[List[np.ndarray]]) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
         """``(Σ n·Δweights, Σ n·Δoptimizer or None)`` from every shard's sums, in shard order."""
-        segments = [np.concatenate([s[i] for s in shard_sums]) for i in range(len(self.codecs) + 1)]
+        if len(shard_sums) == 1:  # a single writable piece is used as it is (as FlatLayout.join)
+            segments = [a if a.flags.writeable else np.array(a) for a in shard_sums[0]]
+        else:
+            segments = [np.concatenate([s[i] for s in shard_sums]) for i in range(len(self.codecs) + 1)]
+        if segments[0].size == self.flat.sizes[0]:  # the weights alone (no optimizer sums): already in entry order
+            return self.flat.unflatten(segments[0], segments[-1])
         f32, at = np.empty(self.flat.sizes[0], np.float32), [0] * len(self.codecs)
         i32 = 0
         for i, (is32, shape) in enumerate(self.flat.entries):  # the segments' values back in entry order
