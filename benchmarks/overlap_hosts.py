@@ -67,6 +67,26 @@ def data(args):
     return x[:n].astype(np.float32), y[:n], x[n:].astype(np.float32), y[n:]
 
 
+def attached(args):
+    """On host 0: the running cluster, a session on its master (README's settings), the training data as a cached
+    DataFrame of ``WORKERS`` partitions, and the held-out ``(x, y)``."""
+    cluster = hosts.Cluster.attach()
+    spark = harness.session(cluster.master_url, conf=CONF)
+    x, y, x_test, y_test = data(args)
+    df = spark.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)], "features array<float>, label int")
+    df = df.repartition(WORKERS).cache()
+    df.count()
+    return cluster, spark, df, (x_test, y_test)
+
+
+def print_results(path: str, summary) -> None:
+    """Prints ``summary`` of the rows of the results file ``path``, and the load around its run."""
+    with open(path) as f:
+        saved = json.load(f)
+    print(summary(saved["rows"]))
+    print(f"load average before {saved['load_before']}, after {saved['load_after']}")
+
+
 def drive(args) -> None:
     """On host 0: the arms, interleaved; appends a row per arm and repeat to ``args.out``."""
     import keras
@@ -75,12 +95,7 @@ def drive(args) -> None:
     from network import mlp
     from sparkdl_avg import ParameterAveragingTrainer
 
-    cluster = hosts.Cluster.attach()
-    spark = harness.session(cluster.master_url, conf=CONF)
-    x, y, x_test, y_test = data(args)
-    df = spark.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)], "features array<float>, label int")
-    df = df.repartition(WORKERS).cache()
-    df.count()
+    cluster, spark, df, (x_test, y_test) = attached(args)
     store = f"s3://{hosts.BUCKET}/overlap-hosts"
     driver_ns = cluster.hosts[0].ns
 
@@ -126,6 +141,27 @@ def drive(args) -> None:
     spark.stop()
 
 
+def run_on_cluster(script: str, args) -> None:
+    """Starts the hosts cluster (``WORKERS`` one-core workers at ``args.rate``), runs ``script --driver`` on host 0
+    with the arguments below, and writes its rows to ``args.out`` (harness' results format)."""
+    partial = args.out + ".tmp"
+    with open(partial, "w"):
+        pass
+    load = os.getloadavg()
+    with hosts.Cluster(hosts=WORKERS + 1, rate=args.rate, worker_memory="1200m").running() as cluster:
+        cmd = [sys.executable, script, "--driver", "--out", partial, "--k", str(args.k),
+               "--repeats", str(args.repeats), "--epochs", str(args.epochs),
+               "--rounds-per-epoch", str(args.rounds_per_epoch), "--arms", *args.arms]
+        proc = cluster.run(0, cmd, env=cluster.driver_env(), timeout=3600, check=False)
+        if proc.returncode:
+            print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
+    with open(partial) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    harness.write_results(args.out, args, conf=harness.settings(CONF), rows=rows, load_before=load,
+                          load_after=os.getloadavg(), command=" ".join(sys.argv))
+    os.remove(partial)
+
+
 def summary(rows) -> str:
     med = statistics.median
     by = {arm: [r for r in rows if r["arm"] == arm] for arm in ARMS}
@@ -166,26 +202,8 @@ def main() -> None:
         drive(args)
         return
     if not args.table_only:
-        partial = args.out + ".tmp"
-        with open(partial, "w"):
-            pass
-        load = os.getloadavg()
-        with hosts.Cluster(hosts=WORKERS + 1, rate=args.rate, worker_memory="1200m").running() as cluster:
-            cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--out", partial, "--k", str(args.k),
-                   "--repeats", str(args.repeats), "--epochs", str(args.epochs),
-                   "--rounds-per-epoch", str(args.rounds_per_epoch), "--arms", *args.arms]
-            proc = cluster.run(0, cmd, env=cluster.driver_env(), timeout=3600, check=False)
-            if proc.returncode:
-                print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
-        with open(partial) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        harness.write_results(args.out, args, conf=harness.settings(CONF), rows=rows, load_before=load,
-                              load_after=os.getloadavg(), command=" ".join(sys.argv))
-        os.remove(partial)
-    with open(args.out) as f:
-        data_ = json.load(f)
-    print(summary(data_["rows"]))
-    print(f"load average before {data_['load_before']}, after {data_['load_after']}")
+        run_on_cluster(os.path.abspath(__file__), args)
+    print_results(args.out, summary)
 
 
 if __name__ == "__main__":

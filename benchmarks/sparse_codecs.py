@@ -1,10 +1,11 @@
 """The sparse codecs (``update_compression="topk"``, ``"threshold"``) against float32 in whole fits, by update rule and
 ``k`` (docs/benchmarks/sparse_codecs.md).
 
-README's session (``local[2]``), 2 workers, batch 32, ``optimizer_state="local"``, the digits 64-64-10 MLP of
-``compressed_training.py`` (Adam(1e-3) inside, 1,500 examples, held-out 297), 10 epochs, seeds 0, 1, 2. Each arm is
-``RULE/COMPRESSION`` (``none``: float32); prints each arm's held-out accuracies, their median and the bytes a worker
-sent per round::
+README's session (``local[2]``), 2 workers, batch 32, ``optimizer_state="local"``, seeds 0, 1, 2, the datasets and
+models of ``compressed_training.py`` (Adam(1e-3) inside): ``--dataset digits``, the 64-64-10 MLP (1,500 examples,
+held-out 297, 10 epochs by default); ``--dataset cnn``, the suite CNN (20,000 synthetic 28×28 images, held-out
+2,000, 3 epochs by default). Each arm is ``RULE/COMPRESSION`` (``none``: float32); prints each arm's held-out
+accuracies, their median and the bytes a worker sent per round::
 
     PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/sparse_codecs.py --k 4 \\
         diloco:outer_momentum=0.5/none diloco:outer_momentum=0.5/topk
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,45 +24,38 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--k", type=int, default=4, help="averaging_frequency (digits: 23 minibatches a worker an epoch)")
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--dataset", default="digits", choices=["digits", "cnn"])
+    p.add_argument("--epochs", type=int, default=None, help="default: the dataset's (digits 10, cnn 3)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("arms", nargs="+", metavar="RULE/COMPRESSION")
     args = p.parse_args()
 
-    import numpy as np
     from pyspark.sql import SparkSession
-    from sklearn.datasets import load_digits
 
     import sparkdl_avg
-    import keras
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compressed_training import datasets, model_for
 
     spark = SparkSession.builder.master("local[2]").config(map=sparkdl_avg.RECOMMENDED_CONF).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    dx, dy = load_digits(return_X_y=True)
-    order = np.random.default_rng(0).permutation(len(dx))  # compressed_training.py's split
-    dx, dy = (dx[order] / 16.0).astype(np.float32), dy[order].astype(np.int32)
-    x, y, xt, yt = dx[:1500], dy[:1500], dx[1500:], dy[1500:]
-
-    def mlp(seed):
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(10, activation="softmax")])
-        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    d = datasets()[args.dataset]
+    (x, y), (xt, yt) = d["data"], d["test"]
+    epochs = args.epochs or d["epochs"]
 
     for arm in args.arms:
         rule, compression = arm.rsplit("/", 1)
         accuracies, sent = [], []
         for seed in args.seeds:
-            model = mlp(seed)
+            model = model_for(args.dataset, seed)
             trainer = sparkdl_avg.ParameterAveragingTrainer(
                 model, num_workers=2, batch_size=32, averaging_frequency=args.k, seed=seed, optimizer_state="local",
                 update_rule=rule, update_compression=None if compression == "none" else compression,
                 slow_warning=False)
-            trainer.fit((x, y), epochs=args.epochs, verbose=0)
+            trainer.fit((x, y), epochs=epochs, verbose=0)
             accuracies.append(float(model.evaluate(xt, yt, verbose=0)[1]))
             sent.append(statistics.median(r.sent_bytes / r.num_workers for r in trainer.stats.records))
-        print(f"k={args.k} rounds={len(trainer.stats.records)} {arm}: accuracy {[round(a, 4) for a in accuracies]} "
+        print(f"{args.dataset} k={args.k} rounds={len(trainer.stats.records)} {arm}: accuracy {[round(a, 4) for a in accuracies]} "
               f"median {statistics.median(accuracies):.4f}; bytes/worker/round {statistics.median(sent):.0f}",
               flush=True)
     spark.stop()

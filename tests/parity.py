@@ -217,7 +217,7 @@ class CompressedUpdatesMixin:
                 assert [r.aggregation for r in records] == [options["aggregation"]] * len(records)
                 # int8: the weights at 1 byte + a scale per 256, Adam's two moments in bf16: (1 + 2 * 2) / 12;
                 # int4: half a byte + a scale per 128: (0.53 + 2 * 2) / 12; topk: 8 of the 385 weights, 18 bytes;
-                # threshold: 1 to 3 of them (1e-4 to 1e-2), 7 to 11 bytes
+                # threshold: 1 to 7 of them (1e-4 to 2e-2), 8 to 19 bytes
                 low, high = ratio
                 for record, plain in zip(records, float32):
                     assert low * plain.sent_bytes < record.sent_bytes < high * plain.sent_bytes, (compression, record)

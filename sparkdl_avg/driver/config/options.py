@@ -395,7 +395,7 @@ OPTIONS: Tuple[Option, ...] = (
         help="send each worker's round delta compressed: 'bf16' (2 bytes a value), 'int8' or 'int4' (the weights "
              "at about 1 byte or half a byte, with error feedback), 'topk' (the largest 2 in 100 of each 4,096 weights, "
              "about 0.04 bytes a value, with error feedback), 'threshold' (Deeplearning4j's: the weights past an "
-             "adaptive threshold, as +-threshold, 1e-4 to 1e-2 of them, with error feedback)",
+             "adaptive threshold, as +-threshold, 1e-4 to 2e-2 of them, with error feedback)",
         unset="float32 sums, uncompressed",
         doc="Send each worker's *delta* from the round's starting state compressed instead of its float32 "
             "sums (:mod:`sparkdl_avg.shared.wire.delta_sums`); the sums are still added in float32, so only the wire "
@@ -411,7 +411,7 @@ OPTIONS: Tuple[Option, ...] = (
             "residual. ``\"threshold\"`` (Deeplearning4j's threshold encoding with its adaptive threshold): the "
             "weights' deltas whose magnitude reaches the worker's threshold travel as plus or minus the threshold "
             "(a 12-bit position and a sign bit each, or a 2-bit map of a chunk where that is smaller); each "
-            "worker moves its threshold by steps of 0.966 to send 1e-4 to 1e-2 of its values, the workers start "
+            "worker moves its threshold by steps of 0.966 to send 1e-4 to 2e-2 of its values, the workers start "
             "each epoch from their thresholds' mean, and the residual is clipped at 5 thresholds; needs error "
             "feedback. Works with every update rule, "
             "``synchronization=\"stale\"``, every ``state_transport`` and ``aggregation``, and Spark Connect. "
