@@ -142,10 +142,11 @@ class Encoded:
     """A flat float32 vector in a compressed form.
 
     Attributes:
-        codec: ``"bf16"``, ``"int8"`` or ``"int4"``.
+        codec: One of :data:`CODECS`.
         size: Values encoded.
         payload: ``uint16`` (bf16: the top half of each float32) or ``int8`` values, ``size`` of them; int4:
-            ``uint8`` bytes, ``ceil(size / 2)`` of them, value ``2i`` in byte ``i``'s low nibble.
+            ``uint8`` bytes, ``ceil(size / 2)`` of them, value ``2i`` in byte ``i``'s low nibble; topk and threshold:
+            ``uint8`` bytes, each chunk's back to back (see the module docstring).
         scales: The float32 scale per block of ``block`` values (the last may be shorter); ``None`` for bf16.
             threshold: each chunk's ``τ``.
         block: Values per scale (int8, int4, topk, threshold).

@@ -17,9 +17,10 @@ says why).
 **Shards.** Shard ``j`` of ``S`` is the ``j``-th of ``S`` near-equal runs of each segment, cut at whole blocks of its
 codec (int8's 256 values, int4's 128: whole bytes too), so a reducer decodes its shard alone and summing shard by shard
 gives exactly the elements of a whole sum. A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
-(float64), the int8 and int4 segments' scales (float32, in segment order), then the payloads (bf16's uint16, then
-int8's, then int4's bytes of two values, the even index in the low nibble). A summed shard is the segments' float64
-and float32 sums back to back. Every path (Spark's tree, the driver, the shuffle, the storage reducers, the files)
+(float64), the scales of the segments that have them (int8, int4, topk, threshold: float32, in segment order), the
+counts of threshold's chunks (uint16: what each sends, so its payload's length), then the payloads (bf16's uint16,
+then int8's, int4's bytes of two values, the even index in the low nibble, topk's and threshold's chunks). A summed
+shard is the segments' float64 and float32 sums back to back. Every path (Spark's tree, the driver, the shuffle, the storage reducers, the files)
 adds with :meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
 
 **Error feedback.** A worker adds its residual to its delta before encoding and keeps what the codec dropped
@@ -27,10 +28,12 @@ adds with :meth:`DeltaLayout.add` in worker order, so all give bitwise the same 
 round's place in the fit and the worker (:class:`FeedbackFiles`): the next round's task for that worker, on whatever
 executor, reads it; a retried task reads the same file and rewrites identical bytes, and a lost executor loses nothing
 (Spark reruns its task, which reads the same file). Which segments keep a residual is the layout's ``feedback``
-(``error_feedback``: by default the int8 and int4 ones only, bf16 measured equal to float32 without it). The residual
-is stored in int8 whatever the segment's codec (1 byte a value and a scale per 256, not 4): what that drops is the
-residual's own rounding, 1/254 of the residual, itself about 1/254 of the delta for int8, 1/14 for int4 and 1/512 for
-bf16.
+(``error_feedback``: by default those of the codecs with scales, bf16 measured equal to float32 without it). The
+residual is stored in int8 whatever the segment's codec (1 byte a value and a scale per 256, not 4): what that drops is
+the residual's own rounding, 1/254 of the residual, itself about 1/254 of the delta for int8, 1/14 for int4 and 1/512
+for bf16. A ``"threshold"`` segment's worker also keeps its threshold ``τ`` there, first in the file (float32), and at
+an epoch's first round every worker starts from the mean of the ``τ`` its peers kept
+(:meth:`FeedbackFiles.mean_thresholds`).
 """
 
 from __future__ import annotations
@@ -255,7 +258,8 @@ class DeltaLayout:
             if is_counted(codec):
                 count = -(-(b - a) // block_of(codec))
                 if offset + 2 * count > len(buf):
-                    break  # the payloads' check below names the mismatch
+                    raise ValueError(f"a compressed shard of {len(buf)} bytes does not match its layout (more "
+                                     "than its bytes)")
                 counts[i] = np.frombuffer(buf, np.uint16, count=count, offset=offset)
                 offset += 2 * count
         payloads = {}
