@@ -19,11 +19,13 @@ from sparkdl_avg.driver.transport.policy import SHARDED_STAGE_S
 
 
 def _round(transport="spark", aggregation="", workers=3, nbytes=4_000_000, aggregate_s=1.0, driver_sum_s=0.0,
-           cold=False):
-    """A synchronous round's record as the estimator reads it: ``nbytes`` of sums per worker."""
+           cold=False, other_s=0.0):
+    """A synchronous round's record as the estimator reads it: ``nbytes`` of sums per worker; 1 s of compute, then the
+    sums' way back and ``other_s`` more (the state out, the job) in its wall time."""
     return types.SimpleNamespace(transport=transport, aggregation=aggregation, num_workers=workers,
                                  sent_bytes=workers * nbytes, aggregate_s=aggregate_s, driver_sum_s=driver_sum_s,
-                                 chunk=None, replicas_built=int(cold), workers=[])
+                                 chunk=None, replicas_built=int(cold), workers=[], compute_max_s=1.0,
+                                 wall_s=1.0 + aggregate_s + other_s)
 
 
 def test_one_rounds_rate_reads_the_bytes_through_the_path_it_took():
@@ -56,9 +58,10 @@ def test_the_paths_cost_what_driver_bound_pays_decides_by():
 
 def test_a_slow_link_switches_once_and_only_on_clear_evidence():
     choice = LinkChoice("spark", lambda r: not is_cold(r))
-    slow = [_round(aggregate_s=9.0, cold=True)] + [_round(aggregate_s=0.96)] * 2
+    # the tree's rounds: 0.96 s for the sums, 1.04 s more for the state going out (2 s beyond compute)
+    slow = [_round(aggregate_s=9.0, cold=True)] + [_round(aggregate_s=0.96, other_s=1.04)] * 2
     assert choice.consider(slow, 3) is None  # 2 steady rounds: not yet
-    switch = choice.consider(slow + [_round(aggregate_s=0.96)], 4)
+    switch = choice.consider(slow + [_round(aggregate_s=0.96, other_s=1.04)], 4)
     assert switch is not None and switch.transport == "sql" and choice.current == "sql"
     assert switch.rate == pytest.approx(12.5e6) and switch.rounds == 3
     assert switch.now_s == pytest.approx(0.96) and switch.then_s == pytest.approx(0.62)
@@ -71,14 +74,42 @@ def test_a_slow_link_switches_once_and_only_on_clear_evidence():
                     "network_rate to fix the choice.")
     # on the sharded path now, fast: 4 MB in 0.01 s past the stage reads as 400 MB/s, where the model would put
     # the tree at 0.03 s; but the tree measured 0.96 s, and that is what it is predicted to take: no flip back
-    records = slow + [_round(aggregate_s=0.96)] + [_round("sql", "shuffle", aggregate_s=0.31)] * 20
+    records = slow + [_round(aggregate_s=0.96, other_s=1.04)] + [_round("sql", "shuffle", aggregate_s=0.31)] * 20
     assert choice.consider(records, 24) is None and choice.current == "sql"
-    # the shuffle grown slow (2 s a round): back to the tree, but not within SWITCH_EVERY rounds of the switch
-    slower = slow + [_round(aggregate_s=0.96)] + [_round("sql", "shuffle", aggregate_s=2.0)] * 9
+    # the shuffle's sums grown slow (2 s a round, no slower a round than the tree's): back to the tree by the model,
+    # but not within SWITCH_EVERY rounds of the switch
+    slower = slow + [_round(aggregate_s=0.96, other_s=1.04)] + [_round("sql", "shuffle", aggregate_s=2.0)] * 9
     assert choice.consider(slower, 13) is None
     back = choice.consider(slower + [_round("sql", "shuffle", aggregate_s=2.0)], 14)
     assert back is not None and back.transport == "spark" and back.now_s == pytest.approx(2.0)
     assert back.then_s == pytest.approx(0.96)
+
+
+def test_a_switch_whose_rounds_took_longer_is_undone_after_three_steady_rounds_and_the_path_kept():
+    """The hosts at 10 Mbit/s: the shuffle brought the sums back sooner, its rounds took longer (the state out)."""
+    choice = LinkChoice("spark", lambda r: not is_cold(r))
+    tree = [_round(aggregate_s=2.4, other_s=9.8)] * 3  # 3 x 1 MB in 2.4 s: 1.25 MB/s; 12.2 s beyond compute
+    switch = choice.consider(tree, 3)
+    assert switch.transport == "sql" and not switch.back
+    shuffle = [_round("sql", "shuffle", nbytes=1_000_000, aggregate_s=1.1, other_s=25.0, cold=True)]
+    shuffle += [_round("sql", "shuffle", nbytes=1_000_000, aggregate_s=1.1, other_s=25.0)] * 2
+    assert choice.consider(tree + shuffle, 6) is None  # the first round on the new path is cold: 2 steady so far
+    shuffle.append(_round("sql", "shuffle", nbytes=1_000_000, aggregate_s=1.1, other_s=25.0))
+    back = choice.consider(tree + shuffle, 7)
+    assert back.back and back.transport == "spark" and choice.current == "spark"
+    assert (back.rounds, back.now_s, back.then_s, back.rate) == (3, pytest.approx(26.1), pytest.approx(12.2),
+                                                                 switch.rate)
+    assert back.message("sql", "the fit's round 8", link_rate.assumed_rate()) == (
+        "state_transport='auto': 3 rounds on 'sql' took 26.10 s beyond compute (the median), against 12.20 s on "
+        "'spark' before the switch: going back to 'spark' from the fit's round 8, for the rest of the fit. Pass "
+        "network_rate to fix the choice.")
+    # settled: whatever the tree's rounds measure from now on, the fit stays on it
+    assert choice.consider(tree + shuffle + [_round(aggregate_s=2.4, other_s=9.8)] * 30, 37) is None
+    # a switch whose rounds took no longer (within MARGIN) stays
+    kept = LinkChoice("spark", lambda r: True)
+    assert kept.consider(tree, 3).transport == "sql"
+    same = [_round("sql", "shuffle", nbytes=1_000_000, aggregate_s=1.1, other_s=13.0)] * 5  # 14.1 s <= 1.25 x 12.2
+    assert kept.consider(tree + same, 8) is None and kept.current == "sql"
 
 
 def test_a_small_difference_does_not_switch():

@@ -33,6 +33,15 @@ instead and says when the other path would be cheaper:
   measured then (not by the rate), so the fit does not flip back and forth
   on the noise of one estimate. The fit loop asks between rounds, never during one
   (:class:`sparkdl_avg.driver.fit.hooks.TransportChoice`).
+* The model weighs the sums' way back only; a round also sends the state out,
+  which costs each path differently (on 10 Mbit/s hosts the Spark SQL round's
+  rounds took 27.7 s against the tree's 12.6 s, while its sums came back
+  sooner: docs/benchmarks/sparse_codecs.md). So a switch is checked against
+  what it bought: once :data:`MIN_ROUNDS` steady rounds ran on the new path,
+  if their time beyond compute (:func:`overhead`) exceeds the path left's by
+  :data:`MARGIN` (and :data:`MIN_SAVING_S`), the fit goes back and stays there
+  (:attr:`Switch.back`): the choice is never slower than the path it left for
+  more than those rounds.
 
 Learned only where ``"auto"`` chooses between the paths by the link
 (:func:`learns`): a classic session on hosts of their own, ``aggregation``
@@ -105,6 +114,13 @@ def estimate_rate(records: Sequence, steady: Callable[[object], bool] = lambda r
     return statistics.median(rates), len(rates)
 
 
+def overhead(records: Sequence, steady: Callable[[object], bool] = lambda r: True) -> Optional[tuple]:
+    """``(seconds, rounds)``: the median time beyond compute (``wall_s - compute_max_s``: the state out, the job, the
+    sums back, the update) of the latest :data:`WINDOW` ``steady`` records; ``None`` when there is none."""
+    seconds = [r.wall_s - r.compute_max_s for r in records if steady(r)][-WINDOW:]
+    return (statistics.median(seconds), len(seconds)) if seconds else None
+
+
 def path_seconds(driver_path: bool, num_workers: int, nbytes: float, rate: float) -> float:
     """Seconds a round's sums take back at ``rate`` (bytes/s): ``N·S/rate`` driver-bound, ``SHARDED_STAGE_S + S/rate`` sharded.
 
@@ -122,7 +138,10 @@ class Switch:
 
     ``rounds``: how many rounds the rate is the median of; ``nbytes``: one
     worker's sums; ``now_s``/``then_s``: the predicted seconds of the sums'
-    way back on the current and the new path.
+    way back on the current and the new path. ``back``: the switch undoes
+    the one before it, which measured slower; ``now_s``/``then_s`` are then
+    the rounds' measured seconds beyond compute on the current path and on the
+    one it goes back to, and ``rate`` the rate the first switch used.
     """
 
     transport: str
@@ -132,9 +151,15 @@ class Switch:
     nbytes: float
     now_s: float
     then_s: float
+    back: bool = False
 
     def message(self, current: str, where: str, assumed: str) -> str:
         """The INFO line saying what was measured and what was chosen (``where``: the round it takes effect)."""
+        if self.back:
+            return (f"state_transport='auto': {self.rounds} round{'s' if self.rounds != 1 else ''} on {current!r} "
+                    f"took {self.now_s:.2f} s beyond compute (the median), against {self.then_s:.2f} s on "
+                    f"{self.transport!r} before the switch: going back to {self.transport!r} from {where}, for the "
+                    "rest of the fit. Pass network_rate to fix the choice.")
         how = {"spark": "Spark's tree (every worker's sums through the driver's link)",
                "sql": "the Spark SQL round (sums sharded through the shuffle)"}
         return (f"state_transport='auto': the driver's link measured {_rate(self.rate)} (the median of "
@@ -170,17 +195,23 @@ class LinkChoice:
         self.steady = steady
         self.switched_at: Optional[int] = None  # the fit's round count at the latest switch
         self.measured: Dict[str, float] = {}  # a path left -> the seconds its sums took back then (median)
+        self.left: Optional[tuple] = None  # (path, its rounds' seconds beyond compute, the rate) of the latest switch
+        self.settled = False  # a switch undone: the path stays for the rest of the fit
 
     def consider(self, records: Sequence, rounds_in_fit: int) -> Optional[Switch]:
-        """A :class:`Switch` when the rounds so far (``records``, in order) say the other path is cheaper; else ``None``.
+        """A :class:`Switch` when the rounds so far (``records``, in order) say the other path is cheaper, or that
+        the latest switch made rounds slower (:attr:`Switch.back`); else ``None``.
 
         Only the records on the current transport since the latest switch count.
         """
-        if self.switched_at is not None and rounds_in_fit - self.switched_at < SWITCH_EVERY:
+        if self.settled:
             return None
         mine = [r for r in records if r.transport == self.current and r.chunk is None]
         if self.switched_at is not None:
             mine = mine[len(mine) - min(len(mine), rounds_in_fit - self.switched_at):]
+            back = self._undo(mine, rounds_in_fit)
+            if back is not None or rounds_in_fit - self.switched_at < SWITCH_EVERY:
+                return back
         found = estimate_rate(mine, self.steady)
         if found is None or found[1] < MIN_ROUNDS:
             return None
@@ -199,8 +230,24 @@ class LinkChoice:
         if not then <= now - max(MARGIN * now, MIN_SAVING_S):
             return None
         self.measured[self.current] = now
+        spent = overhead(mine, self.steady)
+        self.left = (self.current, spent[0], rate) if spent is not None else None
         self.current, self.switched_at = TRANSPORT_OF[not bound], rounds_in_fit
         return Switch(self.current, rate, rounds, n, nbytes, now, then)
 
+    def _undo(self, mine: Sequence, rounds_in_fit: int) -> Optional[Switch]:
+        """The switch back when the rounds since the latest switch took longer beyond compute than the path left."""
+        spent = overhead(mine, self.steady)
+        if self.left is None or spent is None or spent[1] < MIN_ROUNDS:
+            return None
+        path, then, rate = self.left
+        now, rounds = spent
+        if not now > then + max(MARGIN * then, MIN_SAVING_S):
+            return None
+        last = mine[-1]
+        self.current, self.switched_at, self.settled = path, rounds_in_fit, True
+        return Switch(path, rate, rounds, last.num_workers, last.sent_bytes / last.num_workers, now, then, back=True)
 
-__all__ = ["LinkChoice", "Switch", "assumed_rate", "driver_bound", "estimate_rate", "learns", "path_seconds", "round_rate"]
+
+__all__ = ["LinkChoice", "Switch", "assumed_rate", "driver_bound", "estimate_rate", "learns", "overhead", "path_seconds",
+           "round_rate"]
