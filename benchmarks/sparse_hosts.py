@@ -96,6 +96,8 @@ def drive(args) -> None:
                 compute_s=med(r.compute_max_s for r in records),
                 sent_per_worker=med(r.sent_bytes / r.num_workers for r in records),
                 paths=sorted({f"{r.transport}/{r.aggregation}" for r in records}),
+                path_per_round=[f"{r.transport}/{r.aggregation}" for r in records],
+                round_s_per_round=[round(r.wall_s, 2) for r in records],
                 driver_rx_per_round=clock.rx / len(records), driver_tx_per_round=clock.tx / len(records),
                 load_after=os.getloadavg()[0])
             print(json.dumps(row), flush=True)
