@@ -9,7 +9,10 @@ random rows with 2 workers on ``local[2]`` (README's settings,
 ``benchmarks/harness.py``), ``batch_size=32``, ``averaging_frequency=8``:
 4 rounds.
 
-Measured as **peak RSS above each process's level just before the fit**:
+Measured as **peak RSS above each process's level just before the fit** (``--level fit``), or, on the
+driver, **before the user's model is built** (``--level model``, the default: what a user's process holds for the
+fit, the model and its optimizer's slots included; the session, the data and Keras' import come first, as in a
+notebook):
 
 * the driver: this process's ``VmHWM`` after the fit minus its ``VmRSS``
   before it, the peak having been reset to the current level first
@@ -111,44 +114,58 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=2048)
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--optimizer-state", default="average")
+    p.add_argument("--level", choices=["model", "fit"], default="model",
+                   help="the driver's level: before the model is built (as a user counts) or just before the fit")
     args = p.parse_args()
 
     import numpy as np
 
+    x, y = data(args.kind, args.rows, args.examples)
+    spark = df = None
+    if args.arm == "sparkdl_avg":
+        import sparkdl_avg
+
+        spark = harness.session(f"local[{args.num_workers}]", app_name="sparkdl_avg-peak-memory")
+        sparkdl_avg.warm_up(spark).result()
+        rows = [(int(a[0]) if args.kind == "embedding" else a.tolist(), float(b)) for a, b in zip(x, y)]
+        schema = "features bigint, label float" if args.kind == "embedding" else "features array<float>, label float"
+        df = spark.createDataFrame(rows, schema).cache()
+        df.count()
+    import keras  # noqa: F401  (TensorFlow's import is not the model's: a user imports it before building one)
+
+    model_level = status_mb()["VmRSS"]
+    reset_peak()
     model = build_model(args.kind, args.rows)
     model.optimizer.build(model.trainable_variables)
+    built = status_mb()  # what building the model took, and its peak (the user's own code: not the fit's)
+    built = {"rss_above_mb": round(built["VmRSS"] - model_level, 1), "peak_above_mb": round(built["VmHWM"] - model_level, 1)}
     state_mb = (sum(w.nbytes for w in model.get_weights())
                 + sum(np.asarray(v.numpy()).nbytes for v in model.optimizer.variables)) / 2**20
     from sparkdl_avg.driver.observe.memory import estimate, model_state_sizes
 
     est = estimate(*model_state_sizes(model), average_optimizer=args.optimizer_state == "average",
                    local_optimizer=args.optimizer_state == "local")
-    x, y = data(args.kind, args.rows, args.examples)
-    result = {"kind": args.kind, "rows": args.rows, "arm": args.arm, "parameters": int(model.count_params()),
+    result = {"level": args.level, "built": built, "kind": args.kind, "rows": args.rows, "arm": args.arm, "parameters": int(model.count_params()),
               "state_mb": round(state_mb, 1), "num_workers": args.num_workers,
               "optimizer_state": args.optimizer_state,
               "estimate_mb": {"driver": round(est.driver_bytes / 2**20), "worker": round(est.worker_bytes / 2**20)}}
     if args.arm == "keras":
-        before = status_mb()["VmRSS"]
-        reset_peak()
+        before = model_level if args.level == "model" else status_mb()["VmRSS"]
+        if args.level == "fit":
+            reset_peak()
         t0 = time.perf_counter()
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)
         result.update(seconds=round(time.perf_counter() - t0, 1),
                       driver_peak_above_mb=round(status_mb()["VmHWM"] - before, 1))
     else:
-        import sparkdl_avg
         from sparkdl_avg import ParameterAveragingTrainer
 
-        spark = harness.session(f"local[{args.num_workers}]", app_name="sparkdl_avg-peak-memory")
-        sparkdl_avg.warm_up(spark).result()
         jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
-        rows = [(int(a[0]) if args.kind == "embedding" else a.tolist(), float(b)) for a, b in zip(x, y)]
-        schema = "features bigint, label float" if args.kind == "embedding" else "features array<float>, label float"
-        df = spark.createDataFrame(rows, schema).cache()
-        df.count()
+        # The workers build their replicas in the fit: their level is before it either way.
         workers = {pid: status_mb(pid)["VmRSS"] for pid in python_workers(jvm_pid) if reset_peak(pid)}
-        before = status_mb()["VmRSS"]
-        reset_peak()
+        before = model_level if args.level == "model" else status_mb()["VmRSS"]
+        if args.level == "fit":
+            reset_peak()
         t0 = time.perf_counter()
         with ParameterAveragingTrainer(model, num_workers=args.num_workers, batch_size=32, averaging_frequency=8,
                                        seed=0, optimizer_state=args.optimizer_state) as trainer:

@@ -1,14 +1,17 @@
 """The driver's update and the state read on access give the same bits as the whole-array code they replace (issue 47)."""
 
 import os
+import weakref
 
 import numpy as np
 import pytest
 
 import keras
+import tensorflow as tf
 
 from conftest import make_model
 from sparkdl_avg.driver.fit import update
+from sparkdl_avg.shared.model import modelspec
 from sparkdl_avg.shared.model.modelspec import VariableArrays, get_state, state_of
 from sparkdl_avg.shared.wire import exchange
 from sparkdl_avg.shared.wire.aggregation import WeightedArrays, weighted
@@ -115,3 +118,90 @@ def test_released_pages_of_a_loaded_state_leave_the_resident_memory(tmp_path):
     exchange.release_pages([table])
     assert _rss() - before < 16 << 20
     assert float(table.sum()) == total  # and it reads back the same
+
+
+class _Tracked:
+    """A lazy state (as a model's VariableArrays): a fresh array per item, and how many earlier items were still
+    alive whenever one was read."""
+
+    def __init__(self, arrays):
+        self.arrays, self.refs, self.most_alive = arrays, [], 0
+
+    def __len__(self):
+        return len(self.arrays)
+
+    def __getitem__(self, i):
+        self.most_alive = max(self.most_alive, sum(r() is not None for r in self.refs))
+        out = self.arrays[i].copy()
+        self.refs.append(weakref.ref(out))
+        return out
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def specs(self):
+        return [(a.dtype, a.shape) for a in self.arrays]
+
+
+def test_writing_and_averaging_a_lazy_state_hold_one_of_its_arrays_at_a_time(tmp_path):
+    """zip() keeps its last tuple while it reads the next: a loop over a model's state held two tables (Adam's two
+    moments) where it used one, at the driver's send and its update."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.normal(size=(50, 4)).astype(np.float32) for _ in range(4)]
+    state = _Tracked(arrays)
+    stored = exchange.store(str(tmp_path), "s", state, specs=state.specs())
+    assert state.most_alive == 0
+    assert all(np.array_equal(a, b) for a, b in zip(exchange.load(stored), arrays))
+    base = _Tracked(arrays)
+    sums = [(a * 3).astype(np.float32) for a in arrays]
+    got = update.means_as([s.copy() for s in sums], 3, base, True, [a.dtype for a in arrays])
+    assert base.most_alive == 0
+    want = _reference(sums, 3, arrays, True, [a.dtype for a in arrays])
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+def test_a_models_variables_iterate_without_keeping_the_array_yielded_last():
+    model = make_model(seed=7)
+    it = iter(VariableArrays(model.weights))
+    first = weakref.ref(next(it))
+    next(it)
+    assert first() is None
+
+
+def test_means_from_a_models_variables_read_slice_by_slice_are_bitwise_the_whole_array_means(monkeypatch):
+    monkeypatch.setattr(update, "CHUNK", 100)  # several slices of the kernel, the last one short
+    model = make_model(seed=8)
+    model.optimizer.build(model.trainable_variables)
+    weights, opt = get_state(model)
+    lazy_w, lazy_o = state_of(model)
+    monkeypatch.setattr(VariableArrays, "__getitem__", lambda self, i: pytest.fail("read a whole variable"))
+    rng = np.random.default_rng(9)
+    for base, lazy in ((weights, lazy_w), (opt, lazy_o)):
+        sums = [(rng.normal(size=b.shape) * 3).astype(b.dtype) if b.dtype.kind == "f" else np.asarray(5, b.dtype)
+                for b in base]
+        dtypes = [b.dtype for b in base]
+        want = _reference([s.copy() for s in sums], 3, base, True, dtypes)
+        got = update.means_as([s.copy() for s in sums], 3, lazy, True, dtypes)
+        for g, w, d in zip(got, want, dtypes):
+            assert g.dtype == d and np.asarray(g).tobytes() == np.asarray(w).tobytes()
+
+
+def test_a_large_variable_is_assigned_in_blocks_of_rows_with_the_same_values(monkeypatch):
+    monkeypatch.setattr(modelspec, "ASSIGN_CHUNK", 1000)
+    rng = np.random.default_rng(10)
+    table = keras.Variable(np.zeros((3_001, 7), np.float32))  # 142 rows a block, the last one short
+    value = rng.normal(size=(3_001, 7)).astype(np.float32)
+    blocks = []
+    real = tf.raw_ops.ResourceStridedSliceAssign
+    monkeypatch.setattr(tf.raw_ops, "ResourceStridedSliceAssign", lambda **kw: blocks.append(kw["begin"][0]) or real(**kw))
+    modelspec.assign(table, value)
+    assert blocks == list(range(0, 3_001, 142))
+    assert np.asarray(table.numpy()).tobytes() == value.tobytes()
+    for small in (np.arange(12, dtype=np.float32), np.float32(3.5)):  # one assign: under a block, or 0-d
+        variable = keras.Variable(np.zeros(np.shape(small), np.float32))
+        modelspec.assign(variable, small)
+        assert np.array_equal(variable.numpy(), small)
+    assert len(blocks) == 3_001 // 142 + 1
+    with pytest.raises(ValueError):  # a shape that is not the variable's: Keras' own check and message
+        modelspec.assign(table, np.zeros((3_000, 7), np.float32))

@@ -16,6 +16,7 @@ contract). Pure numpy: no Spark, no model.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -117,24 +118,37 @@ def means_as(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.ndarra
     and written into the (float32) sums array it came from, where the whole
     expression made two float64 copies and a cast copy of each table: two
     model states more on the driver at the round's end. ``base`` is read one
-    array at a time (a model's ``VariableArrays``: a fresh array per item,
-    dropped after its mean).
+    array at a time, and a model's ``VariableArrays`` one slice at a time
+    (:meth:`~sparkdl_avg.shared.model.modelspec.VariableArrays.flat`): a round's
+    update holds its sums and ``CHUNK`` elements more, not a table's copy.
     """
     out = []
-    bases = iter(base) if delta_sums else itertools.repeat(None)
-    for x, b, dtype in zip(sums, bases, out_dtypes):
+    # A model's VariableArrays is read slice by slice (its flat()): no copy of a whole table beside the sums.
+    reader = getattr(base, "flat", None) if delta_sums else None
+    bases = iter(base) if delta_sums and reader is None else itertools.repeat(None)
+    # Not zip(sums, bases, ...): zip keeps its last tuple, and with it the last base, while it reads the next one (a
+    # model's variable read on access is a copy of the whole array: two tables where one is used).
+    for j, (x, dtype) in enumerate(zip(sums, out_dtypes)):
+        b = partial(reader, j) if reader is not None else next(bases)
         out.append(_mean_as(x, examples, b, np.dtype(dtype)))
+        del b
     return out
 
 
 def _mean_as(x, examples: int, b, dtype: np.dtype):
+    """One mean of :func:`means_as`; ``b``: the base array, ``None`` (plain sums), or ``read(lo, hi)`` of its flat
+    elements."""
     if b is None:  # plain sums: divided in place as replica_means does, then cast (no copy when it is the dtype)
         mean = np.divide(x, examples, out=x) if _own(x) else x / examples
         return np.asarray(mean).astype(dtype, copy=False)
+    read = b if callable(b) else None
     if _own(x) and x.dtype == dtype and x.flags.c_contiguous:
-        flat, base = x.reshape(-1), np.asarray(b).reshape(-1)
+        flat = x.reshape(-1)
+        base = None if read is not None else np.asarray(b).reshape(-1)
         for lo in range(0, flat.size, CHUNK):
-            part = np.asarray(base[lo : lo + CHUNK], np.float64) + flat[lo : lo + CHUNK] / examples
-            flat[lo : lo + CHUNK] = part.astype(dtype)
+            hi = min(lo + CHUNK, flat.size)
+            part = np.asarray(read(lo, hi) if read is not None else base[lo:hi], np.float64) + flat[lo:hi] / examples
+            flat[lo:hi] = part.astype(dtype)
         return x
-    return (np.asarray(b, np.float64) + x / examples).astype(dtype, copy=False)
+    whole = read(0, int(np.size(x))).reshape(np.shape(x)) if read is not None else b
+    return (np.asarray(whole, np.float64) + x / examples).astype(dtype, copy=False)

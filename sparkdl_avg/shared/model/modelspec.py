@@ -363,6 +363,25 @@ class VariableArrays(Sequence):
             return VariableArrays(self._variables[i])
         return np.asarray(self._variables[i].numpy())
 
+    def __iter__(self):
+        # Not Sequence.__iter__: its generator keeps the array it yielded last in a local until the next one is read,
+        # so a loop over a model's state held two arrays where it uses one (Adam's two moments of a table: a table's
+        # size more, at the driver's send and update).
+        for i in range(len(self)):
+            yield self[i]
+
+    def flat(self, i: int, lo: int, hi: int) -> np.ndarray:
+        """Elements ``lo:hi`` of variable ``i`` flattened in C order: a slice read without a copy of the whole.
+
+        The same values as ``self[i].reshape(-1)[lo:hi]`` (the driver's update reads the state a round started from
+        slice by slice, :func:`~sparkdl_avg.driver.fit.update.means_as`).
+        """
+        import keras
+
+        variable = self._variables[i]
+        flat = keras.ops.reshape(getattr(variable, "value", variable), (-1,))
+        return np.asarray(keras.ops.convert_to_numpy(flat[lo:hi]))
+
     def specs(self) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
         """``(dtype, shape)`` per variable, read from the variables (an unknown dtype name: from its array)."""
         out = []
@@ -380,6 +399,35 @@ def state_of(model) -> Tuple[VariableArrays, VariableArrays]:
     return VariableArrays(model.weights), VariableArrays(model.optimizer.variables)
 
 
+#: Elements per block of :func:`assign`: a variable larger than this is written 16 MiB (float32) at a time.
+ASSIGN_CHUNK = 1 << 22
+
+
+def assign(variable, value) -> None:
+    """``variable.assign(value)``, a large array written a block of rows at a time (the same values).
+
+    TensorFlow turns a whole numpy array into a tensor before it assigns it: a copy of the array beside the variable
+    (an embedding table's size more at a round's end on the driver). A variable of more than :data:`ASSIGN_CHUNK`
+    elements whose ``value`` has its dtype and shape is written a block of rows at a time instead, by TensorFlow's
+    strided-slice assignment on the variable's handle (not ``variable[a:b].assign``, which reads the variable first,
+    nor ``scatter_update``, a sparse write that switches the variable to copying its whole buffer on later reads).
+    """
+    target = getattr(variable, "value", None)
+    value = np.asarray(value)
+    if (value.ndim == 0 or value.size <= ASSIGN_CHUNK or getattr(target, "handle", None) is None
+            or tuple(value.shape) != tuple(variable.shape) or value.dtype != np.dtype(target.dtype.name)):
+        variable.assign(value)
+        return
+    import tensorflow as tf
+
+    rows = max(1, ASSIGN_CHUNK // (value.size // value.shape[0]))
+    rest = list(value.shape[1:])
+    for lo in range(0, value.shape[0], rows):
+        hi = min(lo + rows, value.shape[0])
+        tf.raw_ops.ResourceStridedSliceAssign(ref=target.handle, begin=[lo] + [0] * len(rest), end=[hi] + rest,
+                                              strides=[1] * value.ndim, value=value[lo:hi])
+
+
 def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.ndarray]) -> None:
     """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``, one at a time.
 
@@ -391,7 +439,7 @@ def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.nda
             raise ValueError(f"The state holds {len(values)} arrays where the model has {len(variables)}.")
         for i, var in enumerate(variables):
             if values[i] is not None:
-                var.assign(values[i])
+                assign(var, values[i])
 
 
 def assign_state(model, weights, optimizer_variables) -> None:

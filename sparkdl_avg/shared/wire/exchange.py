@@ -118,7 +118,11 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
     sink = open(path, "wb") if local else fs.open_output_stream(path)
     with sink:
         written = 0
-        for a, (dtype, shape, offset) in zip(arrays, layout):
+        arrays = iter(arrays)
+        # Not zip(arrays, layout): zip keeps its last tuple, and with it the array written last, while it reads the
+        # next one (a model's variable read on access is a fresh copy: two arrays where one is written).
+        for dtype, shape, offset in layout:
+            a = next(arrays)
             # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
             a = np.asarray(a) if np.asarray(a).flags.c_contiguous else np.array(a, order="C")
             if a.dtype != dtype or tuple(a.shape) != shape:
@@ -129,6 +133,7 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
             # buffer protocol refuses extension dtypes (bfloat16).
             sink.write(a.reshape(-1).view(np.uint8).data)
             written = offset + a.nbytes
+            del a  # (the loop variable would hold it while the next is read)
     return StoredArrays(uri, layout)
 
 
