@@ -15,7 +15,7 @@ from sparkdl_avg.shared.model import modelspec
 from sparkdl_avg.shared.model.modelspec import VariableArrays, get_state, state_of
 from sparkdl_avg.shared.wire import exchange
 from sparkdl_avg.shared.wire.aggregation import WeightedArrays, weighted
-from sparkdl_avg.shared.wire.sparse_rows import changed_rows
+from sparkdl_avg.shared.wire.sparse_rows import RowSums, changed_rows
 
 
 def _reference(sums, examples, base, delta, dtypes):
@@ -205,3 +205,54 @@ def test_a_large_variable_is_assigned_in_blocks_of_rows_with_the_same_values(mon
     assert len(blocks) == 3_001 // 142 + 1
     with pytest.raises(ValueError):  # a shape that is not the variable's: Keras' own check and message
         modelspec.assign(table, np.zeros((3_000, 7), np.float32))
+
+
+def _table_model(rows=3_000):
+    keras.utils.set_random_seed(12)
+    model = keras.Sequential([keras.Input((1,), dtype="int64"), keras.layers.Embedding(rows, 4), keras.layers.Flatten(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_tables_moved_rows_give_the_dense_update_bitwise_reading_and_writing_those_rows_alone(monkeypatch, lazy):
+    model = _table_model()
+    weights, _ = get_state(model)
+    rows = np.array([0, 1, 2, 7, 500, 501, 2_999])  # four runs of consecutive rows
+    rng = np.random.default_rng(13)
+    table_sums = np.zeros(weights[0].shape, np.float32)
+    table_sums[rows] = rng.normal(size=(rows.size, 4)).astype(np.float32) * 3
+    sums = [RowSums.of(table_sums.copy(), rows)] + [(rng.normal(size=w.shape) * 3).astype(w.dtype) for w in weights[1:]]
+    want = _reference([np.asarray(s).copy() for s in sums], 3, weights, True, [w.dtype for w in weights])
+    base = state_of(model)[0] if lazy else weights
+    if lazy:  # read by rows and slices, never whole
+        monkeypatch.setattr(VariableArrays, "__getitem__", lambda self, i: pytest.fail("read a whole variable"))
+    got = update.means_as(sums, 3, base, True, [w.dtype for w in weights])
+    monkeypatch.undo()
+    assert isinstance(got[0], modelspec.RowUpdate) and np.array_equal(got[0].rows, rows)
+    assert got[0].values.tobytes() == want[0][rows].tobytes()
+    writes = []
+    real = tf.raw_ops.ResourceStridedSliceAssign
+    monkeypatch.setattr(tf.raw_ops, "ResourceStridedSliceAssign",
+                        lambda **kw: writes.append((kw["begin"][0], kw["end"][0])) or real(**kw))
+    modelspec.set_state(model, got, [None] * len(model.optimizer.variables))
+    assert writes == [(0, 3), (7, 8), (500, 502), (2_999, 3_000)]  # a strided assignment per run, nothing else
+    for g, w in zip(model.get_weights(), want):  # the other rows' means are the base rows themselves
+        assert g.tobytes() == np.asarray(w).tobytes()
+
+
+def test_a_table_whose_rows_moved_all_over_it_takes_the_dense_update(monkeypatch):
+    monkeypatch.setattr(update, "MOVED_RUNS", 3)
+    model = _table_model()
+    weights, _ = get_state(model)
+    rows = np.array([0, 10, 20, 30])  # four runs
+    sums = [RowSums.of(np.zeros(weights[0].shape, np.float32), rows)] + [np.zeros_like(w) for w in weights[1:]]
+    got = update.means_as(sums, 2, weights, True, [w.dtype for w in weights])
+    assert isinstance(got[0], np.ndarray) and got[0].tobytes() == weights[0].tobytes()
+
+
+def test_row_runs_are_the_runs_of_consecutive_rows():
+    assert modelspec.row_runs(np.array([3, 4, 5, 9, 11, 12])) == [(0, 3), (3, 4), (4, 6)]
+    assert modelspec.row_runs(np.array([7])) == [(0, 1)] and modelspec.row_runs(np.array([], np.int64)) == []

@@ -16,7 +16,7 @@ from sparkdl_avg.shared.wire import round_rows
 from sparkdl_avg.shared.wire.aggregation import PartialResult
 from sparkdl_avg.shared.wire.delta_sums import DeltaLayout, sum_deltas
 from sparkdl_avg.shared.wire.exchange import FlatLayout, ReturnSums
-from sparkdl_avg.shared.wire.sparse_rows import SparseRowsLayout, changed_rows
+from sparkdl_avg.shared.wire.sparse_rows import RowSums, SparseRowsLayout, _zeros_by_page, changed_rows
 from sparkdl_avg.shared.wire.stats import WorkerRecord
 
 ROWS, WIDTH = 1000, 4
@@ -182,3 +182,49 @@ def test_the_tables_are_large_embeddings_with_their_averaged_slots():
     names = [str(model.optimizer.variables[i - len(weights)].path) for i in group[1:]]
     assert len(names) == 2 and all(n.endswith(("_momentum", "_velocity")) for n in names), names
     assert table_groups(model, optimizer_sums=False) == ((group[0],),)
+
+
+def test_a_tables_sums_name_the_rows_any_worker_sent_on_every_path(tmp_path):
+    """The driver's update reads and writes those rows alone (driver/fit/update.py's means_as)."""
+    sent, layout = _sent(), _layout()
+    rows = np.unique(np.concatenate([np.random.default_rng(100 + w).choice(ROWS, 20, replace=False)
+                                     for w in range(4)]))
+    totals = {}
+    for name in AGGREGATIONS.names():
+        path = AGGREGATIONS.get(name)()
+        shards = 3 if path.sharded else 1
+        directory = str(tmp_path / name)
+        sink = path.sink(directory, layout, shards)
+        batches = [sink.deliver(_result(layout, w, sent), f"w{w}") for w in range(4)]
+        if path.sharded:
+            batches = list(round_rows.reduce_shuffled(layout, shards, batches))
+        table = pa.Table.from_batches(batches, round_rows.round_arrow_schema())
+        results, pieces, _ = sql_paths.read_rows(table)
+        totals[name], _ = sql_paths.assemble(results, pieces, layout, path, shards, "Round 0", directory)
+    totals["driver"] = sum_deltas(layout, PartialResult(
+        18, deltas=[(w, ReturnSums(layout).deliver(_result(layout, w, sent), "x").deltas[0][1]) for w in range(4)]))
+    for name, total in totals.items():
+        arrays = total.weight_sums + total.optimizer_sums
+        for i in (0, 4, 5):  # the table and its two slots
+            assert isinstance(arrays[i], RowSums) and np.array_equal(arrays[i].rows, rows), name
+            assert not np.any(np.delete(np.asarray(arrays[i]), rows, axis=0)), name
+        assert all(getattr(arrays[i], "rows", None) is None for i in (1, 2, 3, 6)), name
+        assert (arrays[0] / 2).rows is None and arrays[0][:5].rows is None  # what is made from it is a plain array
+
+
+def test_a_large_tables_sums_become_resident_only_where_rows_were_added():
+    """np.zeros asks for huge pages: a few scattered rows made a 64 MiB table's sums resident whole."""
+    import os
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc here")
+
+    def rss():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS"))
+
+    before = rss()
+    sums = _zeros_by_page((1 << 21, 8))  # 64 MiB
+    sums[np.arange(0, 1 << 21, 1 << 14)] += 1.0  # 128 rows, 512 KiB apart
+    assert rss() - before < 8 << 20
+    assert sums.sum() == 128 * 8 and sums.flags.writeable and sums.dtype == np.float32

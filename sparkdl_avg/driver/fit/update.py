@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...shared.model.modelspec import RowUpdate, row_runs
 from ...shared.wire.aggregation import PartialResult, specs_of
 from ..algorithms.rules import State, UpdateRule
 
@@ -101,6 +102,10 @@ def round_state(result: PartialResult, weights: Sequence[np.ndarray], sent: Sequ
 
 #: Elements per slice of :func:`means_as`: its float64 temporaries are 8 MiB, not a table's size.
 CHUNK = 1 << 20
+#: A table's sums whose moved rows (:class:`~sparkdl_avg.shared.wire.sparse_rows.RowSums`) lie in at most this many
+#: runs of consecutive rows are averaged and assigned by those rows alone (a TensorFlow op per run); more, and the
+#: dense update, a slice of the whole table at a time, is the cheaper one.
+MOVED_RUNS = 4096
 
 
 def dtypes(arrays) -> List[np.dtype]:
@@ -121,6 +126,12 @@ def means_as(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.ndarra
     array at a time, and a model's ``VariableArrays`` one slice at a time
     (:meth:`~sparkdl_avg.shared.model.modelspec.VariableArrays.flat`): a round's
     update holds its sums and ``CHUNK`` elements more, not a table's copy.
+
+    A table's sums that know the rows workers sent (:class:`~sparkdl_avg.shared.wire.sparse_rows.RowSums`, sums of
+    deltas) give a :class:`~sparkdl_avg.shared.model.modelspec.RowUpdate` of those rows' means, where at most
+    :data:`MOVED_RUNS` runs of rows moved: every other row's sum is ``+0.0``, and its mean is the base row itself (bit
+    for bit, but for a ``-0.0`` in it, which ``base + 0.0`` would make ``+0.0``). The update then reads and writes
+    those rows alone, and the sums' other pages are never touched.
     """
     out = []
     # A model's VariableArrays is read slice by slice (its flat()): no copy of a whole table beside the sums.
@@ -129,8 +140,15 @@ def means_as(sums: Sequence[np.ndarray], examples: int, base: Sequence[np.ndarra
     # Not zip(sums, bases, ...): zip keeps its last tuple, and with it the last base, while it reads the next one (a
     # model's variable read on access is a copy of the whole array: two tables where one is used).
     for j, (x, dtype) in enumerate(zip(sums, out_dtypes)):
+        rows = getattr(x, "rows", None) if delta_sums else None
+        if rows is not None and len(row_runs(rows)) > MOVED_RUNS:
+            rows = None  # rows moved all over the table: its dense update, slice by slice
         b = partial(reader, j) if reader is not None else next(bases)
-        out.append(_mean_as(x, examples, b, np.dtype(dtype)))
+        if rows is None:
+            out.append(_mean_as(x, examples, b, np.dtype(dtype)))
+        else:  # a table of which workers sent a few rows: those rows' means alone (the same expression)
+            moved = base.rows(j, rows) if reader is not None else np.asarray(b)[rows]
+            out.append(RowUpdate(rows, (np.asarray(moved, np.float64) + np.asarray(x)[rows] / examples).astype(dtype)))
         del b
     return out
 

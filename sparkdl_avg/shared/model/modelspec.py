@@ -382,6 +382,16 @@ class VariableArrays(Sequence):
         flat = keras.ops.reshape(getattr(variable, "value", variable), (-1,))
         return np.asarray(keras.ops.convert_to_numpy(flat[lo:hi]))
 
+    def rows(self, i: int, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` of variable ``i``: ``self[i][rows]`` without a copy of the whole."""
+        import tensorflow as tf
+
+        variable = self._variables[i]
+        # A gather from the variable's value (a dense read: its buffer, not a copy), not from the variable itself: a
+        # sparse read (ResourceGather) switches a variable to copying its whole buffer on every later read and update.
+        value = tf.convert_to_tensor(getattr(variable, "value", variable))
+        return np.asarray(tf.gather(value, tf.convert_to_tensor(rows, dtype=tf.int64)).numpy())
+
     def specs(self) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
         """``(dtype, shape)`` per variable, read from the variables (an unknown dtype name: from its array)."""
         out = []
@@ -399,6 +409,24 @@ def state_of(model) -> Tuple[VariableArrays, VariableArrays]:
     return VariableArrays(model.weights), VariableArrays(model.optimizer.variables)
 
 
+@dataclass(frozen=True)
+class RowUpdate:
+    """New values for some rows of a variable, the others unchanged: what :func:`assign` writes for a table whose
+    round moved a few rows (:class:`~sparkdl_avg.shared.wire.sparse_rows.RowSums`).
+
+    ``rows``: sorted row indices; ``values``: their new values, in the variable's dtype (``(len(rows), ...)``).
+    """
+
+    rows: np.ndarray
+    values: np.ndarray
+
+
+def row_runs(rows: np.ndarray) -> List[Tuple[int, int]]:
+    """``(start, stop)`` positions in ``rows`` (sorted, unique) of each run of consecutive row numbers."""
+    breaks = (np.flatnonzero(np.diff(rows) != 1) + 1).tolist()
+    return list(zip([0] + breaks, breaks + [len(rows)])) if len(rows) else []
+
+
 #: Elements per block of :func:`assign`: a variable larger than this is written 16 MiB (float32) at a time.
 ASSIGN_CHUNK = 1 << 22
 
@@ -410,9 +438,25 @@ def assign(variable, value) -> None:
     (an embedding table's size more at a round's end on the driver). A variable of more than :data:`ASSIGN_CHUNK`
     elements whose ``value`` has its dtype and shape is written a block of rows at a time instead, by TensorFlow's
     strided-slice assignment on the variable's handle (not ``variable[a:b].assign``, which reads the variable first,
-    nor ``scatter_update``, a sparse write that switches the variable to copying its whole buffer on later reads).
+    nor ``scatter_update``, a sparse write that switches the variable to copying its whole buffer on every later read
+    and update: the user's own training of the model after the fit). A :class:`RowUpdate` writes its rows alone, a
+    strided-slice assignment per run of consecutive rows.
     """
     target = getattr(variable, "value", None)
+    if isinstance(value, RowUpdate):
+        if getattr(target, "handle", None) is not None:  # those rows alone, each run of consecutive rows in place
+            import tensorflow as tf
+
+            rest = list(value.values.shape[1:])
+            for lo, hi in row_runs(value.rows):
+                first = int(value.rows[lo])
+                tf.raw_ops.ResourceStridedSliceAssign(
+                    ref=target.handle, begin=[first] + [0] * len(rest), end=[first + hi - lo] + rest,
+                    strides=[1] * (1 + len(rest)), value=value.values[lo:hi])
+            return
+        whole = np.array(variable.numpy())
+        whole[value.rows] = value.values
+        value = whole
     value = np.asarray(value)
     if (value.ndim == 0 or value.size <= ASSIGN_CHUNK or getattr(target, "handle", None) is None
             or tuple(value.shape) != tuple(variable.shape) or value.dtype != np.dtype(target.dtype.name)):
@@ -432,7 +476,7 @@ def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.nda
     """Assigns weights and optimizer variables (as from :func:`get_state`) to ``model``, one at a time.
 
     A value given as ``None`` keeps the variable's (a round that does not average the optimizer's variables sets only
-    its iteration counter, without a copy of the others).
+    its iteration counter, without a copy of the others); a :class:`RowUpdate` sets its rows alone.
     """
     for variables, values in ((model.weights, weights), (model.optimizer.variables, optimizer_variables)):
         if len(variables) != len(values):

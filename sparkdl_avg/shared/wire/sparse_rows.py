@@ -80,6 +80,45 @@ def _pad8(n: int) -> int:
     return -(-n // 8) * 8
 
 
+def _zeros_by_page(shape) -> np.ndarray:
+    """float32 zeros whose memory becomes resident one 4 KiB page at a time, as rows are added into it.
+
+    ``np.zeros`` of a large array asks the kernel for huge pages (numpy's ``madvise(MADV_HUGEPAGE)``): adding a few
+    hundred rows scattered over a table's sums then made all of it resident, 2 MiB for each row. An anonymous map
+    without huge pages reads as zeros and holds only the pages written.
+    """
+    import mmap
+
+    nbytes = int(np.prod(shape, dtype=np.int64)) * 4
+    if nbytes < 1 << 22:
+        return np.zeros(shape, np.float32)
+    pages = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(pages, np.float32).reshape(shape)
+
+
+class RowSums(np.ndarray):
+    """A table's sums (a float32 array, zero where no worker sent a row) that knows which rows any worker sent.
+
+    ``rows``: those rows, sorted. Every other row's sum is exactly ``+0.0``, and its mean moves nothing: the driver's
+    update computes and writes these rows alone (:func:`~sparkdl_avg.driver.fit.update.means_as`), so neither the
+    rest of the sums (zero pages never written: :meth:`SparseRowsLayout.empty`'s ``np.zeros``) nor the rest of the
+    table is read or written. An array made from it (a view, ``x / n``) is a plain one (its ``rows`` is ``None``).
+    """
+
+    rows: Optional[np.ndarray] = None
+
+    @classmethod
+    def of(cls, array: np.ndarray, rows: np.ndarray) -> "RowSums":
+        out = array.view(cls)
+        out.rows = rows
+        return out
+
+    def __array_finalize__(self, obj) -> None:
+        self.rows = None
+
+
 @dataclass(frozen=True)
 class RowsPacked:
     """One worker's round: its examples, the non-table part and per table ``(indices or None: dense, values)``.
@@ -286,7 +325,7 @@ class SparseRowsLayout:
         for rows, k, w in self.shapes:
             lo, hi = self._rows(rows, shard, shards)
             # one array per table array (not (rows, arrays, width)): the driver's sums are then views, no copy
-            tables.append(([np.zeros((hi - lo, w), np.float32) for _ in range(k)], np.zeros(hi - lo, bool)))
+            tables.append(([_zeros_by_page((hi - lo, w)) for _ in range(k)], np.zeros(hi - lo, bool)))
         return inner, tables
 
     def summed_bytes(self, acc, shard: int = 0, shards: int = 1) -> bytes:
@@ -336,9 +375,11 @@ class SparseRowsLayout:
             out[i] = a
         for t, group in enumerate(self.groups):
             shape = self.flat.entries[group[0]][1]
+            touched = [s[1][t][1] for s in shard_sums]
+            rows = np.flatnonzero(touched[0] if len(touched) == 1 else np.concatenate(touched))
             for k, i in enumerate(group):
                 parts = [s[1][t][0][k] for s in shard_sums]
-                out[i] = (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
+                out[i] = RowSums.of((parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape), rows)
         n = self.flat.num_weights
         return out[:n], (out[n:] if self.flat.optimizer else None)
 
