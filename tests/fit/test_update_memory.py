@@ -72,7 +72,11 @@ def test_a_state_written_from_the_model_and_sums_written_on_access_read_back_the
 
 
 @pytest.mark.parametrize("moved", [5, 900])  # a few rows, and enough for the dense fallback
-def test_changed_rows_read_one_array_at_a_time_give_the_stacked_deltas(moved):
+@pytest.mark.parametrize("sliced", [False, True])  # read whole by index, or by blocks (a replica's VariableArrays)
+def test_changed_rows_read_one_block_at_a_time_give_the_stacked_deltas(monkeypatch, moved, sliced):
+    from sparkdl_avg.shared.wire import sparse_rows
+
+    monkeypatch.setattr(sparse_rows, "ROW_BLOCK", 1_000)  # 250 rows of 4: four blocks
     rng = np.random.default_rng(4)
     old = [rng.normal(size=(1_000, 4)).astype(np.float32) for _ in range(3)]
     new = [a.copy() for a in old]
@@ -91,13 +95,24 @@ def test_changed_rows_read_one_array_at_a_time_give_the_stacked_deltas(moved):
             reads.append(k)
             return self.arrays[k].copy()
 
-    idx, values = changed_rows(Counting(new), old)
+    class Sliced(Counting):
+        def __getitem__(self, k):
+            pytest.fail("read a whole array")
+
+        def flat(self, k, lo, hi):
+            reads.append((k, lo))
+            return self.arrays[k].reshape(-1)[lo:hi].copy()
+
+    idx, values = changed_rows((Sliced if sliced else Counting)(new), old)
     want = np.stack([np.subtract(a, b, dtype=np.float32) for a, b in zip(new, old)], axis=1)
     if idx is None:
         assert moved == 900 and np.array_equal(values, want)
     else:
         assert np.array_equal(idx, np.sort(rows)) and np.array_equal(values, want[idx])
-    assert reads == [0, 1, 2, 0, 1, 2]  # each array read when needed, none kept whole
+    if sliced:  # each array read block by block, twice (its changed rows, then its deltas)
+        assert reads == [(k, lo) for k in range(3) for lo in range(0, 4_000, 1_000)] * 2
+    else:
+        assert reads == [0, 1, 2, 0, 1, 2]  # by index: each array read when needed, none kept whole
 
 
 def _rss() -> int:
@@ -185,26 +200,6 @@ def test_means_from_a_models_variables_read_slice_by_slice_are_bitwise_the_whole
         got = update.means_as([s.copy() for s in sums], 3, lazy, True, dtypes)
         for g, w, d in zip(got, want, dtypes):
             assert g.dtype == d and np.asarray(g).tobytes() == np.asarray(w).tobytes()
-
-
-def test_a_large_variable_is_assigned_in_blocks_of_rows_with_the_same_values(monkeypatch):
-    monkeypatch.setattr(modelspec, "ASSIGN_CHUNK", 1000)
-    rng = np.random.default_rng(10)
-    table = keras.Variable(np.zeros((3_001, 7), np.float32))  # 142 rows a block, the last one short
-    value = rng.normal(size=(3_001, 7)).astype(np.float32)
-    blocks = []
-    real = tf.raw_ops.ResourceStridedSliceAssign
-    monkeypatch.setattr(tf.raw_ops, "ResourceStridedSliceAssign", lambda **kw: blocks.append(kw["begin"][0]) or real(**kw))
-    modelspec.assign(table, value)
-    assert blocks == list(range(0, 3_001, 142))
-    assert np.asarray(table.numpy()).tobytes() == value.tobytes()
-    for small in (np.arange(12, dtype=np.float32), np.float32(3.5)):  # one assign: under a block, or 0-d
-        variable = keras.Variable(np.zeros(np.shape(small), np.float32))
-        modelspec.assign(variable, small)
-        assert np.array_equal(variable.numpy(), small)
-    assert len(blocks) == 3_001 // 142 + 1
-    with pytest.raises(ValueError):  # a shape that is not the variable's: Keras' own check and message
-        modelspec.assign(table, np.zeros((3_000, 7), np.float32))
 
 
 def _table_model(rows=3_000):

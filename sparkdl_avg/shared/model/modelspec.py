@@ -427,24 +427,17 @@ def row_runs(rows: np.ndarray) -> List[Tuple[int, int]]:
     return list(zip([0] + breaks, breaks + [len(rows)])) if len(rows) else []
 
 
-#: Elements per block of :func:`assign`: a variable larger than this is written 16 MiB (float32) at a time.
-ASSIGN_CHUNK = 1 << 22
-
-
 def assign(variable, value) -> None:
-    """``variable.assign(value)``, a large array written a block of rows at a time (the same values).
+    """``variable.assign(value)``; a :class:`RowUpdate` writes its rows alone, in place.
 
-    TensorFlow turns a whole numpy array into a tensor before it assigns it: a copy of the array beside the variable
-    (an embedding table's size more at a round's end on the driver). A variable of more than :data:`ASSIGN_CHUNK`
-    elements whose ``value`` has its dtype and shape is written a block of rows at a time instead, by TensorFlow's
-    strided-slice assignment on the variable's handle (not ``variable[a:b].assign``, which reads the variable first,
-    nor ``scatter_update``, a sparse write that switches the variable to copying its whole buffer on every later read
-    and update: the user's own training of the model after the fit). A :class:`RowUpdate` writes its rows alone, a
-    strided-slice assignment per run of consecutive rows.
+    Its rows go by TensorFlow's strided-slice assignment on the variable's handle, one per run of consecutive rows (not
+    ``variable[a:b].assign``, which reads the variable first, nor ``scatter_update``, a sparse write that switches the
+    variable to copying its whole buffer on every later read and update: the user's own training of the model after
+    the fit). Where the variable has no handle, the whole array is read, its rows set and assigned.
     """
-    target = getattr(variable, "value", None)
     if isinstance(value, RowUpdate):
-        if getattr(target, "handle", None) is not None:  # those rows alone, each run of consecutive rows in place
+        target = getattr(variable, "value", None)
+        if getattr(target, "handle", None) is not None:
             import tensorflow as tf
 
             rest = list(value.values.shape[1:])
@@ -457,19 +450,7 @@ def assign(variable, value) -> None:
         whole = np.array(variable.numpy())
         whole[value.rows] = value.values
         value = whole
-    value = np.asarray(value)
-    if (value.ndim == 0 or value.size <= ASSIGN_CHUNK or getattr(target, "handle", None) is None
-            or tuple(value.shape) != tuple(variable.shape) or value.dtype != np.dtype(target.dtype.name)):
-        variable.assign(value)
-        return
-    import tensorflow as tf
-
-    rows = max(1, ASSIGN_CHUNK // (value.size // value.shape[0]))
-    rest = list(value.shape[1:])
-    for lo in range(0, value.shape[0], rows):
-        hi = min(lo + rows, value.shape[0])
-        tf.raw_ops.ResourceStridedSliceAssign(ref=target.handle, begin=[lo] + [0] * len(rest), end=[hi] + rest,
-                                              strides=[1] * value.ndim, value=value[lo:hi])
+    variable.assign(value)
 
 
 def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.ndarray]) -> None:

@@ -424,6 +424,10 @@ class _Joined:
     def __getitem__(self, i: int):
         return self.first[i] if i < self.split else self.second[i - self.split]
 
+    def reader(self, i: int):
+        """``read(lo, hi)``: elements ``lo:hi`` of item ``i`` flattened (:func:`_reader`)."""
+        return _reader(*((self.first, i) if i < self.split else (self.second, i - self.split)))
+
     @staticmethod
     def picked(seq, positions: Sequence[int]) -> "_Joined":
         """The items of ``seq`` at ``positions``, still read only when indexed."""
@@ -440,37 +444,61 @@ class _Picked:
     def __getitem__(self, k: int):
         return self.seq[self.positions[k]]
 
+    def reader(self, k: int):
+        return _reader(self.seq, self.positions[k])
+
+
+def _reader(seq, i: int):
+    """``read(lo, hi)``: elements ``lo:hi`` of ``seq[i]`` flattened, through ``seq.flat`` (a model's VariableArrays: a
+    slice read of the variable, not a copy of it), else slices of ``seq[i]``, read once."""
+    flat = getattr(seq, "flat", None)
+    if callable(flat):
+        return lambda lo, hi: flat(i, lo, hi)
+    whole = np.asarray(seq[i]).reshape(-1)
+    return lambda lo, hi: whole[lo:hi]
+
+
+#: Elements of a table's array compared or subtracted at a time (:func:`changed_rows`): 4 MiB of float32.
+ROW_BLOCK = 1 << 20
+
 
 def changed_rows(new: Sequence[np.ndarray], old: Sequence[np.ndarray]) -> Tuple[Optional[np.ndarray], np.ndarray]:
     """``(indices, deltas)`` of the rows of a table and its slots whose delta is non-zero; ``(None, all)``: dense.
 
-    ``new``/``old``: the table then its slots, one shape, indexed one array at a time (a replica's variables are read
-    on access; the sent state is a memory map whose pages are released after each array): the worker holds one array
-    of each beside its replica, not the table and its slots twice. Dense when the rows' indices and values would take
-    as many bytes as the whole table.
+    ``new``/``old``: the table then its slots, one shape. Both are read a block of :data:`ROW_BLOCK` elements at a
+    time (a replica's variables sliced as read, ``flat``; the sent state is a memory map whose pages are released
+    after each block): the worker holds a block of each beside its replica, not a table's copy and its sent pages.
+    Dense when the rows' indices and values would take as many bytes as the whole table.
     """
     rows = int(np.shape(old[0])[0])  # the sent arrays' shape: reading a replica's array for it would copy it
     count = len(new)
+    width = int(np.prod(np.shape(old[0])[1:], dtype=np.int64))
+    step = max(1, ROW_BLOCK // max(1, width))
+    blocks = [(lo, min(rows, lo + step)) for lo in range(0, rows, step)]
+
+    def walk(k, use):  # each block of array k of new and old, as (rows, width), then the old block's pages let go
+        read = new.reader(k) if hasattr(new, "reader") else _reader(new, k)
+        b = np.asarray(old[k]).reshape(rows, -1)
+        for lo, hi in blocks:
+            use(lo, hi, read(lo * width, hi * width).reshape(hi - lo, width), b[lo:hi])
+            release_pages([b[lo:hi]])
+
     changed = np.zeros(rows, bool)
-    width = 0
     for k in range(count):
-        a, b = np.asarray(new[k]).reshape(rows, -1), old[k]
-        width = a.shape[1]
-        changed |= _moved(a, np.asarray(b).reshape(rows, -1))
-        del a
-        release_pages([b])
+        walk(k, lambda lo, hi, a, b: np.bitwise_or(changed[lo:hi], _moved(a, b), out=changed[lo:hi]))
     idx = np.flatnonzero(changed)
     dense = idx.size * (4 + 4 * width * count) >= 4 * rows * width * count
     values = np.empty((rows if dense else idx.size, count, width), np.float32)
     for k in range(count):  # each array read again: its delta, into the values (the same bits as a stack of them)
-        a, b = np.asarray(new[k]).reshape(rows, -1), old[k]
-        flat_b = np.asarray(b).reshape(rows, -1)
         if dense:
-            np.subtract(a, flat_b, out=values[:, k], dtype=np.float32)
+            walk(k, lambda lo, hi, a, b: np.subtract(a, b, out=values[lo:hi, k], dtype=np.float32))
         else:
-            values[:, k] = np.subtract(a[idx], flat_b[idx], dtype=np.float32)
-        del a, flat_b
-        release_pages([b])
+            def rows_of(lo, hi, a, b):
+                s, e = np.searchsorted(idx, (lo, hi))
+                if e > s:
+                    values[s:e, k] = np.subtract(a[idx[s:e] - lo], b[idx[s:e] - lo], dtype=np.float32)
+
+            walk(k, rows_of)
     return (None, values) if dense else (idx.astype(np.int32), values)
 
 
