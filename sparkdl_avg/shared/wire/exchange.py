@@ -97,7 +97,12 @@ def _make_directory(fs, path: str, local: bool, parents: bool, directory: str) -
         fs.create_dir(path, recursive=False)
 
 
-def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool = True, specs=None) -> StoredArrays:
+#: Elements of an array read and written at a time where :func:`store` is given ``flat``: 4 MiB of float32.
+WRITE_BLOCK = 1 << 20
+
+
+def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool = True, specs=None,
+          flat=None) -> StoredArrays:
     """Writes ``arrays`` to a new file ``directory/name-<unique>.bin``; returns its description.
 
     ``parents=False`` (what executors write into a fit's directory): ``directory``'s parent must exist, so a task
@@ -106,6 +111,9 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
 
     ``specs``: ``(dtype, shape)`` per array (:func:`specs_of`), given when ``arrays`` is read on access (an iterator
     over a model's variables): the layout is known up front, and the arrays are read and written one at a time.
+    ``flat``: with ``specs``, ``flat(i, lo, hi)`` reads elements ``lo:hi`` of array ``i`` flattened (a model's
+    :class:`~sparkdl_avg.shared.model.modelspec.VariableArrays`), and each array is written :data:`WRITE_BLOCK`
+    elements at a time, never read whole (``arrays`` is not read).
     """
     if specs is None:
         arrays = [np.asarray(a) for a in arrays]
@@ -121,7 +129,18 @@ def store(directory: str, name: str, arrays: Sequence[np.ndarray], parents: bool
         arrays = iter(arrays)
         # Not zip(arrays, layout): zip keeps its last tuple, and with it the array written last, while it reads the
         # next one (a model's variable read on access is a fresh copy: two arrays where one is written).
-        for dtype, shape, offset in layout:
+        for i, (dtype, shape, offset) in enumerate(layout):
+            if flat is not None:
+                if offset > written:
+                    sink.write(b"\0" * (offset - written))
+                size = int(np.prod(shape, dtype=np.int64))
+                for lo in range(0, size, WRITE_BLOCK):
+                    block = np.ascontiguousarray(flat(i, lo, min(size, lo + WRITE_BLOCK)))
+                    if block.dtype != dtype:
+                        raise ValueError(f"An array of {block.dtype} to write where its layout says {dtype} {shape}.")
+                    sink.write(block.view(np.uint8).data)
+                written = offset + size * dtype.itemsize
+                continue
             a = next(arrays)
             # Not np.ascontiguousarray: it turns 0-d arrays (counters) into 1-d ones.
             a = np.asarray(a) if np.asarray(a).flags.c_contiguous else np.array(a, order="C")
@@ -238,7 +257,13 @@ def store_state(
     # one array at a time from the sequences themselves: a model's variables (VariableArrays) are read as written
     specs = specs_of(weights) + specs_of(optimizer)
     arrays = itertools.chain(weights, optimizer if optimizer is not None else ())
-    return StoredState(store(directory, name, arrays, parents, specs), len(weights), optimizer is not None)
+    # read by blocks where both are a model's variables (flat): the driver's round state, no array read whole
+    readers = [getattr(part, "flat", None) for part in (weights, optimizer) if part is not None]
+    flat = None
+    if all(callable(r) for r in readers):
+        n = len(weights)
+        flat = lambda i, lo, hi: readers[0](i, lo, hi) if i < n else readers[1](i - n, lo, hi)  # noqa: E731
+    return StoredState(store(directory, name, arrays, parents, specs, flat), len(weights), optimizer is not None)
 
 
 def load_state(stored: StoredState) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
