@@ -251,3 +251,16 @@ def test_a_table_whose_rows_moved_all_over_it_takes_the_dense_update(monkeypatch
 def test_row_runs_are_the_runs_of_consecutive_rows():
     assert modelspec.row_runs(np.array([3, 4, 5, 9, 11, 12])) == [(0, 3), (3, 4), (4, 6)]
     assert modelspec.row_runs(np.array([7])) == [(0, 1)] and modelspec.row_runs(np.array([], np.int64)) == []
+
+
+def test_the_drivers_state_is_written_from_the_models_variables_a_block_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(exchange, "WRITE_BLOCK", 7)  # blocks of 7 elements, the last of each array short
+    model = make_model(seed=14)
+    model.optimizer.build(model.trainable_variables)
+    weights, opt = get_state(model)
+    monkeypatch.setattr(VariableArrays, "__getitem__", lambda self, i: pytest.fail("read a whole variable"))
+    stored = exchange.store_state(str(tmp_path), "state", *state_of(model))
+    monkeypatch.undo()
+    back_w, back_o = exchange.load_state(stored)
+    for a, b in zip(list(back_w) + list(back_o), weights + opt):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()

@@ -263,9 +263,9 @@ def test_auto_on_local_moves_state_out_and_every_workers_sums_back_through_files
     stored, loaded = [], []
     real_store, real_load = exchange.store, exchange.load_one_by_one
 
-    def spy_store(directory, name, arrays, parents=True, specs=None):
+    def spy_store(directory, name, arrays, parents=True, specs=None, flat=None):
         stored.append((os.path.basename(directory), name))
-        return real_store(directory, name, arrays, parents, specs)
+        return real_store(directory, name, arrays, parents, specs, flat)
 
     def spy_load(item):
         loaded.append(os.path.basename(item.uri).rsplit("-", 1)[0])
