@@ -75,9 +75,10 @@ def _result(layout, worker, sent, **kw):
     return PartialResult(n, metric_sums={"loss": float(n)}, workers=[record], deltas=[(worker, packed)])
 
 
-def test_every_aggregation_path_gives_the_dense_delta_sums_bitwise(tmp_path):
-    sent, layout = _sent(), _layout()
-    want = _dense_delta_sums(sent, [_trained(sent, w) for w in range(4)], [3, 4, 5, 6])
+def _every_paths_sums(tmp_path, layout, sent):
+    """``{path: PartialResult}`` of 4 workers' round summed by every aggregation path, and by the driver (``"driver"``:
+    the Spark tree's and the files transport's way, every worker's bytes summed in worker order)."""
+    totals = {}
     for name in AGGREGATIONS.names():
         path = AGGREGATIONS.get(name)()
         shards = 3 if path.sharded else 1
@@ -88,17 +89,20 @@ def test_every_aggregation_path_gives_the_dense_delta_sums_bitwise(tmp_path):
             batches = list(round_rows.reduce_shuffled(layout, shards, batches))
         table = pa.Table.from_batches(batches, round_rows.round_arrow_schema())
         results, pieces, _ = sql_paths.read_rows(table)
-        total, _ = sql_paths.assemble(results, pieces, layout, path, shards, "Round 0", directory)
+        totals[name], _ = sql_paths.assemble(results, pieces, layout, path, shards, "Round 0", directory)
+    totals["driver"] = sum_deltas(layout, PartialResult(
+        18, deltas=[(w, ReturnSums(layout).deliver(_result(layout, w, sent), "x").deltas[0][1]) for w in (2, 0, 3, 1)]))
+    return totals
+
+
+def test_every_aggregation_path_gives_the_dense_delta_sums_bitwise(tmp_path):
+    sent, layout = _sent(), _layout()
+    want = _dense_delta_sums(sent, [_trained(sent, w) for w in range(4)], [3, 4, 5, 6])
+    for name, total in _every_paths_sums(tmp_path, layout, sent).items():
         assert total.delta_sums and total.examples == 18
         got = total.weight_sums + total.optimizer_sums
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), name
-    # the Spark tree's and the files transport's way: every worker's bytes, summed on the driver in worker order
-    total = PartialResult(18, deltas=[(w, ReturnSums(layout).deliver(_result(layout, w, sent), "x").deltas[0][1])
-                                      for w in (2, 0, 3, 1)])
-    sum_deltas(layout, total)
-    for g, w in zip(total.weight_sums + total.optimizer_sums, want):
-        assert g.tobytes() == w.tobytes()
 
 
 def test_a_worker_sends_its_changed_rows_and_falls_back_to_dense():
@@ -189,20 +193,7 @@ def test_a_tables_sums_name_the_rows_any_worker_sent_on_every_path(tmp_path):
     sent, layout = _sent(), _layout()
     rows = np.unique(np.concatenate([np.random.default_rng(100 + w).choice(ROWS, 20, replace=False)
                                      for w in range(4)]))
-    totals = {}
-    for name in AGGREGATIONS.names():
-        path = AGGREGATIONS.get(name)()
-        shards = 3 if path.sharded else 1
-        directory = str(tmp_path / name)
-        sink = path.sink(directory, layout, shards)
-        batches = [sink.deliver(_result(layout, w, sent), f"w{w}") for w in range(4)]
-        if path.sharded:
-            batches = list(round_rows.reduce_shuffled(layout, shards, batches))
-        table = pa.Table.from_batches(batches, round_rows.round_arrow_schema())
-        results, pieces, _ = sql_paths.read_rows(table)
-        totals[name], _ = sql_paths.assemble(results, pieces, layout, path, shards, "Round 0", directory)
-    totals["driver"] = sum_deltas(layout, PartialResult(
-        18, deltas=[(w, ReturnSums(layout).deliver(_result(layout, w, sent), "x").deltas[0][1]) for w in range(4)]))
+    totals = _every_paths_sums(tmp_path, layout, sent)
     for name, total in totals.items():
         arrays = total.weight_sums + total.optimizer_sums
         for i in (0, 4, 5):  # the table and its two slots
