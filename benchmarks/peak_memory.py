@@ -138,14 +138,16 @@ def main() -> None:
     model = build_model(args.kind, args.rows)
     model.optimizer.build(model.trainable_variables)
     built = status_mb()  # what building the model took, and its peak (the user's own code: not the fit's)
-    built = {"rss_above_mb": round(built["VmRSS"] - model_level, 1), "peak_above_mb": round(built["VmHWM"] - model_level, 1)}
+    built = {"rss_above_mb": round(built["VmRSS"] - model_level, 1),
+             "peak_above_mb": round(built["VmHWM"] - model_level, 1)}
     state_mb = (sum(w.nbytes for w in model.get_weights())
                 + sum(np.asarray(v.numpy()).nbytes for v in model.optimizer.variables)) / 2**20
     from sparkdl_avg.driver.observe.memory import estimate, model_state_sizes
 
     est = estimate(*model_state_sizes(model), average_optimizer=args.optimizer_state == "average",
                    local_optimizer=args.optimizer_state == "local")
-    result = {"level": args.level, "built": built, "kind": args.kind, "rows": args.rows, "arm": args.arm, "parameters": int(model.count_params()),
+    result = {"level": args.level, "built": built,
+              "kind": args.kind, "rows": args.rows, "arm": args.arm, "parameters": int(model.count_params()),
               "state_mb": round(state_mb, 1), "num_workers": args.num_workers,
               "optimizer_state": args.optimizer_state,
               "estimate_mb": {"driver": round(est.driver_bytes / 2**20), "worker": round(est.worker_bytes / 2**20)}}

@@ -196,7 +196,7 @@ _ZEROS = {"module": "keras.initializers", "class_name": "Zeros", "config": {}, "
 def _zero_initializers(config):
     """``config`` (a serialized model) with every layer's ``*_initializer`` replaced by zeros."""
     if isinstance(config, dict):
-        return {key: _ZEROS if key.endswith("_initializer") and isinstance(value, (dict, str))
+        return {key: dict(_ZEROS, config={}) if key.endswith("_initializer") and isinstance(value, (dict, str))
                 else _zero_initializers(value) for key, value in config.items()}
     if isinstance(config, list):
         return [_zero_initializers(value) for value in config]

@@ -103,8 +103,8 @@ class RowSums(np.ndarray):
 
     ``rows``: those rows, sorted. Every other row's sum is exactly ``+0.0``, and its mean moves nothing: the driver's
     update computes and writes these rows alone (:func:`~sparkdl_avg.driver.fit.update.means_as`), so neither the
-    rest of the sums (zero pages never written: :meth:`SparseRowsLayout.empty`'s ``np.zeros``) nor the rest of the
-    table is read or written. An array made from it (a view, ``x / n``) is a plain one (its ``rows`` is ``None``).
+    rest of the sums (pages never written: :func:`_zeros_by_page`) nor the rest of the table is read or written.
+    An array made from it (a view, ``x / n``) is a plain one (its ``rows`` is ``None``).
     """
 
     rows: Optional[np.ndarray] = None
