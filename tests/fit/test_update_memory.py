@@ -72,8 +72,18 @@ def test_a_state_written_from_the_model_and_sums_written_on_access_read_back_the
 
 
 @pytest.mark.parametrize("moved", [5, 900])  # a few rows, and enough for the dense fallback
-@pytest.mark.parametrize("sliced", [False, True])  # read whole by index, or by blocks (a replica's VariableArrays)
-def test_changed_rows_read_one_block_at_a_time_give_the_stacked_deltas(monkeypatch, moved, sliced):
+def test_changed_rows_read_one_array_at_a_time_give_the_stacked_deltas(monkeypatch, moved):
+    _changed_rows_by_blocks(monkeypatch, moved, sliced=False)
+
+
+@pytest.mark.parametrize("moved", [5, 900])
+def test_changed_rows_read_a_replicas_variables_block_by_block(monkeypatch, moved):
+    _changed_rows_by_blocks(monkeypatch, moved, sliced=True)
+
+
+def _changed_rows_by_blocks(monkeypatch, moved, sliced):
+    """``changed_rows`` in blocks of 250 rows: by index (each array read once, sliced), or through ``flat`` (a
+    replica's VariableArrays: read block by block, never whole)."""
     from sparkdl_avg.shared.wire import sparse_rows
 
     monkeypatch.setattr(sparse_rows, "ROW_BLOCK", 1_000)  # 250 rows of 4: four blocks
