@@ -1,5 +1,6 @@
 """TensorFlow's start-up notices are filtered from stderr; every other line passes (sparkdl_avg.shared.model.quiet)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,33 @@ def test_an_executor_imports_tensorflow_and_keras_without_their_optional_integra
     """
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
     assert "skipped during the import: [] sklearn later: sklearn" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("users, expected", [(None, "1 True"), ("0", "0 False")])
+def test_an_executor_runs_tensorflows_onednn_kernels_unless_the_user_chose(users, expected):
+    # TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI; its Eigen kernels ran the benchmarks'
+    # CNN 2.8x slower in inference on an AMD EPYC (docs/benchmarks/inference.md).
+    code = """
+        import os
+        os.environ["PYTHON_WORKER_FACTORY_SECRET"] = "x"
+        import sparkdl_avg.executor.predict
+        from tensorflow.python.util import _pywrap_util_port
+        print("onednn:", os.environ["TF_ENABLE_ONEDNN_OPTS"], _pywrap_util_port.IsMklEnabled())
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if users is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = users
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True,
+                         env=env)
+    assert f"onednn: {expected}" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_driver_leaves_tensorflows_choice_of_kernels_to_tensorflow():
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    out = subprocess.run([sys.executable, "-c", "import os, sparkdl_avg\n"
+                          "print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'))"],
+                         capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "None", out.stdout + out.stderr  # the user's own Keras, as without sparkdl_avg
 
 
 def test_an_executor_imports_the_task_code_without_the_drivers_api_and_finds_public_names_when_asked():

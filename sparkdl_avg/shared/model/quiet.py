@@ -20,7 +20,7 @@ import re
 import sys
 import threading
 import time
-from typing import Iterator, Pattern, Sequence
+from typing import Iterator, Mapping, Pattern, Sequence
 
 _NOISE: Sequence[str] = (
     r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
@@ -100,6 +100,18 @@ import them later as usual (only those Keras integrations stay unavailable in th
 worker)."""
 
 
+EXECUTOR_TF_ENVIRONMENT: Mapping[str, str] = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+"""Variables an executor's Python worker (and :mod:`sparkdl_avg.daemon`) sets, where the user's environment has not,
+before it imports TensorFlow, which reads them only then.
+
+``TF_ENABLE_ONEDNN_OPTS=1``: TensorFlow's oneDNN (MKL-DNN) kernels. TensorFlow turns them on by itself only on CPUs
+with AVX-512 VNNI or newer (Intel's since Cascade Lake); elsewhere (AMD EPYC, older Intel) its Eigen kernels run,
+1.6× slower for the benchmarks' CNN's training steps and 2.8× for its inference on one thread of an AMD EPYC
+(docs/benchmarks/inference.md). Rounding differs from Eigen's in the last bits (float32 only; float64 runs on Eigen
+either way). ``spark.executorEnv.TF_ENABLE_ONEDNN_OPTS=0`` (or the variable in a local master's environment) keeps
+TensorFlow's own choice."""
+
+
 _WORKER_FACTORY_ENV = ("PYTHON_WORKER_FACTORY_SECRET", "PYTHON_UNIX_DOMAIN_ENABLED", "PYTHON_WORKER_FACTORY_SOCK_DIR")
 """Variables Spark's ``PythonWorkerFactory`` gives the executors' Python workers and daemon, and the
 driver's Python never has: the secret over TCP, the Unix domain socket's settings without it (Spark 4.1+,
@@ -142,7 +154,8 @@ def import_tensorflow(devices: bool = False):
     """``import tensorflow`` with its start-up notices filtered (see :func:`filtered_stderr`); returns the module.
 
     The first import's seconds are kept in :data:`IMPORT_S`. On an executor
-    (:func:`on_executor`) the import leaves out :data:`EXECUTOR_SKIPPED_IMPORTS`.
+    (:func:`on_executor`) the import leaves out :data:`EXECUTOR_SKIPPED_IMPORTS` and
+    sets :data:`EXECUTOR_TF_ENVIRONMENT` first.
 
     Args:
         devices: Also list the physical devices (which initialises CUDA, the cuInit notice), once per process, for a
@@ -154,8 +167,11 @@ def import_tensorflow(devices: bool = False):
         return sys.modules["tensorflow"]
     start = time.perf_counter()
     lean = _skipping(EXECUTOR_SKIPPED_IMPORTS) if on_executor() else contextlib.nullcontext()
+    fresh = "tensorflow" not in sys.modules
+    if fresh and on_executor():
+        for name, value in EXECUTOR_TF_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
     with filtered_stderr():
-        fresh = "tensorflow" not in sys.modules
         with lean:
             import tensorflow
             import keras  # noqa: F401 - inside the block too, where TensorFlow left Keras' own import for later
