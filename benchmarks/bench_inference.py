@@ -16,11 +16,14 @@ batch_size=1024)`` in one process (TensorFlow on both cores; on PNGs a
 and ``prefetch``), ``trainer.predict`` and Spark's own
 ``pyspark.ml.functions.predict_batch_udf`` (batch 1024, the model built
 once per Python worker) on ``local[2]``, each forced with the ``noop``
-writer (nothing collected). Two more arms explain the float result: the
-Arrow UDF path without inference (moving the features JVM → Python → JVM)
-and ``model.predict`` with TensorFlow on one thread (in a subprocess; what
-each of the two Spark workers has): twice its throughput is the ceiling of
-two single-threaded workers. The session has the README's settings
+writer (nothing collected). Three more arms explain the float result: the
+Arrow UDF path without inference (moving the features JVM → Python → JVM),
+and two subprocesses that run TensorFlow as the executors do, with oneDNN's
+kernels on (``TF_ENABLE_ONEDNN_OPTS=1``, ``quiet.EXECUTOR_TF_ENVIRONMENT``;
+TensorFlow's own default leaves them off on CPUs without AVX-512 VNNI):
+``model.predict`` on all cores, and on one thread (what each of the two Spark
+workers has; twice its throughput is the ceiling of two single-threaded
+workers). The session has the README's settings
 (``benchmarks/harness.py``). Usage::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/bench_inference.py
@@ -49,7 +52,8 @@ import harness  # noqa: E402
 from bench_cnn import build_model, make_data  # noqa: E402
 
 ONE_PROCESS = "model.predict (1 process)"
-ONE_THREAD = "model.predict (1 process, TensorFlow on 1 thread)"
+ONE_PROCESS_ONEDNN = "model.predict (1 process, oneDNN kernels)"
+ONE_THREAD = "model.predict (1 process, TensorFlow on 1 thread, oneDNN kernels)"
 
 
 def decode_png(batch, training=False):
@@ -67,10 +71,10 @@ def main() -> None:
     p.add_argument("--kinds", nargs="+", default=["floats", "png"], choices=["floats", "png"])
     p.add_argument("--source", choices=["cached", "parquet"], default="cached",
                    help="the Spark arms read the Parquet files once and cache them (default), or read them each time")
-    p.add_internal("--one-thread-probe", action="store_true")
+    p.add_internal("--probe-threads", type=int, default=0)
     args = p.parse_args()
-    if args.one_thread_probe:
-        return one_thread_probe(args)
+    if args.probe_threads:
+        return probe(args)
 
     import tensorflow as tf
     from pyspark.ml.functions import predict_batch_udf
@@ -174,15 +178,15 @@ def main() -> None:
     for _, fn in arms:  # warm-up: replicas, traced predict functions
         fn()
     times = {name: [] for name, _ in arms}
-    if "floats" in args.kinds:
-        times[f"floats: {ONE_THREAD}"] = []
+    probes = {f"floats: {ONE_PROCESS_ONEDNN}": 0, f"floats: {ONE_THREAD}": 1} if "floats" in args.kinds else {}
+    times.update({name: [] for name in probes})
     for _ in range(args.repeats):
         for name, fn in arms:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-        if "floats" in args.kinds:
-            times[f"floats: {ONE_THREAD}"].append(one_thread_arm(args))
+        for name, threads in probes.items():
+            times[name].append(probe_arm(args, threads))
     spark.stop()
 
     rows = []
@@ -197,6 +201,10 @@ def main() -> None:
         ours = statistics.median(times[next(k for k in times if k.startswith(f"{kind}: trainer.predict"))])
         theirs = statistics.median(times[next(k for k in times if k.startswith(f"{kind}: predict_batch_udf"))])
         ratios[f"{kind}: trainer.predict vs predict_batch_udf"] = theirs / ours
+    if "floats" in args.kinds:
+        ours = statistics.median(times["floats: trainer.predict local[2]"])
+        for arm in (ONE_PROCESS, ONE_PROCESS_ONEDNN):
+            ratios[f"floats: trainer.predict vs {arm}"] = statistics.median(times[f"floats: {arm}"]) / ours
     harness.write_results(args.out, args, times=times, rows=rows, ratios=ratios)
     print("| arm | seconds (median) | examples/s | speed-up vs one process |")
     print("|---|---|---|---|")
@@ -207,8 +215,10 @@ def main() -> None:
     if "floats" in args.kinds:
         one = statistics.median(times[f"floats: {ONE_THREAD}"])
         base = statistics.median(times[f"floats: {ONE_PROCESS}"])
+        onednn = statistics.median(times[f"floats: {ONE_PROCESS_ONEDNN}"])
         print(f"\nCeiling of two single-threaded workers with a free data path: 2 × {args.examples / one:.0f} "
-              f"= {2 * args.examples / one:.0f} examples/s = {2 * base / one:.2f}× one process.")
+              f"= {2 * args.examples / one:.0f} examples/s = {2 * base / one:.2f}× one process, "
+              f"{2 * onednn / one:.2f}× one process with oneDNN kernels.")
 
 
 def source(df, how: str):
@@ -216,23 +226,30 @@ def source(df, how: str):
     return df.repartition(2).cache() if how == "cached" else df
 
 
-def one_thread_arm(args) -> float:
+def probe_arm(args, threads: int) -> float:
+    """Seconds of ``model.predict`` in a fresh process with oneDNN's kernels, as the executors run TensorFlow.
+
+    ``threads``: TensorFlow's thread pools (1: what each of the two Spark workers has), or 0 for TensorFlow's
+    default (all cores). A subprocess, since both are fixed when TensorFlow is imported.
+    """
     import subprocess
 
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1")  # what sparkdl_avg's executors set (quiet.EXECUTOR_TF_ENVIRONMENT)
     out = subprocess.run(
-        [sys.executable, __file__, "--one-thread-probe", "--examples", str(args.examples),
+        [sys.executable, __file__, "--probe-threads", str(threads or -1), "--examples", str(args.examples),
          "--batch-size", str(args.batch_size)],
-        check=True, capture_output=True, text=True,
+        check=True, capture_output=True, text=True, env=env,
     ).stdout
     return float(out.strip().splitlines()[-1])
 
 
-def one_thread_probe(args) -> None:
-    """Times ``model.predict`` with TensorFlow on one thread; prints the seconds."""
+def probe(args) -> None:
+    """Times ``model.predict`` with ``--probe-threads`` TensorFlow threads (-1: its default); prints the seconds."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if args.probe_threads > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(args.probe_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.probe_threads)
     x, _ = make_data(args.examples, seed=3)
     model = build_model()
     model.predict(x[:2048], batch_size=args.batch_size, verbose=0)

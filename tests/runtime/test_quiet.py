@@ -70,8 +70,8 @@ def test_an_executor_imports_tensorflow_and_keras_without_their_optional_integra
 
 @pytest.mark.parametrize("users, expected", [(None, "1 True"), ("0", "0 False")])
 def test_an_executor_runs_tensorflows_onednn_kernels_unless_the_user_chose(users, expected):
-    # TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI; its Eigen kernels ran the benchmarks'
-    # CNN 2.8x slower in inference on an AMD EPYC (docs/benchmarks/inference.md).
+    # TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI; its Eigen kernels took a whole fit of
+    # the benchmarks' CNN 1.5x as long on an AMD EPYC (docs/benchmarks/cnn.md).
     code = """
         import os
         os.environ["PYTHON_WORKER_FACTORY_SECRET"] = "x"

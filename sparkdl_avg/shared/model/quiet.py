@@ -105,11 +105,11 @@ EXECUTOR_TF_ENVIRONMENT: Mapping[str, str] = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 before it imports TensorFlow, which reads them only then.
 
 ``TF_ENABLE_ONEDNN_OPTS=1``: TensorFlow's oneDNN (MKL-DNN) kernels. TensorFlow turns them on by itself only on CPUs
-with AVX-512 VNNI or newer (Intel's since Cascade Lake); elsewhere (AMD EPYC, older Intel) its Eigen kernels run,
-1.6× slower for the benchmarks' CNN's training steps and 2.8× for its inference on one thread of an AMD EPYC
-(docs/benchmarks/inference.md). Rounding differs from Eigen's in the last bits (float32 only; float64 runs on Eigen
-either way). ``spark.executorEnv.TF_ENABLE_ONEDNN_OPTS=0`` (or the variable in a local master's environment) keeps
-TensorFlow's own choice."""
+with AVX-512 VNNI or newer (Intel's since Cascade Lake); elsewhere (AMD EPYC, older Intel) its Eigen kernels run. On
+an AMD EPYC, with Eigen's, a whole fit of the benchmarks' CNN took 1.5× as long (docs/benchmarks/cnn.md) and its
+inference on one thread 2.7× (docs/benchmarks/inference.md). Rounding differs from Eigen's in the last bits (float32
+only; float64 runs on Eigen either way). ``spark.executorEnv.TF_ENABLE_ONEDNN_OPTS=0`` (or the variable in a local
+master's environment) keeps TensorFlow's own choice."""
 
 
 _WORKER_FACTORY_ENV = ("PYTHON_WORKER_FACTORY_SECRET", "PYTHON_UNIX_DOMAIN_ENABLED", "PYTHON_WORKER_FACTORY_SOCK_DIR")
