@@ -19,7 +19,8 @@ interleaved per repeat, each a trainer of its own:
   costs there.
 
 Each arm fits one epoch to warm its replicas, then ``--epochs`` measured
-epochs. Per arm: the steady round period (the time between the first and
+epochs. Per arm: the measured ``fit`` call's wall time as a user times it
+(``whole fit``; "vs sync" is sync's over the arm's: the same examples), the steady round period (the time between the first and
 the last measured rounds' ends over the rounds between them), throughput
 (examples a second), the round records' median compute (slowest worker) and
 wall time, the bytes through the driver's link per round, and the held-out
@@ -165,14 +166,18 @@ def run_on_cluster(script: str, args) -> None:
 def summary(rows) -> str:
     med = statistics.median
     by = {arm: [r for r in rows if r["arm"] == arm] for arm in ARMS}
-    lines = ["| arm | path | round period s (median) | compute s | throughput ex/s | vs sync | held-out acc | "
-             "driver in / out MB per round |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | path | whole fit s (median) | whole fit vs sync | round period s (median) | compute s | "
+             "throughput ex/s | vs sync | held-out acc | driver in / out MB per round |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     sync_tp = med(r["throughput"] for r in by["sync"]) if by["sync"] else None
+    sync_fit = med(r["fit_s"] for r in by["sync"]) if by["sync"] else None
     for arm, rs in by.items():
         if not rs:
             continue
         tp = med(r["throughput"] for r in rs)
-        lines.append(f"| {arm} | {', '.join(rs[0]['paths'])} | {med(r['period_s'] for r in rs):.2f} | "
+        fit = med(r["fit_s"] for r in rs)
+        lines.append(f"| {arm} | {', '.join(rs[0]['paths'])} | {fit:.1f} | {sync_fit / fit:.2f}× | "
+                     f"{med(r['period_s'] for r in rs):.2f} | "
                      f"{med(r['compute_s'] for r in rs):.2f} | {tp:.0f} | "
                      f"{tp / sync_tp:.2f}× | {med(r['accuracy'] for r in rs):.4f} | "
                      f"{med(r['driver_rx_per_round'] for r in rs) / 1e6:.1f} / "

@@ -6,7 +6,10 @@ batch 32, the same epochs and initial weights for every arm). Arms:
 
 * ``keras``: ``model.fit`` in this process, TensorFlow on all cores (the
   baseline the ratios refer to), and with ``steps_per_execution=128`` (Keras'
-  own multi-step graph loop, a stronger single-process baseline);
+  own multi-step graph loop, a stronger single-process baseline); and in a
+  Python of its own with TensorFlow's oneDNN kernels on, as the trainer's
+  executors run them (TensorFlow turns them on by itself only on CPUs with
+  AVX-512 VNNI; a user gets them with ``TF_ENABLE_ONEDNN_OPTS=1``);
 * ``trainer``: ``ParameterAveragingTrainer`` on ``local[2]`` with 2 workers,
   plain averaging at several averaging frequencies ``k`` and block momentum
   (``update_rule="bmuf"``, ``η = 1 − 1/N = 0.5``);
@@ -27,7 +30,9 @@ keeps the Python workers warm (TensorFlow imported, replica built), so every
 trainer arm starts like a user's second ``fit`` on the same cluster. Held-out accuracy is measured on the driver after
 every epoch (not timed); "time to target" is the training time from the
 start of ``fit`` (staging included) to the end of the first epoch whose
-held-out accuracy reaches the target. Usage::
+held-out accuracy reaches the target; "whole fit" is the wall time of the
+``fit`` call as a user times it (the trainer's data staging included), less
+those evaluations, which a user's fit does not run. Usage::
 
     make bench                                   # suite + overhead + plots
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/suite.py [--repeats 3]
@@ -57,6 +62,7 @@ import harness  # noqa: E402
 from bench_cnn import EpochTimer, build_model, make_data  # noqa: E402
 
 BASELINE = "keras (1 process)"
+ONEDNN = "keras (1 process, oneDNN kernels as the executors run)"
 
 
 def _accuracy_callback(xt, yt, t0, state):
@@ -83,6 +89,33 @@ def run_keras(d, epochs, batch, steps_per_execution=1):
     fit_s = time.perf_counter() - t0 - state["eval_s"]
     return {"epoch_s": timer.times, "fit_s": fit_s, "elapsed_s": state["elapsed_s"],
             "epoch_accuracy": state["epoch_accuracy"], "accuracy": state["epoch_accuracy"][-1]}
+
+
+def run_keras_onednn(npz, epochs, batch, out_dir):
+    """:func:`run_keras` in a Python of its own with TensorFlow's oneDNN kernels on, as the trainer's executors run
+    (``quiet.EXECUTOR_TF_ENVIRONMENT``; TensorFlow leaves them off on CPUs without AVX-512 VNNI and reads the setting
+    only when it is imported): the one-process baseline a user gets by setting the variable."""
+    from sparkdl_avg.shared.model import quiet
+
+    out = os.path.join(out_dir, "keras-onednn.json")
+    env = {**os.environ, **quiet.EXECUTOR_TF_ENVIRONMENT}
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--keras-child", npz, "--keras-child-out", out,
+                    "--epochs", str(epochs), "--batch-size", str(batch)], env=env, check=True)
+    with open(out) as f:
+        return json.load(f)
+
+
+def keras_child(args) -> None:
+    """The body of :func:`run_keras_onednn`'s subprocess: the data and weights from ``--keras-child``'s npz."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    with np.load(args.keras_child) as z:
+        d = {k: z[k] for k in ("x", "y", "xt", "yt")}
+        d["weights"] = [z[f"w{i}"] for i in range(int(z["n_weights"]))]
+    run = run_keras(d, args.epochs, args.batch_size)
+    run["onednn"] = bool(_pywrap_util_port.IsMklEnabled())  # the kernels really on
+    with open(args.keras_child_out, "w") as f:
+        json.dump(run, f)
 
 
 def run_trainer(d, epochs, batch, k, workers, rule=None):
@@ -179,6 +212,8 @@ def summarize(results, args, ideal_from):
     base_acc = _median(r["accuracy"] for r in base_runs)
     target = args.target_accuracy if args.target_accuracy is not None else round(base_acc - 0.01, 4)
     base_ttt = _median(_time_to_target(r, target) for r in base_runs)
+    base_fit = _median(r["fit_s"] for r in base_runs)
+    onednn_fit = _median(r["fit_s"] for r in results.get(ONEDNN, []))
     rows = []
     for name, runs in results.items():
         if not runs:
@@ -190,6 +225,8 @@ def summarize(results, args, ideal_from):
             "epoch_s_median": epoch,
             "first_epoch_s_median": _median(r["epoch_s"][0] for r in runs),
             "fit_s_median": _median(r["fit_s"] for r in runs),
+            "fit_speedup_vs_keras": base_fit / _median(r["fit_s"] for r in runs),
+            "fit_speedup_vs_keras_onednn": onednn_fit / _median(r["fit_s"] for r in runs),
             "examples_per_s": args.examples / epoch,
             "ratio_to_keras": epoch / base_epoch,
             "speedup_vs_keras": base_epoch / epoch,
@@ -255,13 +292,17 @@ def print_tables(rows, target, common, args):
     print(f"\nTarget held-out accuracy: {target:.4f} (plain Keras' final − 0.01); common target with Elephas: {common:.4f}"
           f"  ({args.examples} examples, {args.epochs} epochs, batch {args.batch_size})")
     print(
-        "\n| arm | epoch s | examples/s | speed-up vs keras | first epoch s | held-out acc | Δ acc vs keras "
-        f"| time to {target:.3f} s | time to {common:.3f} s | faster than Elephas to {common:.3f} | round overhead ms |"
+        f"\n| arm | whole fit s ({args.epochs} epochs) | whole fit vs keras | vs keras with oneDNN | epoch s | examples/s | speed-up vs keras "
+        f"| first epoch s | held-out acc | Δ acc vs keras | time to {target:.3f} s | time to {common:.3f} s "
+        f"| faster than Elephas to {common:.3f} | round overhead ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        speedup = r.get("fit_speedup_vs_keras")
         print(
-            f"| {r['arm']} | {_fmt(r['epoch_s_median'])} | {_fmt(r['examples_per_s'], '.0f')} | "
+            f"| {r['arm']} | {_fmt(r.get('fit_s_median'))} | {_fmt(speedup)}{'×' if speedup else ''} | "
+            f"{_fmt(r.get('fit_speedup_vs_keras_onednn'))}{'×' if r.get('fit_speedup_vs_keras_onednn') else ''} | "
+            f"{_fmt(r['epoch_s_median'])} | {_fmt(r['examples_per_s'], '.0f')} | "
             f"{_fmt(r['speedup_vs_keras'])}× | {_fmt(r.get('first_epoch_s_median'))} | "
             f"{_fmt(r.get('accuracy_median'), '.4f')} | {_fmt(r.get('accuracy_delta_vs_keras'), '+.4f')} | "
             f"{_fmt(r.get('time_to_target_s_median'), '.1f')} | {_fmt(r.get('time_to_common_target_s_median'), '.1f')} | "
@@ -283,7 +324,11 @@ def main() -> None:
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="held-out accuracy to time; default: plain Keras' median final accuracy − 0.01")
     p.add_argument("--no-elephas", action="store_true", help="skip the Elephas arm")
+    p.add_internal("--keras-child", default=None)
+    p.add_internal("--keras-child-out", default=None)
     args = p.parse_args()
+    if args.keras_child:
+        return keras_child(args)
 
     x, y = make_data(args.examples + args.test_examples)
     d = {"x": x[: args.examples], "y": y[: args.examples], "xt": x[args.examples:], "yt": y[args.examples:],
@@ -301,6 +346,7 @@ def main() -> None:
     arms = {
         BASELINE: lambda: run_keras(d, E, B),
         "keras (1 process, steps_per_execution=128)": lambda: run_keras(d, E, B, steps_per_execution=128),
+        ONEDNN: lambda: run_keras_onednn(npz, E, B, tmp),
     }
     for k in args.frequencies:
         arms[f"trainer local[{N}] average k={k}"] = lambda k=k: run_trainer(d, E, B, k, N)
