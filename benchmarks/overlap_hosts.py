@@ -20,7 +20,8 @@ interleaved per repeat, each a trainer of its own:
 
 Each arm fits one epoch to warm its replicas, then ``--epochs`` measured
 epochs. Per arm: the measured ``fit`` call's wall time as a user times it
-(``whole fit``; "vs sync" is sync's over the arm's: the same examples), the steady round period (the time between the first and
+(``whole fit``; "vs sync" is sync's over the arm's: the same examples) and where it goes (the seconds before the
+first round starts, each round's wall time on the driver, the seconds after the last round ends), the steady round period (the time between the first and
 the last measured rounds' ends over the rounds between them), throughput
 (examples a second), the round records' median compute (slowest worker) and
 wall time, the bytes through the driver's link per round, and the held-out
@@ -118,10 +119,22 @@ def drive(args) -> None:
                                            **ARMS[arm]) as trainer:
                 trainer.fit(df, epochs=1, verbose=0)  # warm: replicas built, data staged
                 counter = Bytes()
-                t0 = time.monotonic()
+                t0, w0 = time.monotonic(), time.time()
                 trainer.fit(df, epochs=args.epochs, verbose=0, callbacks=[counter])
                 row["fit_s"] = time.monotonic() - t0
+                w1 = time.time()
                 records = trainer.stats.records
+            # where the whole fit's time goes: before its first round, each round (on the driver), after its last
+            row["before_first_round_s"] = records[0].t_start - w0
+            row["round_walls_s"] = [r.wall_s for r in records]
+            row["after_last_round_s"] = w1 - (records[-1].t_start + records[-1].wall_s)
+            # the first round's workers: what a steady round does not pay (a replica built, a trace, state restarted)
+            row["first_round_workers"] = [
+                {k: getattr(w, k) for k in ("host", "pid", "start", "end", "setup_s", "load_s", "compute_s", "build_s",
+                                            "trace_s", "replica_built", "local_state_s", "local_state_restarted")}
+                for w in records[0].workers]
+            row["first_round_phases"] = {k: getattr(records[0], k, None) for k in (
+                "schedule_s", "broadcast_s", "compute_max_s", "aggregate_s", "update_s", "overhead_s")}
             ends = [r.t_start + r.wall_s for r in records]
             med = statistics.median
             period = (ends[-1] - ends[0]) / (len(ends) - 1)
