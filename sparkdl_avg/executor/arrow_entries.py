@@ -8,6 +8,7 @@ whether this executor sees the driver's files. All three are importable from :mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -21,7 +22,7 @@ def task_ids(batches) -> list:
     return [int(i) for batch in batches for i in batch.column(0).to_pylist()]
 
 
-def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
+def run_standing_rounds(directory, deadline_s: float, batches, opening=None) -> Iterator:
     """``mapInArrow`` body of a standing round job: trains each round the driver announces until told to stop.
 
     One task per worker id, for many rounds (:mod:`sparkdl_avg.shared.wire.standing`: the driver's word for each round
@@ -33,7 +34,9 @@ def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
     next word does not come within ``deadline_s`` seconds ends. A round's answer is sent by a sender thread while the
     task goes on to the next round (announced ahead under ``overlap_rounds``), and where the board says so
     (``prefetch``: the driver's socket) the next round's word is read while this one trains; the task ends once its
-    last answer is sent.
+    last answer is sent. ``opening``: the state the job was started with (a
+    :class:`~sparkdl_avg.shared.wire.exchange.BroadcastState` in the job's closure), which a word whose task's state
+    is :data:`~sparkdl_avg.shared.wire.standing.OPENING` trains from.
     """
     board = standing.board_of(directory)
     ids = task_ids(batches)
@@ -49,8 +52,12 @@ def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
                 reader.fetch(seq + 1)  # while this round trains
             if word is not standing.PASSED and board.owed(seq, ids):  # not answered by an earlier attempt, not over
                 entry, task = word
+                if opening is not None and getattr(task, "state", None) is standing.OPENING:
+                    task = dataclasses.replace(task, state=opening)
                 # the answer goes out in the sender's thread while this one reads the next word and trains it
                 sender.send(board.answer, seq, list(entry(task, ids)))
+                if opening is not None and getattr(task, "state", None) is opening:
+                    _forget(opening)
             seq += 1
     finally:
         try:
@@ -61,6 +68,18 @@ def run_standing_rounds(directory, deadline_s: float, batches) -> Iterator:
             board.close()
     return
     yield  # a generator: mapInArrow's body
+
+
+def _forget(state) -> None:
+    """Lets the Python worker drop the arrays of a broadcast state once its round has read them.
+
+    PySpark keeps a broadcast's value, once read, for as long as the worker holds the broadcast: for a standing task,
+    the whole job, where only its first round reads it. Where it was read from a file (no encryption), a retried
+    round would read the file again; with Spark's encryption it came through a socket at the task's start and stays.
+    """
+    broadcast = getattr(state, "broadcast", None)
+    if getattr(broadcast, "_path", None) is not None:
+        vars(broadcast).pop("_value", None)
 
 
 class _Reader:

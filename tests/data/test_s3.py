@@ -362,10 +362,12 @@ def test_fit_with_staging_exchange_and_checkpoints_on_s3_equals_local(spark, s3_
     assert objects(s3_store, f"{prefix}/staging") == []  # close() deleted the staged data
     assert objects(s3_store, f"{prefix}/ckpt")[0] == f"{prefix}/ckpt/LATEST"
     # The workers' local copies of the staged files are in the executor's files directory, which Spark deletes with
-    # the executor, and none in the temporary directory (where they outlived the application).
+    # the executor, and none in the temporary directory (where they outlived the application); all in one directory,
+    # where both Python workers of this executor (local[2]) find them, not one of their own each.
     from pyspark import SparkFiles
 
     copies = glob.glob(os.path.join(SparkFiles.getRootDirectory(), "sparkdl_avg-cache-*", "*.arrow"))
+    assert copies == glob.glob(os.path.join(SparkFiles.getRootDirectory(), "sparkdl_avg-cache-executor", "*.arrow"))
     assert copies, copies
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "sparkdl_avg-cache-*"))) == temporary
 

@@ -111,23 +111,36 @@ def test_a_round_announced_ahead_that_a_callback_made_stale_runs_anew_with_the_s
         np.testing.assert_array_equal(a, b)
 
 
-def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise(session):
+def test_rounds_through_the_drivers_socket_give_the_files_rounds_weights_bitwise(session, monkeypatch):
     """Part 2 on hosts of their own: the standing job's words (with the round's state in them) and answers (with the
     sums) go through the driver's socket, which executors on other hosts reach (tests/runtime/test_hosts.py runs it
-    across hosts); here on one host (standing_rounds="socket"), against the same fit through local files."""
+    across hosts); here on one host (standing_rounds="socket"), against the same fit through local files. A job's
+    first round takes its state from a broadcast in the job's closure: its word carries a marker, not the arrays."""
+    import pickle
+
     from conftest import regression_data
+    from sparkdl_avg.shared.wire import standing
+    from sparkdl_avg.shared.wire.standing_net import RoundServer
 
     fits = OverlapRoundsMixin()
     validation = regression_data(16, d=3, seed=5)
     _, files = fits._fit()
     _, files_validated = fits._fit(validation_data=validation)
+    states = []  # (round's number in its job, where its word's state is) of each word the driver announces
+    announce = RoundServer.announce
+    monkeypatch.setattr(RoundServer, "announce", lambda self, seq, word, keep_from=None: (
+        states.append((seq, type(pickle.loads(word)[1].state).__name__)), announce(self, seq, word, keep_from))[1])
     trainer, socket = fits._fit(options=dict(standing_rounds="socket"))
     records = trainer.stats.records
     assert [(r.transport, r.aggregation) for r in records] == [("sql", "driver")] * 6
     assert [r.announced_ahead for r in records] == [False] + [True] * 5
+    assert states == [(0, "Opening")] + [(s, "InlineState") for s in range(1, 6)]
     # a validation (a job of its own) between epochs: the standing job stops and a new one takes the next epoch
+    states.clear()
     trainer, validated = fits._fit(validation_data=validation, options=dict(standing_rounds="socket"))
     assert [r.announced_ahead for r in trainer.stats.records] == [False, True, True] * 2
+    assert states == [(0, "Opening"), (1, "InlineState"), (2, "InlineState")] * 2
+    assert standing.OPENING is pickle.loads(pickle.dumps(standing.OPENING))
     for a, b, c, d in zip(socket.get_weights(), files.get_weights(), validated.get_weights(),
                           files_validated.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -21,7 +21,7 @@ import numpy as np
 from ...executor import worker as worker_mod
 from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import join, make_dir
-from ...shared.wire import exchange, round_rows
+from ...shared.wire import exchange, round_rows, standing
 from ...shared.wire.aggregation import PartialResult, merge
 from ..config.options import AGGREGATIONS, TRANSPORTS
 from ..runtime.session import struct_type
@@ -106,6 +106,8 @@ class SqlTransport(StateTransport):
         if self.network and job is not None:  # the weights in the standing job's word, through the driver's socket
             directory = join(self.directory, name)  # only if the sums go to files (an aggregation asked for)
             layout = self.layout(weights, optimizer)
+            if job.opening(weights, optimizer):  # the job's closure carries it (a broadcast): not in each word
+                return Published(standing.OPENING, partial(remove_quietly, directory), directory, layout)
             if optimizer is not None:
                 # kept by the driver: a worker fetches them only to start or restart its own (optimizer_state="local")
                 optimizer = job.post.keep(name, optimizer)

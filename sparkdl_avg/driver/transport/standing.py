@@ -12,7 +12,10 @@ planned once, its tasks start once, and a round costs what its files cost.
 Executors on hosts of their own, which do not see the driver's files, are
 given its socket instead (``network``:
 :class:`~sparkdl_avg.shared.wire.standing_net.RoundServer`), where a round's
-state travels in its word and the sums in the answers.
+state travels in its word and the sums in the answers; there a job's first
+round's state goes out as a Spark broadcast in the job's closure
+(:meth:`StandingJob.opening`), which reaches the executors without crossing
+the driver's link once per worker.
 It is stopped (its tasks end) when a round comes that it cannot run, when
 no round comes within :data:`STANDING_IDLE_S` of the last one's end (a
 callback's or an evaluation's job then finds the executor slots free), at
@@ -30,9 +33,11 @@ import time
 from functools import partial
 from typing import Any, Callable, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ...executor.arrow_entries import run_standing_rounds
 from ...shared.files.fs import join, make_dir, resolve
-from ...shared.wire import round_rows, standing, standing_net
+from ...shared.wire import exchange, round_rows, standing, standing_net
 from .base import remove_quietly
 
 logger = logging.getLogger("sparkdl_avg")
@@ -144,6 +149,7 @@ class StandingJob:
         self.workers = list(workers)
         self.labels = labels
         self.places = places
+        self.network = network
         if network:
             self.post = standing_net.RoundServer(*driver_address(engine))
         else:
@@ -155,7 +161,29 @@ class StandingJob:
         self.busy = False  # a round runs in it (guarded by StandingRounds' lock)
         self.stopped = False
         self.removed = threading.Event()  # its post closed and its directory removed (_remove)
+        self._opening: Optional[exchange.BroadcastState] = None  # its first round's state, in its closure (network)
         make_dir(directory)
+
+    def opening(self, weights: Sequence[np.ndarray], optimizer: Optional[Sequence[np.ndarray]]) -> bool:
+        """Whether this job's first round takes ``(weights, optimizer)`` from a Spark broadcast in the job's closure
+        (``True``: its word then carries :data:`~sparkdl_avg.shared.wire.standing.OPENING` in place of the arrays).
+
+        Through the driver's socket each task reads the round's state from the driver's one link, so ``N`` workers
+        wait for ``N`` copies, and a fit's first round, which nothing overlaps, starts its workers' own optimizer
+        states from the driver's variables, ``N`` copies more: 2.1-3.3 s of its 7.1-8.8 s with 3 workers at
+        100 Mbit/s (docs/benchmarks/overlap_fits.md). So the round asked before the job is submitted (its first,
+        on hosts of their own, classic sessions) puts its state in a broadcast that the job's closure carries, as a
+        round of its own would: Spark's torrent, the executors fetching its blocks from the driver and from each
+        other. The later rounds' words carry their state as before (their optimizer variables differ from the first
+        round's, if only in the step count). The broadcast is destroyed when the job has ended.
+        """
+        if not self.network or self.engine.sc is None or self.thread is not None:
+            return False  # files on one host; Spark Connect has no broadcasts; the job's closure is already sent
+        if self._opening is None:
+            weights = [np.asarray(w) for w in weights]
+            optimizer = None if optimizer is None else [np.asarray(v) for v in optimizer]
+            self._opening = exchange.BroadcastState(self.engine.broadcast((weights, optimizer)))
+        return True
 
     def announce(self, entry, task, keep_from: Optional[int] = None) -> int:
         """Has the tasks train ``task`` with ``entry`` (the job starts at the first); returns the round's number.
@@ -171,7 +199,7 @@ class StandingJob:
         return self.seq
 
     def _run(self) -> None:
-        body = partial(run_standing_rounds, self.post.board(), STANDING_DEADLINE_S)
+        body = partial(run_standing_rounds, self.post.board(), STANDING_DEADLINE_S, opening=self._opening)
         try:
             with self.labels():
                 self.engine.run_tasks(len(self.workers), body, round_rows.ROUND_SCHEMA,
@@ -234,5 +262,7 @@ class StandingJob:
         try:
             self.post.close()
             remove_quietly(self.directory)
+            if self._opening is not None:
+                self._opening.broadcast.destroy(blocking=False)
         finally:
             self.removed.set()

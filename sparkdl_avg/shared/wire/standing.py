@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence
 from . import board as protocol
 from .board import PASSED, WAIT, DirectoryStore, perform
 
-__all__ = ["PASSED", "FileBoard", "FilePost", "announce", "board_of", "go", "ipc_batches", "ipc_bytes"]
+__all__ = ["OPENING", "PASSED", "FileBoard", "FilePost", "announce", "board_of", "go", "ipc_batches", "ipc_bytes"]
 
 _POLL_FIRST_S = 0.0002
 _POLL_MAX_S = 0.002  # a stat costs microseconds; the wait is the round's latency once the file appears
@@ -44,6 +44,27 @@ def _wait(program_of, directory: str, deadline_s: float):
             return None
         time.sleep(delay)
         delay = min(2 * delay, _POLL_MAX_S)
+
+
+class Opening:
+    """The state a standing job's tasks were started with: what its first word carries in place of the round's arrays.
+
+    Through the driver's socket every task reads each word from the driver's one link, so a round's state sent in
+    its words crosses that link once per worker. A job's first round instead puts its state in a Spark broadcast
+    that the job's closure carries (Spark's torrent: executors also fetch its blocks from each other), and its word
+    carries this marker; :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds` puts the job's state in its
+    place.
+    """
+
+    def __reduce__(self):
+        return "OPENING"  # one marker per process: unpickled as this module's own
+
+    def load(self):
+        raise RuntimeError("A round's word refers to its standing job's opening state, which this task was not given.")
+
+
+#: The one :class:`Opening` marker.
+OPENING = Opening()
 
 
 def announce(directory: str, seq: int, word: bytes, keep_from: Optional[int] = None) -> None:

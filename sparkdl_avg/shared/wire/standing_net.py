@@ -7,9 +7,10 @@ bound to the address the executors reach the driver at, ``spark.driver.host``), 
 (:class:`NetBoard`): the same questions as :class:`~sparkdl_avg.shared.wire.standing.FileBoard`'s, answered by the
 same step programs (:mod:`sparkdl_avg.shared.wire.board`, run on a dict under the server's lock instead of a
 directory), so :func:`~sparkdl_avg.executor.arrow_entries.run_standing_rounds` runs either. A word carries the round's
-weights itself (the optimizer variables only as :class:`RemoteArrays`, fetched by a task that needs them) and an
-answer the worker's sums (the ``"driver"`` aggregation's Arrow rows): nothing of a round goes through the staging
-store. Why a socket of its own: docs/round-protocol.md.
+weights itself (the optimizer variables only as :class:`RemoteArrays`, fetched by a task that needs them; a job's
+first round's state goes in a Spark broadcast in the job's closure instead, and its word carries
+:data:`~sparkdl_avg.shared.wire.standing.OPENING`) and an answer the worker's sums (the ``"driver"`` aggregation's
+Arrow rows): nothing of a round goes through the staging store. Why a socket of its own: docs/round-protocol.md.
 
 The connections are :mod:`multiprocessing.connection`'s (Python's own: length-framed messages, and an HMAC challenge
 with a random 32-byte key that the tasks carry in their closure, as they carry the round's state): a client without
