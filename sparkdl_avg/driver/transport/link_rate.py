@@ -13,9 +13,11 @@ instead and says when the other path would be cheaper:
   - *driver-bound* (Spark's tree, the Spark SQL round's ``"driver"``): all
     ``N`` workers' sums, ``N·S`` bytes, came in through the driver's link:
     ``rate = N·S / seconds``;
-  - *sharded* (``"shuffle"``, ``"storage"``): about ``S`` bytes crossed each
-    link, after a second stage of fixed cost :data:`.policy.SHARDED_STAGE_S`:
-    ``rate = S / (seconds - SHARDED_STAGE_S)``.
+  - *sharded* (``"shuffle"``, ``"storage"``): ``(N-1)/N·S`` bytes crossed each
+    worker's link (the slices' exchange), then ``S`` came in through the
+    driver's (the summed slices), besides a second stage of fixed cost
+    :data:`.policy.SHARDED_STAGE_S`:
+    ``rate = (2 - 1/N)·S / (seconds - SHARDED_STAGE_S)``.
 
   The seconds include the job's own latency, so the rate is the link's
   *effective* rate for rounds of this size, not its line rate: what the
@@ -24,7 +26,7 @@ instead and says when the other path would be cheaper:
   rounds' rates (one slow round, a garbage collection, does not move it).
 * :func:`path_seconds`: the seconds each path would take to bring the sums
   back at that rate, by the model :func:`.policy.driver_bound_pays` decides
-  with: driver-bound ``N·S/rate``, sharded ``SHARDED_STAGE_S + S/rate``.
+  with: driver-bound ``N·S/rate``, sharded ``SHARDED_STAGE_S + (2 - 1/N)·S/rate``.
 * :class:`LinkChoice`: whether to switch, with hysteresis: the other path
   must be predicted cheaper by :data:`MARGIN` of the current path's seconds
   and at least :data:`MIN_SAVING_S`; the first switch needs :data:`MIN_ROUNDS`
@@ -100,7 +102,7 @@ def round_rate(record) -> Optional[float]:
     seconds = record.aggregate_s - record.driver_sum_s
     if bound:
         return record.sent_bytes / max(seconds, _FLOOR_S)
-    return record.sent_bytes / n / max(seconds - SHARDED_STAGE_S, _FLOOR_S)
+    return (2 - 1 / n) * record.sent_bytes / n / max(seconds - SHARDED_STAGE_S, _FLOOR_S)
 
 
 def estimate_rate(records: Sequence, steady: Callable[[object], bool] = lambda r: True) -> Optional[tuple]:
@@ -122,14 +124,15 @@ def overhead(records: Sequence, steady: Callable[[object], bool] = lambda r: Tru
 
 
 def path_seconds(driver_path: bool, num_workers: int, nbytes: float, rate: float) -> float:
-    """Seconds a round's sums take back at ``rate`` (bytes/s): ``N·S/rate`` driver-bound, ``SHARDED_STAGE_S + S/rate`` sharded.
+    """Seconds a round's sums take back at ``rate`` (bytes/s): ``N·S/rate`` driver-bound,
+    ``SHARDED_STAGE_S + (2 - 1/N)·S/rate`` sharded (:func:`.policy.driver_bound_pays`).
 
     ``nbytes``: one worker's sums. A driver-bound round whose ``N`` sums exceed
     :data:`.policy.SPARK_TREE_BYTES` (which the driver holds at once) is ``inf``.
     """
     if driver_path:
         return num_workers * nbytes / rate if num_workers * nbytes <= SPARK_TREE_BYTES else float("inf")
-    return SHARDED_STAGE_S + nbytes / rate
+    return SHARDED_STAGE_S + (2 - 1 / num_workers) * nbytes / rate
 
 
 @dataclass(frozen=True)

@@ -43,15 +43,24 @@ def driver_bound_pays(num_workers: int, nbytes: int, rate_bytes_s: float) -> boo
     """Whether bringing every worker's sums through the driver's link beats sharding them, on hosts of their own.
 
     A driver-bound round (Spark's tree at depth 1, the SQL round's ``"driver"``)
-    moves ``N × S`` bytes in through the driver's link; a sharded one
-    (``"shuffle"``) about ``S`` in (and ``S`` through every other link), plus
-    a second stage (:data:`SHARDED_STAGE_S`). So the driver path pays while
-    ``(N - 1) · S / rate <= SHARDED_STAGE_S`` (at 1 Gbit/s, which of the
-    benchmarked sizes pass: docs/benchmarks.md, "On a shaped network") and the
-    ``N`` sums together stay within :data:`SPARK_TREE_BYTES`, which the driver
-    holds at once (however fast the link: ``spark.driver.maxResultSize`` and its memory).
+    moves ``N × S`` bytes in through the driver's link. A sharded one
+    (``"shuffle"``) first exchanges the slices among the workers (each
+    worker's link carries ``(N - 1)/N · S`` out and as much in), then brings
+    the ``N`` summed slices, ``S`` in all, in through the driver's link, the
+    two one after the other, besides the second stage's own cost
+    (:data:`SHARDED_STAGE_S`): ``(2 - 1/N) · S / rate + SHARDED_STAGE_S``
+    where the workers' links are as fast as the driver's. So the driver path
+    pays while ``(N - 1)²/N · S / rate <= SHARDED_STAGE_S`` (at 1 Gbit/s,
+    which of the benchmarked sizes pass: docs/benchmarks.md, "On a shaped
+    network") and the ``N`` sums together stay within
+    :data:`SPARK_TREE_BYTES`, which the driver holds at once (however fast the
+    link: ``spark.driver.maxResultSize`` and its memory). The exchange was
+    left out until 2026-12-07: on 3 hosts at 100 Mbit/s with 4 MB of sums each
+    that made the shuffle look 0.34 s a round cheaper than the tree, and its
+    rounds took 5.5-6.8 s against the tree's 4.0-4.6 s
+    (docs/benchmarks/overlap_fits.md).
     """
-    return (num_workers - 1) * nbytes / rate_bytes_s <= SHARDED_STAGE_S and num_workers * nbytes <= SPARK_TREE_BYTES
+    return (num_workers - 1) ** 2 / num_workers * nbytes / rate_bytes_s <= SHARDED_STAGE_S and num_workers * nbytes <= SPARK_TREE_BYTES
 
 
 def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int,
