@@ -66,6 +66,26 @@ def test_standing_rounds_socket_is_refused_without_overlap_rounds_before_any_job
         ParameterAveragingTrainer(make_model(), num_workers=2, standing_rounds="socket")
 
 
+def test_the_drivers_socket_is_refused_where_spark_encrypts_its_traffic_naming_the_setting_and_the_way_out():
+    """Overlapped rounds on hosts of their own go through a socket that is authenticated, not encrypted: on a session
+    that encrypts Spark's traffic they are refused before any job, unless they run as jobs of their own."""
+    from sparkdl_avg.driver.transport.policy import check_standing_rounds, round_socket
+    from sparkdl_avg.errors import ConfigurationError
+
+    hosts = dict(connect=False, one_host=False, local_fs=False)
+    assert round_socket(True, "auto", **hosts) and round_socket(True, "socket", **{**hosts, "one_host": True})
+    assert not round_socket(True, "auto", connect=False, one_host=True, local_fs=True)  # files on one host
+    assert not round_socket(True, "off", **hosts) and not round_socket(False, "auto", **hosts)
+    assert not round_socket(True, "auto", **{**hosts, "connect": True})
+    for key in ("spark.network.crypto.enabled", "spark.ssl.enabled"):
+        with pytest.raises(ConfigurationError, match=(
+                r"^The 'standing_rounds' parameter must be 'off' with overlap_rounds=True on a session that encrypts "
+                rf"Spark's traffic \({key}=true\): .* authenticated but not encrypted\. .* Got standing_rounds='auto'\.$")):
+            check_standing_rounds("auto", False, socket=True, conf={key: "true"})
+        check_standing_rounds("auto", False, socket=False, conf={key: "true"})  # files, or jobs of their own: fine
+    check_standing_rounds("auto", False, socket=True, conf={"spark.network.crypto.enabled": "false"})
+
+
 def test_rounds_announced_a_round_ahead_give_the_sequential_rounds_weights_bitwise(session):
     """Part 2: on one host, an overlap_rounds fit's rounds run in one standing job, each announced while the round
     before it trains; only when they run changes, not the arithmetic (against standing_rounds="off": a Spark job per

@@ -293,7 +293,11 @@ class ParameterAveragingTrainer:
         data = known_data(data, "training")  # a user's container converted once; pandas refused
         validation_data = None if validation_data is None else known_data(validation_data, "validation")
         engine = engine_for(data)
-        transport_mod.check_standing_rounds(self.config.standing_rounds, engine.connect)
+        cfg = self.config
+        socket = transport_mod.round_socket(cfg.overlap_rounds, cfg.standing_rounds, engine.connect, engine.one_host,
+                                            transport_mod.local_staging(self._staging_root))
+        transport_mod.check_standing_rounds(cfg.standing_rounds, engine.connect, socket,
+                                            None if engine.sc is None else engine.sc.getConf())
         num_workers = fit_workers(self.config, engine)
         # From the variables' shapes, before anything model-sized is built (the spec, the model rebuilt to check it,
         # the optimizer's slots): a fit that cannot fit is refused in seconds, with the memory there was to start.
@@ -305,7 +309,6 @@ class ParameterAveragingTrainer:
         train, val, staging_s = self._stage_fit_data(data, validation_data, features_col, label_col,
                                                      sample_weight_col, class_weight)
         epoch_steps = plan_steps(self.config, train, num_workers)
-        cfg = self.config
         schedule = cfg.schedule()
         rule = cfg.rule(num_workers)
         self._rule_state.ensure(rule, self.model)

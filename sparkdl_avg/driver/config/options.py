@@ -508,7 +508,9 @@ OPTIONS: Tuple[Option, ...] = (
             "``\"socket\"``: ``overlap_rounds``' standing job talks through the driver's socket even where the "
             "executors share the driver's host (executors in containers there that do not share its filesystem); "
             "needs ``overlap_rounds=True`` and a classic session (Connect's standing job waits on files the client "
-            "writes). Either refusal comes before any Spark job.",
+            "writes). The driver's socket is authenticated but not encrypted: on a session that encrypts Spark's "
+            "traffic (``spark.network.crypto.enabled``, ``spark.ssl.enabled``) overlapped rounds that would use it "
+            "are refused unless ``\"off\"``. Each refusal comes before any Spark job.",
         check=OneOf(STANDING_ROUNDS),
         cli=Flag(choices=STANDING_ROUNDS),
         param=SparkParam("standingRounds", "toString"),

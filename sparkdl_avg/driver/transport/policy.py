@@ -116,16 +116,49 @@ def auto_transport(settings: TransportSettings, site: Site) -> str:
     return "sql"
 
 
-def check_standing_rounds(standing_rounds: str, connect: bool) -> None:
-    """Refuses ``standing_rounds="socket"`` under Spark Connect; ``fit`` calls it once it knows the session.
+#: Spark settings with which a session encrypts its own traffic (RPC and block transfers, or TLS); the standing job's
+#: socket (:mod:`sparkdl_avg.shared.wire.standing_net`) is authenticated by a key, not encrypted.
+ENCRYPTION_SETTINGS = ("spark.network.crypto.enabled", "spark.ssl.enabled")
+
+
+def local_staging(root: str) -> bool:
+    """Whether a staging root is a local directory: by its URI's scheme (resolving an hdfs:// or s3:// root would
+    connect to it)."""
+    return "://" not in root or root.startswith("file://")
+
+
+def round_socket(overlap: bool, standing_rounds: str, connect: bool, one_host: bool, local_fs: bool) -> bool:
+    """Whether a fit's overlapped rounds run through the driver's socket: ``overlap_rounds`` on a classic session, in
+    a standing job (not ``standing_rounds="off"``), unless the executors share the driver's host and a local staging
+    directory (its files then), or ``standing_rounds="socket"`` asks for the socket."""
+    if connect or not overlap or standing_rounds == "off":
+        return False
+    return standing_rounds == "socket" or not (one_host and local_fs)
+
+
+def check_standing_rounds(standing_rounds: str, connect: bool, socket: bool = False, conf=None) -> None:
+    """Refuses what the standing job cannot do on this session; ``fit`` calls it once it knows the session.
+
+    ``socket``: the fit's rounds would run through the driver's socket (:func:`round_socket`); ``conf``: the classic
+    session's ``SparkConf``.
 
     Raises:
-        ConfigurationError: ``"socket"`` under Spark Connect, whose standing job waits on files the client writes.
+        ConfigurationError: ``"socket"`` under Spark Connect, whose standing job waits on files the client writes;
+            the driver's socket on a session that encrypts Spark's traffic (:data:`ENCRYPTION_SETTINGS`).
     """
     if connect and standing_rounds == "socket":
         raise ConfigurationError(
             "The 'standing_rounds' parameter must be 'auto' or 'off' under Spark Connect (its standing job waits on "
             "files that the client writes under the staging directory, not on a socket). Got 'socket' instead.")
+    encrypted = [k for k in ENCRYPTION_SETTINGS if conf is not None and str(conf.get(k, "false")).lower() == "true"]
+    if socket and encrypted:
+        raise ConfigurationError(
+            "The 'standing_rounds' parameter must be 'off' with overlap_rounds=True on a session that encrypts "
+            f"Spark's traffic ({', '.join(f'{k}=true' for k in encrypted)}): overlapped rounds on hosts of their own "
+            "send each round's weights and sums through a socket of the driver's own, which is authenticated but "
+            "not encrypted. With 'off' each round runs as a Spark job of its own, its state and sums through "
+            "Spark's channels and the staging directory (its communication then no longer overlaps the compute). "
+            f"Got standing_rounds={standing_rounds!r}.")
 
 
 def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str) -> StateTransport:
@@ -155,8 +188,7 @@ def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str
     site = Site(
         connect=engine.connect,
         one_host=one_host,
-        # By the URI's scheme: resolving an hdfs:// or s3:// root would connect to it.
-        local_fs="://" not in staging_root or staging_root.startswith("file://"),
+        local_fs=local_staging(staging_root),
         rate=None if one_host else parse_rate(settings.network_rate if settings.network_rate is not None
                                               else DEFAULT_NETWORK_RATE),
         root=staging_root,

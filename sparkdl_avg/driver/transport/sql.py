@@ -27,7 +27,7 @@ from ..config.options import AGGREGATIONS, TRANSPORTS
 from ..runtime.session import struct_type
 from .base import NextRound, Published, StateTransport, TransportSettings, remove_quietly
 from .murmur3 import shard_keys
-from .policy import plan_aggregation
+from .policy import plan_aggregation, round_socket
 from .sql_paths import Aggregation, assemble, read_rows
 from .standing import STANDING_CLOSE_S, StandingRounds
 
@@ -87,9 +87,9 @@ class SqlTransport(StateTransport):
             # overlap_rounds: rounds in a standing job, a round ahead; through local files on one host with a local
             # staging directory (unless standing_rounds="socket"), else through the driver's socket
             overlap = settings.overlap and settings.standing
-            files = overlap and site.local_fs and site.one_host and settings.standing_rounds != "socket"
-            return cls(engine, directory, settings, one_host_files=files, network_rate=site.rate, standing=overlap,
-                       network=overlap and not files)
+            network = round_socket(overlap, settings.standing_rounds, False, site.one_host, site.local_fs)
+            return cls(engine, directory, settings, one_host_files=overlap and not network, network_rate=site.rate,
+                       standing=overlap, network=network)
         # One standing job where its tasks can wait on local files that the client writes (one host, local staging;
         # standing_rounds="socket" is refused here before any job: trainer.fit, policy.check_standing_rounds).
         shared = site.local_fs and site.one_host
