@@ -60,7 +60,8 @@ def driver_bound_pays(num_workers: int, nbytes: int, rate_bytes_s: float) -> boo
     rounds took 5.5-6.8 s against the tree's 4.0-4.6 s
     (docs/benchmarks/overlap_fits.md).
     """
-    return (num_workers - 1) ** 2 / num_workers * nbytes / rate_bytes_s <= SHARDED_STAGE_S and num_workers * nbytes <= SPARK_TREE_BYTES
+    beyond = (num_workers - 1) ** 2 / num_workers * nbytes / rate_bytes_s  # N·S - (2 - 1/N)·S, in seconds
+    return beyond <= SHARDED_STAGE_S and num_workers * nbytes <= SPARK_TREE_BYTES
 
 
 def plan_aggregation(aggregation: str, shards: Optional[int], num_workers: int, nbytes: int,
