@@ -80,7 +80,8 @@ def test_the_drivers_socket_is_refused_where_spark_encrypts_its_traffic_naming_t
     for key in ("spark.network.crypto.enabled", "spark.ssl.enabled"):
         with pytest.raises(ConfigurationError, match=(
                 r"^The 'standing_rounds' parameter must be 'off' with overlap_rounds=True on a session that encrypts "
-                rf"Spark's traffic \({key}=true\): .* authenticated but not encrypted\. .* Got standing_rounds='auto'\.$")):
+                rf"Spark's traffic \({key}=true\): .* authenticated but not encrypted\. .* "
+                r"Got standing_rounds='auto'\.$")):
             check_standing_rounds("auto", False, socket=True, conf={key: "true"})
         check_standing_rounds("auto", False, socket=False, conf={key: "true"})  # files, or jobs of their own: fine
     check_standing_rounds("auto", False, socket=True, conf={"spark.network.crypto.enabled": "false"})
