@@ -15,6 +15,7 @@ Committed notebooks carry no outputs (``test_notebook_is_stripped``).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -79,8 +80,14 @@ def _measures_time(nb) -> bool:
     return any(cell.cell_type == "code" and "advise(" in cell.source for cell in nb.cells)
 
 
-def _execute(path, wait_for=()):
-    """Executes the notebook at ``path`` (after the futures ``wait_for``); returns ``(nb, seconds, error)``."""
+def _execute(path, env, wait_for=()):
+    """Executes the notebook at ``path`` (after the futures ``wait_for``) with the environment ``env``; returns ``(nb,
+    seconds, error)``.
+
+    ``env`` is a copy of ``os.environ`` made on pytest's thread: the kernel's start copies the environment it is
+    given, and copying ``os.environ`` itself here, in a pool thread, raced pytest setting and deleting
+    ``PYTEST_CURRENT_TEST`` between a test's phases (``KeyError: 'PYTEST_CURRENT_TEST'`` in a CI run, 2026-12-07).
+    """
     for future in wait_for:
         future.exception()  # waits; its own test reports what it raised
     nb = nbformat.read(path, as_version=4)
@@ -92,7 +99,7 @@ def _execute(path, wait_for=()):
     )
     t0 = time.perf_counter()
     try:
-        client.execute()
+        client.execute(env=env)
         error = None
     except nbclient.exceptions.CellExecutionError as exc:
         error = exc
@@ -112,10 +119,11 @@ def executed(request):
     alone = [p for p in paths if _measures_time(nbformat.read(p, as_version=4))]
     together = [p for p in paths if p not in alone]
     pool = ThreadPoolExecutor(max(1, len(together)) + len(alone))
-    futures = {p.name: pool.submit(_execute, p) for p in together}
+    env = dict(os.environ)  # here, on pytest's thread (see _execute)
+    futures = {p.name: pool.submit(_execute, p, env) for p in together}
     first = list(futures.values())
     for p in alone:  # one after another, after those that run together
-        futures[p.name] = pool.submit(_execute, p, first)
+        futures[p.name] = pool.submit(_execute, p, env, first)
         first = [futures[p.name]]
     try:
         yield futures
