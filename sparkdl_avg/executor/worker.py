@@ -61,12 +61,12 @@ _NO_WEIGHTS = np.zeros((0,), np.float32)  # the step function's weights argument
 
 
 def _value(handle):
-    """The value behind a Spark broadcast or a stored spec (:class:`~sparkdl_avg.shared.wire.exchange.StoredSpec`), or the value itself."""
+    """The value behind a Spark broadcast (or the in-process engine's stand-in) or a stored spec (:class:`~sparkdl_avg.shared.wire.exchange.StoredSpec`), or the value itself."""
     from pyspark.broadcast import Broadcast
 
-    from ..shared.wire.exchange import StoredSpec
+    from ..shared.wire.exchange import LocalBroadcast, StoredSpec
 
-    return handle.value if isinstance(handle, (Broadcast, StoredSpec)) else handle
+    return handle.value if isinstance(handle, (Broadcast, LocalBroadcast, StoredSpec)) else handle
 
 
 def configure_threads() -> None:

@@ -294,6 +294,7 @@ class ParameterAveragingTrainer:
         validation_data = None if validation_data is None else known_data(validation_data, "validation")
         engine = engine_for(data)
         cfg = self.config
+        engine.check_options(cfg)
         socket = transport_mod.round_socket(cfg.overlap_rounds, cfg.standing_rounds, engine.connect, engine.one_host,
                                             transport_mod.local_staging(self._staging_root))
         transport_mod.check_standing_rounds(cfg.standing_rounds, engine.connect, socket,

@@ -199,7 +199,7 @@ def fit_params(config, model, plan: FitPlan, settings, transport, seed: int, pre
         transport=transport.name,
         master=engine.master,
         spark_connect=engine.connect,
-        spark_version=engine.spark.version,
+        spark_version=engine.version,
         model=model.name,
         model_parameters=int(model.count_params()),
         sparkdl_avg_version=__version__,

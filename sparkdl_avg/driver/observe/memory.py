@@ -139,15 +139,6 @@ def parse_size(text: Optional[str]) -> Optional[int]:
     return int(float(m.group(1)) * 1024 ** {"k": 1, "m": 2, "g": 3, "t": 4, "": 2}[m.group(2)])
 
 
-def _conf(engine, key: str) -> Optional[str]:
-    try:
-        if engine.sc is not None:
-            return engine.sc.getConf().get(key, None)
-        return engine.spark.conf.get(key, None)
-    except Exception:  # noqa: BLE001 - a setting that cannot be read is one not known
-        return None
-
-
 def with_available(est: MemoryEstimate, engine, num_workers: int) -> MemoryEstimate:
     """``est`` with the memory there is for the driver and each worker of a fit of ``num_workers`` on ``engine``."""
     import dataclasses
@@ -162,17 +153,17 @@ def with_available(est: MemoryEstimate, engine, num_workers: int) -> MemoryEstim
                                    worker_available=max(0, left) // workers,
                                    source=f"this machine's available memory ({_gb(machine)}), shared by the "
                                           f"driver and its {workers} workers")
-    per_executor = parse_size(_conf(engine, "spark.executor.pyspark.memory"))
+    per_executor = parse_size(engine.conf("spark.executor.pyspark.memory"))
     key = "spark.executor.pyspark.memory"
     if per_executor is None:
-        per_executor, key = parse_size(_conf(engine, "spark.executor.memory")), "spark.executor.memory"
-    cores = int(_conf(engine, "spark.executor.cores") or 1)
-    task_cpus = int(_conf(engine, "spark.task.cpus") or 1)
+        per_executor, key = parse_size(engine.conf("spark.executor.memory")), "spark.executor.memory"
+    cores = int(engine.conf("spark.executor.cores") or 1)
+    task_cpus = int(engine.conf("spark.task.cpus") or 1)
     slots = max(1, min(num_workers, cores // max(1, task_cpus)))
     return dataclasses.replace(
         est, workers_per_host=slots, driver_available=machine,
         worker_available=None if per_executor is None else per_executor // slots,
-        source="" if per_executor is None else f"{key}={_conf(engine, key)} shared by {slots} task slots")
+        source="" if per_executor is None else f"{key}={engine.conf(key)} shared by {slots} task slots")
 
 
 def _nbytes(v) -> int:

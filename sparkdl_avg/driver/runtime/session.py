@@ -107,6 +107,8 @@ class Engine:
         sc: The ``SparkContext`` of a classic session; ``None`` under Connect.
     """
 
+    in_process = False  #: whether jobs run in this process without Spark (:mod:`.inprocess`)
+
     def __init__(self, spark) -> None:
         self.spark = spark
         self.connect = is_connect(spark)
@@ -123,6 +125,31 @@ class Engine:
         if self.sc is not None:
             return self.sc.master
         return self.spark.conf.get("spark.master", "") or ""
+
+    @property
+    def version(self) -> str:
+        """Spark's version (the server's under Connect)."""
+        return self.spark.version
+
+    def conf(self, key: str) -> Optional[str]:
+        """The Spark setting ``key`` (the application's on a classic session, the session's under Connect), or
+        ``None``: not set, or not readable."""
+        try:
+            if self.sc is not None:
+                return self.sc.getConf().get(key, None)
+            return self.spark.conf.get(key, None)
+        except Exception:  # noqa: BLE001 - a setting that cannot be read is one not known
+            return None
+
+    def check_options(self, config) -> None:
+        """Refuses the trainer's options this engine cannot run, before any job (a Spark session runs them all)."""
+
+    def cancel(self, group: Optional[str]) -> None:
+        """Cancels the jobs of ``group`` (classic: the job group; Connect: the tag)."""
+        if self.sc is not None:
+            self.sc.cancelJobGroup(group)
+        else:
+            self.spark.interruptTag(group)
 
     @property
     def one_host(self) -> bool:
@@ -334,9 +361,7 @@ class Engine:
         """Cancels this session's running warm-up jobs with Spark's logging turned off (the process is ending)."""
         if self.sc is not None:
             self.sc.setLogLevel("OFF")  # the killed tasks' ERROR traces are no news to a script that ended
-            self.sc.cancelJobGroup(WARM_UP_GROUP)
-        else:
-            self.spark.interruptTag(WARM_UP_GROUP)
+        self.cancel(WARM_UP_GROUP)
 
     def broadcast(self, value: Any):
         """A Spark broadcast of ``value`` (classic sessions only)."""
@@ -555,11 +580,17 @@ def spark_job_labels(sc, description: str, group: Optional[str] = None):
 
 
 def active_engine() -> Engine:
-    """The :class:`Engine` of the active session, or of a session on the running SparkContext (numpy arrays' engine).
+    """The :class:`Engine` of the active session, or of a session on the running SparkContext (numpy arrays' engine);
+    inside :func:`~sparkdl_avg.driver.runtime.inprocess.in_process`, its in-process engine.
 
     Raises:
         SessionError: neither a session nor a SparkContext is active.
     """
+    from .inprocess import installed
+
+    engine = installed()
+    if engine is not None:
+        return engine
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()

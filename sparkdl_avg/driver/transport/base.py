@@ -263,14 +263,14 @@ class StateTransport:
         bc = self.engine.broadcast(state)
         task = worker_mod.EvalTask(spec, fingerprint, exchange.BroadcastState(bc), staged, parts, batch_size)
         try:
-            return run_job(
-                lambda: self.engine.sc.parallelize(range(parts), parts)
-                .mapPartitions(partial(worker_mod.run_eval_partition, task))
-                .treeAggregate(None, merge, merge, self.settings.depth),
-                "Evaluation",
-            )
+            return run_job(lambda: self.tree(task, worker_mod.run_eval_partition, range(parts)), "Evaluation")
         finally:
             bc.unpersist()
+
+    def tree(self, task, entry, parts: Sequence[int], places: Optional[Sequence[Optional[str]]] = None):
+        """``entry(task, [part])``'s results, one task per part of ``parts``, merged by Spark's
+        ``treeAggregate(aggregation_depth)`` (classic sessions); ``places``: as :meth:`run`'s."""
+        return rdd_job(self.engine, task, entry, parts, places).treeAggregate(None, merge, merge, self.settings.depth)
 
     def close(self) -> None:
         """Releases everything left at the end of the fit, however it ends."""

@@ -179,12 +179,16 @@ def choose(settings: TransportSettings, engine, staging_root: str, fit_name: str
     (default :data:`DEFAULT_NETWORK_RATE`), else the Spark SQL round, which
     then shards through the shuffle (:func:`plan_aggregation`); with a local
     master and a URI staging directory, the tree up to
-    :data:`SPARK_TREE_BYTES` of sums in all. ``fit_name`` names the fit's
-    directory under ``staging_root``.
+    :data:`SPARK_TREE_BYTES` of sums in all. On the in-process engine its own transport
+    (:mod:`.inprocess`). ``fit_name`` names the fit's directory under ``staging_root``.
 
     Raises:
         ConfigurationError: a transport that Spark Connect cannot run, under it; a bad ``network_rate``.
     """
+    if engine.in_process:
+        from .inprocess import InProcessTransport
+
+        return InProcessTransport(engine, settings)
     one_host = engine.one_host
     site = Site(
         connect=engine.connect,

@@ -12,10 +12,9 @@ import time
 
 from ...shared.errors.remote_errors import run_job
 from ...shared.wire import exchange
-from ...shared.wire.aggregation import merge
 from ...shared.wire.delta_sums import sum_deltas
 from ..config.options import TRANSPORTS
-from .base import Published, StateTransport, rdd_job
+from .base import Published, StateTransport
 
 
 @TRANSPORTS.register
@@ -33,8 +32,7 @@ class SparkTransport(StateTransport):
         layout = published.layout
         # sums (or compressed deltas) as task results
         task = make_task(published.state, exchange.ReturnSums(layout if layout.compressed else None))
-        results = rdd_job(self.engine, task, entry, workers, places)
-        total = run_job(lambda: results.treeAggregate(None, merge, merge, self.settings.depth), what)
+        total = run_job(lambda: self.tree(task, entry, workers, places), what)
         if layout.compressed:  # the tree kept every worker's delta; summed here, in worker order
             t0, c0 = time.perf_counter(), time.process_time()
             total.received_bytes = sum(len(data) for _, data in total.deltas or [])

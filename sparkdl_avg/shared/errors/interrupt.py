@@ -71,10 +71,7 @@ def cancel(engine, group: Optional[str], everything: bool = False) -> None:
     """
     try:
         if engine is not None and group is not None:
-            if engine.sc is not None:
-                engine.sc.cancelJobGroup(group)
-            else:
-                engine.spark.interruptTag(group)
+            engine.cancel(group)
         elif everything:
             from pyspark import SparkContext
 
