@@ -564,3 +564,13 @@ def run_job_in_process(spark, monkeypatch, name: str, *argv: str):
 
     monkeypatch.setattr(cli, "spark_session", session)
     return cli.run(job.main, list(argv)), asked
+
+
+@pytest.fixture
+def in_process_engine():
+    """The test's fits and evaluations on numpy arrays run on the in-process engine (2 slots, no Spark:
+    :mod:`sparkdl_avg.driver.runtime.inprocess`), bitwise as on ``local[2]`` (tests/runtime/test_inprocess.py)."""
+    from sparkdl_avg.driver.runtime.inprocess import in_process
+
+    with in_process(2) as engine:
+        yield engine

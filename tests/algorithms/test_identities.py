@@ -62,7 +62,7 @@ def sequential_reference(model, optimizer, batches_per_epoch, epochs, loss="mse"
 # ------------------------------------------------------------------ identities
 
 
-def test_sgd_k1_two_workers_equals_keras_fit_with_double_batch(spark):
+def test_sgd_k1_two_workers_equals_keras_fit_with_double_batch(in_process_engine):
     B, N, E = 8, 2, 2
     x, y = regression_data(6 * N * B, seed=1)  # 96 examples, no remainder
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=1)
@@ -85,7 +85,7 @@ def test_sgd_k1_two_workers_equals_keras_fit_with_double_batch(spark):
     assert all(r["examples"] == N * B and r["num_workers"] == N for r in trainer.stats.records)
 
 
-def test_momentum_sgd_k1_two_workers_with_averaged_state_equals_keras_fit(spark):
+def test_momentum_sgd_k1_two_workers_with_averaged_state_equals_keras_fit(in_process_engine):
     B, N, E = 8, 2, 2
     x, y = regression_data(5 * N * B, seed=2)
     opt = lambda: keras.optimizers.SGD(0.05, momentum=0.9)  # noqa: E731
@@ -105,7 +105,7 @@ def test_momentum_sgd_k1_two_workers_with_averaged_state_equals_keras_fit(spark)
     np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=LOSS_RTOL)
 
 
-def test_one_worker_adam_k5_equals_sequential_keras_fit(spark):
+def test_one_worker_adam_k5_equals_sequential_keras_fit(in_process_engine):
     B, E, k = 8, 2, 5
     x, y = regression_data(13 * B, seed=3)  # 13 minibatches: rounds of 5, 5, 3
     assert example_order.round_lengths(len(x), 1, B, k) == [5, 5, 3]
@@ -130,7 +130,7 @@ def test_one_worker_adam_k5_equals_sequential_keras_fit(spark):
     np.testing.assert_allclose(history.history["mae"], exact_history["mae"], rtol=LOSS_RTOL)
 
 
-def test_shuffled_one_worker_equals_keras_on_the_epoch_order(spark):
+def test_shuffled_one_worker_equals_keras_on_the_epoch_order(in_process_engine):
     B, E, k, seed = 8, 3, 3, 1234
     M = 8 * B
     x, y = regression_data(M, seed=4)
@@ -159,7 +159,7 @@ def test_shuffled_one_worker_equals_keras_on_the_epoch_order(spark):
     assert max_weight_change(other.get_weights(), model.get_weights()) > 1e-6
 
 
-def test_same_seed_repeats_a_shuffled_fit_exactly(spark):
+def test_same_seed_repeats_a_shuffled_fit_exactly(in_process_engine):
     x, y = regression_data(64, seed=5)
     results = []
     for _ in range(2):
@@ -206,7 +206,7 @@ def simulate_local_sgd(model, optimizer, x, y, N, B, k, E):
     return weights, opt_vars, losses
 
 
-def test_two_workers_adam_k3_equals_a_simulated_local_sgd(spark):
+def test_two_workers_adam_k3_equals_a_simulated_local_sgd(in_process_engine):
     """N=2, k=3: each worker takes k Adam steps from the averaged state, then all is averaged."""
     B, N, k, E = 8, 2, 3, 2
     M = N * B * 5 + 5  # 5 minibatches per worker (rounds of 3 and 2), 5 examples left over
@@ -250,7 +250,7 @@ def test_more_workers_than_cores_with_a_deep_aggregation_tree(spark):
     [(2, 8, 1, lambda: keras.optimizers.SGD(0.1)), (1, 8, 5, lambda: keras.optimizers.Adam(0.01))],
     ids=["sgd-N2-k1", "adam-N1-k5"],
 )
-def test_history_loss_is_exact_with_float64_floatx(spark, floatx64, N, B, k, optimizer):
+def test_history_loss_is_exact_with_float64_floatx(in_process_engine, floatx64, N, B, k, optimizer):
     E = 2
     x, y = regression_data(N * B * 7, seed=27)
     rng = np.random.default_rng(27)
@@ -270,7 +270,7 @@ def test_history_loss_is_exact_with_float64_floatx(spark, floatx64, N, B, k, opt
 # ------------------------------------------------------------------ evaluate
 
 
-def test_evaluate_equals_keras_evaluate(spark):
+def test_evaluate_equals_keras_evaluate(in_process_engine):
     x, y = regression_data(101, seed=7)
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
@@ -284,7 +284,7 @@ def test_evaluate_equals_keras_evaluate(spark):
     assert as_list == pytest.approx([expected["loss"], expected["mae"]], rel=1e-6)
 
 
-def test_evaluate_classification_accuracy(spark):
+def test_evaluate_classification_accuracy(in_process_engine):
     rng = np.random.default_rng(8)
     x = rng.normal(size=(90, 4))
     labels = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
@@ -304,7 +304,7 @@ def test_evaluate_classification_accuracy(spark):
     assert got["accuracy"] > 0.6
 
 
-def test_validation_data_adds_val_logs_equal_to_evaluate(spark):
+def test_validation_data_adds_val_logs_equal_to_evaluate(in_process_engine):
     x, y = regression_data(64, seed=9)
     xv, yv = regression_data(30, seed=10)
     model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=9)
@@ -317,7 +317,7 @@ def test_validation_data_adds_val_logs_equal_to_evaluate(spark):
     assert history.history["val_mae"][-1] == pytest.approx(expected["mae"], rel=1e-6)
 
 
-def test_callbacks_see_epochs_and_rounds(spark):
+def test_callbacks_see_epochs_and_rounds(in_process_engine):
     x, y = regression_data(64, seed=11)
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=11)
 
@@ -466,7 +466,7 @@ def test_replicas_are_reused_across_rounds_and_fits(spark):
     assert summary["replicas_built"] == 0
 
 
-def test_optimizer_state_reset_keeps_the_moments_but_counts_the_steps(spark):
+def test_optimizer_state_reset_keeps_the_moments_but_counts_the_steps(in_process_engine):
     B, N, k, E = 8, 2, 2, 2
     x, y = regression_data(N * B * 3, seed=19)  # 3 minibatches per worker: rounds of 2, 1
     model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=19)
@@ -483,7 +483,7 @@ def test_optimizer_state_reset_keeps_the_moments_but_counts_the_steps(spark):
         np.testing.assert_array_equal(value, np.zeros_like(value), err_msg=name)
 
 
-def test_optimizer_state_average_carries_the_moments(spark):
+def test_optimizer_state_average_carries_the_moments(in_process_engine):
     x, y = regression_data(48, seed=20)
     model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=20)
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=2, seed=0)
@@ -496,7 +496,7 @@ def test_optimizer_state_average_carries_the_moments(spark):
 # ------------------------------------------------------------------ staging, evaluate edge cases
 
 
-def test_staging_dir_is_used_and_removed_by_close(spark, tmp_path):
+def test_staging_dir_is_used_and_removed_by_close(in_process_engine, tmp_path):
     x, y = regression_data(32, seed=22)
     model = make_model(seed=22)
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, staging_dir=str(tmp_path))
@@ -513,7 +513,7 @@ def test_staging_dir_is_used_and_removed_by_close(spark, tmp_path):
     assert list(tmp_path.rglob("*.arrow")) == []
 
 
-def test_same_data_is_staged_once_and_arrays_changed_in_place_are_restaged(spark, tmp_path):
+def test_same_data_is_staged_once_and_arrays_changed_in_place_are_restaged(in_process_engine, tmp_path):
     x, y = regression_data(32, seed=23)
     model = make_model(seed=23)
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, staging_dir=str(tmp_path))
@@ -527,7 +527,7 @@ def test_same_data_is_staged_once_and_arrays_changed_in_place_are_restaged(spark
     assert second["loss"] != pytest.approx(first["loss"], rel=1e-3)
 
 
-def test_evaluate_without_metrics_returns_the_loss(spark):
+def test_evaluate_without_metrics_returns_the_loss(in_process_engine):
     x, y = regression_data(40, seed=24)
     model = make_model(seed=24, metrics=())
     trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8)
@@ -536,7 +536,7 @@ def test_evaluate_without_metrics_returns_the_loss(spark):
     assert loss == pytest.approx(model.evaluate(x, y, verbose=0), rel=1e-6)
 
 
-def test_evaluate_with_fewer_examples_than_parts(spark):
+def test_evaluate_with_fewer_examples_than_parts(in_process_engine):
     x, y = regression_data(2, seed=25)
     model = make_model(seed=25)
     trainer = ParameterAveragingTrainer(model, num_workers=3, batch_size=8)
@@ -544,7 +544,7 @@ def test_evaluate_with_fewer_examples_than_parts(spark):
     assert got == pytest.approx(model.evaluate(x, y, verbose=0, return_dict=True), rel=1e-6)
 
 
-def test_stop_training_from_a_callback_ends_the_fit(spark):
+def test_stop_training_from_a_callback_ends_the_fit(in_process_engine):
     x, y = regression_data(64, seed=26)
     model = make_model(seed=26)
 
@@ -562,7 +562,7 @@ def test_stop_training_from_a_callback_ends_the_fit(spark):
 # ------------------------------------------------------------------ schedules, callbacks changing the optimizer
 
 
-def test_learning_rate_schedule_follows_the_global_step(spark):
+def test_learning_rate_schedule_follows_the_global_step(in_process_engine):
     """The iteration counter follows the global step, so schedules match Keras' batch-2B fit."""
     B, N, E = 8, 2, 2
     x, y = regression_data(4 * N * B, seed=28)
@@ -580,7 +580,7 @@ def test_learning_rate_schedule_follows_the_global_step(spark):
     assert max_weight_change(flat.get_weights(), model.get_weights()) > 1e-3
 
 
-def test_callback_changing_the_learning_rate_reaches_the_workers(spark):
+def test_callback_changing_the_learning_rate_reaches_the_workers(in_process_engine):
     x, y = regression_data(64, seed=29)
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=29)
     after_first_epoch = {}
@@ -599,7 +599,7 @@ def test_callback_changing_the_learning_rate_reaches_the_workers(spark):
     assert len(trainer.stats.records) == 3 * 2
 
 
-def test_verbose_logs_one_line_per_epoch(spark, caplog):
+def test_verbose_logs_one_line_per_epoch(in_process_engine, caplog):
     import logging
 
     x, y = regression_data(32, seed=30)

@@ -363,7 +363,7 @@ def _model():
 
 
 @pytest.mark.parametrize("nesterov", [False, True], ids=["classical", "nesterov"])
-def test_bmuf_one_worker_equals_a_hand_applied_reference(spark, nesterov):
+def test_bmuf_one_worker_equals_a_hand_applied_reference(in_process_engine, nesterov):
     """N=1: the round's average is the replica itself, so BMUF is checkable with plain Keras."""
     eta, zeta, k, epochs = 0.6, 0.9, 5, 2
     x, y = regression_data(13 * B, seed=6)  # rounds of 5, 5, 3 minibatches
@@ -389,7 +389,7 @@ def test_bmuf_one_worker_equals_a_hand_applied_reference(spark, nesterov):
     assert [r["update_rule"] for r in trainer.stats.records] == [trainer.update_rule_state["rule"]["name"]] * 6
 
 
-def test_identity_rules_equal_plain_averaging_through_fit(spark):
+def test_identity_rules_equal_plain_averaging_through_fit(in_process_engine):
     plain = _model()
     _fit(plain, None)
     assert max_weight_change(_model().get_weights(), plain.get_weights()) > 1e-3
@@ -399,7 +399,7 @@ def test_identity_rules_equal_plain_averaging_through_fit(spark):
         assert_weights_close(model.get_weights(), plain.get_weights(), atol=1e-12)
 
 
-def test_classical_bmuf_equals_slowmo_through_fit_and_momentum_matters(spark):
+def test_classical_bmuf_equals_slowmo_through_fit_and_momentum_matters(in_process_engine):
     bmuf, slowmo, plain = _model(), _model(), _model()
     _fit(bmuf, BlockMomentum(0.6, 0.8))
     _fit(slowmo, SlowMo(slow_momentum=0.6, slow_lr=0.8))
@@ -408,7 +408,7 @@ def test_classical_bmuf_equals_slowmo_through_fit_and_momentum_matters(spark):
     assert max_weight_change(bmuf.get_weights(), plain.get_weights()) > 1e-3
 
 
-def test_block_momentum_state_survives_a_second_fit(spark):
+def test_block_momentum_state_survives_a_second_fit(in_process_engine):
     once, twice = _model(), _model()
     _fit(once, "bmuf", epochs=2)
     trainer, _ = _fit(twice, "bmuf", epochs=1)
@@ -419,7 +419,7 @@ def test_block_momentum_state_survives_a_second_fit(spark):
     assert_weights_close(twice.get_weights(), once.get_weights(), atol=1e-12)
 
 
-def test_post_local_sgd_and_callable_schedules_set_each_rounds_k(spark):
+def test_post_local_sgd_and_callable_schedules_set_each_rounds_k(in_process_engine):
     trainer, history = _fit(_model(), None, k=PostLocalSGD(switch_epoch=1, period_after=4))
     ks = [(r["epoch"], r["averaging_frequency"]) for r in trainer.stats.records]
     assert ks == [(0, 1)] * 10 + [(1, 4), (1, 4), (1, 2)]  # 10 minibatches per worker per epoch
@@ -439,7 +439,7 @@ def test_post_local_sgd_and_callable_schedules_set_each_rounds_k(spark):
     assert seen[5][2]["loss"] == pytest.approx(history.history["loss"][0], rel=1e-12)
 
 
-def test_adacomm_through_fit_records_non_increasing_periods(spark):
+def test_adacomm_through_fit_records_non_increasing_periods(in_process_engine):
     x, y = regression_data(40 * 2 * B, seed=7)
     model = make_model(optimizer=keras.optimizers.SGD(0.1), seed=7)
     trainer, history = _fit(model, None, k=AdaComm(initial_period=16), epochs=4, data=(x, y))

@@ -60,7 +60,7 @@ class StopAfterRounds(keras.callbacks.Callback):
 # ------------------------------------------------------------ checkpoints
 
 
-def test_resume_after_a_crash_ends_with_the_weights_of_an_uninterrupted_run(spark, tmp):
+def test_resume_after_a_crash_ends_with_the_weights_of_an_uninterrupted_run(in_process_engine, tmp):
     reference = dropout_model()
     ref_history = trainer_for(reference).fit(DATA, epochs=3, verbose=0)
 
@@ -83,7 +83,7 @@ def test_resume_after_a_crash_ends_with_the_weights_of_an_uninterrupted_run(spar
     assert len(trainer.stats.records) == 6  # only the rounds after the checkpoint ran
 
 
-def test_resume_refuses_another_configuration(spark, tmp):
+def test_resume_refuses_another_configuration(in_process_engine, tmp):
     directory = os.path.join(tmp, "ckpt")
     trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir=directory)
     with pytest.raises(ConfigurationError, match=r"another configuration \(batch_size: checkpoint 8, now 4\)"):
@@ -92,7 +92,7 @@ def test_resume_refuses_another_configuration(spark, tmp):
         trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
 
 
-def test_checkpoint_dir_takes_a_path_and_a_tilde_and_resume_says_when_it_finds_nothing(spark, tmp, monkeypatch,
+def test_checkpoint_dir_takes_a_path_and_a_tilde_and_resume_says_when_it_finds_nothing(in_process_engine, tmp, monkeypatch,
                                                                                         caplog):
     """'~/x' is the home's x (not a folder named '~'); a pathlib.Path is a path; resume=True in a directory with no
     checkpoint (a first run, or a typo) says that the fit starts from the beginning."""
@@ -113,7 +113,7 @@ def test_checkpoint_dir_takes_a_path_and_a_tilde_and_resume_says_when_it_finds_n
     assert [r.epoch for r in trainer.stats.records] == [1] * 4  # only the second epoch ran
 
 
-def test_checkpoint_dir_holding_something_else_is_refused_and_kept(spark, tmp):
+def test_checkpoint_dir_holding_something_else_is_refused_and_kept(in_process_engine, tmp):
     (open(os.path.join(tmp, "notes.txt"), "w")).write("mine")
     with pytest.raises(ConfigurationError, match=r"'checkpoint_dir'.*holds \['notes.txt'\]"):
         trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir=tmp)
@@ -129,7 +129,7 @@ def test_checkpoint_dir_holding_something_else_is_refused_and_kept(spark, tmp):
         (dict(resume=1), r"'resume' parameter must be a bool or the path"),
     ],
 )
-def test_invalid_checkpoint_arguments(spark, kwargs, pattern):
+def test_invalid_checkpoint_arguments(in_process_engine, kwargs, pattern):
     with pytest.raises(ConfigurationError, match=pattern):
         trainer_for(make_model()).fit(DATA, verbose=0, **kwargs)
 
@@ -254,7 +254,7 @@ def test_a_latest_naming_a_missing_checkpoint_is_warned_about_once_per_resume(tm
                       "checkpoint instead."]  # issue 38: it was logged twice
 
 
-def test_a_fit_keeps_the_previous_checkpoint_and_resumes_from_it_when_the_latest_is_damaged(spark, tmp, caplog):
+def test_a_fit_keeps_the_previous_checkpoint_and_resumes_from_it_when_the_latest_is_damaged(in_process_engine, tmp, caplog):
     directory = os.path.join(tmp, "ckpt")
     trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
     assert sorted(os.listdir(directory)) == ["LATEST", "ckpt-000000", "ckpt-000001"]
@@ -323,7 +323,7 @@ def test_a_checkpoint_that_does_not_read_back_as_written_is_not_committed(tmp, m
     np.testing.assert_array_equal(ckpt.load(first).weights[0], np.ones(3))
 
 
-def test_a_fit_resumed_past_a_damaged_checkpoint_keeps_the_good_one_after_its_next_save(spark, tmp, caplog):
+def test_a_fit_resumed_past_a_damaged_checkpoint_keeps_the_good_one_after_its_next_save(in_process_engine, tmp, caplog):
     directory = os.path.join(tmp, "ckpt")
     trainer_for(make_model()).fit(DATA, epochs=2, verbose=0, checkpoint_dir=directory)
     good, damaged = os.path.join(directory, "ckpt-000000"), os.path.join(directory, "ckpt-000001")
@@ -405,7 +405,7 @@ class Snapshot(keras.callbacks.Callback):
         self.weights = self.model.get_weights()
 
 
-def test_nan_on_one_worker_stops_with_the_named_error_and_the_last_good_weights(spark, tmp):
+def test_nan_on_one_worker_stops_with_the_named_error_and_the_last_good_weights(in_process_engine, tmp):
     model = make_model(seed=1)
     snapshot = Snapshot()
     trainer = trainer_for(model, update_rule=None, check_data=False)
@@ -416,7 +416,7 @@ def test_nan_on_one_worker_stops_with_the_named_error_and_the_last_good_weights(
     assert_weights_close(ckpt.load(ckpt.latest(tmp)).weights, snapshot.weights, atol=0)
 
 
-def test_nan_replicas_can_be_skipped(spark, caplog):
+def test_nan_replicas_can_be_skipped(in_process_engine, caplog):
     model = make_model(seed=1)
     trainer = trainer_for(model, update_rule=None, check_data=False, on_nonfinite="skip")
     with caplog.at_level("WARNING", logger="sparkdl_avg"):
@@ -519,7 +519,7 @@ def test_class_indices_with_a_categorical_loss_are_refused_before_any_job(spark,
     trainer_for(classifier(loss), check_data=False)._stage((x, labels), "features", "label", "training")
 
 
-def test_binary_labels_must_match_the_outputs_units(spark):
+def test_binary_labels_must_match_the_outputs_units(in_process_engine):
     x = DATA[0]
     multi_label = classifier("binary_crossentropy", units=3, activation="sigmoid")
     with pytest.raises(DataError, match=r"binary_crossentropy expects 3 value\(s\) in \[0, 1\] per row \(one per unit "
@@ -590,7 +590,7 @@ def test_latest_falls_back_to_the_newest_complete_checkpoint_without_latest(tmp)
     assert ckpt.latest(tmp) == second
 
 
-def test_numpy_scalars_in_rules_schedules_and_seed_survive_a_checkpoint(spark, tmp):
+def test_numpy_scalars_in_rules_schedules_and_seed_survive_a_checkpoint(in_process_engine, tmp):
     from sparkdl_avg import PostLocalSGD
 
     rule = BlockMomentum(np.float32(0.5), np.float64(1.0))
@@ -603,7 +603,7 @@ def test_numpy_scalars_in_rules_schedules_and_seed_survive_a_checkpoint(spark, t
     assert ckpt.load(ckpt.latest(tmp)).meta.seed == 3
 
 
-def test_freezing_layers_between_fits_rebuilds_the_rule_state(spark):
+def test_freezing_layers_between_fits_rebuilds_the_rule_state(in_process_engine):
     model = make_model()
     trainer = trainer_for(model)
     trainer.fit(DATA, epochs=1, verbose=0)
@@ -614,7 +614,7 @@ def test_freezing_layers_between_fits_rebuilds_the_rule_state(spark):
     assert [d.shape for d in trainer.update_rule_state["state"]["delta"]] == [(8, 1), (1,)]
 
 
-def test_resuming_from_an_older_path_into_a_directory_with_newer_checkpoints_is_refused(spark, tmp):
+def test_resuming_from_an_older_path_into_a_directory_with_newer_checkpoints_is_refused(in_process_engine, tmp):
     directory = os.path.join(tmp, "ckpt")
     trainer_for(make_model()).fit(DATA, epochs=1, verbose=0, checkpoint_dir=directory)
     other = os.path.join(tmp, "elsewhere", "ckpt-000000")

@@ -241,7 +241,7 @@ def test_classic_transports_sum_compressed_deltas_bitwise_like_the_sql_round(spa
     assert sent in html
 
 
-def test_compressed_training_follows_float32_training_with_every_rule(spark):
+def test_compressed_training_follows_float32_training_with_every_rule(in_process_engine):
     import keras
 
     for rule in ("average", "bmuf", "slowmo"):
@@ -285,7 +285,7 @@ class _StopAfterRounds:
         return Stop()
 
 
-def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights(spark, tmp_path, caplog):
+def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights(in_process_engine, tmp_path, caplog):
     reference, _ = compressed_fit("int8", epochs=3)
     directory = str(tmp_path / "ckpt")
     model = f32_model()
@@ -313,7 +313,7 @@ def test_a_resumed_int8_fit_continues_its_residuals_to_the_uninterrupted_weights
     assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)
 
 
-def test_a_threshold_fit_resumed_at_an_epochs_end_starts_from_the_workers_mean_threshold_bitwise(spark, tmp_path):
+def test_a_threshold_fit_resumed_at_an_epochs_end_starts_from_the_workers_mean_threshold_bitwise(in_process_engine, tmp_path):
     """Issue 58: the residuals and each worker's threshold survive a checkpoint; the resumed epoch's first round
     averages the thresholds from the restored files, as the uninterrupted fit did from its own."""
     reference, trainer = compressed_fit("threshold", epochs=3)
