@@ -100,7 +100,7 @@ def assert_each_chunk_once(records, expected_examples):
 
 
 @pytest.mark.parametrize("rule", [None, "bmuf"], ids=["average", "bmuf"])
-def test_staleness_zero_ends_with_the_weights_and_losses_of_sync(spark, rule):
+def test_staleness_zero_ends_with_the_weights_and_losses_of_sync(in_process_engine, rule):
     sync = mlp()
     sync_trainer = trainer_for(sync, update_rule=rule, optimizer_state="average")
     sync_history = sync_trainer.fit(DATA, epochs=2, verbose=0)
@@ -165,12 +165,12 @@ def test_reproducible_runs_repeat_bitwise_whatever_the_timing(spark, install_str
 
 
 @pytest.mark.parametrize("synchronization", ["sync", "async"])
-def test_reproducible_needs_the_stale_bound(spark, synchronization):
+def test_reproducible_needs_the_stale_bound(in_process_engine, synchronization):
     with pytest.raises(ConfigurationError, match=r"The 'reproducible' parameter needs synchronization='stale'"):
         trainer_for(mlp(), synchronization=synchronization, reproducible=True)
 
 
-def test_staleness_zero_shows_the_schedule_the_logs_of_sync(spark):
+def test_staleness_zero_shows_the_schedule_the_logs_of_sync(in_process_engine):
     seen = {}
     for synchronization in ("sync", "stale"):
         asked = seen[synchronization] = []
@@ -305,7 +305,7 @@ def test_stop_training_at_a_block_end_applies_nothing_after_it(spark, install_st
     assert_weights_close(model.get_weights(), stop.weights, atol=0)
 
 
-def test_a_bfloat16_model_trains_stale_synchronously_like_sync(spark):
+def test_a_bfloat16_model_trains_stale_synchronously_like_sync(in_process_engine):
     def bf16_model():
         keras.utils.set_random_seed(0)
         inputs = keras.Input((4,), name="x")
@@ -443,7 +443,7 @@ class Crash(RuntimeError):
     pass
 
 
-def test_resume_after_a_crash_continues_at_the_epoch_and_equals_an_uninterrupted_run(spark, tmp_path):
+def test_resume_after_a_crash_continues_at_the_epoch_and_equals_an_uninterrupted_run(in_process_engine, tmp_path):
     reference = mlp()
     ref_history = trainer_for(reference, synchronization="stale", staleness=0).fit(DATA, epochs=3, verbose=0)
 
