@@ -212,7 +212,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # The suite's two tiers. ``make test-fast`` runs the unit tier (``-m "not integration"``): the arithmetic, the options,
-# the wire formats, the protocols' models, the messages, each in this process and without Spark. The ``integration``
+# the wire formats, the protocols' models, the messages, each in this process and without Spark (fits on numpy arrays
+# there run on the in-process engine: the ``in_process_engine`` fixture). The ``integration``
 # tier is every test that asks for a Spark session (the ``SPARK_FIXTURES``: marked in
 # ``pytest_collection_modifyitems``) or starts Spark, a spark-submit, a cluster, a notebook, a documentation build, a
 # browser or another Python itself (``pytestmark = pytest.mark.integration``; ``slow`` tests are in it too). A test

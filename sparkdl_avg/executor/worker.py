@@ -64,7 +64,8 @@ def _value(handle):
     """The value behind a Spark broadcast (or the in-process engine's stand-in) or a stored spec (:class:`~sparkdl_avg.shared.wire.exchange.StoredSpec`), or the value itself."""
     from pyspark.broadcast import Broadcast
 
-    from ..shared.wire.exchange import LocalBroadcast, StoredSpec
+    from ..shared.wire.exchange import StoredSpec
+    from ..shared.wire.local_broadcast import LocalBroadcast
 
     return handle.value if isinstance(handle, (Broadcast, LocalBroadcast, StoredSpec)) else handle
 

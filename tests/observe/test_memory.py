@@ -22,8 +22,7 @@ from sparkdl_avg.shared.wire.stats import PeakMemory, TrainingStats, WorkerRecor
 
 def _engine(one_host=True, conf=None):
     conf = dict(conf or {})
-    spark = types.SimpleNamespace(conf=types.SimpleNamespace(get=lambda key, default=None: conf.get(key, default)))
-    return types.SimpleNamespace(one_host=one_host, sc=None, spark=spark)
+    return types.SimpleNamespace(one_host=one_host, conf=conf.get)
 
 
 def test_estimate_counts_the_sums_the_replica_and_training():

@@ -16,7 +16,7 @@ from conftest import make_model, regression_data
 from sparkdl_avg import ConfigurationError, ParameterAveragingTrainer, testing
 from sparkdl_avg.driver.runtime.inprocess import in_process
 from sparkdl_avg.shared.model.modelspec import get_state
-from sparkdl_avg.shared.wire.exchange import LocalBroadcast
+from sparkdl_avg.shared.wire.local_broadcast import LocalBroadcast
 
 CONFIGS = {
     "sgd": dict(),

@@ -28,7 +28,7 @@ class _Engine:
         self.sc = _Context()
         self.future = future
 
-    cancel_warm_up = session.Engine.cancel_warm_up
+    cancel_warm_up, cancel = session.Engine.cancel_warm_up, session.Engine.cancel
 
 
 def test_a_running_warm_up_is_cancelled_with_sparks_logging_off_at_exit(monkeypatch):

@@ -151,7 +151,7 @@ def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
     round_bytes = staging if isinstance(staging, int) else None  # the sums of 4 workers in all
     staging = None if isinstance(staging, int) else staging
     root = staging or str(tmp_path)
-    engine = types.SimpleNamespace(master=master, one_host=master.startswith("local"), connect=False)
+    engine = types.SimpleNamespace(master=master, one_host=master.startswith("local"), connect=False, in_process=False)
     with caplog.at_level("WARNING", logger="sparkdl_avg"), mock.patch.object(transport.sql, "make_dir"):
         settings = TransportSettings(mode, num_workers=4 if round_bytes else None,
                                      sums_bytes=round_bytes // 4 if round_bytes else None)
@@ -168,7 +168,7 @@ def test_auto_uses_files_only_when_executors_share_the_drivers_filesystem(
 
 @pytest.mark.parametrize("mode", ["auto", "sql", "spark", "files"])
 def test_under_connect_only_the_sql_round_is_offered(mode, tmp_path):
-    engine = types.SimpleNamespace(master="local[2]", one_host=True, connect=True)
+    engine = types.SimpleNamespace(master="local[2]", one_host=True, connect=True, in_process=False)
     if mode in ("auto", "sql"):
         assert choose(TransportSettings(mode), engine, str(tmp_path), "exchange-1").name == "sql"
     else:

@@ -98,6 +98,7 @@ class _Engine:
     """What :func:`transport.choose` reads of an engine: a classic session whose executors are elsewhere."""
 
     connect = False
+    in_process = False
     one_host = False
     master = "spark://elsewhere:7077"
 

@@ -56,7 +56,7 @@ def test_an_unknown_name_is_refused_naming_the_option_and_the_names_there_are():
     with pytest.raises(ConfigurationError, match=r"'state_transport' parameter names no state transport: .*'spark'.* "
                                                  r"Got 'mpi' instead\."):
         TRANSPORTS.get("mpi")
-    engine = types.SimpleNamespace(master="local[2]", one_host=True, connect=False)
+    engine = types.SimpleNamespace(master="local[2]", one_host=True, connect=False, in_process=False)
     with pytest.raises(ConfigurationError, match=r"Got 'mpi' instead"):
         policy.choose(TransportSettings("mpi"), engine, "/tmp", "exchange-1")
     with pytest.raises(ConfigurationError, match=r"Got 'tree' instead"):

@@ -31,6 +31,7 @@ from ...shared.data.preprocess import Preprocess
 from ...shared.data.staged_dataset import StagedDataset
 from ...shared.data.value_checks import DataChecks
 from ...shared.registry import Registry
+from ..runtime import inprocess
 from ..runtime.session import Engine, active_engine, is_connect
 from . import arrays, frames
 
@@ -234,7 +235,8 @@ class RDDAdapter(_BuiltIn):
 class ArrayAdapter(_BuiltIn):
     """``(x, y)`` or ``(x, y, sample_weight)`` numpy arrays (lists of arrays for several inputs or outputs).
 
-    Staged on the driver, without a Spark job (:mod:`.arrays`); run by the active session.
+    Staged on the driver, without a Spark job (:mod:`.arrays`); run by the active session, or inside
+    ``with in_process(n):`` by its engine (:mod:`sparkdl_avg.driver.runtime.inprocess`).
     """
 
     @classmethod
@@ -242,7 +244,7 @@ class ArrayAdapter(_BuiltIn):
         return isinstance(data, (tuple, list)) and len(data) == 2 or isinstance(data, tuple) and len(data) == 3
 
     def engine(self) -> Engine:
-        return active_engine()
+        return inprocess.installed() or active_engine()  # inside ``with in_process(n):``, its engine
 
     def key(self, settings: tuple) -> Optional[tuple]:
         return ("arrays", arrays.digest(self.data), *settings)  # by contents: changed in place, staged again

@@ -5,4 +5,6 @@ May import :mod:`..config`, the shared side and (lazily, to warm workers) :mod:`
 Its other modules:
 
 * :mod:`.preflight`: a check, before training, that executors can run the trainer's code.
+* :mod:`.inprocess`: the in-process engine: a fit's rounds in the calling process without Spark, for tests of the
+  arithmetic.
 """

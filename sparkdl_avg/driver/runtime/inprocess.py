@@ -25,7 +25,7 @@ import threading
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from ...errors import ConfigurationError
-from ...shared.wire.exchange import LocalBroadcast
+from ...shared.wire.local_broadcast import LocalBroadcast
 from .session import Engine
 
 _installed: List["InProcessEngine"] = []  # the engines of the open ``in_process`` blocks, innermost last

@@ -132,12 +132,9 @@ class Engine:
         return self.spark.version
 
     def conf(self, key: str) -> Optional[str]:
-        """The Spark setting ``key`` (the application's on a classic session, the session's under Connect), or
-        ``None``: not set, or not readable."""
+        """The Spark setting ``key`` (the application's; the session's under Connect); ``None``: unset or unreadable."""
         try:
-            if self.sc is not None:
-                return self.sc.getConf().get(key, None)
-            return self.spark.conf.get(key, None)
+            return self.sc.getConf().get(key, None) if self.sc is not None else self.spark.conf.get(key, None)
         except Exception:  # noqa: BLE001 - a setting that cannot be read is one not known
             return None
 
@@ -146,10 +143,7 @@ class Engine:
 
     def cancel(self, group: Optional[str]) -> None:
         """Cancels the jobs of ``group`` (classic: the job group; Connect: the tag)."""
-        if self.sc is not None:
-            self.sc.cancelJobGroup(group)
-        else:
-            self.spark.interruptTag(group)
+        self.sc.cancelJobGroup(group) if self.sc is not None else self.spark.interruptTag(group)
 
     @property
     def one_host(self) -> bool:
@@ -580,17 +574,11 @@ def spark_job_labels(sc, description: str, group: Optional[str] = None):
 
 
 def active_engine() -> Engine:
-    """The :class:`Engine` of the active session, or of a session on the running SparkContext (numpy arrays' engine);
-    inside :func:`~sparkdl_avg.driver.runtime.inprocess.in_process`, its in-process engine.
+    """The :class:`Engine` of the active session, or of a session on the running SparkContext (numpy arrays' engine).
 
     Raises:
         SessionError: neither a session nor a SparkContext is active.
     """
-    from .inprocess import installed
-
-    engine = installed()
-    if engine is not None:
-        return engine
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()

@@ -14,6 +14,8 @@
   keep between rounds (the kinds' protocol and registry, the files chained
   from one round to the next): error feedback's residuals and
   ``optimizer_state="local"``'s optimizer states;
+* :mod:`.inprocess` — the in-process engine's transport (the ``"spark"`` transport's, its tree folded in the
+  calling process);
 * :mod:`.link_rate` — the link's rate, measured from the bytes the workers
   sent, from which ``"auto"`` re-chooses its path.
 

@@ -14,6 +14,8 @@ Its modules:
   weights, adoption, what returns.
 * :mod:`.kept`: what a worker keeps between rounds, the executors' half: one protocol around training, one view
   of the worker's round, the files chained from round to round.
+* :mod:`.local_broadcast`: what stands for a Spark broadcast where rounds run without Spark (the in-process
+  engine).
 * :mod:`.local_state`: ``optimizer_state="local"``: each worker's own optimizer variables between its rounds,
   as files.
 * :mod:`.round_rows`: the Spark SQL round's rows: what its tasks yield (:class:`ArrowSums`,

@@ -4,7 +4,7 @@ This module is the executor-visible half of the state transport (:mod:`sparkdl_a
 half, which picks one):
 
 * a *state source* — :class:`InlineState` (in the task itself: in-process tests), :class:`BroadcastState` (a Spark
-  broadcast, or a :class:`LocalBroadcast` where rounds run without Spark) or :class:`StoredState` (a file under the staging directory) — whose ``load()`` gives the round's
+  broadcast, or :mod:`.local_broadcast`'s stand-in where rounds run without Spark) or :class:`StoredState` (a file under the staging directory) — whose ``load()`` gives the round's
   ``(weights, optimizer variables)``;
 * a *result sink* — :class:`ReturnSums` (the sums travel as Spark task results), :class:`StoreSums` (the worker writes
   them to a file of its own and returns only its description), or for the Spark SQL round
@@ -294,35 +294,6 @@ class BroadcastState:
 
     def load(self) -> Tuple[Sequence[np.ndarray], Optional[Sequence[np.ndarray]]]:
         return self.broadcast.value
-
-
-class LocalBroadcast:
-    """What stands for a Spark broadcast where rounds run without Spark (the in-process engine,
-    :mod:`sparkdl_avg.driver.runtime.inprocess`): the value pickled once, each read unpickling a copy of its own.
-
-    A copy per read, as each Python worker of a Spark job unpickles its own: a task that changes what it loaded in
-    place cannot change what the next worker loads, and a value that could not cross to an executor fails here too.
-    """
-
-    def __init__(self, value: Any) -> None:
-        import cloudpickle
-
-        self._bytes: Optional[bytes] = cloudpickle.dumps(value)
-
-    @property
-    def value(self) -> Any:
-        import pickle
-
-        if self._bytes is None:
-            raise RuntimeError("This broadcast was destroyed.")
-        return pickle.loads(self._bytes)
-
-    def unpersist(self, blocking: bool = False) -> None:
-        """Nothing is cached apart from the value itself (as Spark's, it can still be read)."""
-
-    def destroy(self, blocking: bool = False) -> None:
-        """Drops the value: a later read fails, as a destroyed Spark broadcast's."""
-        self._bytes = None
 
 
 # ------------------------------------------------------------- result sinks
