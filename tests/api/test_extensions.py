@@ -158,7 +158,7 @@ def test_an_outer_schedule_and_flags_spelled_as_keras_takes_them_are_accepted():
 # ------------------------------------------------------------- through fit
 
 
-def test_nesterov_sgd_as_the_outer_optimizer_trains_as_diloco(spark):
+def test_nesterov_sgd_as_the_outer_optimizer_trains_as_diloco(in_process_engine):
     outer, trainer, _ = _fit(_nesterov_sgd())
     diloco, _, _ = _fit("diloco")
     _close(outer.get_weights(), diloco.get_weights(), rtol=1e-6)
@@ -166,13 +166,13 @@ def test_nesterov_sgd_as_the_outer_optimizer_trains_as_diloco(spark):
     assert int(trainer.update_rule_state["state"]["optimizer"][0]) == 8  # two epochs of 4 rounds
 
 
-def test_adam_as_the_outer_optimizer_trains(spark):
+def test_adam_as_the_outer_optimizer_trains(in_process_engine):
     _, trainer, history = _fit(OuterOptimizer(keras.optimizers.Adam(0.01)), epochs=3)
     assert history.history["loss"][-1] < 0.9 * history.history["loss"][0]
     assert trainer.update_rule_state["rule"]["optimizer"].endswith("Adam")
 
 
-def test_the_outer_optimizers_state_resumes_bitwise_from_a_checkpoint(spark, tmp_path):
+def test_the_outer_optimizers_state_resumes_bitwise_from_a_checkpoint(in_process_engine, tmp_path):
     """Two epochs equal one epoch, then a new trainer resuming its checkpoint to two: weights and Adam's moments."""
     rule = OuterOptimizer(keras.optimizers.Adam(0.01))
     whole, whole_trainer, _ = _fit(rule, epochs=2, fit_options={"checkpoint_dir": str(tmp_path / "whole")})
@@ -189,7 +189,7 @@ def test_the_outer_optimizers_state_resumes_bitwise_from_a_checkpoint(spark, tmp
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
-def test_the_outer_optimizer_steps_stale_blocks_as_diloco(spark):
+def test_the_outer_optimizer_steps_stale_blocks_as_diloco(in_process_engine):
     """Stale-synchronous chunks call the rule once per block of N chunks, as every rule."""
     stale = dict(synchronization="stale", staleness=1, reproducible=True)
     outer, trainer, _ = _fit(_nesterov_sgd(), epochs=1, **stale)
@@ -268,7 +268,7 @@ def test_a_users_rule_that_breaks_the_contract_is_named_with_the_promise(how, me
         rule.apply(weights, sent, [w + 0.5 for w in weights], state, mask, 0.1)
 
 
-def test_a_users_rule_returning_nan_in_a_fit_is_blamed_not_the_workers(spark):
+def test_a_users_rule_returning_nan_in_a_fit_is_blamed_not_the_workers(in_process_engine):
     model = _model()
     before = model.get_weights()
     with pytest.raises(ConfigurationError, match=r"_Broken\)'s apply\(\) returned NaN or Inf for weight 0"):
@@ -277,7 +277,7 @@ def test_a_users_rule_returning_nan_in_a_fit_is_blamed_not_the_workers(spark):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_rule_of_ones_own_through_fit_sync_and_stale(spark):
+def test_a_rule_of_ones_own_through_fit_sync_and_stale(in_process_engine):
     plain, _, _ = _fit(None, epochs=1)
     mine, trainer, _ = _fit(Extrapolate(1.0), epochs=1)
     _close(mine.get_weights(), plain.get_weights(), rtol=1e-12)  # α = 1: the average (up to s + (a − s) rounding)

@@ -62,7 +62,7 @@ def test_a_thousand_variables_split_evenly():
     assert got == sorted(got)
 
 
-def test_more_fragments_than_trainable_variables_are_refused_naming_both_numbers(spark):
+def test_more_fragments_than_trainable_variables_are_refused_naming_both_numbers(in_process_engine):
     x, y = regression_data(64, seed=1)
     model = linear_model()
     with pytest.raises(ConfigurationError, match=r"trainable variables \(2\).*sync_fragments=3"):
@@ -82,14 +82,14 @@ def test_sync_fragments_must_be_a_positive_int(bad):
         ParameterAveragingTrainer(linear_model(), sync_fragments=bad)
 
 
-def test_an_outer_keras_optimizer_is_refused_naming_the_rule(spark):
+def test_an_outer_keras_optimizer_is_refused_naming_the_rule(in_process_engine):
     x, y = regression_data(64, seed=1)
     with pytest.raises(ConfigurationError, match="update_rule 'outer'.*sync_fragments=1"):
         ParameterAveragingTrainer(make_model(), num_workers=2, batch_size=8, sync_fragments=2,
                                   update_rule="outer:sgd:lr=0.7,momentum=0.9").fit((x, y), verbose=0)
 
 
-def test_one_fragment_is_the_plain_round(spark):
+def test_one_fragment_is_the_plain_round(in_process_engine):
     x, y = regression_data(96, seed=3)
     a, b = make_model(seed=1), make_model(seed=1)
     ParameterAveragingTrainer(a, num_workers=2, batch_size=8, averaging_frequency=2, seed=1).fit((x, y), verbose=0)
