@@ -14,6 +14,7 @@ from .driver.algorithms.rules import BlockMomentum, DiLoCo, PlainAveraging, Rule
 from .driver.algorithms.outer import OuterOptimizer
 from .driver.algorithms.schedules import AdaComm, AveragingSchedule, PostLocalSGD
 from .driver.runtime.session import DAEMON_MODULE, RECOMMENDED_CONF, warm_up
+from .driver.runtime.inprocess import in_process
 from .driver.observe.tracking import MlflowLogger
 from .driver.api.trainer import FitInfo, ParameterAveragingTrainer
 from .driver.data.adapters import DataAdapter, register_data_adapter
@@ -40,6 +41,8 @@ __all__ = [
     "AveragingSchedule", "PostLocalSGD", "AdaComm",
     # the session
     "warm_up", "DAEMON_MODULE", "RECOMMENDED_CONF",
+    # a fit's rounds without Spark, to test a rule, a callback or a preprocessing function of one's own
+    "in_process",
     # should it be distributed?
     "advise", "Advice",
     # data as users keep it: helpers for preprocessing functions, containers of their own

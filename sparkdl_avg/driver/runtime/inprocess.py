@@ -147,8 +147,22 @@ def installed() -> Optional[InProcessEngine]:
 
 @contextlib.contextmanager
 def in_process(num_workers: int = 2) -> Iterator[InProcessEngine]:
-    """Inside the block, fits and evaluations on numpy arrays run on an :class:`InProcessEngine` of ``num_workers``
-    slots instead of the active Spark session (see the module's doc). Yields the engine.
+    """Inside the block, fits and evaluations on numpy arrays run their rounds in this process, without Spark.
+
+    An :class:`InProcessEngine` of ``num_workers`` task slots stands in for the active Spark session: each round runs
+    the executors' code for each worker in turn, what its tasks carry and return pickled as Spark's are, and the
+    weights come out bit for bit those of a ``local[num_workers]`` fit with the default transport. For testing a
+    rule, a callback or a preprocessing function of one's own without a JVM::
+
+        with sparkdl_avg.in_process(2):
+            trainer.fit((x, y), epochs=1)
+
+    Only ``state_transport`` and ``aggregation`` ``"auto"`` run there, without ``overlap_rounds`` or ``elastic``
+    (refused before any round, naming the option); a DataFrame always runs on its own session. Yields the engine.
+
+    Args:
+        num_workers: The engine's task slots (Spark's ``default_parallelism``): the fit's workers where
+            ``num_workers`` is not given to the trainer. Default 2.
 
     Raises:
         ConfigurationError: ``num_workers`` is not an integer >= 1.
