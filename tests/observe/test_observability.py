@@ -39,7 +39,7 @@ class WeightsPerEpoch(keras.callbacks.Callback):
         self.weights.append([w.copy() for w in self.model.get_weights()])
 
 
-def test_early_stopping_stops_and_restores_best_weights(spark):
+def test_early_stopping_stops_and_restores_best_weights(in_process_engine):
     x, y = regression_data(256, seed=1)
     # Validation targets of the opposite sign: the better the model fits the
     # training data, the worse val_loss gets, so the best epoch is the first.
@@ -56,7 +56,7 @@ def test_early_stopping_stops_and_restores_best_weights(spark):
         np.testing.assert_array_equal(got, want)
 
 
-def test_model_checkpoint_writes_a_loadable_model_and_csv_logger_a_row_per_epoch(spark, tmp_path):
+def test_model_checkpoint_writes_a_loadable_model_and_csv_logger_a_row_per_epoch(in_process_engine, tmp_path):
     x, y = regression_data(128, seed=2)
     model = make_model()
     ckpt = tmp_path / "best.keras"
@@ -76,7 +76,7 @@ def test_model_checkpoint_writes_a_loadable_model_and_csv_logger_a_row_per_epoch
     assert {"loss", "mae", "val_loss", "val_mae"} <= set(rows[0])
 
 
-def test_learning_rate_scheduler_reaches_the_replicas(spark):
+def test_learning_rate_scheduler_reaches_the_replicas(in_process_engine):
     x, y = regression_data(128, seed=3)
     model = make_model()
     before = [w.copy() for w in model.get_weights()]
@@ -87,7 +87,7 @@ def test_learning_rate_scheduler_reaches_the_replicas(spark):
     assert float(model.optimizer.learning_rate) == 0.0
 
 
-def test_divergence_stops_before_non_finite_weights_reach_the_model(spark):
+def test_divergence_stops_before_non_finite_weights_reach_the_model(in_process_engine):
     """What Keras' TerminateOnNaN did after the fact, the trainer does before averaging."""
     x, y = regression_data(256, seed=4)
     model = make_model(optimizer=keras.optimizers.SGD(1e6))  # diverges at once
@@ -193,7 +193,7 @@ def test_report_of_an_elastic_fit_plots_workers_and_examples_per_s_and_marks_eac
     assert "yaxis4" not in layout
 
 
-def test_verbose_logs_one_line_per_epoch_and_a_summary(spark, caplog):
+def test_verbose_logs_one_line_per_epoch_and_a_summary(in_process_engine, caplog):
     x, y = regression_data(128, seed=7)
     model = make_model()
     # slow_warning=False: the tiny fit is slower than one process, and warnings are not progress lines
@@ -251,7 +251,7 @@ def test_epoch_lines_count_this_fits_rounds_in_the_workers_metric_order(spark, c
     assert resumed.index(" - loss: ") < resumed.index(" - abs_error: "), resumed
 
 
-def test_tensorboard_callback_writes_epoch_and_round_scalars(spark, tmp_path):
+def test_tensorboard_callback_writes_epoch_and_round_scalars(in_process_engine, tmp_path):
     import glob
 
     import tensorflow as tf
@@ -276,7 +276,7 @@ def test_tensorboard_callback_writes_epoch_and_round_scalars(spark, tmp_path):
 # Issue 16, user-reported surprise B1: a silent cap.
 
 
-def test_an_averaging_frequency_above_the_epoch_warns_once_with_the_effective_value(spark, caplog):
+def test_an_averaging_frequency_above_the_epoch_warns_once_with_the_effective_value(in_process_engine, caplog):
     trainer = _trainer(averaging_frequency=8)
     with caplog.at_level(logging.WARNING, logger="sparkdl_avg"):
         trainer.fit(DATA, epochs=2, verbose=0)
@@ -300,7 +300,7 @@ def test_an_averaging_frequency_above_the_epoch_warns_once_with_the_effective_va
 # Issue 16, user-reported surprise B3.
 
 
-def test_stats_and_history_describe_the_latest_fit(spark, tmp_path):
+def test_stats_and_history_describe_the_latest_fit(in_process_engine, tmp_path):
     trainer = _trainer()
     trainer.fit(DATA, epochs=2, verbose=0)
     first = trainer.stats
@@ -326,7 +326,7 @@ class _Epochs(keras.callbacks.Callback):
         self.begun.append(epoch)
 
 
-def test_initial_epoch_continues_a_fit_like_one_longer_fit(spark, caplog):
+def test_initial_epoch_continues_a_fit_like_one_longer_fit(in_process_engine, caplog):
     reference = make_model(seed=1)
     ref_history = _trainer(reference).fit(DATA, epochs=4, verbose=0)
 
@@ -345,7 +345,7 @@ def test_initial_epoch_continues_a_fit_like_one_longer_fit(spark, caplog):
     assert [line.split(" - ")[0] for line in lines] == ["Epoch 3/4", "Epoch 4/4"]
 
 
-def test_initial_epoch_is_validated(spark):
+def test_initial_epoch_is_validated(in_process_engine):
     trainer = _trainer()
     with pytest.raises(ConfigurationError, match=r"'initial_epoch' parameter must be an int in the range \[0, inf\)"):
         trainer.fit(DATA, epochs=2, initial_epoch=-1, verbose=0)
@@ -366,7 +366,7 @@ class _StopAfterEpoch(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def test_initial_epoch_with_checkpoints_and_resume(spark, tmp_path):
+def test_initial_epoch_with_checkpoints_and_resume(in_process_engine, tmp_path):
     reference = make_model(seed=1)
     _trainer(reference).fit(DATA, epochs=4, verbose=0)
     directory = str(tmp_path / "ckpt")
