@@ -6,14 +6,14 @@ keep between rounds) where Spark is not what is tested: each round runs the exec
 each worker in turn, in this process, and sums the results as the ``"spark"`` transport's tree does
 (:class:`~sparkdl_avg.driver.transport.inprocess.InProcessTransport`). What a task carries and what it returns are
 pickled and unpickled on the way, as a Spark task's closure and result are: a worker cannot change another's input,
-and what could not cross to an executor fails here too. A round of a 1,000-parameter model then costs milliseconds
-instead of a Spark job's tens.
+and what could not cross to an executor fails here too. No JVM starts, and a round costs no Spark job: on two busy
+cores the suite's arithmetic modules ran in 0.84× their time on ``local[2]`` (docs/benchmarks/test_suite_time.md).
 
 Inside ``with in_process(num_workers):`` a fit (or ``evaluate``) on numpy arrays runs on this engine instead of the
-active Spark session; a DataFrame is always run by its own session. The engine runs the synchronous round with the
-default ``state_transport`` and ``aggregation`` (``"auto"``); what only Spark gives (a Spark SQL round, a standing
-job, elastic membership, ``predict`` into a DataFrame) is refused on it with a message naming the option.
-Every state transport and aggregation path keeps its own tests on real Spark.
+active Spark session; a DataFrame is always run by its own session. The engine runs synchronous, stale and
+asynchronous rounds with the default ``state_transport`` and ``aggregation`` (``"auto"``); the options only Spark
+runs (another transport or aggregation path, ``overlap_rounds``' standing job, ``elastic`` membership) are refused
+before any round, naming the option. Every state transport and aggregation path keeps its own tests on real Spark.
 """
 
 from __future__ import annotations
