@@ -10,8 +10,9 @@ and what could not cross to an executor fails here too. No JVM starts, and a rou
 cores the suite's arithmetic modules ran in 0.84× their time on ``local[2]`` (docs/benchmarks/test_suite_time.md).
 
 Inside ``with in_process(num_workers):`` a fit (or ``evaluate``) on numpy arrays runs on this engine instead of the
-active Spark session; a DataFrame is always run by its own session. The engine runs synchronous, stale and
-asynchronous rounds with the default ``state_transport`` and ``aggregation`` (``"auto"``); the options only Spark
+active Spark session; a DataFrame is always run by its own session. The engine runs the rounds with the default
+``state_transport`` and ``aggregation`` (``"auto"``), a stale or asynchronous fit's chunks one job at a time (so no
+worker runs ahead: stragglers are tested on Spark); the options only Spark
 runs (another transport or aggregation path, ``overlap_rounds``' standing job, ``elastic`` membership) are refused
 before any round, naming the option. Every state transport and aggregation path keeps its own tests on real Spark.
 """
