@@ -104,23 +104,28 @@ def test_each_read_of_the_stand_in_broadcast_is_a_copy_of_its_own():
         bc.value  # noqa: B018
 
 
-def test_a_round_entry_installed_by_a_test_runs_in_process_for_each_worker():
-    seen = []
+def test_a_round_entry_installed_by_a_test_runs_in_process_for_each_worker(tmp_path):
+    seen, marks = [], str(tmp_path)
 
     def recording(task, workers):
+        import os
+
         from sparkdl_avg.executor import worker
 
         ids = list(workers)
         for result in worker.run_round_partition(task, ids):
-            seen.append((task.epoch, task.round, ids))  # the entry is unpickled per task: it appends to a copy
+            seen.append(ids)  # the entry is unpickled per task, as on an executor: this appends to a copy
+            open(os.path.join(marks, f"e{task.epoch}-r{task.round}-w{ids[0]}-pid{os.getpid()}"), "w").close()
             yield result
 
     with in_process(2), testing.RoundEntry(recording):
         trainer = ParameterAveragingTrainer(make_model(seed=1), num_workers=2, batch_size=8, averaging_frequency=2,
                                             seed=0, slow_warning=False)
         trainer.fit(regression_data(64), epochs=1, verbose=0)
-    # as on an executor, the entry ran on its own copy: the test's list is untouched, and the records show who ran
-    assert seen == []
+    import os
+
+    assert sorted(os.listdir(marks)) == sorted(f"e0-r{r}-w{w}-pid{os.getpid()}" for r in (0, 1) for w in (0, 1))
+    assert seen == []  # the test's own list: each task ran on a copy of the entry
     assert [[w.worker for w in r.workers] for r in trainer.stats.records] == [[0, 1], [0, 1]]
 
 
