@@ -18,7 +18,7 @@ class LocalBroadcast:
     """
 
     def __init__(self, value: Any) -> None:
-        import cloudpickle
+        from pyspark import cloudpickle
 
         self._bytes: Optional[bytes] = cloudpickle.dumps(value)
 
