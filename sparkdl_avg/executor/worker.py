@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import WorkerError
 from ..shared.model import quiet
 from ..shared.errors import remote_errors
-from ..shared.wire.aggregation import PartialResult, WeightedArrays, specs_of, weighted_in_place
+from ..shared.wire.aggregation import PartialResult, WeightedArrays, nbytes_of, specs_of, weighted_in_place
 from ..shared.model.custom_objects import import_custom_modules
 from ..shared.wire.delta_sums import pack_result
 from ..shared.model.devices import configure_task_devices
@@ -425,8 +425,7 @@ def train_round(task: RoundTask, worker: int) -> PartialResult:
     else:  # pickled or flattened whole: each a fresh copy, scaled in place (no second copy)
         weight_sums = weighted_in_place(list(new_weights), n)
         optimizer_sums = weighted_in_place(list(new_opt), n) if task.average_optimizer else None
-    record.sent_bytes = sum(int(np.prod(shape)) * dtype.itemsize
-                            for dtype, shape in specs_of(weight_sums) + specs_of(optimizer_sums))
+    record.sent_bytes = nbytes_of(weight_sums, optimizer_sums)
     record.memory_start, record.memory_peak = memory.start, memory.peak()
     return PartialResult(
         examples=n,

@@ -384,6 +384,7 @@ def round_record(epoch: int, rnd: int, steps: int, num_workers: int, result: Par
         workers=workers,
         update_rule=rule_name,
         received_bytes=result.received_bytes,
+        state_bytes=result.state_bytes,
         driver_sum_s=result.driver_sum_s,
         reduce_max_s=result.reduce_s,
         sent_bytes=sum(w.sent_bytes for w in workers) if all(w.sent_bytes is not None for w in workers) else None,

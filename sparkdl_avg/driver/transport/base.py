@@ -243,7 +243,9 @@ class StateTransport:
         published = self.publish(name, weights, optimizer)
         try:
             at = time.time()
-            return self.run(make_task, entry, workers, what, published, places), at
+            result = self.run(make_task, entry, workers, what, published, places)
+            result.state_bytes = published.nbytes
+            return result, at
         finally:
             published.release()
 
@@ -289,12 +291,15 @@ class Published:
         directory: The job's directory under the exchange directory (file-based transports).
         layout: The sums' layout (:class:`~sparkdl_avg.shared.wire.exchange.SumsLayout`): a ``FlatLayout``,
             or under ``update_compression`` a ``DeltaLayout``.
+        nbytes: The bytes of state this made travel (the whole state, or patches and any new base); ``None``: not
+            known.
     """
 
     state: Any
     release: Callable[[], None]
     directory: Optional[str] = None
     layout: Any = None
+    nbytes: Optional[int] = None
 
 
 def rdd_job(engine, task, entry, workers: Sequence[int], places: Optional[Sequence[Optional[str]]] = None):

@@ -30,6 +30,8 @@ class PartialResult:
         workers: One :class:`~sparkdl_avg.shared.wire.stats.WorkerRecord` per worker.
         received_bytes: Bytes of sums the driver received for this result (set by the transport that gathered it;
             ``None``: not known).
+        state_bytes: Bytes of state the driver sent out for this round (set by the transport that published it: the
+            whole state, or patches and any new base; ``None``: not known).
         driver_sum_s: The driver's seconds decoding and adding them.
         driver_sum_cpu_s: The CPU seconds of the driver's Python process in that time.
         reduce_s: In a sharded Spark SQL round, the slowest reducer task's seconds reading and
@@ -48,6 +50,7 @@ class PartialResult:
     metric_sums: Dict[str, float] = field(default_factory=dict)
     workers: List[WorkerRecord] = field(default_factory=list)
     received_bytes: Optional[int] = None
+    state_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
     driver_sum_cpu_s: float = 0.0
     reduce_s: float = 0.0
@@ -162,3 +165,9 @@ def specs_of(arrays) -> List[Tuple[np.dtype, Tuple[int, ...]]]:
     if specs is not None:
         return list(specs())
     return [(np.asarray(a).dtype, tuple(np.shape(a))) for a in arrays]
+
+
+def nbytes_of(*parts) -> int:
+    """The bytes of the arrays of ``parts`` (sequences of arrays, ``None``: none) from their specs (:func:`specs_of`)."""
+    return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+               for part in parts for dtype, shape in specs_of(part))

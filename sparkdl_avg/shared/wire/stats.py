@@ -130,7 +130,9 @@ class RoundRecord(_ReadsLikeADict):
     ``update_rule`` and ``workers`` (their :class:`WorkerRecord`\\ s, by index). How the sums travelled: ``transport``
     (``"spark"``, ``"files"``, ``"sql"``), ``aggregation`` and ``shards`` (the Spark SQL round's plan, see
     :mod:`sparkdl_avg.driver.transport`), ``received_bytes`` (bytes of sums the driver received or read; ``None`` on
-    Spark's tree, which does not say) ``driver_sum_s`` (the driver's time decoding and adding them, part of
+    Spark's tree, which does not say), ``state_bytes`` (bytes of state the driver sent out: the whole state, or on the
+    ``"spark"`` transport under ``optimizer_state="local"``/``"reset"`` the round's patch and any new base,
+    :mod:`sparkdl_avg.shared.wire.state_patch`; ``None``: not known), ``driver_sum_s`` (the driver's time decoding and adding them, part of
     ``aggregate_s``) and ``driver_cpu_s`` (the CPU seconds the driver's Python process spent on that and on the update:
     its own work per round, without the time it waits for a core, though memory-bound work still costs more CPU time
     when other processes share the cores). ``reduce_max_s``: in a sharded Spark SQL round (``aggregation``
@@ -198,6 +200,7 @@ class RoundRecord(_ReadsLikeADict):
     aggregation: str = ""
     shards: int = 0
     received_bytes: Optional[int] = None
+    state_bytes: Optional[int] = None
     driver_sum_s: float = 0.0
     driver_cpu_s: float = 0.0
     reduce_max_s: float = 0.0

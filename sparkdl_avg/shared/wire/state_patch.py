@@ -1,0 +1,136 @@
+"""A round's state sent as what changed since a base the executors already hold: the patch format, both halves.
+
+Under ``optimizer_state="local"`` (or ``"reset"``) the driver's optimizer variables never change but for the
+iteration counter, and with a sparse ``update_compression`` (``"topk"``, ``"threshold"``) and an outer rule without
+momentum a round changes a few percent of the weights. Sending the whole state every round then sends mostly what
+every executor already has: with Adam, three times the weights. The ``"spark"`` transport
+(:class:`~sparkdl_avg.driver.transport.downlink.Downlink`) keeps a *base* of each part of the state (the weights, the
+optimizer variables) in a Spark broadcast, which an executor fetches once and keeps (a new executor fetches it as
+any broadcast, from the driver or its peers), and each round sends only a :class:`Patch`: per array, the positions
+whose bits differ from the base and their new values, or the array whole where that is smaller. A part whose patch
+grows past :data:`REBASE_SHARE` of its base is sent whole again as a new base.
+
+The executors rebuild the state bitwise (:func:`apply`): the same bits as the whole state, whatever the dtype
+(``-0.0``, NaN payloads). What is read is :class:`PatchedState`, a state source as
+:class:`~sparkdl_avg.shared.wire.exchange.BroadcastState` is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+REBASE_SHARE = 0.5
+"""A part of the state whose patch would take more than this share of its base's bytes is sent whole, as a new base.
+
+The trade: a patch is sent every round, a base once until the next rebase. With ``"topk"`` at 2% on three workers a
+round changes at most 6% of the weights, so the weights' patch reaches half their bytes after about five rounds
+(8 bytes a changed value against 4); a dense rule (momentum, plain averaging of dense updates) changes every
+weight every round, and its weights are rebased every round: what the whole state cost before. Measured in
+docs/benchmarks/sparse_codecs.md ("The state sent as a patch")."""
+
+BLOCK = 1 << 22
+"""Values compared at a time (the driver's temporaries stay a few MiB whatever the model's size)."""
+
+#: What an array's entry in a :class:`Patch` is: ``None`` (unchanged), ``("all", array)`` or ``("at", positions,
+#: values)`` (flat C-order positions, int32 or int64, ascending; the values in the array's dtype).
+Entry = Optional[Tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """What changed in a list of arrays since their base, one :data:`Entry` per array, and its size in bytes."""
+
+    entries: Tuple[Entry, ...]
+    nbytes: int
+
+
+def _bits(a: np.ndarray) -> Optional[np.ndarray]:
+    """``a``'s values as unsigned integers of their width, flat (``None``: a width compared some other way)."""
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if flat.dtype.itemsize not in (1, 2, 4, 8):
+        return None
+    return flat.view(f"u{flat.dtype.itemsize}")
+
+
+def diff(base: Sequence[np.ndarray], arrays: Sequence[Any]) -> Patch:
+    """The patch that turns ``base`` into ``arrays`` bitwise (each read once, in order; ``arrays`` may be a model's
+    variables read on access).
+
+    An array travels ``"at"`` its changed positions when that takes fewer bytes than the array itself (a position
+    and a value each), else ``"all"``; one of another shape or dtype than its base travels ``"all"``.
+    """
+    if len(base) != len(arrays):
+        raise ValueError(f"a patch needs as many arrays as its base: {len(arrays)} against {len(base)}")
+    entries: List[Entry] = []
+    nbytes = 0
+    for b, a in zip(base, arrays):
+        a = np.asarray(a)
+        old, new = _bits(b), _bits(a)
+        if a.shape != b.shape or a.dtype != b.dtype or old is None:
+            entries.append(("all", np.array(a, copy=True)))
+            nbytes += a.nbytes
+            continue
+        width = 4 if new.size < 2**31 else 8
+        # changed positions a block at a time, stopping once they would cost more than the array whole
+        limit = new.size * a.dtype.itemsize // (width + a.dtype.itemsize)
+        found: List[np.ndarray] = []
+        count = 0
+        for lo in range(0, new.size, BLOCK):
+            at = np.flatnonzero(old[lo:lo + BLOCK] != new[lo:lo + BLOCK])
+            count += at.size
+            if count > limit:
+                break
+            found.append((at + lo).astype(np.int32 if width == 4 else np.int64))
+        if count > limit:
+            entries.append(("all", np.array(a, copy=True)))
+            nbytes += a.nbytes
+        elif count == 0:
+            entries.append(None)
+        else:
+            positions = np.concatenate(found)
+            entries.append(("at", positions, np.ascontiguousarray(a).reshape(-1)[positions]))
+            nbytes += count * (width + a.dtype.itemsize)
+    return Patch(tuple(entries), nbytes)
+
+
+def apply(base: Sequence[np.ndarray], entries: Sequence[Entry]) -> List[np.ndarray]:
+    """``base`` with ``entries`` applied (:func:`diff`'s): new arrays, ``base`` left as it is."""
+    if len(base) != len(entries):
+        raise ValueError(f"a patch of {len(entries)} arrays does not fit a base of {len(base)}")
+    out = []
+    for b, entry in zip(base, entries):
+        if entry is None:
+            out.append(np.array(b, copy=True))
+        elif entry[0] == "all":
+            out.append(np.array(entry[1], copy=True))
+        else:
+            _, positions, values = entry
+            a = np.array(b, copy=True)
+            a.reshape(-1)[positions] = values
+            out.append(a)
+    return out
+
+
+@dataclass(frozen=True)
+class PatchedState:
+    """The round's state as bases the executors keep and this round's patches (a state source: :meth:`load`).
+
+    Attributes:
+        weights: The weights' base, a broadcast of a list of arrays.
+        optimizer: The optimizer variables' base, likewise; ``None``: no optimizer variables sent.
+        patches: A broadcast of ``(weights' entries, optimizer's entries or None)``.
+    """
+
+    weights: Any
+    optimizer: Any
+    patches: Any
+
+    def load(self) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
+        """The round's state, bitwise what the driver sent: new arrays (the bases stay as Spark keeps them)."""
+        weight_entries, optimizer_entries = self.patches.value
+        weights = apply(self.weights.value, weight_entries)
+        optimizer = None if self.optimizer is None else apply(self.optimizer.value, optimizer_entries)
+        return weights, optimizer

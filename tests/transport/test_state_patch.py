@@ -1,0 +1,133 @@
+"""The state sent as bases and patches (shared/wire/state_patch.py, driver/transport/downlink.py).
+
+Under ``optimizer_state="local"`` the ``"spark"`` transport (and the in-process engine's, which is it) sends a base of
+the weights and of the optimizer variables once and each round what changed since: the executors must rebuild the
+whole state bitwise, whatever the dtype's special values, and the driver must let a base go only once no job reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras
+
+from conftest import make_model, regression_data
+from sparkdl_avg import ParameterAveragingTrainer
+from sparkdl_avg.driver.transport import downlink as downlink_module
+from sparkdl_avg.driver.transport.downlink import Downlink
+from sparkdl_avg.shared.model.modelspec import get_state
+from sparkdl_avg.shared.wire.local_broadcast import LocalBroadcast
+from sparkdl_avg.shared.wire import state_patch
+from sparkdl_avg.shared.wire.state_patch import apply, diff
+
+
+def _same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()
+
+
+def test_a_patch_rebuilds_every_array_bitwise_with_negative_zeros_nans_and_counters():
+    rng = np.random.default_rng(0)
+    base = [rng.normal(size=(50, 40)).astype(np.float32), np.zeros(7, np.float64), np.asarray(12, np.int64),
+            rng.normal(size=3).astype(np.float32)]
+    new = [a.copy() for a in base]
+    new[0][3, 4] = -0.0 if base[0][3, 4] != 0 else 1.0
+    new[0][10, 0] = np.float32("nan")
+    new[1][2] = -0.0  # +0.0 -> -0.0: equal as numbers, not as bits
+    new[2] = np.asarray(20, np.int64)
+    nan_payload = np.array([0x7FC00001], np.uint32).view(np.float32)[0]
+    new[3][1] = nan_payload
+    patch = diff(base, new)
+    kinds = [None if e is None else e[0] for e in patch.entries]
+    assert kinds == ["at", "at", "all", "at"]
+    # two float32 values and a position each (4 + 4), one float64 (4 + 8), the 0-d counter whole, one float32
+    assert patch.nbytes == 2 * 8 + 12 + 8 + 8
+    rebuilt = apply(base, patch.entries)
+    for got, want in zip(rebuilt, new):
+        _same_bits(got, want)
+    assert np.asarray(base[1])[2].tobytes() == np.float64(0.0).tobytes()  # the base is left as it was
+
+
+def test_an_array_changed_in_more_than_half_its_values_or_reshaped_travels_whole():
+    base = [np.arange(10, dtype=np.float32), np.arange(6, dtype=np.float32), np.ones(4, np.float32)]
+    new = [base[0] + np.r_[np.ones(6), np.zeros(4)].astype(np.float32), np.arange(6, dtype=np.float32).reshape(2, 3),
+           base[2].copy()]
+    patch = diff(base, new)
+    assert [None if e is None else e[0] for e in patch.entries] == ["all", "all", None]
+    assert patch.nbytes == 40 + 24
+    for got, want in zip(apply(base, patch.entries), new):
+        _same_bits(got, want)
+    with pytest.raises(ValueError, match="as many arrays as its base: 2 against 3"):
+        diff(base, new[:2])
+
+
+class _Engine:
+    """Broadcasts that say when they were unpersisted."""
+
+    def __init__(self):
+        self.made, self.unpersisted = [], []
+
+    def broadcast(self, value):
+        bc = LocalBroadcast(value)
+        bc.unpersist = lambda blocking=False, bc=bc: self.unpersisted.append(bc)
+        self.made.append(bc)
+        return bc
+
+
+def test_a_base_goes_once_replaced_and_no_job_reads_it():
+    engine = _Engine()
+    link = Downlink(engine)
+    weights = [np.zeros(100, np.float32)]
+    optimizer = [np.asarray(0, np.int64), np.zeros(100, np.float32)]
+    state1, release1, n1 = link.publish(weights, optimizer)
+    assert n1 == 400 + 8 + 400  # both bases, whole
+    weights2 = [weights[0].copy()]
+    weights2[0][5] = 1.0
+    optimizer2 = [np.asarray(8, np.int64), optimizer[1]]
+    state2, release2, n2 = link.publish(weights2, optimizer2)
+    assert n2 == 8 + 8  # one weight and its position; the counter whole
+    for got, want in zip(sum(state2.load(), []), weights2 + optimizer2):
+        _same_bits(got, want)
+    release1()
+    weights3 = [np.arange(100, dtype=np.float32)]  # all changed: a new base of the weights
+    state3, release3, n3 = link.publish(weights3, optimizer2)
+    assert n3 == 400 + 8  # the weights' new base; the counter still differs from its base's
+    old_weights_base = state1.weights
+    assert old_weights_base not in engine.unpersisted  # round 2's job still reads it
+    release2()
+    assert old_weights_base in engine.unpersisted
+    assert state1.optimizer not in engine.unpersisted  # still the optimizer's base
+    _same_bits(state3.load()[0][0], weights3[0])
+    release3()
+    release3()  # twice: nothing more
+    link.close()
+    assert state3.weights in engine.unpersisted and state3.optimizer in engine.unpersisted
+
+
+def _local_fit(**options):
+    model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=3)
+    trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=3, seed=5,
+                                        slow_warning=False, optimizer_state="local", **options)
+    x, y = regression_data(200, seed=7)
+    trainer.fit((x, y), epochs=2, verbose=0)
+    weights, optimizer = get_state(model)
+    return weights + optimizer, [r.state_bytes for r in trainer.stats]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(update_compression="topk")], ids=["float32", "topk"])
+def test_a_local_state_fit_sends_patches_after_its_first_round_and_ends_bitwise_as_with_whole_states(
+        in_process_engine, monkeypatch, options):
+    patched, sent = _local_fit(**options)
+    monkeypatch.setattr(state_patch, "REBASE_SHARE", 0.0)  # every round's state whole: what was sent before
+    whole, sent_whole = _local_fit(**options)
+    for got, want in zip(patched, whole):
+        _same_bits(got, want)
+    state = sent_whole[0]
+    assert sent_whole == [state] * len(sent_whole)
+    assert sent[0] == state
+    # Adam's two moments and the counter stay the driver's: only the weights (and the counter) travel after the first
+    weights = sum(np.asarray(w).nbytes for w in patched[:4])
+    assert all(s <= weights + 16 for s in sent[1:]), (sent, weights)
+    assert state > 2.9 * weights
