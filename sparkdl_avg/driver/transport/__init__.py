@@ -4,7 +4,8 @@
   settings record a fit's transport is built from (the registries that find
   a transport or an aggregation path by name are the options', which its
   modules fill);
-* one module per transport: :mod:`.spark` (broadcast + ``treeAggregate``),
+* one module per transport: :mod:`.spark` (broadcast + ``treeAggregate``; its state as bases and patches under
+  ``optimizer_state="local"``, :mod:`.downlink`),
   :mod:`.files` (files under the staging directory), :mod:`.sql` (a
   DataFrame job; its aggregation paths in :mod:`.sql_paths`, its standing
   job in :mod:`.standing`, its shard keys in :mod:`.murmur3`);
