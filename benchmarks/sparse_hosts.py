@@ -13,7 +13,10 @@ round, generated data (scikit-learn's ``make_classification``: 64 features,
 data staged by an untimed first ``fit`` of one epoch:
 
 * ``float32``: no ``update_compression`` (the dense arm: its final held-out accuracy is the target);
-* ``int8``, ``topk``, ``threshold``: ``update_compression`` as named.
+* ``int8``, ``topk``, ``threshold``: ``update_compression`` as named;
+* ``topk-average``, ``threshold-average``: the same with ``update_rule="average"`` (no outer momentum), whose
+  rounds change only the weights the workers sent: the ``"spark"`` transport then sends the state out as small
+  patches too (docs/benchmarks/sparse_codecs.md, "The state sent as a patch").
 
 Each arm's timed ``fit`` of ``--epochs`` epochs is timed whole; a callback
 takes the held-out accuracy at each epoch's end on the driver (its own time
@@ -44,7 +47,9 @@ from overlap_hosts import BATCH, WORKERS, attached, print_results, run_on_cluste
 
 COMMON = dict(optimizer_state="local", update_rule="diloco:outer_momentum=0.5")
 ARMS = {"float32": {}, "int8": dict(update_compression="int8"), "topk": dict(update_compression="topk"),
-        "threshold": dict(update_compression="threshold")}
+        "threshold": dict(update_compression="threshold"),
+        "topk-average": dict(update_compression="topk", update_rule="average"),
+        "threshold-average": dict(update_compression="threshold", update_rule="average")}
 
 
 def drive(args) -> None:
@@ -82,7 +87,7 @@ def drive(args) -> None:
             model = mlp(1e6)
             with ParameterAveragingTrainer(model, num_workers=WORKERS, batch_size=BATCH, averaging_frequency=args.k,
                                            seed=0, slow_warning=False, staging_dir=f"{store}/{arm}-{repeat}",
-                                           **COMMON, **ARMS[arm]) as trainer:
+                                           **{**COMMON, **ARMS[arm]}) as trainer:
                 trainer.fit(df, epochs=1, verbose=0)  # untimed: data staged, replicas built
                 clock = Clock()
                 t0 = time.monotonic()
@@ -95,6 +100,8 @@ def drive(args) -> None:
                 accuracy=clock.points[-1][1], round_s=med(r.wall_s for r in records),
                 compute_s=med(r.compute_max_s for r in records),
                 sent_per_worker=med(r.sent_bytes / r.num_workers for r in records),
+                state_per_round=med(r.state_bytes for r in records),
+                state_per_round_each=[r.state_bytes for r in records],
                 paths=sorted({f"{r.transport}/{r.aggregation}" for r in records}),
                 path_per_round=[f"{r.transport}/{r.aggregation}" for r in records],
                 round_s_per_round=[round(r.wall_s, 2) for r in records],
@@ -111,8 +118,8 @@ def summary(rows) -> str:
     dense = [r for r in rows if r["arm"] == "float32"]
     target = med(r["accuracy"] for r in dense) if dense else None
     lines = [f"target: the float32 arm's final held-out accuracy, {target}" if target is not None else "",
-             "| arm | path | fit s | s to the target | round s | compute s | sent / worker / round | "
-             "driver in / out MB per round | held-out acc |", "|---|---|---|---|---|---|---|---|---|"]
+             "| arm | path | fit s | s to the target | round s | compute s | sent / worker / round | state out / round | "
+             "driver in / out MB per round | held-out acc |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in ARMS:
         rs = [r for r in rows if r["arm"] == arm]
         if not rs:
@@ -124,6 +131,7 @@ def summary(rows) -> str:
                      f"| {arm} | {', '.join(rs[0]['paths'])} | {med(r['fit_s'] for r in rs):.1f} | not reached |")
         lines[-1] += (f" {med(r['round_s'] for r in rs):.2f} | {med(r['compute_s'] for r in rs):.2f} | "
                       f"{med(r['sent_per_worker'] for r in rs):,.0f} | "
+                      f"{med(r.get('state_per_round') or 0 for r in rs):,.0f} | "
                       f"{med(r['driver_rx_per_round'] for r in rs) / 1e6:.2f} / "
                       f"{med(r['driver_tx_per_round'] for r in rs) / 1e6:.2f} | {med(r['accuracy'] for r in rs):.4f} |")
     return "\n".join(lines)

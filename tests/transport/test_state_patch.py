@@ -50,6 +50,47 @@ def test_a_patch_rebuilds_every_array_bitwise_with_negative_zeros_nans_and_count
     assert np.asarray(base[1])[2].tobytes() == np.float64(0.0).tobytes()  # the base is left as it was
 
 
+class _ExecutorBroadcast:
+    """A Python worker's view of a Spark broadcast: the pickled value in a file, ``value`` cached once read."""
+
+    def __init__(self, value, path):
+        import pickle
+
+        with open(path, "wb") as f:
+            pickle.dump(value, f)
+        self._path, self.reads_of_value = str(path), 0
+
+    def load_from_path(self, path):
+        import pickle
+
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    @property
+    def value(self):
+        self.reads_of_value += 1
+        return self.load_from_path(self._path)
+
+
+def test_an_executor_unpickles_its_base_afresh_each_round_and_patches_that_copy_in_place(tmp_path):
+    base = [np.arange(6, dtype=np.float32), np.asarray(3, np.int64)]
+    new = [base[0].copy(), np.asarray(9, np.int64)]
+    new[0][4] = -1.0
+    weights = _ExecutorBroadcast([base[0]], tmp_path / "w")
+    optimizer = _ExecutorBroadcast([base[1]], tmp_path / "o")
+    patches = _ExecutorBroadcast((diff([base[0]], [new[0]]).entries, diff([base[1]], [new[1]]).entries),
+                                 tmp_path / "p")
+    state = state_patch.PatchedState(weights, optimizer, patches)
+    for _ in range(2):  # a second task on the same Python worker reads the same
+        got_weights, got_optimizer = state.load()
+        for got, want in zip(got_weights + got_optimizer, new):
+            _same_bits(got, want)
+    assert weights.reads_of_value == optimizer.reads_of_value == 0  # never the cached value: no copy kept
+    own = [np.arange(3, dtype=np.float32)]
+    patched = apply(own, diff(own, [np.array([0, 5, 2], np.float32)]).entries, in_place=True)
+    assert patched[0] is own[0] and own[0][1] == 5
+
+
 def test_an_array_changed_in_more_than_half_its_values_or_reshaped_travels_whole():
     base = [np.arange(10, dtype=np.float32), np.arange(6, dtype=np.float32), np.ones(4, np.float32)]
     new = [base[0] + np.r_[np.ones(6), np.zeros(4)].astype(np.float32), np.arange(6, dtype=np.float32).reshape(2, 3),

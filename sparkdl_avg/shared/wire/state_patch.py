@@ -96,22 +96,40 @@ def diff(base: Sequence[np.ndarray], arrays: Sequence[Any]) -> Patch:
     return Patch(tuple(entries), nbytes)
 
 
-def apply(base: Sequence[np.ndarray], entries: Sequence[Entry]) -> List[np.ndarray]:
-    """``base`` with ``entries`` applied (:func:`diff`'s): new arrays, ``base`` left as it is."""
+def apply(base: Sequence[np.ndarray], entries: Sequence[Entry], in_place: bool = False) -> List[np.ndarray]:
+    """``base`` with ``entries`` applied (:func:`diff`'s).
+
+    ``in_place``: ``base`` is the caller's own copy (writable, C-ordered): changed where it changes, no array copied;
+    else new arrays, ``base`` left as it is.
+    """
     if len(base) != len(entries):
         raise ValueError(f"a patch of {len(entries)} arrays does not fit a base of {len(base)}")
     out = []
     for b, entry in zip(base, entries):
-        if entry is None:
-            out.append(np.array(b, copy=True))
-        elif entry[0] == "all":
+        if entry is not None and entry[0] == "all":
             out.append(np.array(entry[1], copy=True))
-        else:
+            continue
+        a = b if in_place and isinstance(b, np.ndarray) and b.flags.writeable and b.flags.c_contiguous \
+            else np.array(b, copy=True)
+        if entry is not None:
             _, positions, values = entry
-            a = np.array(b, copy=True)
             a.reshape(-1)[positions] = values
-            out.append(a)
+        out.append(a)
     return out
+
+
+def _own_copy(broadcast) -> Tuple[Any, bool]:
+    """A broadcast's value as a copy of this task's own where one can be had without a second copy, and whether it is.
+
+    A Python worker keeps what ``value`` unpickled for every later task; its executor keeps the pickled bytes in a
+    file. Read from that file, the base is unpickled afresh each round, as a round's broadcast was before patches,
+    and patched in place: no copy of the state more than before in the worker. (Where Spark hands the value over
+    another way, encrypted broadcasts, ``value`` is read and patched into new arrays.)
+    """
+    path = getattr(broadcast, "_path", None)
+    if path is not None and hasattr(broadcast, "load_from_path"):
+        return broadcast.load_from_path(path), True
+    return broadcast.value, False
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,9 @@ class PatchedState:
     def load(self) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
         """The round's state, bitwise what the driver sent: new arrays (the bases stay as Spark keeps them)."""
         weight_entries, optimizer_entries = self.patches.value
-        weights = apply(self.weights.value, weight_entries)
-        optimizer = None if self.optimizer is None else apply(self.optimizer.value, optimizer_entries)
-        return weights, optimizer
+        weights, own = _own_copy(self.weights)
+        weights = apply(weights, weight_entries, in_place=own)
+        if self.optimizer is None:
+            return weights, None
+        optimizer, own = _own_copy(self.optimizer)
+        return weights, apply(optimizer, optimizer_entries, in_place=own)
