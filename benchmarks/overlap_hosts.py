@@ -73,7 +73,8 @@ def attached(args):
     """On host 0: the running cluster, a session on its master (README's settings), the training data as a cached
     DataFrame of ``WORKERS`` partitions, and the held-out ``(x, y)``."""
     cluster = hosts.Cluster.attach()
-    spark = harness.session(cluster.master_url, conf=CONF)
+    extra = dict(c.split("=", 1) for c in getattr(args, "conf", None) or ())  # --conf KEY=VALUE, an arm of settings
+    spark = harness.session(cluster.master_url, conf={**CONF, **extra})
     x, y, x_test, y_test = data(args)
     df = spark.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)], "features array<float>, label int")
     df = df.repartition(WORKERS).cache()
@@ -165,13 +166,15 @@ def run_on_cluster(script: str, args) -> None:
     with hosts.Cluster(hosts=WORKERS + 1, rate=args.rate, worker_memory="1200m").running() as cluster:
         cmd = [sys.executable, script, "--driver", "--out", partial, "--k", str(args.k),
                "--repeats", str(args.repeats), "--epochs", str(args.epochs),
-               "--rounds-per-epoch", str(args.rounds_per_epoch), "--arms", *args.arms]
+               "--rounds-per-epoch", str(args.rounds_per_epoch), "--arms", *args.arms,
+               *(f"--conf={c}" for c in getattr(args, "conf", None) or ())]
         proc = cluster.run(0, cmd, env=cluster.driver_env(), timeout=3600, check=False)
         if proc.returncode:
             print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
     with open(partial) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    harness.write_results(args.out, args, conf=harness.settings(CONF), rows=rows, load_before=load,
+    extra = dict(c.split("=", 1) for c in getattr(args, "conf", None) or ())
+    harness.write_results(args.out, args, conf=harness.settings({**CONF, **extra}), rows=rows, load_before=load,
                           load_after=os.getloadavg(), command=" ".join(sys.argv))
     os.remove(partial)
 

@@ -100,7 +100,7 @@ def drive(args) -> None:
                 accuracy=clock.points[-1][1], round_s=med(r.wall_s for r in records),
                 compute_s=med(r.compute_max_s for r in records),
                 sent_per_worker=med(r.sent_bytes / r.num_workers for r in records),
-                state_per_round=med(r.state_bytes for r in records),
+                state_per_round=med(r.state_bytes or 0 for r in records),
                 state_per_round_each=[r.state_bytes for r in records],
                 paths=sorted({f"{r.transport}/{r.aggregation}" for r in records}),
                 path_per_round=[f"{r.transport}/{r.aggregation}" for r in records],
@@ -146,6 +146,8 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_internal("--driver", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table of --out and stop")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting of the driver's session beside README's (repeatable)")
     args = p.parse_args()
     if args.driver:
         drive(args)

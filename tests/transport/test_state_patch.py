@@ -172,3 +172,25 @@ def test_a_local_state_fit_sends_patches_after_its_first_round_and_ends_bitwise_
     weights = sum(np.asarray(w).nbytes for w in patched[:4])
     assert all(s <= weights + 16 for s in sent[1:]), (sent, weights)
     assert state > 2.9 * weights
+
+
+def test_on_spark_a_local_state_fit_sends_patches_and_ends_bitwise_as_the_files_transport(spark):
+    """Real Python workers: each reads its bases from the executor's broadcast files, round after round."""
+    def fit(transport):
+        model = make_model(optimizer=keras.optimizers.Adam(0.01), seed=3)
+        trainer = ParameterAveragingTrainer(model, num_workers=2, batch_size=8, averaging_frequency=3, seed=5,
+                                            slow_warning=False, optimizer_state="local", state_transport=transport)
+        x, y = regression_data(200, seed=7)
+        trainer.fit((x, y), epochs=2, verbose=0)
+        weights, optimizer = get_state(model)
+        return weights + optimizer, [(r.transport, r.state_bytes) for r in trainer.stats]
+
+    patched, sent = fit("spark")
+    whole, sent_whole = fit("files")
+    for got, want in zip(patched, whole):
+        _same_bits(got, want)
+    state = sum(np.asarray(a).nbytes for a in whole)
+    weights = sum(np.asarray(w).nbytes for w in whole[:4])
+    assert sent_whole == [("files", state)] * len(sent_whole)
+    assert sent[0] == ("spark", state)
+    assert all(t == "spark" and s <= weights + 16 for t, s in sent[1:]), (sent, weights)

@@ -21,7 +21,7 @@ from ...errors import PathError
 from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import join
 from ...shared.wire import exchange
-from ...shared.wire.aggregation import PartialResult, merge
+from ...shared.wire.aggregation import PartialResult, merge, nbytes_of
 from ...shared.wire.delta_sums import sum_deltas
 from ..config.options import TRANSPORTS
 from .base import Published, StateTransport, TransportSettings, rdd_job, remove_quietly, unreadable
@@ -57,7 +57,8 @@ class FileTransport(StateTransport):
     def publish(self, name, weights, optimizer):
         directory = join(self.directory, name)
         state = exchange.store_state(directory, "state", weights, optimizer)
-        return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer))
+        return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer),
+                         nbytes_of(weights, optimizer))
 
     def sink(self, published: Published) -> exchange.StoreSums:
         """Where the workers of the job on ``published`` deliver: files of their own beside its state."""

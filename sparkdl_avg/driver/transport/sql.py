@@ -22,7 +22,7 @@ from ...executor import worker as worker_mod
 from ...shared.errors.remote_errors import run_job
 from ...shared.files.fs import join, make_dir
 from ...shared.wire import exchange, round_rows, standing
-from ...shared.wire.aggregation import PartialResult, merge
+from ...shared.wire.aggregation import PartialResult, merge, nbytes_of
 from ..config.options import AGGREGATIONS, TRANSPORTS
 from ..runtime.session import struct_type
 from .base import NextRound, Published, StateTransport, TransportSettings, remove_quietly
@@ -107,7 +107,8 @@ class SqlTransport(StateTransport):
             directory = join(self.directory, name)  # only if the sums go to files (an aggregation asked for)
             layout = self.layout(weights, optimizer)
             if job.opening(weights, optimizer):  # the job's closure carries it (a broadcast): not in each word
-                return Published(standing.OPENING, partial(remove_quietly, directory), directory, layout)
+                return Published(standing.OPENING, partial(remove_quietly, directory), directory, layout,
+                                 nbytes_of(weights, optimizer))
             if optimizer is not None:
                 # kept by the driver: a worker fetches them only to start or restart its own (optimizer_state="local")
                 optimizer = job.post.keep(name, optimizer)
@@ -117,10 +118,12 @@ class SqlTransport(StateTransport):
                 job.post.forget(name)
                 remove_quietly(directory)
 
-            return Published(state, release, directory, layout)
+            # the word carries the weights; a worker fetches the optimizer's variables only to start its own
+            return Published(state, release, directory, layout, nbytes_of(weights))
         directory = join(self.directory, name)
         state = exchange.store_state(directory, "state", weights, optimizer)
-        return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer))
+        return Published(state, partial(remove_quietly, directory), directory, self.layout(weights, optimizer),
+                         nbytes_of(weights, optimizer))
 
     def plan(self, num_workers: int, nbytes: int, standing: bool = False) -> Tuple[str, int]:
         """``(aggregation, shards)`` for ``num_workers`` workers and sums of ``nbytes`` bytes each.
@@ -185,7 +188,9 @@ class SqlTransport(StateTransport):
             import pyarrow as pa
 
             table = pa.Table.from_batches(batches, round_rows.round_arrow_schema())
-            return self._collect(table, what, published.directory, published.layout, path, plan[1]), at
+            result = self._collect(table, what, published.directory, published.layout, path, plan[1])
+            result.state_bytes = published.nbytes
+            return result, at
         except BaseException:
             self._drop(self._ahead)
             self._ahead = None
