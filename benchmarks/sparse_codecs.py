@@ -12,7 +12,7 @@ mean over the fit's rounds: the ``"spark"`` transport's bases and patches, docs/
         diloco:outer_momentum=0.5/none diloco:outer_momentum=0.5/topk
 
 ``--rebase-share`` sets :data:`sparkdl_avg.shared.wire.state_patch.REBASE_SHARE` for the run (how its default was
-chosen).
+chosen, with ``--state-transport spark``: on one host ``"auto"`` sends the state through another path, whole).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=None, help="default: the dataset's (digits 10, cnn 3)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rebase-share", type=float, default=None, help="default: the library's REBASE_SHARE")
+    p.add_argument("--state-transport", default="auto",
+                   help='state_transport (its patches: "spark"; on one host "auto" takes another path)')
     p.add_argument("arms", nargs="+", metavar="RULE/COMPRESSION")
     args = p.parse_args()
 
@@ -60,6 +62,7 @@ def main() -> None:
             trainer = sparkdl_avg.ParameterAveragingTrainer(
                 model, num_workers=2, batch_size=32, averaging_frequency=args.k, seed=seed, optimizer_state="local",
                 update_rule=rule, update_compression=None if compression == "none" else compression,
+                state_transport=args.state_transport,
                 slow_warning=False)
             trainer.fit((x, y), epochs=epochs, verbose=0)
             accuracies.append(float(model.evaluate(xt, yt, verbose=0)[1]))
