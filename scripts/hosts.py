@@ -718,9 +718,10 @@ class Cluster:
                     break
             # The dead processes' connections close with a FIN (or RST) that may still wait in the shaped link's
             # queue or for its ACK; deleting the link now would lose it, and the master and driver would learn
-            # of the loss only at their timeouts (a minute or more) instead of at once.
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and _closing_sockets(host.anchor):
+            # of the loss only at their timeouts (a minute or more) instead of at once. A connection still open
+            # here belongs to a thread still exiting (its files not yet closed): wait for it too.
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and _closing_sockets(host.anchor, still_open=True):
                 time.sleep(0.05)
             time.sleep(0.1)
             killed += [host.anchor] if host.anchor else []
@@ -923,9 +924,14 @@ def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def _closing_sockets(pid: int) -> int:
-    """TCP connections in the network namespace of ``pid`` that closed but whose FIN is not yet acknowledged."""
+def _closing_sockets(pid: int, still_open: bool = False) -> int:
+    """TCP connections in the network namespace of ``pid`` that closed but whose FIN is not yet acknowledged.
+
+    ``still_open``: those not closed yet count too (established, listening, half-closed, opening).
+    """
     closing = {"04", "09", "0B"}  # FIN_WAIT1, LAST_ACK, CLOSING
+    if still_open:
+        closing |= {"01", "02", "03", "08", "0A"}  # ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT, LISTEN
     count = 0
     for name in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
@@ -1000,11 +1006,29 @@ def _is_watchdog(pid: int) -> bool:
 
 
 def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has exited: gone, or a zombie none of whose threads is still exiting.
+
+    A multi-threaded process's leader shows ``Z`` as soon as its own thread
+    exits, while the others (a JVM's hundred) may still be exiting; its files,
+    and so its sockets, close only when the last thread has gone. So a zombie
+    counts as exited only once ``/proc/PID/task`` lists the leader alone.
+    """
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        if _state(pid) != "Z":
+            return False
+        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
     except OSError:
         return True
+
+
+def _state(pid: int) -> str:
+    """The state letter of process ``pid``'s leader thread in ``/proc/PID/stat`` (``R``, ``S``, ``Z``, ...).
+
+    Raises:
+        OSError: there is no such process.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

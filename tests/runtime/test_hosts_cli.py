@@ -141,6 +141,34 @@ def test_removing_a_host_the_cluster_lacks_names_the_hosts_it_has(tmp_path):
         assert f.read() == saved  # nothing changed
 
 
+def test_a_process_whose_leader_thread_exited_while_another_thread_lives_has_not_exited():
+    # remove_host deletes a host's link once its processes have exited and their connections closed; a JVM's leader
+    # thread shows "Z" while its other threads still exit, before its sockets close (the Connect elastic scenario's
+    # loss then went unseen for the master's 60 s worker timeout). The leader here exits on its own (pthread_exit)
+    # while a thread holds a listening socket.
+    code = ("import ctypes, socket, sys, threading, time\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            "print(s.getsockname()[1], flush=True)\n"
+            "ctypes.CDLL(None).pthread_exit(None)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        deadline = time.monotonic() + 10
+        while hosts._state(proc.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hosts._state(proc.pid) == "Z"  # the leader thread is gone ...
+        assert not hosts._zombie(proc.pid)  # ... but not the process: its socket is open
+        thread = next(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+        assert hosts._closing_sockets(thread, still_open=True) >= 1  # (read through the thread's network namespace)
+        with open(f"/proc/{thread}/net/tcp") as f:
+            assert any(line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A" for line in f)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert hosts._zombie(proc.pid)  # reaped
+
+
 def test_run_from_a_directory_in_this_machines_tmp_names_what_the_hosts_share(tmp_path):
     state = str(tmp_path)  # wherever pytest's temp is: the state dir the hosts share
     cluster = hosts.Cluster(hosts=2, store=False, state_dir=state)
