@@ -51,6 +51,9 @@ def drive(cluster, *runs) -> list:
         argv += [*(["--then"] if argv else []), "--session", session, "--store", store, "--out", outs[-1], *scenarios]
     proc = cluster.run(0, [sys.executable, DRIVER, *argv], env=cluster.driver_env(), timeout=420 * len(runs),
                        check=False)
+    # The elastic scenario removes a host and adds one (the same index): take in the hosts as they are now, before
+    # any assertion, so that a failed scenario fails its own tests only, not the others' on a host that is gone.
+    cluster.hosts = hosts.Cluster.attach(cluster.state_path).hosts
     results = []
     for out, (_, _, *scenarios) in zip(outs, runs):
         assert os.path.exists(out), f"the driver wrote no results ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
@@ -60,8 +63,6 @@ def drive(cluster, *runs) -> list:
             assert name in results[-1], f"{name}: no result ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
             assert "failed" not in results[-1][name], \
                 f"{name}: {results[-1][name]['failed']}\n{results[-1][name]['traceback']}"
-    # The elastic scenario removes a host and adds one (the same index): take in the hosts as they are now.
-    cluster.hosts = hosts.Cluster.attach(cluster.state_path).hosts
     return results
 
 
