@@ -11,8 +11,9 @@ mean over the fit's rounds: the ``"spark"`` transport's bases and patches, docs/
     PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/sparse_codecs.py --k 4 \\
         diloco:outer_momentum=0.5/none diloco:outer_momentum=0.5/topk
 
-``--rebase-share`` sets :data:`sparkdl_avg.shared.wire.state_patch.REBASE_SHARE` for the run (how its default was
-chosen, with ``--state-transport spark``: on one host ``"auto"`` sends the state through another path, whole).
+``--rebase-share`` and ``--chain-share`` set :data:`sparkdl_avg.shared.wire.state_patch.REBASE_SHARE` and
+:data:`~sparkdl_avg.shared.wire.state_patch.CHAIN_SHARE` for the run (how their defaults were chosen, with
+``--state-transport spark``: on one host ``"auto"`` sends the state through another path, whole).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=None, help="default: the dataset's (digits 10, cnn 3)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rebase-share", type=float, default=None, help="default: the library's REBASE_SHARE")
+    p.add_argument("--chain-share", type=float, default=None, help="default: the library's CHAIN_SHARE")
     p.add_argument("--state-transport", default="auto",
                    help='state_transport (its patches: "spark"; on one host "auto" takes another path)')
     p.add_argument("arms", nargs="+", metavar="RULE/COMPRESSION")
@@ -44,6 +46,8 @@ def main() -> None:
 
     if args.rebase_share is not None:
         state_patch.REBASE_SHARE = args.rebase_share
+    if args.chain_share is not None:
+        state_patch.CHAIN_SHARE = args.chain_share
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from compressed_training import datasets, model_for

@@ -1,8 +1,9 @@
 """The state sent as bases and patches (shared/wire/state_patch.py, driver/transport/downlink.py).
 
 Under ``optimizer_state="local"`` the ``"spark"`` transport (and the in-process engine's, which is it) sends a base of
-the weights and of the optimizer variables once and each round what changed since: the executors must rebuild the
-whole state bitwise, whatever the dtype's special values, and the driver must let a base go only once no job reads it.
+the weights and of the optimizer variables once and each round what changed since the round before: the executors
+must rebuild the whole state bitwise from the base and the chain of patches, whatever the dtype's special values, and
+the driver must let a base and its chain go only once no job reads them.
 """
 
 from __future__ import annotations
@@ -72,20 +73,27 @@ class _ExecutorBroadcast:
         return self.load_from_path(self._path)
 
 
-def test_an_executor_unpickles_its_base_afresh_each_round_and_patches_that_copy_in_place(tmp_path):
+def test_an_executor_unpickles_its_base_afresh_each_round_and_applies_the_chain_in_place(tmp_path):
     base = [np.arange(6, dtype=np.float32), np.asarray(3, np.int64)]
-    new = [base[0].copy(), np.asarray(9, np.int64)]
-    new[0][4] = -1.0
+    middle = [base[0].copy(), np.asarray(6, np.int64)]
+    middle[0][4] = -1.0
+    new = [middle[0].copy(), np.asarray(9, np.int64)]
+    new[0][[1, 4]] = [7.0, -0.0]  # the second patch changes again what the first changed
     weights = _ExecutorBroadcast([base[0]], tmp_path / "w")
     optimizer = _ExecutorBroadcast([base[1]], tmp_path / "o")
-    patches = _ExecutorBroadcast((diff([base[0]], [new[0]]).entries, diff([base[1]], [new[1]]).entries),
-                                 tmp_path / "p")
-    state = state_patch.PatchedState(weights, optimizer, patches)
+    chains = [[_ExecutorBroadcast(diff([a[i]], [b[i]]).entries, tmp_path / f"p{i}{n}")
+               for n, (a, b) in enumerate([(base, middle), (middle, new)])] for i in range(2)]
+    state = state_patch.PatchedState((weights, tuple(chains[0])), (optimizer, tuple(chains[1])))
     for _ in range(2):  # a second task on the same Python worker reads the same
         got_weights, got_optimizer = state.load()
         for got, want in zip(got_weights + got_optimizer, new):
             _same_bits(got, want)
-    assert weights.reads_of_value == optimizer.reads_of_value == 0  # never the cached value: no copy kept
+    # never the cached values: no copy of a base or a patch kept in the worker between tasks
+    assert weights.reads_of_value == optimizer.reads_of_value == 0
+    assert not [bc for chain in chains for bc in chain if bc.reads_of_value]
+    first = state_patch.PatchedState((weights, tuple(chains[0][:1])), None).load()
+    assert first[1] is None
+    _same_bits(first[0][0], middle[0])
     own = [np.arange(3, dtype=np.float32)]
     patched = apply(own, diff(own, [np.array([0, 5, 2], np.float32)]).entries, in_place=True)
     assert patched[0] is own[0] and own[0][1] == 5
@@ -117,13 +125,14 @@ class _Engine:
         return bc
 
 
-def test_a_base_goes_once_replaced_and_no_job_reads_it():
+def test_each_round_sends_its_patch_against_the_round_before_and_a_base_goes_once_replaced_and_unread():
     engine = _Engine()
     link = Downlink(engine)
     weights = [np.zeros(100, np.float32)]
     optimizer = [np.asarray(0, np.int64), np.zeros(100, np.float32)]
     state1, release1, n1 = link.publish(weights, optimizer)
     assert n1 == 400 + 8 + 400  # both bases, whole
+    assert state1.weights[1] == state1.optimizer[1] == ()
     weights2 = [weights[0].copy()]
     weights2[0][5] = 1.0
     optimizer2 = [np.asarray(8, np.int64), optimizer[1]]
@@ -131,20 +140,46 @@ def test_a_base_goes_once_replaced_and_no_job_reads_it():
     assert n2 == 8 + 8  # one weight and its position; the counter whole
     for got, want in zip(sum(state2.load(), []), weights2 + optimizer2):
         _same_bits(got, want)
-    release1()
-    weights3 = [np.arange(100, dtype=np.float32)]  # all changed: a new base of the weights
+    weights3 = [weights2[0].copy()]
+    weights3[0][[5, 6]] = [2.0, 3.0]
     state3, release3, n3 = link.publish(weights3, optimizer2)
-    assert n3 == 400 + 8  # the weights' new base; the counter still differs from its base's
-    old_weights_base = state1.weights
-    assert old_weights_base not in engine.unpersisted  # round 2's job still reads it
+    assert n3 == 2 * 8  # against round 2, not the base: two weights; the counter as in round 2, so nothing
+    assert len(state3.weights[1]) == 2 and state3.weights[1][0] is state2.weights[1][0]  # the chain grows
+    assert state3.optimizer[1] == state2.optimizer[1]
+    for got, want in zip(sum(state3.load(), []), weights3 + optimizer2):
+        _same_bits(got, want)
+    release1()
+    weights4 = [np.arange(100, dtype=np.float32)]  # all changed: a new base of the weights
+    state4, release4, n4 = link.publish(weights4, optimizer2)
+    assert n4 == 400  # the weights' new base; the optimizer's unchanged
+    old_weights = [state1.weights[0], *state3.weights[1]]  # the old base and its chain
+    assert not [bc for bc in old_weights if bc in engine.unpersisted]  # rounds 2 and 3's jobs still read them
     release2()
-    assert old_weights_base in engine.unpersisted
-    assert state1.optimizer not in engine.unpersisted  # still the optimizer's base
-    _same_bits(state3.load()[0][0], weights3[0])
+    assert not [bc for bc in old_weights if bc in engine.unpersisted]
     release3()
-    release3()  # twice: nothing more
+    assert all(bc in engine.unpersisted for bc in old_weights)
+    assert state1.optimizer[0] not in engine.unpersisted  # still the optimizer's base
+    _same_bits(state4.load()[0][0], weights4[0])
+    release4()
+    release4()  # twice: nothing more
     link.close()
-    assert state3.weights in engine.unpersisted and state3.optimizer in engine.unpersisted
+    assert state4.weights[0] in engine.unpersisted and state4.optimizer[0] in engine.unpersisted
+    assert all(bc in engine.unpersisted for bc in state4.optimizer[1])
+
+
+def test_a_chain_that_outgrows_its_share_of_the_base_becomes_a_new_base():
+    link = Downlink(_Engine(), chain_share=0.3)
+    weights = np.zeros(100, np.float32)
+    sent = []
+    for r in range(6):
+        weights = weights.copy()
+        weights[r * 5:(r + 1) * 5] = r + 1  # 5 new values a round: 40 bytes against a 400-byte base
+        state, release, n = link.publish([weights], None)
+        sent.append((n, len(state.weights[1])))
+        _same_bits(state.load()[0][0], weights)
+        release()
+    # the chain reaches 120 bytes (0.3 x 400) after three patches; the fourth would pass it: a new base
+    assert sent == [(400, 0), (40, 1), (40, 2), (40, 3), (400, 0), (40, 1)]
 
 
 def _local_fit(**options):

@@ -105,15 +105,15 @@ def estimate(weight_bytes: int, optimizer_bytes: int, largest_array: int, averag
         largest_array: The largest of those arrays.
         average_optimizer: Whether the workers send the optimizer's variables to be averaged.
         local_optimizer: ``optimizer_state="local"``: each worker keeps its own optimizer variables
-            (the driver sums the weights only, and keeps the state's bases to send patches against).
+            (the driver sums the weights only, and keeps a copy of the state to take patches against).
         compression_ratio: Bytes of the sums a worker sends over the bytes of plain sums
             (``update_compression``; 1: none).
         workers_per_host: Workers whose memory one host (or executor) holds.
     """
     state = weight_bytes + optimizer_bytes
     summed = weight_bytes + (optimizer_bytes if average_optimizer and not local_optimizer else 0)
-    # optimizer variables not averaged: the "spark" transport keeps the state's bases to send patches against
-    # (driver/transport/downlink.py), a copy of the state
+    # optimizer variables not averaged: the "spark" transport keeps a copy of the state as last sent, to take the
+    # next round's patch against (driver/transport/downlink.py; the patches' broadcasts are the JVM's)
     bases = state if not average_optimizer or local_optimizer else 0
     driver = (DRIVER_COPIES * summed * compression_ratio + bases + DRIVER_ARRAY_HEADROOM * largest_array
               + FIXED_BYTES)

@@ -25,7 +25,7 @@ Its modules:
 * :mod:`.standing`: the standing round job's board as files in a directory (executors on the driver's host).
 * :mod:`.standing_net`: the standing round job's protocol through the driver's socket: for executors on hosts
   of their own.
-* :mod:`.state_patch`: a round's state as what changed since a base the executors keep: the patch format, both
-  halves.
+* :mod:`.state_patch`: a round's state as a base the executors keep and the chain of patches since (each round's
+  against the round before): the patch format, both halves.
 * :mod:`.stats`: the typed round and worker records (``trainer.stats``, ``stats.json``).
 """

@@ -1,4 +1,5 @@
-"""A round's state sent as what changed since a base the executors already hold: the patch format, both halves.
+"""A round's state sent as what changed since the round before, on a base the executors hold: the patch format,
+both halves.
 
 Under ``optimizer_state="local"`` (or ``"reset"``) the driver's optimizer variables never change but for the
 iteration counter, and with a sparse ``update_compression`` (``"topk"``, ``"threshold"``) and an outer rule without
@@ -6,9 +7,11 @@ momentum a round changes a few percent of the weights. Sending the whole state e
 every executor already has: with Adam, three times the weights. The ``"spark"`` transport
 (:class:`~sparkdl_avg.driver.transport.downlink.Downlink`) keeps a *base* of each part of the state (the weights, the
 optimizer variables) in a Spark broadcast, which an executor fetches once and keeps (a new executor fetches it as
-any broadcast, from the driver or its peers), and each round sends only a :class:`Patch`: per array, the positions
-whose bits differ from the base and their new values, or the array whole where that is smaller. A part whose patch
-grows past :data:`REBASE_SHARE` of its base is sent whole again as a new base.
+any broadcast, from the driver or its peers), and each round sends only a :class:`Patch` against the round before:
+per array, the positions whose bits differ and their new values, or the array whole where that is smaller. The
+executors keep each patch's broadcast too, so a round's state is the base and the chain of patches since, and each
+executor fetches only the newest. A part whose round's patch grows past :data:`REBASE_SHARE` of its base, or whose
+chain grows past :data:`CHAIN_SHARE` of it, is sent whole again as a new base.
 
 The executors rebuild the state bitwise (:func:`apply`): the same bits as the whole state, whatever the dtype
 (``-0.0``, NaN payloads). What is read is :class:`PatchedState`, a state source as
@@ -23,15 +26,21 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 REBASE_SHARE = 0.5
-"""A part of the state whose patch would take more than this share of its base's bytes is sent whole, as a new base.
+"""A part of the state whose round's patch would take more than this share of its base's bytes is sent whole, as a
+new base.
 
-The trade: a patch is sent every round, a base once until the next rebase. With ``"topk"`` at 2% on three workers a
-round changes at most 6% of the weights, so the weights' patch reaches half their bytes after about five rounds
-(8 bytes a changed value against 4; every sixth round on the hosts benchmark's MLP); a dense rule (momentum, plain
-averaging of dense updates) changes every weight every round, and its weights are rebased every round: what the whole
-state cost before. On the digits MLP (topk and threshold without outer momentum) 0.25 and 0.5 sent within 15% of each
-other's bytes, 1.0 twice as much; half re-bases less often (docs/benchmarks/sparse_codecs.md, "The state sent as a
-patch")."""
+A dense rule (outer momentum, plain averaging of dense updates) changes every weight every round: its weights are
+rebased every round, what the whole state cost before patches (a changed value travels with its position, 8 bytes
+against 4, so a patch of more than half the values would cost more than the array whole anyway)."""
+
+CHAIN_SHARE = 1.0
+"""A part whose chain of patches since its base would take more than this share of the base's bytes is sent whole,
+as a new base.
+
+A chain costs the network only its newest patch a round (executors keep the older ones), but it costs each round's
+task the applying of all of it, a joining executor the fetching of all of it, and the executors' block managers its
+bytes: at most the base's bytes more, with 1.0. The trade: a re-base sends the base to every executor once more
+(docs/benchmarks/sparse_codecs.md, "The state sent as a patch")."""
 
 BLOCK = 1 << 22
 """Values compared at a time (the driver's temporaries stay a few MiB whatever the model's size)."""
@@ -125,8 +134,9 @@ def _own_copy(broadcast) -> Tuple[Any, bool]:
 
     A Python worker keeps what ``value`` unpickled for every later task; its executor keeps the pickled bytes in a
     file. Read from that file, the base is unpickled afresh each round, as a round's broadcast was before patches,
-    and patched in place: no copy of the state more than before in the worker. (Where Spark hands the value over
-    another way, encrypted broadcasts, ``value`` is read and patched into new arrays.)
+    and patched in place: no copy of the state more than before in the worker, and no patch kept in it between
+    tasks. (Where Spark hands the value over another way, encrypted broadcasts, ``value`` is read and patched into
+    new arrays.)
     """
     path = getattr(broadcast, "_path", None)
     if path is not None and hasattr(broadcast, "load_from_path"):
@@ -134,26 +144,30 @@ def _own_copy(broadcast) -> Tuple[Any, bool]:
     return broadcast.value, False
 
 
+def _rebuild(base, chain: Sequence[Any]) -> List[np.ndarray]:
+    """The arrays of broadcast ``base`` with each patch of ``chain`` (broadcasts of entries) applied in order: new
+    arrays, the broadcasts left as Spark keeps them."""
+    arrays, own = _own_copy(base)
+    for patch in chain:
+        entries, _ = _own_copy(patch)  # read afresh, let go once applied
+        arrays, own = apply(arrays, entries, in_place=own), True
+    return arrays if own else apply(arrays, (None,) * len(arrays))
+
+
 @dataclass(frozen=True)
 class PatchedState:
-    """The round's state as bases the executors keep and this round's patches (a state source: :meth:`load`).
+    """The round's state as bases the executors keep and the patches since (a state source: :meth:`load`).
 
     Attributes:
-        weights: The weights' base, a broadcast of a list of arrays.
-        optimizer: The optimizer variables' base, likewise; ``None``: no optimizer variables sent.
-        patches: A broadcast of ``(weights' entries, optimizer's entries or None)``.
+        weights: ``(base, chain)``: a broadcast of the weights' base (a list of arrays) and a tuple of broadcasts of
+            the patches since, oldest first, each against the one before (:attr:`Patch.entries`).
+        optimizer: The optimizer variables', likewise; ``None``: no optimizer variables sent.
     """
 
-    weights: Any
-    optimizer: Any
-    patches: Any
+    weights: Tuple[Any, Tuple[Any, ...]]
+    optimizer: Optional[Tuple[Any, Tuple[Any, ...]]]
 
     def load(self) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
         """The round's state, bitwise what the driver sent: new arrays (the bases stay as Spark keeps them)."""
-        weight_entries, optimizer_entries = self.patches.value
-        weights, own = _own_copy(self.weights)
-        weights = apply(weights, weight_entries, in_place=own)
-        if self.optimizer is None:
-            return weights, None
-        optimizer, own = _own_copy(self.optimizer)
-        return weights, apply(optimizer, optimizer_entries, in_place=own)
+        weights = _rebuild(*self.weights)
+        return weights, None if self.optimizer is None else _rebuild(*self.optimizer)
