@@ -1,6 +1,8 @@
 """The update codecs (sparkdl_avg.shared.wire.compression): bf16 rounding, int8 blocks, int4 nibbles, topk's and
 threshold's sparse deltas, error feedback."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -214,6 +216,18 @@ def test_topk_sums_at_the_positions_equal_the_dense_sums_bitwise():
 
 def test_threshold_sums_at_the_positions_equal_the_dense_sums_bitwise():
     _sparse_sums_equal_dense_sums("threshold")
+
+
+@pytest.mark.parametrize("codec", ["topk", "threshold"])
+def test_sparse_entries_decode_alike_from_a_read_only_payload_at_an_odd_address(codec):
+    # as a worker's shard arrives (np.frombuffer of the bytes, at any offset): positions are read as unaligned
+    # 16-bit words, which must not depend on where the payload lies
+    e = c.encode(_vector(10_000, seed=8), codec, **({"threshold": np.float32(2e-3)} if codec == "threshold" else {}))
+    data = b"\x00" + e.payload.tobytes()
+    moved = dataclasses.replace(e, payload=np.frombuffer(data, np.uint8, offset=1))
+    assert not moved.payload.flags.writeable and moved.payload.ctypes.data % 2 == 1
+    (p1, v1), (p2, v2) = c.sparse_entries(e), c.sparse_entries(moved)
+    assert p1.tolist() == p2.tolist() and v1.tobytes() == v2.tobytes() and p1.size > 100
 
 
 def test_topk_slices_are_whole_chunks():

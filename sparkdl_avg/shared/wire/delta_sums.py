@@ -38,6 +38,7 @@ an epoch's first round every worker starts from the mean of the ``τ`` its peers
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -296,7 +297,8 @@ class DeltaLayout:
         packed = self.parse(data, shard, shards)
         weight = np.float32(packed.examples)
         for sums, e in zip(acc[:-1], packed.encoded):
-            add_decoded(sums, e, weight)  # a topk delta at its positions only, not densified
+            if e.size:  # a segment this layout leaves empty (optimizer_state="local": the optimizer's) adds nothing
+                add_decoded(sums, e, weight)  # a topk delta at its positions only, not densified
         np.add(acc[-1], packed.x, out=acc[-1])
         return acc
 
@@ -328,7 +330,7 @@ class DeltaLayout:
         i32 = 0
         for i, (is32, shape) in enumerate(self.flat.entries):  # the segments' values back in entry order
             if is32:
-                n, seg = int(np.prod(shape)), self._segment_of(i)
+                n, seg = math.prod(shape), self._segment_of(i)
                 f32[i32:i32 + n] = segments[seg][at[seg]:at[seg] + n]
                 at[seg] += n
                 i32 += n
