@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_LIMIT_S = 60.0  # issue 49's target for `mkdocs build --strict` on the 2-core machine
 
 
 @pytest.fixture(scope="session")
