@@ -63,8 +63,8 @@ def test_diloco_is_pytorch_nesterov_sgd_on_the_outer_gradient_and_bmuf_nesterov_
 
     rng = np.random.default_rng(0)
     averages = [rng.normal(size=3) for _ in range(4)]  # what each round's workers averaged to, as offsets
-    rule = DiLoCo()
-    assert (rule.outer_lr, rule.outer_momentum) == (0.7, 0.9) and as_update_rule("diloco") == rule
+    rule = DiLoCo().resolve(2)
+    assert (rule.outer_lr, rule.outer_momentum) == (0.7, 0.9) and as_update_rule("diloco").resolve(2) == rule
     w, state = np.zeros(3), rule.init_state([np.zeros(3)], [True])
     theta, buf = np.zeros(3), None  # torch's SGD: buf = g on the first step, then mu·buf + g (dampening 0)
     bmuf = BlockMomentum(0.9, 0.7, nesterov=True)
@@ -86,6 +86,24 @@ def test_diloco_is_pytorch_nesterov_sgd_on_the_outer_gradient_and_bmuf_nesterov_
     with pytest.raises(ConfigurationError, match=r"'outer_momentum' parameter of DiLoCo must be a float in the "
                                                  r"range \[0.0, 1.0\)\. Got 1.0 instead"):
         DiLoCo(outer_momentum=1.0)
+
+
+def test_diloco_s_outer_momentum_defaults_to_half_where_the_deltas_travel_sparse():
+    """A sparse codec's residual already carries what the rounds did not send: 0.5 there, else the paper's 0.9; a
+    momentum the user gave is kept either way."""
+    from sparkdl_avg import DiLoCo, TrainerConfig
+
+    assert DiLoCo().outer_momentum is None and DiLoCo().resolve(4, sparse_delta=True) == DiLoCo(0.7, 0.5)
+    assert DiLoCo(0.3).resolve(4) == DiLoCo(0.3, 0.9)
+    assert DiLoCo(0.3, 0.8).resolve(4, sparse_delta=True).outer_momentum == 0.8
+    momentum = {(rule, codec): TrainerConfig(update_rule=rule, update_compression=codec).rule(2).outer_momentum
+                for rule in ("diloco", "diloco:outer_momentum=0.9") for codec in (None, "int8", "topk", "threshold")}
+    assert momentum == {("diloco", None): 0.9, ("diloco", "int8"): 0.9, ("diloco", "topk"): 0.5,
+                        ("diloco", "threshold"): 0.5, **{("diloco:outer_momentum=0.9", c): 0.9
+                                                         for c in (None, "int8", "topk", "threshold")}}
+    with pytest.raises(RuntimeError, match=r"DiLoCo\.resolve\(num_workers, sparse_delta\) must be called before use"):
+        DiLoCo().apply([np.zeros(2)], [np.zeros(2)], [np.ones(2)], DiLoCo().init_state([np.zeros(2)], [True]), [True],
+                       0.1)
 
 
 def test_non_trainable_weights_are_plainly_averaged_and_dtypes_kept():
@@ -185,7 +203,7 @@ def test_every_name_resolves_in_the_registry_to_its_class_with_its_defaults():
         "BlockMomentum": [("block_momentum", Optional[float], None, "block_momentum"),
                           ("block_lr", float, 1.0, "block_lr")],
         "SlowMo": [("slow_momentum", float, 0.5, "block_momentum"), ("slow_lr", float, 1.0, "block_lr")],
-        "DiLoCo": [("outer_lr", float, 0.7, "block_lr"), ("outer_momentum", float, 0.9, "block_momentum")],
+        "DiLoCo": [("outer_lr", float, 0.7, "block_lr"), ("outer_momentum", Optional[float], None, "block_momentum")],
     }
 
 
@@ -205,7 +223,8 @@ def test_the_flat_options_derive_from_the_rules_parameters():
 
     momentum, lr = options.option("block_momentum"), options.option("block_lr")
     assert momentum.help == "the rule's momentum: BMUF's eta, SlowMo's beta or DiLoCo's outer momentum"
-    assert momentum.unset == "1 - 1/workers for BMUF, 0.5 for SlowMo, 0.9 for DiLoCo"
+    assert momentum.unset == ("1 - 1/workers for BMUF, 0.5 for SlowMo, 0.9 (0.5 with a sparse update_compression) "
+                              "for DiLoCo")
     assert lr.help == "the rule's learning rate: BMUF's zeta, SlowMo's alpha or DiLoCo's outer lr"
     assert lr.unset == "1 for BMUF, 1 for SlowMo, 0.7 for DiLoCo"
     assert (momentum.aliases, lr.aliases) == (("slow_momentum", "outer_momentum"), ("slow_lr", "outer_lr"))

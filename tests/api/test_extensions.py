@@ -81,12 +81,12 @@ def test_nesterov_sgd_as_the_outer_optimizer_is_diloco_on_arrays():
     float32 values to float64 rounding, and DiLoCo of 0.7, 0.9 to float32 rounding."""
     outer, state = _steps(_nesterov_sgd())
     _close(outer, _steps(DiLoCo(_f32(0.7), _f32(0.9)))[0], rtol=1e-13)
-    _close(outer, _steps(DiLoCo())[0], rtol=1e-6)
+    _close(outer, _steps(DiLoCo().resolve(2))[0], rtol=1e-6)
     assert [a.dtype for a in outer] == [np.float64] * 3
     assert int(state["optimizer"][0]) == 12  # Keras' iteration counter: one outer step per round
     outer32, _ = _steps(_nesterov_sgd(), dtype=np.float32)
     assert [a.dtype for a in outer32] == [np.float32] * 3
-    _close(outer32, _steps(DiLoCo(), dtype=np.float32)[0], rtol=2e-6)
+    _close(outer32, _steps(DiLoCo().resolve(2), dtype=np.float32)[0], rtol=2e-6)
 
 
 def test_the_spec_is_the_optimizer_and_bad_specs_say_what_was_expected():

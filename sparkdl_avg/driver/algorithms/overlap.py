@@ -42,8 +42,8 @@ class OneRoundLate(UpdateRule):
     def name(self) -> str:  # type: ignore[override]
         return self.base.name
 
-    def resolve(self, num_workers: int) -> "OneRoundLate":
-        return OneRoundLate(self.base.resolve(num_workers))
+    def resolve(self, num_workers: int, sparse_delta: bool = False) -> "OneRoundLate":
+        return OneRoundLate(self.base.resolve(num_workers, sparse_delta))
 
     def init_state(self, weights: Sequence[np.ndarray], trainable: Sequence[bool]) -> State:
         """The base rule's state and a zero pending average (a zero is as good as none: nothing to apply)."""

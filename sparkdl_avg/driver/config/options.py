@@ -150,7 +150,7 @@ OPTIONS: Tuple[Option, ...] = (
             "``None`` or ``\"average\"``: plain averaging; ``\"bmuf\"`` / ``\"bmuf_nesterov\"``: "
             "block momentum with ``η = 1 − 1/num_workers``, ``ζ = 1``; ``\"slowmo\"``: SlowMo with "
             "``β = 0.5``, ``α = 1``; ``\"diloco\"``: DiLoCo's outer Nesterov SGD with ``lr = 0.7``, "
-            "``μ = 0.9``; or a ``BlockMomentum(...)`` / ``SlowMo(...)`` / ``DiLoCo(...)`` with your "
+            "``μ = 0.9`` (0.5 with a sparse ``update_compression``: ``\"topk\"``, ``\"threshold\"``); or a ``BlockMomentum(...)`` / ``SlowMo(...)`` / ``DiLoCo(...)`` with your "
             "parameters, an ``OuterOptimizer(keras_optimizer)`` (any Keras optimizer on the outer gradient) "
             "or your own :class:`~sparkdl_avg.UpdateRule`. The rule's state (block momentum ``Δ``) carries "
             "over to the next ``fit`` of this trainer. The CLI and the estimator take the name or a spec "

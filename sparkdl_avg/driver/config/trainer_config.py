@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any, Dict, Tuple
 
 from ...errors import ConfigurationError
-from ...shared.wire.delta_sums import segment_feedback
+from ...shared.wire.delta_sums import segment_feedback, sparse_weights
 from . import options
 from .codegen import document, trainer_entries
 from .constraints import check_joints
@@ -33,9 +33,10 @@ def _schedule(self) -> AveragingSchedule:
 
 
 def _rule(self, num_workers: int) -> UpdateRule:
-    """``update_rule`` as a rule, with defaults for ``num_workers`` filled in; applied one round late with
+    """``update_rule`` as a rule, with defaults for ``num_workers`` and ``update_compression`` filled in
+    (:meth:`~sparkdl_avg.driver.algorithms.rules.UpdateRule.resolve`); applied one round late with
     ``overlap_rounds`` (:class:`~sparkdl_avg.driver.algorithms.overlap.OneRoundLate`)."""
-    rule = as_update_rule(self.update_rule).resolve(num_workers)
+    rule = as_update_rule(self.update_rule).resolve(num_workers, sparse_weights(self.update_compression))
     return OneRoundLate(rule) if self.overlap_rounds else rule
 
 

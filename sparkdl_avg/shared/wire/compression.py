@@ -69,6 +69,15 @@ would (docs/benchmarks.md, "Compressed updates")."""
 _MAX = {"int8": 127, "int4": 7}  # symmetric (-127..127, -7..7) so that -x encodes as -q
 _DTYPES = {"bf16": np.uint16, "int8": np.int8, "int4": np.uint8, "topk": np.uint8, "threshold": np.uint8}
 _COUNTED = ("threshold",)  # codecs whose chunks' bytes depend on their values: a count per chunk says how many
+_SPARSE = ("topk", "threshold")  # codecs that send a few entries of each chunk, the rest left in the residual
+
+
+def is_sparse(codec: str) -> bool:
+    """Whether ``codec`` sends only some entries of each chunk (their positions and values), keeping the rest in the
+    worker's residual for later rounds: ``"topk"`` and ``"threshold"``. Their sums add at the positions only
+    (:func:`add_decoded`), and with them an outer momentum's default is lower (the residual already carries what
+    the rounds have not sent; :class:`~sparkdl_avg.driver.algorithms.rules.DiLoCo`)."""
+    return codec in _SPARSE
 
 
 def is_counted(codec: str) -> bool:
@@ -174,7 +183,7 @@ class Encoded:
         if start % self.block:
             raise ValueError(f"an {self.codec} slice must start at a multiple of its block ({self.block}); got {start}")
         first, last = start // self.block, -(-stop // self.block)
-        if self.codec in ("topk", "threshold") and stop % self.block and stop != self.size:
+        if is_sparse(self.codec) and stop % self.block and stop != self.size:
             raise ValueError(f"a {self.codec} slice must stop at a multiple of its chunk ({self.block}) or the end; "
                              f"got {stop}")
         if self.codec == "threshold":
@@ -235,7 +244,7 @@ def decode(e: Encoded) -> np.ndarray:
     """The float32 values ``e`` stands for."""
     if e.codec == "bf16":
         return (e.payload.astype(np.uint32) << 16).view(np.float32)
-    if e.codec in ("topk", "threshold"):
+    if is_sparse(e.codec):
         out = np.zeros(e.size, np.float32)
         positions, values = sparse_entries(e)
         out[positions] = values
@@ -251,7 +260,7 @@ def add_decoded(acc: np.ndarray, e: Encoded, weight: float = 1.0) -> np.ndarray:
     A ``"topk"`` or ``"threshold"`` value is added at its positions only (each at most once), not densified first:
     bitwise the same sums, as adding ``0`` changes nothing.
     """
-    if e.codec in ("topk", "threshold"):
+    if is_sparse(e.codec):
         positions, values = sparse_entries(e)
         if weight != 1.0:
             values *= np.float32(weight)

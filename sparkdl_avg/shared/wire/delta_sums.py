@@ -47,7 +47,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .compression import (BLOCK, BLOCKS, THRESHOLD_DENSITY, THRESHOLD_START, Encoded, Feedback, adapts, add_decoded,
-                          block_of, decode, encode, is_counted, payload_count, payload_dtype, with_feedback)
+                          block_of, decode, encode, is_counted, is_sparse, payload_count, payload_dtype,
+                          with_feedback)
 from .kept import WorkerRound, WorkerRoundFiles
 
 #: ``update_compression`` values (``None``: float32 sums, as without this module).
@@ -62,6 +63,12 @@ SEGMENT_CODECS = {"bf16": ("bf16", "bf16", "bf16"), "int8": ("int8", "bf16", "bf
                   "threshold": ("threshold", "bf16", "bf16")}
 
 _QUANTIZED = ("int8", "int4", "topk", "threshold")  # the codecs with scales, which keep a residual by default
+
+
+def sparse_weights(compression: Optional[str]) -> bool:
+    """Whether ``update_compression`` sends the weights' deltas sparse (``"topk"``, ``"threshold"``): only some
+    entries a round, the rest in the worker's residual (:func:`~sparkdl_avg.shared.wire.compression.is_sparse`)."""
+    return compression is not None and is_sparse(SEGMENT_CODECS[compression][0])
 
 
 def segment_feedback(compression: str, error_feedback: Optional[bool]) -> Tuple[bool, ...]:
