@@ -252,8 +252,13 @@ def test_threshold_sends_the_values_past_tau_as_plus_or_minus_tau_in_thirteen_bi
     np.testing.assert_array_equal(values, np.where(x[want] < 0, -tau, tau).astype(np.float32))
     counts = [int(np.count_nonzero(np.abs(x[a:a + 4096]) >= tau)) for a in (0, 4096, 8192)]
     assert e.counts.tolist() == counts and e.scales.tolist() == [tau] * 3
-    # 12-bit positions, three bytes a pair, a sign bit each; per chunk a float32 threshold and a uint16 count
-    assert e.nbytes == sum(3 * -(-n // 2) + -(-n // 8) for n in counts) + 3 * (4 + 2)
+    # every chunk's 12-bit positions in its chunk, three bytes a pair (the first in the low 12 bits), then a sign bit
+    # each, eight a byte, the first lowest: no padding between chunks; per chunk a float32 threshold and a uint16 count
+    local, negative = [int(p) % 4096 for p in want], [int(x[p] < 0) for p in want]
+    pairs = [local[i] | ((local[i + 1] if i + 1 < len(local) else 0) << 12) for i in range(0, len(local), 2)]
+    signs = [sum(b << j for j, b in enumerate(negative[i:i + 8])) for i in range(0, len(negative), 8)]
+    assert e.payload.tolist() == [w >> s & 255 for w in pairs for s in (0, 8, 16)] + signs
+    assert e.nbytes == 3 * -(-want.size // 2) + -(-want.size // 8) + 3 * (4 + 2)
     np.testing.assert_array_equal(c.decode(e)[want], values)
     assert np.count_nonzero(c.decode(e)) == want.size
 
@@ -321,6 +326,22 @@ def test_threshold_feedback_clips_the_residual_at_five_thresholds_and_otherwise_
     e, _ = c.with_feedback(np.zeros(8192, np.float32), kept, "threshold")
     e2, after = c.with_feedback(np.zeros(8192, np.float32), kept, "threshold", threshold=kept.threshold * 2)
     assert e2.scales[0] != e.scales[0] and after.threshold != kept.threshold
+
+
+def test_threshold_slices_of_sparse_and_map_chunks_decode_to_the_whole_ones_entries():
+    # chunk 1 past the sparse form's bytes (a map), chunks 0 and 2 sparse with odd counts: a slice packs its
+    # chunks' entries and maps again as a payload of its own
+    x = _vector(10_000, seed=9)
+    x[4096:8192] = np.where(np.arange(4096) % 2, 1.0, -1.0).astype(np.float32) * np.float32(5e-3)
+    e = c.encode(x, "threshold", threshold=np.float32(2.5e-3))
+    assert e.counts.tolist()[1] == 4096 and e.counts[0] % 2 == 1 and e.counts[2] % 2 == 1
+    whole_positions, whole_values = c.threshold_entries(e)
+    for cuts in ([0, 4096, 8192, 10_000], [0, 8192, 10_000], [0, 4096, 10_000]):
+        parts = [e.slice(a, b) for a, b in zip(cuts, cuts[1:])]
+        assert [p.payload.size for p in parts] == [c.payload_count("threshold", p.size, counts=p.counts) for p in parts]
+        got = [c.threshold_entries(p) for p in parts]
+        assert np.concatenate([pos + a for (pos, _), a in zip(got, cuts)]).tolist() == whole_positions.tolist()
+        assert np.concatenate([v for _, v in got]).tobytes() == whole_values.tobytes()
 
 
 def test_threshold_slices_are_whole_chunks_and_bad_thresholds_are_refused():

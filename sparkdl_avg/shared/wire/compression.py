@@ -19,9 +19,10 @@ module owns the number formats and nothing about where they travel:
   Whatever it does not send stays in the residual;
 * ``"threshold"``: Deeplearning4j's threshold encoding (Strom 2015), with its adaptive threshold: of each chunk of
   :data:`BLOCKS` ``["threshold"]`` (4,096) values, those whose magnitude reaches the worker's threshold ``τ`` travel as
-  ``±τ``, each as its 12-bit position and a sign bit (positions three bytes a pair, then the signs eight a byte), or,
-  where that would be more bytes, the whole chunk as a 2-bit map (``0``, ``+τ``, ``-τ``; four values a byte); per
-  chunk ``τ`` (float32) and the count sent (uint16). ``τ`` adapts round by round (:func:`adapt_threshold`) so that
+  ``±τ``, each as its 12-bit position in its chunk and a sign bit, or, where that would be more bytes, the whole
+  chunk as a 2-bit map (``0``, ``+τ``, ``-τ``; four values a byte); per chunk ``τ`` (float32) and the count sent
+  (uint16). The payload: every sparse chunk's positions, in chunk order, three bytes a pair; then their signs, eight
+  a byte; then the maps (:func:`_threshold_pack`: no padding per chunk, so the decoder reads each part whole). ``τ`` adapts round by round (:func:`adapt_threshold`) so that
   the share sent stays in :data:`THRESHOLD_DENSITY`; the residual is clipped at ``±``:data:`THRESHOLD_CLIP` ``· τ``.
   The worker keeps ``τ`` with its residual (:class:`Feedback`);
 * error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec drops from ``delta + residual`` is the next
@@ -98,11 +99,11 @@ def payload_dtype(codec: str) -> np.dtype:
 
 def payload_count(codec: str, size: int, block: Optional[int] = None, counts: Optional[np.ndarray] = None) -> int:
     """Payload elements that encode ``size`` values in ``codec`` (int4: ``ceil(size / 2)`` bytes; topk: its chunks'
-    bytes, :func:`_topk_bytes`, with chunks of ``block`` values, :data:`BLOCKS` by default; threshold: its chunks'
-    bytes given the ``counts`` each sends, :func:`_threshold_bytes`)."""
+    bytes, :func:`_topk_bytes`, with chunks of ``block`` values, :data:`BLOCKS` by default; threshold: its bytes
+    given the ``counts`` its chunks send, :func:`_threshold_layout`)."""
     if codec == "threshold":
         block = BLOCKS["threshold"] if block is None else block
-        return int(_threshold_bytes(_chunk_sizes(size, block), np.asarray(counts, np.int64)).sum())
+        return _threshold_layout(_chunk_sizes(size, block), np.asarray(counts, np.int64)).nbytes
     if codec == "topk":
         block = BLOCKS["topk"] if block is None else block
         whole, rest = divmod(size, block)
@@ -130,16 +131,63 @@ def _chunk_sizes(size: int, block: int) -> np.ndarray:
     return out
 
 
-def _threshold_bytes(chunks: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Bytes of ``"threshold"`` chunks of ``chunks`` values sending ``counts`` each: the smaller of the sparse form
-    (12-bit positions, three bytes a pair; a sign bit each) and the 2-bit map (ties: sparse)."""
-    sparse = 3 * (-(-counts // 2)) + -(-counts // 8)
-    return np.minimum(sparse, -(-chunks // 4))
-
-
 def _threshold_sparse(chunks: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Which ``"threshold"`` chunks travel in the sparse form (:func:`_threshold_bytes`)."""
+    """Which ``"threshold"`` chunks of ``chunks`` values sending ``counts`` each travel sparse: where 12-bit positions
+    (three bytes a pair) and a sign bit each take no more bytes than the chunk's 2-bit map."""
     return 3 * (-(-counts // 2)) + -(-counts // 8) <= -(-chunks // 4)
+
+
+@dataclass(frozen=True)
+class _ThresholdLayout:
+    """Where a ``"threshold"`` payload's parts lie (:func:`_threshold_pack`), from its chunks' sizes and counts.
+
+    Attributes:
+        sent: Per chunk, its entries in the sparse part (its count where sparse, else 0).
+        maps: The chunks sent as 2-bit maps, ascending.
+        signs_at: The signs' first byte (after ``3·ceil(N/2)`` position bytes, ``N = sent.sum()``).
+        maps_at: Each map chunk's first byte, then the payload's end (``len(maps) + 1`` offsets).
+    """
+
+    sent: np.ndarray
+    maps: np.ndarray
+    signs_at: int
+    maps_at: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.maps_at[-1])
+
+
+def _threshold_layout(chunks: np.ndarray, counts: np.ndarray) -> _ThresholdLayout:
+    """The layout of a ``"threshold"`` payload whose chunks of ``chunks`` values send ``counts`` each."""
+    sparse = _threshold_sparse(chunks, counts)
+    sent = np.where(sparse, counts, 0)
+    n = int(sent.sum())
+    signs_at = 3 * -(-n // 2)
+    maps = np.flatnonzero(~sparse)
+    maps_at = signs_at + -(-n // 8) + np.concatenate([[0], np.cumsum(-(-chunks[maps] // 4))]).astype(np.int64)
+    return _ThresholdLayout(sent, maps, signs_at, maps_at)
+
+
+def _threshold_pack(local: np.ndarray, negative: np.ndarray, maps) -> np.ndarray:
+    """A ``"threshold"`` payload: the sparse entries' 12-bit positions in their chunks (``local``, in chunk order) two
+    to three bytes (the first in the low 12 bits; an odd last one's pair padded with 0), their signs (``negative``)
+    eight a byte (the first lowest), then the map chunks' bytes (``maps``, in chunk order)."""
+    p = np.zeros(2 * -(-local.size // 2), np.uint32)
+    p[:local.size] = local
+    word = p[0::2] | (p[1::2] << 12)  # 24 bits a pair
+    positions = np.stack([word & 255, (word >> 8) & 255, word >> 16], axis=1).astype(np.uint8).reshape(-1)
+    signs = np.packbits(np.asarray(negative, bool), bitorder="little")
+    return np.concatenate([positions, signs, *maps])
+
+
+def _threshold_sparse_entries(e: "Encoded", layout: _ThresholdLayout) -> Tuple[np.ndarray, np.ndarray]:
+    """The sparse part of ``e``'s payload: each entry's 12-bit position in its chunk (int64) and sign bit (uint8)."""
+    n = int(layout.sent.sum())
+    raw = np.ascontiguousarray(e.payload)
+    local = _positions12(raw[None, :layout.signs_at], layout.signs_at // 3).reshape(-1)[:n]
+    negative = np.unpackbits(raw[layout.signs_at:layout.signs_at + -(-n // 8)], bitorder="little")[:n]
+    return local, negative
 
 
 def block_of(codec: str) -> int:
@@ -186,11 +234,14 @@ class Encoded:
         if is_sparse(self.codec) and stop % self.block and stop != self.size:
             raise ValueError(f"a {self.codec} slice must stop at a multiple of its chunk ({self.block}) or the end; "
                              f"got {stop}")
-        if self.codec == "threshold":
-            chunks = _threshold_bytes(_chunk_sizes(self.size, self.block), self.counts.astype(np.int64))
-            at, end = int(chunks[:first].sum()), int(chunks[:last].sum())
-            return Encoded(self.codec, stop - start, self.payload[at:end], self.scales[first:last], self.block,
-                           self.counts[first:last])
+        if self.codec == "threshold":  # its chunks' entries and maps, packed again as a payload of their own
+            layout = _threshold_layout(_chunk_sizes(self.size, self.block), self.counts.astype(np.int64))
+            local, negative = _threshold_sparse_entries(self, layout)
+            a, b = int(layout.sent[:first].sum()), int(layout.sent[:last].sum())
+            kept = np.flatnonzero((layout.maps >= first) & (layout.maps < last))
+            maps = [self.payload[layout.maps_at[i]:layout.maps_at[i + 1]] for i in kept]
+            return Encoded(self.codec, stop - start, _threshold_pack(local[a:b], negative[a:b], maps),
+                           self.scales[first:last], self.block, self.counts[first:last])
         if self.codec == "topk":
             at = first * _topk_bytes(self.block)
             payload = self.payload[at:at + payload_count("topk", stop - start, self.block)]
@@ -524,64 +575,29 @@ def _threshold_encode(x: np.ndarray, tau: np.float32, block: int) -> Tuple[np.nd
     at = np.flatnonzero(np.abs(x) >= tau)
     chunk_of = at // block
     counts = np.bincount(chunk_of, minlength=chunks.size).astype(np.int64)
-    sizes = _threshold_bytes(chunks, counts)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    out = np.zeros(int(offsets[-1]), np.uint8)
-    sparse = _threshold_sparse(chunks, counts)
-    negative = x[at] < 0
-    # the sparse chunks' entries, each with its rank in its chunk
-    keep = sparse[chunk_of]
-    c, local, neg = chunk_of[keep], (at[keep] % block).astype(np.uint32), negative[keep]
-    first = np.concatenate([[0], np.cumsum(counts)])[:-1]
-    rank = np.flatnonzero(keep) - first[c]
-    pairs = np.where(sparse, -(-counts // 2), 0)
-    pair_words = np.zeros(int(pairs.sum()), np.uint32)
-    pair_first = np.concatenate([[0], np.cumsum(pairs)])[:-1]
-    np.bitwise_or.at(pair_words, pair_first[c] + rank // 2, local << (12 * (rank % 2)).astype(np.uint32))
-    pair_chunk = np.repeat(np.arange(chunks.size), pairs)
-    pair_at = offsets[pair_chunk] + 3 * (np.arange(pair_words.size) - pair_first[pair_chunk])
-    for byte in range(3):
-        out[pair_at + byte] = (pair_words >> (8 * byte)) & 255
-    sign_at = offsets[c] + 3 * pairs[c] + rank // 8
-    np.bitwise_or.at(out, sign_at, (neg.astype(np.uint8) << (rank % 8).astype(np.uint8)))
-    for k in np.flatnonzero(~sparse):  # the 2-bit maps: 1 for +τ, 2 for -τ, four values a byte, the first lowest
-        lo = k * block
-        part = x[lo:lo + chunks[k]]
+    layout = _threshold_layout(chunks, counts)
+    sparse = at[layout.sent[chunk_of] > 0]  # the sparse chunks' entries, in order
+    maps = []
+    for k in layout.maps:  # the 2-bit maps: 1 for +τ, 2 for -τ, four values a byte, the first lowest
+        part = x[k * block:k * block + chunks[k]]
         code = np.where(np.abs(part) >= tau, np.where(part < 0, 2, 1), 0).astype(np.uint8)
         quads = np.zeros(4 * -(-code.size // 4), np.uint8)
         quads[:code.size] = code
-        out[offsets[k]:offsets[k + 1]] = quads[0::4] | (quads[1::4] << 2) | (quads[2::4] << 4) | (quads[3::4] << 6)
-    return out, counts.astype(np.uint16)
+        maps.append(quads[0::4] | (quads[1::4] << 2) | (quads[2::4] << 4) | (quads[3::4] << 6))
+    return _threshold_pack(sparse % block, x[sparse] < 0, maps), counts.astype(np.uint16)
 
 
 def threshold_entries(e: Encoded) -> Tuple[np.ndarray, np.ndarray]:
     """The positions (in ``e``'s values, ascending) and float32 values (``±τ``) a ``"threshold"`` :class:`Encoded`
     sends."""
     chunks = _chunk_sizes(e.size, e.block)
-    counts = e.counts.astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(_threshold_bytes(chunks, counts))])
-    sparse = _threshold_sparse(chunks, counts)
-    raw = e.payload
-    # The sparse chunks, all at once: each one's position bytes (three a pair) and sign bytes, told apart by a mask
-    # over the payload; a map chunk's bytes are neither (its own loop below).
-    n = np.where(sparse, counts, 0)
-    pairs, signs = -(-n // 2), -(-n // 8)
-    kinds = np.stack([3 * pairs, signs, np.where(sparse, 0, offsets[1:] - offsets[:-1])], axis=1).reshape(-1)
-    kind = np.repeat(np.tile(np.array([0, 1, 2], np.int8), chunks.size), kinds)
-    local = _positions12(raw[kind == 0][None, :], int(pairs.sum())).reshape(-1)
-    if np.any(n % 2):  # a chunk with an odd count pads its last pair
-        keep = np.ones(local.size, bool)
-        keep[2 * np.cumsum(pairs)[n % 2 == 1] - 1] = False
-        local = local[keep]
-    bits = np.unpackbits(raw[kind == 1], bitorder="little").astype(bool)
-    if np.any(n % 8):  # each chunk's last sign byte pads to 8 bits
-        bits = bits[np.repeat(np.tile(np.array([True, False]), chunks.size),
-                              np.stack([n, 8 * signs - n], axis=1).reshape(-1))]
-    local += np.repeat(np.arange(chunks.size, dtype=np.int64) * e.block, n)
+    layout = _threshold_layout(chunks, e.counts.astype(np.int64))
+    local, negative = _threshold_sparse_entries(e, layout)
+    local += np.repeat(np.arange(chunks.size, dtype=np.int64) * e.block, layout.sent)
     positions = [local]
-    values = [_signed(np.repeat(e.scales.astype(np.float32), n), bits)]
-    for k in np.flatnonzero(~sparse):
-        b = raw[offsets[k]:offsets[k + 1]]
+    values = [_signed(np.repeat(e.scales.astype(np.float32), layout.sent), negative)]
+    for i, k in enumerate(layout.maps):
+        b = e.payload[layout.maps_at[i]:layout.maps_at[i + 1]]
         code = np.stack([b & 3, (b >> 2) & 3, (b >> 4) & 3, (b >> 6) & 3], axis=1).reshape(-1)[:chunks[k]]
         at = np.flatnonzero(code)
         positions.append(k * e.block + at)
