@@ -2,7 +2,8 @@
 
 What one aggregation step costs where every worker's delta is summed on the driver (``aggregation="driver"``, and
 each reducer of the sharded paths on its shard): ``SumsLayout.add`` of each worker's value in worker order, then
-``sums``, every arm as ``sql_paths.DriverSum`` does it (no copy of the sum on the way out). Float32 averaging adds ``n · w`` (:class:`~sparkdl_avg.shared.wire.exchange.FlatLayout`); the codecs add
+``sums``, every arm as ``sql_paths.DriverSum`` does it (no copy of the sum on the way out). Float32 averaging adds
+``n · w`` (:class:`~sparkdl_avg.shared.wire.exchange.FlatLayout`); the codecs add
 ``n · decode(delta)`` (:class:`~sparkdl_avg.shared.wire.delta_sums.DeltaLayout`), the sparse ones at their positions
 only. The state: the 969,810 weights of the hosts benchmarks' MLP (64-700-1300-10, ``network.py``), weights only
 (``optimizer_state="local"``); each worker's delta a heavy-tailed draw (normal, 1e-3, every 97th value 50× larger).

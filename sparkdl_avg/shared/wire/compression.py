@@ -22,7 +22,8 @@ module owns the number formats and nothing about where they travel:
   ``±τ``, each as its 12-bit position in its chunk and a sign bit, or, where that would be more bytes, the whole
   chunk as a 2-bit map (``0``, ``+τ``, ``-τ``; four values a byte); per chunk ``τ`` (float32) and the count sent
   (uint16). The payload: every sparse chunk's positions, in chunk order, three bytes a pair; then their signs, eight
-  a byte; then the maps (:func:`_threshold_pack`: no padding per chunk, so the decoder reads each part whole). ``τ`` adapts round by round (:func:`adapt_threshold`) so that
+  a byte; then the maps (:func:`_threshold_pack`: no padding per chunk, so the decoder reads each part whole).
+  ``τ`` adapts round by round (:func:`adapt_threshold`) so that
   the share sent stays in :data:`THRESHOLD_DENSITY`; the residual is clipped at ``±``:data:`THRESHOLD_CLIP` ``· τ``.
   The worker keeps ``τ`` with its residual (:class:`Feedback`);
 * error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a codec drops from ``delta + residual`` is the next
@@ -467,8 +468,8 @@ def _scale_blocks(values: np.ndarray, scales: np.ndarray, block: int) -> None:
 _TOPK_LEVELS = np.array([0.5, 1.0], np.float32)
 #: A byte of ``"topk"`` values as its four values in units of the scale (the first lowest; bit 0 of each the sign):
 #: one look-up decodes a byte, and ``level · scale`` is bitwise the sign-bit form (IEEE products are sign-symmetric).
-_TOPK_BYTE_LEVELS = np.array([[(-1.0 if (b >> s) & 1 else 1.0) * _TOPK_LEVELS[(b >> s) >> 1 & 1] for s in (0, 2, 4, 6)]
-                              for b in range(256)], np.float32)
+_TOPK_BYTE_LEVELS = np.array([[(-1.0 if (b >> s) & 1 else 1.0) * _TOPK_LEVELS[(b >> s) >> 1 & 1]
+                               for s in (0, 2, 4, 6)] for b in range(256)], np.float32)
 
 
 def _topk_encode(x: np.ndarray, block: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -540,7 +541,7 @@ def _signed(magnitudes: np.ndarray, negative: np.ndarray) -> np.ndarray:
 
 def _positions12(raw: np.ndarray, pairs: int) -> np.ndarray:
     """The 12-bit positions in the first ``3 · pairs`` bytes of each row of ``raw`` (a C-contiguous uint8 array), as
-    int64, ``(rows, 2 · pairs)``: of each three bytes, the low 12 bits of the first two and the high 12 of the last two.
+    int64, ``(rows, 2 · pairs)``: of each three bytes, the low 12 bits of the first two, the high 12 of the last two.
 
     Read as two unaligned little-endian uint16 views three bytes apart, two ufuncs in all (2.3× the shifts and ors of
     one byte at a time on 19,000 positions)."""
