@@ -19,9 +19,10 @@ codec (int8's 256 values, int4's 128: whole bytes too), so a reducer decodes its
 gives exactly the elements of a whole sum. A worker's shard is one ``bytes`` value: ``n`` (int64), the ``"x"`` slice
 (float64), the scales of the segments that have them (int8, int4, topk, threshold: float32, in segment order), the
 counts of threshold's chunks (uint16: what each sends, so its payload's length), then the payloads (bf16's uint16,
-then int8's, int4's bytes of two values, the even index in the low nibble, topk's and threshold's chunks). A summed
-shard is the segments' float64 and float32 sums back to back. Every path (Spark's tree, the driver, the shuffle, the storage reducers, the files)
-adds with :meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
+then int8's, int4's bytes of two values, the even index in the low nibble, topk's chunks, threshold's entries and
+maps: a shard's slice of them packed as a payload of its own). A summed shard is the segments' float64 and float32
+sums back to back. Every path (Spark's tree, the driver, the shuffle, the storage reducers, the files) adds with
+:meth:`DeltaLayout.add` in worker order, so all give bitwise the same sums.
 
 **Error feedback.** A worker adds its residual to its delta before encoding and keeps what the codec dropped
 (:func:`~sparkdl_avg.shared.wire.compression.with_feedback`) in a file under the fit's staging directory, named by the
