@@ -8,6 +8,7 @@ registers, and goes back to one when dynamic allocation releases an executor
 that sat idle while a callback ran. Every epoch still trains each example once.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -31,7 +32,8 @@ def spark():
         "spark.dynamicAllocation.minExecutors": "1",
         "spark.dynamicAllocation.initialExecutors": "1",
         "spark.dynamicAllocation.maxExecutors": "2",
-        "spark.dynamicAllocation.executorIdleTimeout": "2s",
+        # the fit's next round must reach a new executor before it idles this long (5 s: 2 s was tight under load)
+        "spark.dynamicAllocation.executorIdleTimeout": "5s",
         "spark.executor.cores": "1",
         "spark.executor.memory": "768m",
     }
@@ -40,19 +42,34 @@ def spark():
 
 
 def wait_for(predicate, timeout, what, busy=None):
-    """Polls ``predicate``; ``busy``: a SparkContext kept busy meanwhile (one tiny task per poll).
+    """Polls ``predicate`` every 0.25 s; ``busy``: a SparkContext kept busy meanwhile (tiny jobs, one after another,
+    from a thread of their own).
 
     A busy executor is not idle, so dynamic allocation does not release it
     while the fit waits for another to register: the fit would otherwise
-    see the new executor arrive and the old one go at once.
+    see the new executor arrive and the old one go at once. The jobs run
+    beside the polls, not between them: on a loaded machine a job can take
+    longer than ``executorIdleTimeout``, and the requested executor register,
+    sit idle and be released between two polls, which is the likely cause of
+    CI's failure of 2026-12-07 (no second executor seen in 90 s).
     """
-    deadline = time.time() + timeout
-    while not predicate():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        if busy is not None:
+    stop = threading.Event()
+
+    def keep_busy():
+        while not stop.is_set():
             busy.parallelize([0], 1).count()
-        time.sleep(0.25)
+            stop.wait(0.25)
+
+    if busy is not None:
+        threading.Thread(target=keep_busy, name="keep-busy", daemon=True).start()
+    try:
+        deadline = time.time() + timeout
+        while not predicate():
+            if time.time() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.25)
+    finally:
+        stop.set()  # its last job may still run: it takes one slot for a moment, as a callback's job would
 
 
 def test_an_elastic_fit_requests_the_executors_it_lacks_and_lets_idle_ones_go(spark):

@@ -75,10 +75,8 @@ _SPARSE = ("topk", "threshold")  # codecs that send a few entries of each chunk,
 
 
 def is_sparse(codec: str) -> bool:
-    """Whether ``codec`` sends only some entries of each chunk (their positions and values), keeping the rest in the
-    worker's residual for later rounds: ``"topk"`` and ``"threshold"``. Their sums add at the positions only
-    (:func:`add_decoded`), and with them an outer momentum's default is lower (the residual already carries what
-    the rounds have not sent; :class:`~sparkdl_avg.driver.algorithms.rules.DiLoCo`)."""
+    """Whether ``codec`` sends some entries of each chunk, the rest kept in the residual (``"topk"``, ``"threshold"``):
+    summed at their positions (:func:`add_decoded`); DiLoCo's momentum defaults lower with them (``rules.DiLoCo``)."""
     return codec in _SPARSE
 
 
@@ -104,7 +102,7 @@ def payload_count(codec: str, size: int, block: Optional[int] = None, counts: Op
     given the ``counts`` its chunks send, :func:`_threshold_layout`)."""
     if codec == "threshold":
         block = BLOCKS["threshold"] if block is None else block
-        return _threshold_layout(_chunk_sizes(size, block), np.asarray(counts, np.int64)).nbytes
+        return int(_threshold_layout(_chunk_sizes(size, block), np.asarray(counts, np.int64)).maps_at[-1])
     if codec == "topk":
         block = BLOCKS["topk"] if block is None else block
         whole, rest = divmod(size, block)
@@ -140,23 +138,15 @@ def _threshold_sparse(chunks: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _ThresholdLayout:
-    """Where a ``"threshold"`` payload's parts lie (:func:`_threshold_pack`), from its chunks' sizes and counts.
-
-    Attributes:
-        sent: Per chunk, its entries in the sparse part (its count where sparse, else 0).
-        maps: The chunks sent as 2-bit maps, ascending.
-        signs_at: The signs' first byte (after ``3·ceil(N/2)`` position bytes, ``N = sent.sum()``).
-        maps_at: Each map chunk's first byte, then the payload's end (``len(maps) + 1`` offsets).
-    """
+    """Where a ``"threshold"`` payload's parts lie (:func:`_threshold_pack`): per chunk, its entries in the sparse part
+    (``sent``: its count where sparse, else 0); the map chunks (``maps``, ascending); the signs' first byte
+    (``signs_at``, after ``3·ceil(N/2)`` position bytes); each map's first byte, then the payload's length
+    (``maps_at``)."""
 
     sent: np.ndarray
     maps: np.ndarray
     signs_at: int
     maps_at: np.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.maps_at[-1])
 
 
 def _threshold_layout(chunks: np.ndarray, counts: np.ndarray) -> _ThresholdLayout:
@@ -171,9 +161,8 @@ def _threshold_layout(chunks: np.ndarray, counts: np.ndarray) -> _ThresholdLayou
 
 
 def _threshold_pack(local: np.ndarray, negative: np.ndarray, maps) -> np.ndarray:
-    """A ``"threshold"`` payload: the sparse entries' 12-bit positions in their chunks (``local``, in chunk order) two
-    to three bytes (the first in the low 12 bits; an odd last one's pair padded with 0), their signs (``negative``)
-    eight a byte (the first lowest), then the map chunks' bytes (``maps``, in chunk order)."""
+    """A ``"threshold"`` payload: the sparse entries' 12-bit positions in their chunks (``local``) two to three bytes
+    (the first low; an odd last pair padded with 0), their signs eight a byte (first lowest), then the maps' bytes."""
     p = np.zeros(2 * -(-local.size // 2), np.uint32)
     p[:local.size] = local
     word = p[0::2] | (p[1::2] << 12)  # 24 bits a pair
@@ -464,12 +453,10 @@ def _scale_blocks(values: np.ndarray, scales: np.ndarray, block: int) -> None:
 
 # ------------------------------------------------------------------ topk
 
-#: The 2-bit values' magnitudes, in units of the chunk's scale (its largest kept magnitude): the magnitude bit picks one.
-_TOPK_LEVELS = np.array([0.5, 1.0], np.float32)
-#: A byte of ``"topk"`` values as its four values in units of the scale (the first lowest; bit 0 of each the sign):
-#: one look-up decodes a byte, and ``level · scale`` is bitwise the sign-bit form (IEEE products are sign-symmetric).
-_TOPK_BYTE_LEVELS = np.array([[(-1.0 if (b >> s) & 1 else 1.0) * _TOPK_LEVELS[(b >> s) >> 1 & 1]
-                               for s in (0, 2, 4, 6)] for b in range(256)], np.float32)
+#: A byte of ``"topk"`` values as its four values in units of the chunk's scale, the first lowest (bit 0 of each: the
+#: sign; bit 1: the scale, else half of it): one look-up decodes a byte (IEEE products are sign-symmetric).
+_TOPK_BYTE_LEVELS = np.array([[(-1.0 if (b >> s) & 1 else 1.0) * (1.0 if (b >> s) & 2 else 0.5) for s in (0, 2, 4, 6)]
+                              for b in range(256)], np.float32)
 
 
 def _topk_encode(x: np.ndarray, block: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -540,11 +527,9 @@ def _signed(magnitudes: np.ndarray, negative: np.ndarray) -> np.ndarray:
 
 
 def _positions12(raw: np.ndarray, pairs: int) -> np.ndarray:
-    """The 12-bit positions in the first ``3 · pairs`` bytes of each row of ``raw`` (a C-contiguous uint8 array), as
-    int64, ``(rows, 2 · pairs)``: of each three bytes, the low 12 bits of the first two, the high 12 of the last two.
-
-    Read as two unaligned little-endian uint16 views three bytes apart, two ufuncs in all (2.3× the shifts and ors of
-    one byte at a time on 19,000 positions)."""
+    """The 12-bit positions (int64, ``(rows, 2 · pairs)``) in the first ``3 · pairs`` bytes of each row of C-contiguous
+    uint8 ``raw``: of three bytes, the first two's low 12 bits, the last two's high 12, read as two unaligned uint16
+    views three bytes apart (two ufuncs: 2.3× the shifts and ors of one byte at a time on 19,000 positions)."""
     rows, stride = raw.shape[0], raw.strides[0]
     out = np.empty((rows, 2 * pairs), np.int64)
     if not (rows and pairs):
