@@ -485,12 +485,55 @@ def set_state(model, weights: List[np.ndarray], optimizer_variables: List[np.nda
                 assign(var, values[i])
 
 
-def assign_state(model, weights, optimizer_variables) -> None:
-    """:func:`set_state`, one variable at a time, releasing each received array's mapped pages.
+# Elements of a received array copied into a replica's variable at a time (4 MiB of float32): each block's mapped
+# pages are let go before the next is read.
+IN_PLACE_BLOCK = 1 << 20
 
-    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`); once an array is in the
-    replica its pages leave this process's resident memory, so the worker's peak holds the replica and one array of
-    the received state, not two whole states.
+
+def _own_buffer(variable, value):
+    """The variable's own buffer as a writable numpy array, or ``None`` where it cannot be written in place.
+
+    On the CPU, reading a resource variable gives a tensor that shares the variable's buffer (TensorFlow counts the
+    reference); two reads at one address show it. A variable in copy-on-read mode (after a sparse write) or on a GPU
+    reads as copies, so it gets ``None``, as do a dtype or layout that ``assign`` would convert.
+    """
+    target = getattr(variable, "value", None)
+    if getattr(target, "handle", None) is None or "CPU" not in str(getattr(target, "device", "")).upper():
+        return None
+    if not isinstance(value, np.ndarray) or value.dtype != variable.dtype or not value.flags.c_contiguous:
+        return None
+    first, second = target.value()._numpy(), target.value()._numpy()
+    same = first.__array_interface__["data"][0] == second.__array_interface__["data"][0]
+    if not (same and first.flags.writeable and first.flags.c_contiguous and first.shape == value.shape):
+        return None
+    return first
+
+
+def _write(variable, value, release) -> None:
+    """``variable.assign(value)`` for a replica's variable that nothing else reads, copied into its own buffer.
+
+    Why: ``assign`` of a numpy array converts it to a tensor and gives the variable a new buffer: two transient copies
+    (+256 MiB resident for a 128 MiB table), the worker's peak of the round. Written in place, a block at a time, the
+    variable keeps its buffer and ``release`` lets each block of a memory-mapped ``value`` go as it is copied.
+    """
+    buffer = _own_buffer(variable, value)
+    if buffer is None:
+        variable.assign(value)
+        release([value])
+        return
+    into, source = buffer.reshape(-1), value.reshape(-1)
+    for lo in range(0, len(source), IN_PLACE_BLOCK):
+        into[lo:lo + IN_PLACE_BLOCK] = source[lo:lo + IN_PLACE_BLOCK]
+        release([source[lo:lo + IN_PLACE_BLOCK]])
+
+
+def assign_state(model, weights, optimizer_variables) -> None:
+    """:func:`set_state` of an executor's replica, one variable at a time, each written into its own buffer.
+
+    A state read from a file is a memory map (:func:`~sparkdl_avg.shared.wire.exchange.load`); each block of an array
+    leaves this process's resident memory once it is in the replica (:func:`_write`), so the worker's peak holds the
+    replica and a block of the received state, not two whole states. Only for a replica: a tensor read from one of
+    its variables before this call would see the new values.
     """
     from ..wire.exchange import release_pages
 
@@ -501,5 +544,4 @@ def assign_state(model, weights, optimizer_variables) -> None:
             if tuple(var.shape) != tuple(np.shape(value)):
                 raise ValueError(f"The round's state has shape {np.shape(value)} for {var.path}, "
                                  f"whose shape is {tuple(var.shape)}.")
-            var.assign(value)
-            release_pages([value])
+            _write(var, value, release_pages)
