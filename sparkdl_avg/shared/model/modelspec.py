@@ -497,12 +497,17 @@ def _own_buffer(variable, value):
     reference); two reads at one address show it. A variable in copy-on-read mode (after a sparse write) or on a GPU
     reads as copies, so it gets ``None``, as do a dtype or layout that ``assign`` would convert.
     """
-    target = getattr(variable, "value", None)
-    if getattr(target, "handle", None) is None or "CPU" not in str(getattr(target, "device", "")).upper():
+    if not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
         return None
-    if not isinstance(value, np.ndarray) or value.dtype != variable.dtype or not value.flags.c_contiguous:
+    try:  # anything unexpected (another backend, a distributed variable): None, and ``assign`` as before
+        if value.dtype != np.dtype(variable.dtype):
+            return None
+        target = variable.value
+        if "CPU" not in str(target.device).upper():
+            return None
+        first, second = target.value()._numpy(), target.value()._numpy()
+    except Exception:
         return None
-    first, second = target.value()._numpy(), target.value()._numpy()
     same = first.__array_interface__["data"][0] == second.__array_interface__["data"][0]
     if not (same and first.flags.writeable and first.flags.c_contiguous and first.shape == value.shape):
         return None
