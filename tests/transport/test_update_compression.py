@@ -332,3 +332,25 @@ def test_a_threshold_fit_resumed_at_an_epochs_end_starts_from_the_workers_mean_t
     resumed, _ = compressed_fit("threshold", epochs=3, model=f32_model(seed=9),
                                 fit=dict(checkpoint_dir=directory, checkpoint_every=4, resume=True))
     assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)
+
+
+def test_a_topk_diloco_fit_resumed_mid_epoch_continues_its_residuals_and_momentum_bitwise(in_process_engine, tmp_path):
+    """Issue 58: a sparse codec under DiLoCo with local optimizer state, interrupted mid-epoch, resumes to the
+    uninterrupted run's weights: each worker's residual, its Adam state and the outer momentum come back from the
+    checkpoint."""
+    options = dict(update_rule="diloco", optimizer_state="local")
+    reference, trainer = compressed_fit("topk", epochs=3, **options)
+    assert [r.compression for r in trainer.stats.records] == ["topk"] * 12
+    directory = str(tmp_path / "ckpt")
+    interrupted = ParameterAveragingTrainer(f32_model(), num_workers=2, batch_size=8, averaging_frequency=3, seed=4,
+                                            update_compression="topk", **options)
+    with pytest.raises(KeyboardInterrupt):  # 4 rounds an epoch: the last checkpoint is after round 6, mid-epoch 2
+        interrupted.fit(COMPRESSED_DATA, epochs=3, verbose=0, checkpoint_dir=directory, checkpoint_every=3,
+                        callbacks=[_StopAfterRounds(7)])
+    saved = ckpt.load(ckpt.latest(directory))
+    assert (saved.epoch, saved.rounds_done) == (1, 2)
+    assert sorted(saved.feedback) == ["local-optimizer/1/0", "local-optimizer/1/1", "topk/1/0", "topk/1/1"]
+    resumed, _ = compressed_fit("topk", epochs=3, model=f32_model(seed=9),
+                                fit=dict(checkpoint_dir=directory, checkpoint_every=3, resume=True), **options)
+    assert_weights_close(resumed.get_weights(), reference.get_weights(), atol=0)
+    assert not np.allclose(reference.get_weights()[0], f32_model().get_weights()[0])  # it trained
